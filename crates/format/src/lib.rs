@@ -17,7 +17,7 @@
 //! use ferry_chunk::ChunkerSpec;
 //!
 //! let data = vec![7u8; 100_000];
-//! let (recipe, oid) = chunk_object(&data[..], &ChunkerSpec::default(), HashAlg::Blake3, |_, _| Ok(())).unwrap();
+//! let (recipe, oid) = chunk_object(&data[..], &ChunkerSpec::default(), HashAlg::Blake3, |_, _| Ok::<_, std::io::Error>(())).unwrap();
 //! assert_eq!(recipe.total_len(), 100_000);
 //! assert_eq!(oid.id(), ferry_format::Id::hash(HashAlg::Blake3, &data));
 //! let bytes = recipe.encode();
