@@ -47,6 +47,12 @@ impl HashAlg {
     }
 }
 
+impl fmt::Display for HashAlg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl FromStr for HashAlg {
     type Err = FormatError;
     fn from_str(s: &str) -> Result<Self, FormatError> {

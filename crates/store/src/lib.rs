@@ -1,1 +1,155 @@
-//! stub
+//! Content-addressed chunk stores.
+//!
+//! Every layer above keeps chunks through the [`ChunkStore`] trait, so the transfer engine, the
+//! file server and the client cache neither know nor care whether chunks live in pack files on
+//! a local disk ([`LocalStore`]), in memory ([`MemStore`], for tests), or (later) on a portable
+//! device or an S3 bucket.
+//!
+//! The contract every backend keeps (and `tests/it/conformance.rs` checks):
+//!
+//! - **Verify on read.** [`ChunkStore::get`] recomputes the hash of what it read; bytes that do
+//!   not match their id are never returned: the caller gets [`StoreError::Corrupt`] and the
+//!   store records the damage.
+//! - **Only verified chunks go in.** [`ChunkStore::put`] takes a [`VerifiedChunk`], which can
+//!   only be made by hashing bytes (or checking them against an id).
+//! - **Durable after flush.** What [`ChunkStore::flush`] acknowledged survives a crash; what was
+//!   put after the last flush may be lost, but never half-present or wrong.
+//! - **Idempotent.** Putting a chunk twice stores it once.
+//!
+//! ```
+//! use ferry_store::{ChunkStore, MemStore, VerifiedChunk};
+//! use ferry_format::HashAlg;
+//!
+//! let store = MemStore::new(HashAlg::Blake3);
+//! let chunk = VerifiedChunk::hash(HashAlg::Blake3, b"hello");
+//! assert!(store.put(&chunk).unwrap());
+//! assert_eq!(store.get(chunk.id()).unwrap().as_deref(), Some(&b"hello"[..]));
+//! ```
+
+mod cache;
+mod error;
+mod local;
+mod mem;
+mod object;
+
+use ferry_format::{HashAlg, Id, Oid, Recipe};
+
+pub use error::StoreError;
+pub use local::{GcReport, LocalStore, Options, VerifyReport};
+pub use mem::MemStore;
+pub use object::{read_object, store_object};
+
+/// A chunk whose id is known to be the hash of its bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct VerifiedChunk<'a> {
+    id: Id,
+    data: &'a [u8],
+}
+
+impl<'a> VerifiedChunk<'a> {
+    /// Hashes `data`.
+    pub fn hash(alg: HashAlg, data: &'a [u8]) -> Self {
+        VerifiedChunk {
+            id: Id::hash(alg, data),
+            data,
+        }
+    }
+
+    /// Checks `data` against `id`: the step every chunk from outside (a peer, a lookaside
+    /// device, a cached hint) passes before it is used.
+    pub fn check(id: Id, data: &'a [u8]) -> Result<Self, StoreError> {
+        if id.matches(data) {
+            Ok(VerifiedChunk { id, data })
+        } else {
+            Err(StoreError::Corrupt {
+                id,
+                location: "supplied chunk".into(),
+                why: "bytes do not hash to the id".into(),
+            })
+        }
+    }
+
+    /// For an `id` this process has just computed from `data` (as [`ferry_format::chunk_object`]
+    /// does), to avoid hashing twice.
+    pub fn assume_verified(id: Id, data: &'a [u8]) -> Self {
+        debug_assert!(id.matches(data));
+        VerifiedChunk { id, data }
+    }
+
+    pub fn id(&self) -> &Id {
+        &self.id
+    }
+
+    pub fn data(&self) -> &'a [u8] {
+        self.data
+    }
+}
+
+/// Counts a store reports about itself.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Distinct chunks.
+    pub chunks: u64,
+    /// Their total size before compression.
+    pub chunk_bytes: u64,
+    /// What they occupy (compressed, with record headers).
+    pub stored_bytes: u64,
+    /// Objects (recipes) kept as roots.
+    pub objects: u64,
+    /// The total size of those objects: what a copy without deduplication would hold.
+    pub object_bytes: u64,
+    /// Pack files (0 for stores without packs).
+    pub packs: u64,
+    /// The size of the on-disk index (0 for stores without one).
+    pub index_bytes: u64,
+    /// Chunks found damaged so far.
+    pub damaged: u64,
+}
+
+impl StoreStats {
+    /// Logical object bytes per unique chunk byte (1.0 when nothing deduplicates).
+    pub fn dedup_ratio(&self) -> f64 {
+        if self.chunk_bytes == 0 {
+            1.0
+        } else {
+            self.object_bytes as f64 / self.chunk_bytes as f64
+        }
+    }
+}
+
+/// A content-addressed chunk store. See the crate documentation for the contract.
+///
+/// Methods take `&self`: stores are shared between threads and synchronise inside.
+pub trait ChunkStore: Send + Sync {
+    /// The hash algorithm of every id in this store.
+    fn hash_alg(&self) -> HashAlg;
+
+    /// Whether the store holds `id`. A hint: the chunk may still turn out damaged on read.
+    fn contains(&self, id: &Id) -> Result<bool, StoreError>;
+
+    /// The chunk's bytes, verified against `id`; `None` if absent.
+    fn get(&self, id: &Id) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Stores a chunk; returns whether it was new. May be called any number of times with the
+    /// same chunk.
+    fn put(&self, chunk: &VerifiedChunk<'_>) -> Result<bool, StoreError>;
+
+    /// Makes everything put so far durable.
+    fn flush(&self) -> Result<(), StoreError>;
+
+    /// Records `recipe` as the object `oid`, a root that keeps its chunks alive. Durable after
+    /// the next flush.
+    fn put_object(&self, oid: &Oid, recipe: &Recipe) -> Result<(), StoreError>;
+
+    /// The recipe of object `oid`.
+    fn object(&self, oid: &Oid) -> Result<Option<Recipe>, StoreError>;
+
+    /// Forgets object `oid` (its chunks stay until garbage collection). Returns whether it existed.
+    fn remove_object(&self, oid: &Oid) -> Result<bool, StoreError>;
+
+    /// Every object with its size.
+    fn objects(&self) -> Result<Vec<(Oid, u64)>, StoreError>;
+
+    /// Counts (may scan the whole index).
+    fn stats(&self) -> Result<StoreStats, StoreError>;
+}

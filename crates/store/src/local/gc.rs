@@ -1,0 +1,277 @@
+//! Verification and garbage collection of a local store.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs;
+
+use ferry_format::{Id, Oid, Recipe};
+use redb::{ReadableDatabase, ReadableTable};
+
+use super::index::{db_err, Loc, ObjectEntry, CHUNKS, DAMAGED, OBJECTS, PACKS, TOMBSTONES};
+use super::pack::{encode_record, object_payload, Kind, PACK_HEADER_LEN, RECORD_HEADER_LEN};
+use super::{pack_name, GcReport, LocalStore, PendingObject, VerifyReport};
+use crate::{ChunkStore, StoreError};
+
+impl LocalStore {
+    /// Reads and verifies every chunk, in pack order, and checks that every recipe's chunks are
+    /// present. `progress` is told the bytes of each chunk checked.
+    pub fn verify(&self, mut progress: impl FnMut(u64)) -> Result<VerifyReport, StoreError> {
+        self.flush()?;
+        let p = &self.index_path;
+        let mut locs: Vec<(Loc, [u8; 32])> = Vec::new();
+        let mut recipes = Vec::new();
+        {
+            let tx = self.db.begin_read().map_err(db_err(p))?;
+            for r in tx
+                .open_table(CHUNKS)
+                .map_err(db_err(p))?
+                .iter()
+                .map_err(db_err(p))?
+            {
+                let (k, v) = r.map_err(db_err(p))?;
+                locs.push((Loc::decode(v.value()), *k.value()));
+            }
+            for r in tx
+                .open_table(OBJECTS)
+                .map_err(db_err(p))?
+                .iter()
+                .map_err(db_err(p))?
+            {
+                let (k, v) = r.map_err(db_err(p))?;
+                let oid = Oid(Id::from_parts(self.alg, *k.value()));
+                let e = ObjectEntry::decode(v.value()).ok_or_else(|| StoreError::Index {
+                    path: p.clone(),
+                    msg: format!("object entry of {oid} is truncated"),
+                })?;
+                recipes.push((oid, e.recipe));
+            }
+        }
+        locs.sort_unstable_by_key(|(l, _)| (l.pack, l.offset));
+        let mut rep = VerifyReport::default();
+        let mut healed = vec![];
+        let was_damaged = self.state.lock().unwrap().damaged.clone();
+        for (loc, digest) in &locs {
+            let id = Id::from_parts(self.alg, *digest);
+            match self.read_chunk(&id, *loc) {
+                Ok(_) if was_damaged.contains(&id) => healed.push(id),
+                Ok(_) => {}
+                Err(why) => {
+                    let location = format!(
+                        "{} offset {}",
+                        self.packs_dir.join(pack_name(loc.pack)).display(),
+                        loc.offset
+                    );
+                    self.mark_damaged(&id, &format!("{location}: {why}"));
+                    rep.damaged.push((id, format!("{location}: {why}")));
+                }
+            }
+            rep.chunks_checked += 1;
+            rep.bytes_checked += loc.raw_len as u64;
+            progress(loc.raw_len as u64);
+        }
+        let present: HashSet<[u8; 32]> = locs.iter().map(|(_, d)| *d).collect();
+        for (oid, enc) in recipes {
+            for c in Recipe::decode(&enc)?.chunks() {
+                if !present.contains(c.id.digest()) {
+                    rep.missing.push((oid, c.id));
+                }
+            }
+        }
+        if !healed.is_empty() {
+            let tx = self.db.begin_write().map_err(db_err(p))?;
+            {
+                let mut t = tx.open_table(DAMAGED).map_err(db_err(p))?;
+                for id in &healed {
+                    t.remove(id.digest()).map_err(db_err(p))?;
+                }
+            }
+            tx.commit().map_err(db_err(p))?;
+            let mut st = self.state.lock().unwrap();
+            for id in &healed {
+                st.damaged.remove(id);
+            }
+        }
+        Ok(rep)
+    }
+
+    /// Drops chunks that no object names, then rewrites every pack whose live bytes fell below
+    /// `min_live` (0.0–1.0) of its size and deletes it once the copies are durable.
+    pub fn gc(&self, min_live: f64) -> Result<GcReport, StoreError> {
+        let p = &self.index_path;
+        let mut st = self.state.lock().unwrap();
+        self.flush_locked(&mut st)?;
+        let mut rep = GcReport::default();
+
+        // 1. Live set: every chunk some recipe names.
+        let mut live: HashSet<[u8; 32]> = HashSet::new();
+        let mut objects_in: HashMap<u32, Vec<(Oid, ObjectEntry)>> = HashMap::new();
+        let mut tombs_in: HashMap<u32, Vec<(Oid, u64)>> = HashMap::new();
+        {
+            let tx = self.db.begin_read().map_err(db_err(p))?;
+            for r in tx
+                .open_table(OBJECTS)
+                .map_err(db_err(p))?
+                .iter()
+                .map_err(db_err(p))?
+            {
+                let (k, v) = r.map_err(db_err(p))?;
+                let oid = Oid(Id::from_parts(self.alg, *k.value()));
+                let e = ObjectEntry::decode(v.value()).ok_or_else(|| StoreError::Index {
+                    path: p.clone(),
+                    msg: format!("object entry of {oid} is truncated"),
+                })?;
+                for c in Recipe::decode(&e.recipe)?.chunks() {
+                    live.insert(*c.id.digest());
+                }
+                objects_in.entry(e.pack).or_default().push((oid, e));
+            }
+            for r in tx
+                .open_table(TOMBSTONES)
+                .map_err(db_err(p))?
+                .iter()
+                .map_err(db_err(p))?
+            {
+                let (k, v) = r.map_err(db_err(p))?;
+                let (seq, pack) = v.value();
+                tombs_in
+                    .entry(pack)
+                    .or_default()
+                    .push((Oid(Id::from_parts(self.alg, *k.value())), seq));
+            }
+        }
+
+        // 2. Drop dead chunks from the index; tally what stays in each pack.
+        let mut live_in: BTreeMap<u32, Vec<([u8; 32], Loc)>> = BTreeMap::new();
+        let tx = self.db.begin_write().map_err(db_err(p))?;
+        {
+            let mut chunks = tx.open_table(CHUNKS).map_err(db_err(p))?;
+            let mut damaged = tx.open_table(DAMAGED).map_err(db_err(p))?;
+            let mut dead = vec![];
+            for r in chunks.iter().map_err(db_err(p))? {
+                let (k, v) = r.map_err(db_err(p))?;
+                let loc = Loc::decode(v.value());
+                if live.contains(k.value()) {
+                    live_in.entry(loc.pack).or_default().push((*k.value(), loc));
+                } else {
+                    dead.push(*k.value());
+                    rep.chunks_removed += 1;
+                    rep.chunk_bytes_removed += loc.raw_len as u64;
+                }
+            }
+            for k in &dead {
+                chunks.remove(k).map_err(db_err(p))?;
+                damaged.remove(k).map_err(db_err(p))?;
+            }
+        }
+        tx.commit().map_err(db_err(p))?;
+
+        // 3. Compact sparse packs into a fresh one.
+        let packs: Vec<u32> = {
+            let tx = self.db.begin_read().map_err(db_err(p))?;
+            let t = tx.open_table(PACKS).map_err(db_err(p))?;
+            t.iter()
+                .map_err(db_err(p))?
+                .map(|r| r.map(|(k, v)| (k.value(), v.value().1)))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(db_err(p))?
+                .into_iter()
+                .filter(|&(_, retired)| retired == 0)
+                .map(|(k, _)| k)
+                .collect()
+        };
+        st.writer = None; // appends below go to a new pack, never into one being compacted
+        for num in packs {
+            let path = self.packs_dir.join(pack_name(num));
+            let size = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            rep.pack_bytes_before += size;
+            let chunks = live_in.remove(&num).unwrap_or_default();
+            let objs = objects_in.remove(&num).unwrap_or_default();
+            let tombs = tombs_in.remove(&num).unwrap_or_default();
+            let live_bytes: u64 = chunks
+                .iter()
+                .map(|(_, l)| RECORD_HEADER_LEN as u64 + l.stored_len as u64)
+                .sum();
+            let body = size.saturating_sub(PACK_HEADER_LEN);
+            if body > 0 && (live_bytes as f64) >= min_live * body as f64 {
+                rep.pack_bytes_after += size;
+                continue;
+            }
+            for (digest, loc) in chunks {
+                let id = Id::from_parts(self.alg, digest);
+                match self.read_chunk(&id, loc) {
+                    Ok(data) => {
+                        let rec = encode_record(Kind::Chunk, id, &data, self.opts.zstd_level);
+                        let (pack, offset) = self.append(&mut st, &rec)?;
+                        st.pending.insert(
+                            id,
+                            Loc {
+                                pack,
+                                offset,
+                                stored_len: (rec.len() - RECORD_HEADER_LEN) as u32,
+                                raw_len: loc.raw_len,
+                            },
+                        );
+                    }
+                    Err(why) => {
+                        // Copying damage forward would hide it; it stays indexed (and reported)
+                        // until the pack goes, then the recipe shows it missing.
+                        drop(st);
+                        self.mark_damaged(&id, &format!("{}: {why}", path.display()));
+                        return Err(StoreError::Corrupt {
+                            id,
+                            location: format!("{} offset {}", path.display(), loc.offset),
+                            why: format!("{why}; compaction stopped (put the chunk again or remove the objects that use it)"),
+                        });
+                    }
+                }
+            }
+            for (oid, e) in objs {
+                let rec = encode_record(
+                    Kind::Object,
+                    oid.id(),
+                    &object_payload(e.seq, Some(&e.recipe)),
+                    self.opts.zstd_level,
+                );
+                let (pack, _) = self.append(&mut st, &rec)?;
+                st.pending_objects
+                    .push(PendingObject::Put(oid, ObjectEntry { pack, ..e }));
+            }
+            for (oid, seq) in tombs {
+                let rec = encode_record(Kind::Tombstone, oid.id(), &object_payload(seq, None), 0);
+                let (pack, _) = self.append(&mut st, &rec)?;
+                st.pending_objects
+                    .push(PendingObject::Remove(oid, seq, pack));
+            }
+            st.retire.push(num);
+            rep.packs_rewritten += 1;
+        }
+        let retired = st.retire.clone();
+        self.flush_locked(&mut st)?;
+
+        // 4. The copies and the index are durable: the old packs can go.
+        {
+            let _g = self.packs_lock.write().unwrap();
+            let mut readers = self.readers.lock().unwrap();
+            for num in &retired {
+                readers.remove(num);
+                let path = self.packs_dir.join(pack_name(*num));
+                match fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(StoreError::io("delete", path)(e)),
+                }
+            }
+        }
+        let tx = self.db.begin_write().map_err(db_err(p))?;
+        {
+            let mut t = tx.open_table(PACKS).map_err(db_err(p))?;
+            for num in &retired {
+                t.remove(*num).map_err(db_err(p))?;
+            }
+        }
+        tx.commit().map_err(db_err(p))?;
+        if let Some(w) = &st.writer {
+            rep.pack_bytes_after += w.len;
+        }
+        Ok(rep)
+    }
+}

@@ -1,0 +1,768 @@
+//! The local-directory store: append-only pack files and a redb index.
+//!
+//! ```text
+//! DIR/ferry-store        marker: "ferry-store 1\nhash blake3\n"
+//! DIR/lock               held (flock) by the process that has the store open
+//! DIR/index.redb         the index (a cache of the packs: `rebuild` recreates it)
+//! DIR/packs/NNNNNNNN.pack
+//! ```
+//!
+//! **Writing.** A chunk is compressed (zstd, kept raw when that does not pay), appended to the
+//! current pack with one positional write, and remembered as *pending*. [`flush`] fsyncs the
+//! pack (and, for a new pack, its directory) and then commits the pending entries to the index
+//! in one redb transaction, recording how long the pack is known good (`committed`). A failed
+//! write truncates the pack back to where the record began; a failed fsync or commit *poisons*
+//! the store for writing, because after a failed fsync the kernel may have dropped the data and
+//! retrying would acknowledge bytes that are gone.
+//!
+//! **Crashes.** Bytes past a pack's committed length are a crash's leftovers: on open they are
+//! scanned, every whole and valid record is indexed, and the pack is truncated at the first torn
+//! one. Nothing the index refers to is ever rewritten in place.
+//!
+//! **Reading.** Every read recomputes the chunk's hash; a mismatch is recorded in the `damaged`
+//! table and returned as [`StoreError::Corrupt`]. Putting the chunk again repairs it.
+//!
+//! **Garbage.** Objects (recipes) are the roots. [`LocalStore::gc`] drops chunks no recipe
+//! names, then rewrites packs whose live fraction fell below a threshold and deletes them only
+//! after the copies and the new index are durable.
+//!
+//! [`flush`]: crate::ChunkStore::flush
+
+mod gc;
+mod index;
+mod pack;
+mod scan;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use ferry_format::{HashAlg, Id, Oid, Recipe};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+
+use crate::cache::ByteLru;
+use crate::{ChunkStore, StoreError, StoreStats, VerifiedChunk};
+use index::{db_err, Loc, ObjectEntry, CHUNKS, DAMAGED, META, OBJECTS, PACKS, TOMBSTONES};
+use pack::{
+    encode_record, object_payload, Kind, RecordHeader, PACK_HEADER, PACK_HEADER_LEN,
+    RECORD_HEADER_LEN,
+};
+pub use scan::RebuildReport;
+
+const MARKER: &str = "ferry-store";
+const MARKER_VERSION: &str = "ferry-store 1";
+
+/// Tuning for a [`LocalStore`].
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Hash algorithm for a new store (an existing store keeps its own).
+    pub hash_alg: HashAlg,
+    /// RAM cache of recently read chunks, in bytes.
+    pub cache_bytes: usize,
+    /// A pack is closed and a new one started past this size.
+    pub pack_target: u64,
+    /// zstd level for chunk payloads; 0 stores them uncompressed.
+    pub zstd_level: i32,
+    /// Flush by itself after this many bytes were appended, bounding what a crash can lose.
+    pub flush_every: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            hash_alg: HashAlg::Blake3,
+            cache_bytes: 64 << 20,
+            pack_target: 64 << 20,
+            zstd_level: 3,
+            flush_every: 256 << 20,
+        }
+    }
+}
+
+/// What [`LocalStore::verify`] found.
+#[derive(Clone, Debug, Default)]
+pub struct VerifyReport {
+    pub chunks_checked: u64,
+    pub bytes_checked: u64,
+    /// Chunks whose bytes are unreadable or do not match their id.
+    pub damaged: Vec<(Id, String)>,
+    /// Chunks a recipe names that the store does not have.
+    pub missing: Vec<(Oid, Id)>,
+}
+
+/// What [`LocalStore::gc`] did.
+#[derive(Clone, Debug, Default)]
+pub struct GcReport {
+    pub chunks_removed: u64,
+    pub chunk_bytes_removed: u64,
+    pub packs_rewritten: u64,
+    pub pack_bytes_before: u64,
+    pub pack_bytes_after: u64,
+}
+
+struct Writer {
+    num: u32,
+    file: File,
+    len: u64,
+    committed: u64,
+    dir_synced: bool,
+}
+
+enum PendingObject {
+    Put(Oid, ObjectEntry),
+    Remove(Oid, u64, u32),
+}
+
+struct State {
+    writer: Option<Writer>,
+    pending: HashMap<Id, Loc>,
+    pending_objects: Vec<PendingObject>,
+    retire: Vec<u32>,
+    unflushed: u64,
+    next_pack: u32,
+    next_seq: u64,
+    damaged: HashSet<Id>,
+    poisoned: bool,
+}
+
+/// A chunk store in a local directory. See the module documentation.
+pub struct LocalStore {
+    dir: PathBuf,
+    packs_dir: PathBuf,
+    index_path: PathBuf,
+    alg: HashAlg,
+    opts: Options,
+    db: Database,
+    state: Mutex<State>,
+    cache: Mutex<ByteLru>,
+    readers: Mutex<HashMap<u32, Arc<File>>>,
+    /// Read while reading a pack, written while deleting packs.
+    packs_lock: RwLock<()>,
+    recovery: RebuildReport,
+    _lock: File,
+}
+
+fn pack_name(num: u32) -> String {
+    format!("{num:08}.pack")
+}
+
+fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(StoreError::io("fsync directory", dir))
+}
+
+impl LocalStore {
+    /// Opens the store in `dir`, creating it if `dir` does not exist or is empty.
+    pub fn open_or_create(dir: impl AsRef<Path>, opts: Options) -> Result<Self, StoreError> {
+        let dir = dir.as_ref();
+        let empty = match fs::read_dir(dir) {
+            Ok(mut it) => it.next().is_none(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+            Err(e) => return Err(StoreError::io("read directory", dir)(e)),
+        };
+        if empty {
+            Self::create(dir, opts)
+        } else {
+            Self::open(dir, opts)
+        }
+    }
+
+    /// Creates a new store in `dir` (which may exist, but must be empty).
+    pub fn create(dir: impl AsRef<Path>, opts: Options) -> Result<Self, StoreError> {
+        let dir = dir.as_ref();
+        fs::create_dir_all(dir.join("packs")).map_err(StoreError::io("create directory", dir))?;
+        let marker = format!("{MARKER_VERSION}\nhash {}\n", opts.hash_alg.name());
+        let tmp = dir.join(format!("{MARKER}.tmp"));
+        fs::write(&tmp, marker)
+            .and_then(|_| File::open(&tmp)?.sync_all())
+            .and_then(|_| fs::rename(&tmp, dir.join(MARKER)))
+            .map_err(StoreError::io("write", dir.join(MARKER)))?;
+        fsync_dir(dir)?;
+        Self::open(dir, opts)
+    }
+
+    /// Opens an existing store, recovering from a crash if there was one.
+    pub fn open(dir: impl AsRef<Path>, opts: Options) -> Result<Self, StoreError> {
+        let dir = dir.as_ref().to_path_buf();
+        if opts.pack_target > (2 << 30) {
+            return Err(StoreError::NotAStore {
+                path: dir,
+                why: "pack target over 2 GiB (offsets are 32-bit)".into(),
+            });
+        }
+        let alg = read_marker(&dir)?;
+        let lock =
+            File::create(dir.join("lock")).map_err(StoreError::io("create", dir.join("lock")))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Err(StoreError::Locked { path: dir }),
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(StoreError::io("lock", dir.join("lock"))(e))
+            }
+        }
+        let index_path = dir.join("index.redb");
+        let packs_dir = dir.join("packs");
+        let fresh_index = !index_path.exists();
+        let db = Database::create(&index_path).map_err(db_err(&index_path))?;
+        let mut store = LocalStore {
+            dir,
+            packs_dir,
+            index_path,
+            alg,
+            cache: Mutex::new(ByteLru::new(opts.cache_bytes)),
+            opts,
+            db,
+            state: Mutex::new(State {
+                writer: None,
+                pending: HashMap::new(),
+                pending_objects: vec![],
+                retire: vec![],
+                unflushed: 0,
+                next_pack: 1,
+                next_seq: 1,
+                damaged: HashSet::new(),
+                poisoned: false,
+            }),
+            readers: Mutex::new(HashMap::new()),
+            packs_lock: RwLock::new(()),
+            recovery: RebuildReport::default(),
+            _lock: lock,
+        };
+        store.init_index(fresh_index)?;
+        store.recover()?;
+        Ok(store)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// What opening the store had to recover (all zero after a clean shutdown).
+    pub fn recovery(&self) -> &RebuildReport {
+        &self.recovery
+    }
+
+    fn init_index(&mut self, fresh: bool) -> Result<(), StoreError> {
+        let p = &self.index_path;
+        let tx = self.db.begin_write().map_err(db_err(p))?;
+        {
+            let mut meta = tx.open_table(META).map_err(db_err(p))?;
+            let format = meta
+                .get("format")
+                .map_err(db_err(p))?
+                .map(|v| v.value().to_vec());
+            match format {
+                None => {
+                    meta.insert("format", index::INDEX_FORMAT)
+                        .map_err(db_err(p))?;
+                    meta.insert("hash", &[self.alg.tag()][..])
+                        .map_err(db_err(p))?;
+                }
+                Some(f) if f == index::INDEX_FORMAT => {}
+                Some(f) => {
+                    return Err(StoreError::Index {
+                        path: p.clone(),
+                        msg: format!("unknown index format {:?}", String::from_utf8_lossy(&f)),
+                    })
+                }
+            }
+            if let Some(v) = meta.get("next_seq").map_err(db_err(p))? {
+                let b: [u8; 8] = v.value().try_into().unwrap_or_default();
+                self.state.get_mut().unwrap().next_seq = u64::from_le_bytes(b).max(1);
+            }
+            tx.open_table(CHUNKS).map_err(db_err(p))?;
+            tx.open_table(OBJECTS).map_err(db_err(p))?;
+            tx.open_table(TOMBSTONES).map_err(db_err(p))?;
+            tx.open_table(PACKS).map_err(db_err(p))?;
+            let damaged = tx.open_table(DAMAGED).map_err(db_err(p))?;
+            let st = self.state.get_mut().unwrap();
+            for r in damaged.iter().map_err(db_err(p))? {
+                let (k, _) = r.map_err(db_err(p))?;
+                st.damaged.insert(Id::from_parts(self.alg, *k.value()));
+            }
+        }
+        tx.commit().map_err(db_err(p))?;
+        if fresh {
+            // A store whose index was lost: every pack is unindexed and recovery scans them all.
+            tracing::info!(dir = %self.dir.display(), "new index; indexing existing packs");
+        }
+        Ok(())
+    }
+
+    fn reader(&self, num: u32) -> Result<Arc<File>, std::io::Error> {
+        let mut r = self.readers.lock().unwrap();
+        if let Some(f) = r.get(&num) {
+            return Ok(f.clone());
+        }
+        if r.len() >= 64 {
+            r.clear();
+        }
+        let f = Arc::new(File::open(self.packs_dir.join(pack_name(num)))?);
+        r.insert(num, f.clone());
+        Ok(f)
+    }
+
+    /// Reads and verifies the chunk record at `loc`.
+    fn read_chunk(&self, id: &Id, loc: Loc) -> Result<Vec<u8>, String> {
+        let _g = self.packs_lock.read().unwrap();
+        if loc.stored_len as u64 > pack::MAX_OBJECT_RECORD as u64 {
+            return Err(format!("index claims a {}-byte record", loc.stored_len));
+        }
+        let f = self
+            .reader(loc.pack)
+            .map_err(|e| format!("open pack: {e}"))?;
+        let mut buf = vec![0u8; RECORD_HEADER_LEN + loc.stored_len as usize];
+        f.read_exact_at(&mut buf, loc.offset as u64)
+            .map_err(|e| format!("read: {e}"))?;
+        let h = RecordHeader::decode(buf[..RECORD_HEADER_LEN].try_into().unwrap())?;
+        if h.kind != Kind::Chunk
+            || h.id != *id
+            || h.stored_len != loc.stored_len
+            || h.raw_len != loc.raw_len
+        {
+            return Err("record does not match its index entry".into());
+        }
+        pack::decode_payload(&h, &buf[RECORD_HEADER_LEN..])
+    }
+
+    fn location(&self, id: &Id) -> Result<Option<Loc>, StoreError> {
+        if let Some(l) = self.state.lock().unwrap().pending.get(id) {
+            return Ok(Some(*l));
+        }
+        let p = &self.index_path;
+        let tx = self.db.begin_read().map_err(db_err(p))?;
+        let t = tx.open_table(CHUNKS).map_err(db_err(p))?;
+        Ok(t.get(id.digest())
+            .map_err(db_err(p))?
+            .map(|v| Loc::decode(v.value())))
+    }
+
+    fn mark_damaged(&self, id: &Id, where_: &str) {
+        self.state.lock().unwrap().damaged.insert(*id);
+        let r = (|| -> Result<(), redb::Error> {
+            let tx = self.db.begin_write()?;
+            tx.open_table(DAMAGED)?.insert(id.digest(), where_)?;
+            tx.commit()?;
+            Ok(())
+        })();
+        if let Err(e) = r {
+            tracing::error!(%id, "could not record damage: {e}");
+        }
+        tracing::error!(%id, "damaged chunk: {where_}");
+    }
+
+    fn check_alg(&self, got: HashAlg) -> Result<(), StoreError> {
+        if got != self.alg {
+            return Err(StoreError::WrongHashAlg {
+                store: self.alg,
+                got,
+            });
+        }
+        Ok(())
+    }
+
+    /// Appends a whole record to the current pack, rotating packs as needed.
+    fn append(&self, st: &mut State, rec: &[u8]) -> Result<(u32, u32), StoreError> {
+        if st.poisoned {
+            return Err(StoreError::Poisoned {
+                path: self.dir.clone(),
+            });
+        }
+        let full = st.writer.as_ref().is_some_and(|w| {
+            w.len > PACK_HEADER_LEN && w.len + rec.len() as u64 > self.opts.pack_target
+        });
+        if full {
+            self.flush_locked(st)?;
+            st.writer = None;
+        }
+        if st.writer.is_none() {
+            st.writer = Some(self.new_pack(st)?);
+        }
+        let w = st.writer.as_mut().unwrap();
+        let path = self.packs_dir.join(pack_name(w.num));
+        if let Err(e) = w.file.write_all_at(rec, w.len) {
+            // Drop the partial record so the pack stays a sequence of whole records.
+            if let Err(t) = w.file.set_len(w.len) {
+                tracing::error!("truncating {} after a failed write: {t}", path.display());
+                st.poisoned = true;
+            }
+            return Err(StoreError::io("append to", path)(e));
+        }
+        let at = (w.num, w.len as u32);
+        w.len += rec.len() as u64;
+        st.unflushed += rec.len() as u64;
+        Ok(at)
+    }
+
+    fn new_pack(&self, st: &mut State) -> Result<Writer, StoreError> {
+        let num = st.next_pack;
+        st.next_pack += 1;
+        let path = self.packs_dir.join(pack_name(num));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(StoreError::io("create", &path))?;
+        file.write_all_at(&PACK_HEADER, 0).map_err(|e| {
+            let _ = fs::remove_file(&path);
+            StoreError::io("write", &path)(e)
+        })?;
+        Ok(Writer {
+            num,
+            file,
+            len: PACK_HEADER_LEN,
+            committed: 0,
+            dir_synced: false,
+        })
+    }
+
+    fn flush_locked(&self, st: &mut State) -> Result<(), StoreError> {
+        if st.poisoned {
+            return Err(StoreError::Poisoned {
+                path: self.dir.clone(),
+            });
+        }
+        let dirty = st.writer.as_ref().is_some_and(|w| w.len != w.committed);
+        if !dirty && st.pending.is_empty() && st.pending_objects.is_empty() && st.retire.is_empty()
+        {
+            return Ok(());
+        }
+        if let Some(w) = st.writer.as_mut() {
+            let path = self.packs_dir.join(pack_name(w.num));
+            if let Err(e) = w.file.sync_data() {
+                st.poisoned = true;
+                return Err(StoreError::io("fsync", path)(e));
+            }
+            if !w.dir_synced {
+                if let Err(e) = fsync_dir(&self.packs_dir) {
+                    st.poisoned = true;
+                    return Err(e);
+                }
+                w.dir_synced = true;
+            }
+        }
+        if let Err(e) = self.commit_pending(st) {
+            st.poisoned = true;
+            return Err(e);
+        }
+        st.pending.clear();
+        st.pending_objects.clear();
+        st.retire.clear();
+        st.unflushed = 0;
+        if let Some(w) = st.writer.as_mut() {
+            w.committed = w.len;
+        }
+        Ok(())
+    }
+
+    fn commit_pending(&self, st: &State) -> Result<(), StoreError> {
+        let p = &self.index_path;
+        let tx = self.db.begin_write().map_err(db_err(p))?;
+        {
+            let mut chunks = tx.open_table(CHUNKS).map_err(db_err(p))?;
+            let mut damaged = tx.open_table(DAMAGED).map_err(db_err(p))?;
+            for (id, loc) in &st.pending {
+                chunks
+                    .insert(id.digest(), &loc.encode())
+                    .map_err(db_err(p))?;
+                damaged.remove(id.digest()).map_err(db_err(p))?;
+            }
+            let mut objects = tx.open_table(OBJECTS).map_err(db_err(p))?;
+            let mut tombs = tx.open_table(TOMBSTONES).map_err(db_err(p))?;
+            for po in &st.pending_objects {
+                match po {
+                    PendingObject::Put(oid, e) => scan::apply_object(
+                        &mut objects,
+                        &mut tombs,
+                        oid.id().digest(),
+                        e.seq,
+                        e.pack,
+                        Some(e),
+                    ),
+                    PendingObject::Remove(oid, seq, pack) => scan::apply_object(
+                        &mut objects,
+                        &mut tombs,
+                        oid.id().digest(),
+                        *seq,
+                        *pack,
+                        None,
+                    ),
+                }
+                .map_err(db_err(p))?;
+            }
+            let mut packs = tx.open_table(PACKS).map_err(db_err(p))?;
+            if let Some(w) = &st.writer {
+                packs.insert(w.num, (w.len, 0u8)).map_err(db_err(p))?;
+            }
+            for r in &st.retire {
+                packs.insert(*r, (0u64, 1u8)).map_err(db_err(p))?;
+            }
+            let mut meta = tx.open_table(META).map_err(db_err(p))?;
+            meta.insert("next_seq", &st.next_seq.to_le_bytes()[..])
+                .map_err(db_err(p))?;
+        }
+        tx.commit().map_err(db_err(p))
+    }
+}
+
+fn read_marker(dir: &Path) -> Result<HashAlg, StoreError> {
+    let path = dir.join(MARKER);
+    let text = fs::read_to_string(&path).map_err(|e| StoreError::NotAStore {
+        path: dir.to_path_buf(),
+        why: format!("cannot read {}: {e}", path.display()),
+    })?;
+    let mut lines = text.lines();
+    if lines.next() != Some(MARKER_VERSION) {
+        return Err(StoreError::NotAStore {
+            path: dir.to_path_buf(),
+            why: format!("{} does not start with {MARKER_VERSION:?}", path.display()),
+        });
+    }
+    let alg = lines
+        .find_map(|l| l.strip_prefix("hash "))
+        .ok_or_else(|| StoreError::NotAStore {
+            path: dir.to_path_buf(),
+            why: "marker names no hash algorithm".into(),
+        })?;
+    Ok(alg.parse()?)
+}
+
+impl ChunkStore for LocalStore {
+    fn hash_alg(&self) -> HashAlg {
+        self.alg
+    }
+
+    fn contains(&self, id: &Id) -> Result<bool, StoreError> {
+        Ok(id.alg() == self.alg && self.location(id)?.is_some())
+    }
+
+    fn get(&self, id: &Id) -> Result<Option<Vec<u8>>, StoreError> {
+        if id.alg() != self.alg {
+            return Ok(None);
+        }
+        if let Some(v) = self.cache.lock().unwrap().get(id) {
+            return Ok(Some(v));
+        }
+        let Some(loc) = self.location(id)? else {
+            return Ok(None);
+        };
+        match self.read_chunk(id, loc) {
+            Ok(data) => {
+                self.cache.lock().unwrap().insert(*id, data.clone());
+                Ok(Some(data))
+            }
+            Err(why) => {
+                let location = format!(
+                    "{} offset {}",
+                    self.packs_dir.join(pack_name(loc.pack)).display(),
+                    loc.offset
+                );
+                self.mark_damaged(id, &format!("{location}: {why}"));
+                Err(StoreError::Corrupt {
+                    id: *id,
+                    location,
+                    why,
+                })
+            }
+        }
+    }
+
+    fn put(&self, chunk: &VerifiedChunk<'_>) -> Result<bool, StoreError> {
+        let id = *chunk.id();
+        self.check_alg(id.alg())?;
+        let damaged = self.state.lock().unwrap().damaged.contains(&id);
+        if !damaged && self.location(&id)?.is_some() {
+            return Ok(false);
+        }
+        // Compress before taking the lock, so other threads can append meanwhile.
+        let rec = encode_record(Kind::Chunk, id, chunk.data(), self.opts.zstd_level);
+        let mut st = self.state.lock().unwrap();
+        if !damaged && st.pending.contains_key(&id) {
+            return Ok(false);
+        }
+        let (pack, offset) = self.append(&mut st, &rec)?;
+        st.pending.insert(
+            id,
+            Loc {
+                pack,
+                offset,
+                stored_len: (rec.len() - RECORD_HEADER_LEN) as u32,
+                raw_len: chunk.data().len() as u32,
+            },
+        );
+        st.damaged.remove(&id);
+        if st.unflushed >= self.opts.flush_every {
+            self.flush_locked(&mut st)?;
+        }
+        Ok(true)
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        let mut st = self.state.lock().unwrap();
+        self.flush_locked(&mut st)
+    }
+
+    fn put_object(&self, oid: &Oid, recipe: &Recipe) -> Result<(), StoreError> {
+        self.check_alg(recipe.alg())?;
+        self.check_alg(oid.id().alg())?;
+        let enc = recipe.encode();
+        if enc.len() as u64 + 16 > pack::MAX_OBJECT_RECORD as u64 {
+            return Err(StoreError::TooLarge {
+                what: format!("recipe of {oid}"),
+                len: enc.len() as u64,
+                limit: pack::MAX_OBJECT_RECORD as u64 - 16,
+            });
+        }
+        let mut st = self.state.lock().unwrap();
+        let seq = st.next_seq;
+        let rec = encode_record(
+            Kind::Object,
+            oid.id(),
+            &object_payload(seq, Some(&enc)),
+            self.opts.zstd_level,
+        );
+        let (pack, _) = self.append(&mut st, &rec)?;
+        st.next_seq += 1;
+        st.pending_objects.push(PendingObject::Put(
+            *oid,
+            ObjectEntry {
+                seq,
+                pack,
+                total_len: recipe.total_len(),
+                recipe: enc,
+            },
+        ));
+        Ok(())
+    }
+
+    fn object(&self, oid: &Oid) -> Result<Option<Recipe>, StoreError> {
+        {
+            let st = self.state.lock().unwrap();
+            for po in st.pending_objects.iter().rev() {
+                match po {
+                    PendingObject::Put(o, e) if o == oid => {
+                        return Ok(Some(Recipe::decode(&e.recipe)?))
+                    }
+                    PendingObject::Remove(o, ..) if o == oid => return Ok(None),
+                    _ => {}
+                }
+            }
+        }
+        let p = &self.index_path;
+        let tx = self.db.begin_read().map_err(db_err(p))?;
+        let t = tx.open_table(OBJECTS).map_err(db_err(p))?;
+        let Some(v) = t.get(oid.id().digest()).map_err(db_err(p))? else {
+            return Ok(None);
+        };
+        let e = ObjectEntry::decode(v.value()).ok_or_else(|| StoreError::Index {
+            path: p.clone(),
+            msg: format!("object entry of {oid} is truncated"),
+        })?;
+        Ok(Some(Recipe::decode(&e.recipe)?))
+    }
+
+    fn remove_object(&self, oid: &Oid) -> Result<bool, StoreError> {
+        if self.object(oid)?.is_none() {
+            return Ok(false);
+        }
+        let mut st = self.state.lock().unwrap();
+        let seq = st.next_seq;
+        let rec = encode_record(Kind::Tombstone, oid.id(), &object_payload(seq, None), 0);
+        let (pack, _) = self.append(&mut st, &rec)?;
+        st.next_seq += 1;
+        st.pending_objects
+            .push(PendingObject::Remove(*oid, seq, pack));
+        Ok(true)
+    }
+
+    fn objects(&self) -> Result<Vec<(Oid, u64)>, StoreError> {
+        let p = &self.index_path;
+        let mut all = BTreeMap::new();
+        {
+            let tx = self.db.begin_read().map_err(db_err(p))?;
+            let t = tx.open_table(OBJECTS).map_err(db_err(p))?;
+            for r in t.iter().map_err(db_err(p))? {
+                let (k, v) = r.map_err(db_err(p))?;
+                let len = ObjectEntry::decode(v.value())
+                    .map(|e| e.total_len)
+                    .unwrap_or(0);
+                all.insert(Oid(Id::from_parts(self.alg, *k.value())), len);
+            }
+        }
+        let st = self.state.lock().unwrap();
+        for po in &st.pending_objects {
+            match po {
+                PendingObject::Put(o, e) => {
+                    all.insert(*o, e.total_len);
+                }
+                PendingObject::Remove(o, ..) => {
+                    all.remove(o);
+                }
+            }
+        }
+        Ok(all.into_iter().collect())
+    }
+
+    fn stats(&self) -> Result<StoreStats, StoreError> {
+        let p = &self.index_path;
+        let tx = self.db.begin_read().map_err(db_err(p))?;
+        let mut s = StoreStats::default();
+        for r in tx
+            .open_table(CHUNKS)
+            .map_err(db_err(p))?
+            .iter()
+            .map_err(db_err(p))?
+        {
+            let (_, v) = r.map_err(db_err(p))?;
+            let l = Loc::decode(v.value());
+            s.chunks += 1;
+            s.chunk_bytes += l.raw_len as u64;
+            s.stored_bytes += l.stored_len as u64 + RECORD_HEADER_LEN as u64;
+        }
+        for r in tx
+            .open_table(OBJECTS)
+            .map_err(db_err(p))?
+            .iter()
+            .map_err(db_err(p))?
+        {
+            let (_, v) = r.map_err(db_err(p))?;
+            s.objects += 1;
+            s.object_bytes += ObjectEntry::decode(v.value())
+                .map(|e| e.total_len)
+                .unwrap_or(0);
+        }
+        s.packs = tx
+            .open_table(PACKS)
+            .map_err(db_err(p))?
+            .len()
+            .map_err(db_err(p))?;
+        s.damaged = tx
+            .open_table(DAMAGED)
+            .map_err(db_err(p))?
+            .len()
+            .map_err(db_err(p))?;
+        s.index_bytes = fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+        Ok(s)
+    }
+}
+
+impl LocalStore {
+    /// Closes the store as a crash would: nothing pending is flushed. For crash tests.
+    #[doc(hidden)]
+    pub fn simulate_crash(self) {
+        self.state.lock().unwrap().poisoned = true;
+    }
+}
+
+impl Drop for LocalStore {
+    fn drop(&mut self) {
+        match self.flush() {
+            Ok(()) | Err(StoreError::Poisoned { .. }) => {}
+            Err(e) => tracing::error!("flushing {} on close: {e}", self.dir.display()),
+        }
+    }
+}

@@ -1,0 +1,373 @@
+//! Reading packs front to back: crash recovery on open, and rebuilding a lost index.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::path::Path;
+
+use ferry_format::{Oid, Recipe};
+use redb::{ReadableTable, Table};
+
+use super::index::{db_err, Loc, ObjectEntry, CHUNKS, META, OBJECTS, PACKS, TOMBSTONES};
+use super::pack::{self, Kind, RecordHeader, PACK_HEADER, PACK_HEADER_LEN, RECORD_HEADER_LEN};
+use super::{pack_name, LocalStore, Writer};
+use crate::StoreError;
+
+/// What recovery or a rebuild found in the packs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RebuildReport {
+    /// Packs read (only those with unindexed bytes, on a normal open).
+    pub packs_scanned: u64,
+    /// Whole, valid records indexed.
+    pub records: u64,
+    /// Records whose payload failed verification (skipped).
+    pub damaged_records: u64,
+    /// Bytes of torn crash leftovers cut off pack tails.
+    pub torn_bytes_truncated: u64,
+    /// Bytes after damage that could not be parsed (left in place, not indexed).
+    pub unreadable_bytes: u64,
+}
+
+/// Applies an object put (`entry`) or removal (`None`) of sequence number `seq` unless the index
+/// already holds a newer one. Equal sequence numbers overwrite (a record moved by compaction).
+pub(crate) fn apply_object(
+    objects: &mut Table<&[u8; 32], &[u8]>,
+    tombs: &mut Table<&[u8; 32], (u64, u32)>,
+    key: &[u8; 32],
+    seq: u64,
+    pack: u32,
+    entry: Option<&ObjectEntry>,
+) -> Result<(), redb::Error> {
+    let cur_obj = objects
+        .get(key)?
+        .map(|v| u64::from_le_bytes(v.value()[..8].try_into().unwrap_or_default()))
+        .unwrap_or(0);
+    let cur_tomb = tombs.get(key)?.map(|v| v.value().0).unwrap_or(0);
+    if seq < cur_obj.max(cur_tomb) {
+        return Ok(());
+    }
+    match entry {
+        Some(e) => {
+            objects.insert(key, &e.encode()[..])?;
+            tombs.remove(key)?;
+        }
+        None => {
+            objects.remove(key)?;
+            tombs.insert(key, (seq, pack))?;
+        }
+    }
+    Ok(())
+}
+
+struct ScanEnd {
+    /// Offset just past the last whole record read.
+    end: u64,
+    /// Why scanning stopped before the end of the file, if it did.
+    stopped: Option<String>,
+}
+
+/// Reads records of the pack at `path` from `from` on, calling `f` for each valid one.
+/// With `skip_bad_payload`, a record whose header is sound but whose payload fails
+/// verification is counted and skipped; otherwise it ends the scan (a torn write).
+fn scan_pack(
+    path: &Path,
+    from: u64,
+    skip_bad_payload: bool,
+    report: &mut RebuildReport,
+    mut f: impl FnMut(u64, &RecordHeader, Vec<u8>) -> Result<(), StoreError>,
+) -> Result<ScanEnd, StoreError> {
+    let file = File::open(path).map_err(StoreError::io("open", path))?;
+    let len = file.metadata().map_err(StoreError::io("stat", path))?.len();
+    let mut r = BufReader::with_capacity(1 << 20, file);
+    r.seek(SeekFrom::Start(from))
+        .map_err(StoreError::io("seek", path))?;
+    let mut off = from;
+    let mut payload = Vec::new();
+    while off < len {
+        if len - off < RECORD_HEADER_LEN as u64 {
+            return Ok(ScanEnd {
+                end: off,
+                stopped: Some("torn record header".into()),
+            });
+        }
+        let mut hb = [0u8; RECORD_HEADER_LEN];
+        r.read_exact(&mut hb)
+            .map_err(StoreError::io("read", path))?;
+        let h = match RecordHeader::decode(&hb) {
+            Ok(h) => h,
+            Err(why) => {
+                return Ok(ScanEnd {
+                    end: off,
+                    stopped: Some(why),
+                })
+            }
+        };
+        if len - off - (RECORD_HEADER_LEN as u64) < h.stored_len as u64 {
+            return Ok(ScanEnd {
+                end: off,
+                stopped: Some("torn record payload".into()),
+            });
+        }
+        payload.resize(h.stored_len as usize, 0);
+        r.read_exact(&mut payload)
+            .map_err(StoreError::io("read", path))?;
+        match pack::decode_payload(&h, &payload) {
+            Ok(raw) => {
+                report.records += 1;
+                f(off, &h, raw)?;
+            }
+            Err(why) if skip_bad_payload => {
+                report.damaged_records += 1;
+                tracing::error!(
+                    "{} offset {off}: skipping damaged record {}: {why}",
+                    path.display(),
+                    h.id
+                );
+            }
+            Err(why) => {
+                return Ok(ScanEnd {
+                    end: off,
+                    stopped: Some(why),
+                })
+            }
+        }
+        off += h.record_len();
+    }
+    Ok(ScanEnd {
+        end: off,
+        stopped: None,
+    })
+}
+
+impl LocalStore {
+    /// Moves the index aside and indexes every pack from scratch. For a lost or damaged index.
+    pub fn rebuild(
+        dir: impl AsRef<Path>,
+        opts: super::Options,
+    ) -> Result<(LocalStore, RebuildReport), StoreError> {
+        let dir = dir.as_ref();
+        super::read_marker(dir)?;
+        {
+            let lock = File::create(dir.join("lock"))
+                .map_err(StoreError::io("create", dir.join("lock")))?;
+            if lock.try_lock().is_err() {
+                return Err(StoreError::Locked {
+                    path: dir.to_path_buf(),
+                });
+            }
+            let index = dir.join("index.redb");
+            if index.exists() {
+                let old = dir.join("index.redb.old");
+                fs::rename(&index, &old).map_err(StoreError::io("rename", &index))?;
+                tracing::info!("moved the old index to {}", old.display());
+            }
+        }
+        let store = LocalStore::open(dir, opts)?;
+        let report = store.recovery.clone();
+        Ok((store, report))
+    }
+
+    /// Brings the index up to date with the packs after a crash (or a lost index), deletes
+    /// packs retired by a finished compaction, and resumes the newest pack for appending.
+    pub(super) fn recover(&mut self) -> Result<(), StoreError> {
+        let p = self.index_path.clone();
+        let mut nums: Vec<u32> = fs::read_dir(&self.packs_dir)
+            .map_err(StoreError::io("read directory", &self.packs_dir))?
+            .filter_map(|e| {
+                e.ok()?
+                    .file_name()
+                    .to_str()?
+                    .strip_suffix(".pack")?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        nums.sort_unstable();
+        let mut report = super::RebuildReport::default();
+        let tx = self.db.begin_write().map_err(db_err(&p))?;
+        let mut next_seq = self.state.get_mut().unwrap().next_seq;
+        let mut max_num = 0;
+        let mut resumable = None;
+        {
+            let mut packs = tx.open_table(PACKS).map_err(db_err(&p))?;
+            let mut chunks = tx.open_table(CHUNKS).map_err(db_err(&p))?;
+            let mut objects = tx.open_table(OBJECTS).map_err(db_err(&p))?;
+            let mut tombs = tx.open_table(TOMBSTONES).map_err(db_err(&p))?;
+            let known: Vec<(u32, (u64, u8))> = packs
+                .iter()
+                .map_err(db_err(&p))?
+                .map(|r| r.map(|(k, v)| (k.value(), v.value())))
+                .collect::<Result<_, _>>()
+                .map_err(db_err(&p))?;
+            for &(num, (_, retired)) in &known {
+                max_num = max_num.max(num);
+                if retired == 1 {
+                    let path = self.packs_dir.join(pack_name(num));
+                    match fs::remove_file(&path) {
+                        Ok(()) => tracing::info!("deleted retired pack {}", path.display()),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => return Err(StoreError::io("delete", path)(e)),
+                    }
+                    packs.remove(num).map_err(db_err(&p))?;
+                } else if !nums.contains(&num) {
+                    tracing::error!(
+                        "pack {} is missing: its chunks are lost (run `ferry store verify`)",
+                        self.packs_dir.join(pack_name(num)).display()
+                    );
+                }
+            }
+            for &num in &nums {
+                max_num = max_num.max(num);
+                let entry = known.iter().find(|(n, _)| *n == num).map(|(_, v)| *v);
+                if entry.is_some_and(|(_, r)| r == 1) {
+                    continue;
+                }
+                let committed = entry.map(|(c, _)| c).unwrap_or(0);
+                let path = self.packs_dir.join(pack_name(num));
+                let file_len = fs::metadata(&path)
+                    .map_err(StoreError::io("stat", &path))?
+                    .len();
+                if committed == 0 {
+                    let mut head = [0u8; PACK_HEADER_LEN as usize];
+                    let ok = File::open(&path)
+                        .and_then(|mut f| f.read_exact(&mut head))
+                        .is_ok_and(|_| head == PACK_HEADER);
+                    if !ok {
+                        if file_len <= PACK_HEADER_LEN {
+                            // Created, then a crash before anything reached it.
+                            fs::remove_file(&path).map_err(StoreError::io("delete", &path))?;
+                        } else {
+                            report.unreadable_bytes += file_len;
+                            tracing::error!(
+                                "{} has no valid pack header; left alone",
+                                path.display()
+                            );
+                        }
+                        continue;
+                    }
+                }
+                if file_len < committed {
+                    tracing::error!(
+                        "{} is shorter ({file_len} bytes) than recorded ({committed}); chunks past its end are lost",
+                        path.display()
+                    );
+                    continue;
+                }
+                let from = committed.max(PACK_HEADER_LEN);
+                if file_len > from || committed == 0 {
+                    report.packs_scanned += 1;
+                    // A tail past a committed length is a crash's leftover: stop at the first bad
+                    // record and cut it off. A pack never indexed is read whole, skipping damage.
+                    let crash_tail = committed != 0;
+                    let end = scan_pack(&path, from, !crash_tail, &mut report, |off, h, raw| {
+                        let key = h.id.digest();
+                        match h.kind {
+                            Kind::Chunk => {
+                                if h.id.alg() != self.alg {
+                                    return Ok(());
+                                }
+                                if chunks.get(key).map_err(db_err(&p))?.is_none() {
+                                    let loc = Loc {
+                                        pack: num,
+                                        offset: off as u32,
+                                        stored_len: h.stored_len,
+                                        raw_len: h.raw_len,
+                                    };
+                                    chunks.insert(key, &loc.encode()).map_err(db_err(&p))?;
+                                }
+                            }
+                            Kind::Object | Kind::Tombstone => {
+                                let seq = u64::from_le_bytes(raw[..8].try_into().unwrap());
+                                next_seq = next_seq.max(seq + 1);
+                                let entry = if h.kind == Kind::Object {
+                                    let recipe = Recipe::decode(&raw[8..])?;
+                                    Some(ObjectEntry {
+                                        seq,
+                                        pack: num,
+                                        total_len: recipe.total_len(),
+                                        recipe: raw[8..].to_vec(),
+                                    })
+                                } else {
+                                    None
+                                };
+                                let _ = Oid(h.id);
+                                apply_object(
+                                    &mut objects,
+                                    &mut tombs,
+                                    key,
+                                    seq,
+                                    num,
+                                    entry.as_ref(),
+                                )
+                                .map_err(db_err(&p))?;
+                            }
+                        }
+                        Ok(())
+                    })?;
+                    if let Some(why) = &end.stopped {
+                        let lost = file_len - end.end;
+                        if crash_tail {
+                            tracing::warn!(
+                                "{}: cutting {lost} torn bytes at offset {} ({why})",
+                                path.display(),
+                                end.end
+                            );
+                            let f = OpenOptions::new()
+                                .write(true)
+                                .open(&path)
+                                .map_err(StoreError::io("open", &path))?;
+                            f.set_len(end.end)
+                                .and_then(|_| f.sync_all())
+                                .map_err(StoreError::io("truncate", &path))?;
+                            report.torn_bytes_truncated += lost;
+                        } else {
+                            tracing::error!(
+                                "{}: {lost} bytes after offset {} cannot be read ({why})",
+                                path.display(),
+                                end.end
+                            );
+                            report.unreadable_bytes += lost;
+                        }
+                    }
+                    packs.insert(num, (end.end, 0u8)).map_err(db_err(&p))?;
+                    if end.stopped.is_none() || crash_tail {
+                        resumable = Some((num, end.end));
+                    } else {
+                        resumable = None;
+                    }
+                } else {
+                    resumable = Some((num, committed));
+                }
+            }
+            tx.open_table(META)
+                .map_err(db_err(&p))?
+                .insert("next_seq", &next_seq.to_le_bytes()[..])
+                .map_err(db_err(&p))?;
+        }
+        tx.commit().map_err(db_err(&p))?;
+        if report.records > 0 || report.torn_bytes_truncated > 0 {
+            tracing::info!(?report, "recovered {}", self.dir.display());
+        }
+        let st = self.state.get_mut().unwrap();
+        st.next_seq = next_seq;
+        st.next_pack = max_num + 1;
+        if let Some((num, len)) =
+            resumable.filter(|&(n, l)| n == max_num && l < self.opts.pack_target)
+        {
+            let path = self.packs_dir.join(pack_name(num));
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(StoreError::io("open", &path))?;
+            st.writer = Some(Writer {
+                num,
+                file,
+                len,
+                committed: len,
+                dir_synced: true,
+            });
+        }
+        self.recovery = report;
+        Ok(())
+    }
+}

@@ -1,0 +1,84 @@
+//! Whole objects in and out of a store.
+
+use std::io::{Read, Write};
+
+use ferry_chunk::ChunkerSpec;
+use ferry_format::{chunk_object, IdHasher, Oid, Recipe};
+
+use crate::{ChunkStore, StoreError, VerifiedChunk};
+
+/// What storing an object cost.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stored {
+    /// Chunks the store did not have.
+    pub new_chunks: u64,
+    /// Their bytes.
+    pub new_bytes: u64,
+}
+
+/// Chunks `src`, puts every chunk the store lacks, records the object and flushes.
+/// `progress` is told the bytes consumed after each chunk.
+pub fn store_object<S: ChunkStore + ?Sized>(
+    store: &S,
+    src: impl Read,
+    spec: &ChunkerSpec,
+    mut progress: impl FnMut(u64),
+) -> Result<(Oid, Recipe, Stored), StoreError> {
+    let mut stored = Stored::default();
+    let (recipe, oid) = chunk_object(src, spec, store.hash_alg(), |c, data| {
+        if store.put(&VerifiedChunk::assume_verified(c.id, data))? {
+            stored.new_chunks += 1;
+            stored.new_bytes += data.len() as u64;
+        }
+        progress(data.len() as u64);
+        Ok::<_, StoreError>(())
+    })?;
+    store.put_object(&oid, &recipe)?;
+    store.flush()?;
+    Ok((oid, recipe, stored))
+}
+
+/// Errors reading the caller's input stream (the caller knows its name and adds it).
+impl From<std::io::Error> for StoreError {
+    fn from(source: std::io::Error) -> Self {
+        StoreError::Io {
+            op: "read",
+            path: "input".into(),
+            source,
+        }
+    }
+}
+
+/// Writes object `oid` to `out`, every chunk verified on read and the whole checked against the
+/// OID at the end. Returns the bytes written, or `None` if the store has no such object.
+pub fn read_object<S: ChunkStore + ?Sized>(
+    store: &S,
+    oid: &Oid,
+    mut out: impl Write,
+) -> Result<Option<u64>, StoreError> {
+    let Some(recipe) = store.object(oid)? else {
+        return Ok(None);
+    };
+    let mut whole = IdHasher::new(oid.id().alg());
+    let mut n = 0u64;
+    for c in recipe.chunks() {
+        let data = store.get(&c.id)?.ok_or_else(|| StoreError::Corrupt {
+            id: c.id,
+            location: format!("object {oid}"),
+            why: "chunk is missing from the store".into(),
+        })?;
+        whole.update(&data);
+        out.write_all(&data)
+            .map_err(StoreError::io("write", "output"))?;
+        n += data.len() as u64;
+    }
+    let got = whole.finish();
+    if got != oid.id() {
+        return Err(StoreError::Corrupt {
+            id: oid.id(),
+            location: "reassembled object".into(),
+            why: format!("content hashes to {got}"),
+        });
+    }
+    Ok(Some(n))
+}

@@ -1,0 +1,112 @@
+//! The contract of `ChunkStore`, run against every backend.
+
+use ferry_chunk::ChunkerSpec;
+use ferry_format::{HashAlg, Id, Oid};
+use ferry_store::{read_object, store_object, ChunkStore, MemStore, StoreError, VerifiedChunk};
+
+use crate::{bytes, new_local};
+
+fn suite(store: &dyn ChunkStore) {
+    let alg = store.hash_alg();
+    // Interesting sizes: empty, one byte, around one chunk, many chunks.
+    for (i, len) in [0usize, 1, 2047, 8192, 65535, 65536, 65537, 1_000_003]
+        .into_iter()
+        .enumerate()
+    {
+        let data = bytes(i as u64, len);
+        let (oid, recipe, stored) =
+            store_object(store, &data[..], &ChunkerSpec::default(), |_| {}).unwrap();
+        assert_eq!(oid.id(), Id::hash(alg, &data));
+        assert_eq!(recipe.total_len(), len as u64);
+        assert_eq!(stored.new_bytes, len as u64, "fresh data is all new");
+        let mut out = vec![];
+        assert_eq!(
+            read_object(store, &oid, &mut out).unwrap(),
+            Some(len as u64)
+        );
+        assert_eq!(out, data);
+        // Storing it again stores nothing new.
+        let (_, _, again) =
+            store_object(store, &data[..], &ChunkerSpec::default(), |_| {}).unwrap();
+        assert_eq!(again.new_chunks, 0);
+    }
+    let c = VerifiedChunk::hash(alg, b"one chunk");
+    assert!(store.put(&c).unwrap());
+    assert!(!store.put(&c).unwrap());
+    assert!(store.contains(c.id()).unwrap());
+    assert_eq!(store.get(c.id()).unwrap().unwrap(), b"one chunk");
+    let absent = Id::hash(alg, b"never stored");
+    assert!(!store.contains(&absent).unwrap());
+    assert!(store.get(&absent).unwrap().is_none());
+    assert!(read_object(store, &Oid(absent), std::io::sink())
+        .unwrap()
+        .is_none());
+    // A chunk of another algorithm is refused, not silently stored.
+    let other = VerifiedChunk::hash(HashAlg::Sha256, b"x");
+    assert!(matches!(
+        store.put(&other),
+        Err(StoreError::WrongHashAlg { .. })
+    ));
+    // Objects: list, remove.
+    let objs = store.objects().unwrap();
+    assert_eq!(objs.len(), 8);
+    assert!(store.remove_object(&objs[0].0).unwrap());
+    assert!(!store.remove_object(&objs[0].0).unwrap());
+    assert!(store.object(&objs[0].0).unwrap().is_none());
+    store.flush().unwrap();
+    let s = store.stats().unwrap();
+    assert_eq!(s.objects, 7);
+    assert!(s.chunks > 100);
+    assert_eq!(s.damaged, 0);
+}
+
+#[test]
+fn mem_store_keeps_the_contract() {
+    suite(&MemStore::new(HashAlg::Blake3));
+}
+
+#[test]
+fn local_store_keeps_the_contract() {
+    let t = tempfile::tempdir().unwrap();
+    let s = new_local(t.path());
+    suite(&s);
+    drop(s);
+    // And everything is still there after reopening.
+    let s = crate::reopen(t.path());
+    assert_eq!(s.objects().unwrap().len(), 7);
+    assert!(s.verify(|_| {}).unwrap().damaged.is_empty());
+}
+
+#[test]
+fn sha256_local_store() {
+    let t = tempfile::tempdir().unwrap();
+    let opts = ferry_store::Options {
+        hash_alg: HashAlg::Sha256,
+        ..crate::small_opts()
+    };
+    let s = ferry_store::LocalStore::open_or_create(t.path().join("s"), opts).unwrap();
+    suite_small(&s, HashAlg::Sha256);
+}
+
+fn suite_small(store: &dyn ChunkStore, alg: HashAlg) {
+    let data = bytes(9, 300_000);
+    let (oid, _, _) = store_object(store, &data[..], &ChunkerSpec::default(), |_| {}).unwrap();
+    assert_eq!(oid.id().alg(), alg);
+    let mut out = vec![];
+    read_object(store, &oid, &mut out).unwrap();
+    assert_eq!(out, data);
+}
+
+#[test]
+fn damage_is_an_error_never_wrong_bytes() {
+    let m = MemStore::new(HashAlg::Blake3);
+    let c = VerifiedChunk::hash(HashAlg::Blake3, b"precious");
+    m.put(&c).unwrap();
+    assert!(m.damage(c.id()));
+    assert!(matches!(m.get(c.id()), Err(StoreError::Corrupt { .. })));
+    assert_eq!(m.stats().unwrap().damaged, 1);
+    // Putting the chunk again repairs it.
+    assert!(m.put(&c).unwrap());
+    assert_eq!(m.get(c.id()).unwrap().unwrap(), b"precious");
+    assert!(VerifiedChunk::check(*c.id(), b"impostor").is_err());
+}
