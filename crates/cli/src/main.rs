@@ -1,1 +1,54 @@
-fn main() {}
+//! `ferry`: move and serve files over thin, slow and intermittent links.
+//!
+//! This binary is a thin shell over the library crates: it parses arguments, picks defaults,
+//! draws progress and turns errors into messages and exit codes. Exit codes: 0 success, 1 an
+//! error (or damage found by `store verify`), 2 bad usage.
+
+mod cmd;
+mod util;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "ferry", version, about = "Move and serve files over thin, slow and intermittent links", long_about = None)]
+struct Cli {
+    /// More log output (-v info, -vv debug); FERRY_LOG=… sets a filter.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// No progress bars.
+    #[arg(short, long, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the chunks (recipe) of files: offset, length and id of each chunk.
+    Chunk(cmd::chunk::Args),
+    /// How much of NEW is already in OLD, and what sending NEW would cost (LBFS Table 1).
+    Similarity(cmd::similarity::Args),
+    /// Manage a content-addressed chunk store.
+    Store(cmd::store::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    util::init_logging(cli.verbose);
+    let ui = util::Ui { quiet: cli.quiet };
+    let result = match cli.command {
+        Command::Chunk(a) => cmd::chunk::run(a),
+        Command::Similarity(a) => cmd::similarity::run(a, &ui),
+        Command::Store(a) => cmd::store::run(a, &ui),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) if util::is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferry: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
