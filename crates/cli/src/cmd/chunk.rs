@@ -64,7 +64,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             total += c.data.len() as u64;
         }
         if !a.json {
-            let avg = if n > 0 { total / n } else { 0 };
+            let avg = total.checked_div(n).unwrap_or(0);
             writeln!(out, "# {n} chunks, {total} bytes, average {avg}")?;
         }
     }
