@@ -4,18 +4,31 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn ferry(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferry")).args(args).env_remove("FERRY_STORE").output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(args)
+        .env_remove("FERRY_STORE")
+        .output()
+        .unwrap()
 }
 
 fn ok(args: &[&str]) -> String {
     let o = ferry(args);
-    assert!(o.status.success(), "ferry {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "ferry {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     String::from_utf8(o.stdout).unwrap()
 }
 
 fn fails(args: &[&str]) -> String {
     let o = ferry(args);
-    assert_eq!(o.status.code(), Some(1), "ferry {args:?} should fail: {}", String::from_utf8_lossy(&o.stdout));
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "ferry {args:?} should fail: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
     String::from_utf8(o.stderr).unwrap()
 }
 
@@ -51,7 +64,18 @@ fn chunk_json_lines_cover_the_file() {
         }
         assert_eq!(next, 300_000);
     }
-    let text = ok(&["chunk", "--hash", "sha256", "--avg", "4k", "--min", "1k", "--max", "16k", s(&f)]);
+    let text = ok(&[
+        "chunk",
+        "--hash",
+        "sha256",
+        "--avg",
+        "4k",
+        "--min",
+        "1k",
+        "--max",
+        "16k",
+        s(&f),
+    ]);
     assert!(text.contains("sha256:") && text.contains("fastcdc2020-v1:1024:4096:16384"));
 }
 
@@ -63,7 +87,10 @@ fn bad_input_gives_clear_errors() {
     assert!(fails(&["chunk", s(t.path())]).contains("not a regular file"));
     assert!(fails(&["chunk", "--avg", "3000", s(&missing)]).contains("power of two"));
     assert!(fails(&["chunk", "--chunker", "fixed", "--min", "4k", s(&missing)]).contains("fixed"));
-    assert_eq!(ferry(&["chunk", "--chunker", "rabin", "x"]).status.code(), Some(2));
+    assert_eq!(
+        ferry(&["chunk", "--chunker", "rabin", "x"]).status.code(),
+        Some(2)
+    );
     assert!(fails(&["similarity", s(&missing), s(t.path())]).contains("nope"));
     assert!(fails(&["store", "--store", s(&t.path().join("nostore")), "ls"]).contains("no store"));
     if Path::new("/proc/self/mem").exists() {
@@ -89,7 +116,8 @@ fn similarity_finds_the_shared_part() {
     std::fs::write(old.join("sub/a"), &a).unwrap();
     std::fs::write(new.join("moved/renamed"), &a).unwrap(); // a rename costs nothing
     std::fs::write(new.join("fresh"), data(50_000, 4)).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&ok(&["similarity", "--json", s(&old), s(&new)])).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&["similarity", "--json", s(&old), s(&new)])).unwrap();
     assert_eq!(v["new_files"], 2);
     let new_data = v["new_data"].as_u64().unwrap();
     assert!((50_000..60_000).contains(&new_data), "{v}");
@@ -103,11 +131,13 @@ fn store_round_trip_damage_and_repair() {
     let content = data(500_000, 5);
     std::fs::write(&f, &content).unwrap();
     let added: serde_json::Value =
-        serde_json::from_str(ok(&["store", "--store", s(&st), "add", "--json", s(&f)]).trim()).unwrap();
+        serde_json::from_str(ok(&["store", "--store", s(&st), "add", "--json", s(&f)]).trim())
+            .unwrap();
     let oid = added["oid"].as_str().unwrap().to_string();
     assert_eq!(added["new_bytes"], 500_000);
     let again: serde_json::Value =
-        serde_json::from_str(ok(&["store", "--store", s(&st), "add", "--json", s(&f)]).trim()).unwrap();
+        serde_json::from_str(ok(&["store", "--store", s(&st), "add", "--json", s(&f)]).trim())
+            .unwrap();
     assert_eq!(again["new_bytes"], 0);
     assert!(ok(&["store", "--store", s(&st), "ls"]).contains(&oid));
     let out = t.path().join("out");
@@ -118,14 +148,28 @@ fn store_round_trip_damage_and_repair() {
     assert!(ok(&["store", "--store", s(&st), "verify"]).contains("ok"));
 
     // Damage a pack: verify fails and names the chunk; re-adding repairs.
-    let pack = std::fs::read_dir(st.join("packs")).unwrap().next().unwrap().unwrap().path();
+    let pack = std::fs::read_dir(st.join("packs"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
     let mut raw = std::fs::read(&pack).unwrap();
     raw[8 + 49 + 10] ^= 1;
     std::fs::write(&pack, raw).unwrap();
     let o = ferry(&["store", "--store", s(&st), "verify"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stdout).contains("DAMAGED blake3:"));
-    assert!(fails(&["store", "--store", s(&st), "cat", &oid, "-o", s(&t.path().join("bad"))]).contains("damaged"));
+    assert!(fails(&[
+        "store",
+        "--store",
+        s(&st),
+        "cat",
+        &oid,
+        "-o",
+        s(&t.path().join("bad"))
+    ])
+    .contains("damaged"));
     assert!(!t.path().join("bad").exists(), "no partial output file");
     ok(&["store", "--store", s(&st), "add", s(&f)]);
     assert!(ok(&["store", "--store", s(&st), "verify"]).contains("ok"));
@@ -144,5 +188,10 @@ fn store_round_trip_damage_and_repair() {
         serde_json::from_str(ok(&["store", "--store", s(&st), "stats", "--json"]).trim()).unwrap();
     assert_eq!(stats["chunks"], 0);
     assert!(fails(&["store", "--store", s(&st), "cat", &oid]).contains("no object"));
-    assert_eq!(ferry(&["store", "--store", s(&st), "cat", "blake3:xyz"]).status.code(), Some(2));
+    assert_eq!(
+        ferry(&["store", "--store", s(&st), "cat", "blake3:xyz"])
+            .status
+            .code(),
+        Some(2)
+    );
 }
