@@ -198,6 +198,93 @@ where
     Ok((recipe, Oid(whole.finish())))
 }
 
+/// Bytes of whole chunks handed from the cutting thread to the hashing thread at a time.
+const BATCH_BYTES: usize = 1 << 20;
+
+/// A run of whole chunks cut by the producer thread of [`chunk_object_parallel`].
+struct Batch {
+    data: Vec<u8>,
+    lens: Vec<u32>,
+    /// Set on the last batch: the id of the whole stream.
+    whole: Option<Id>,
+}
+
+/// [`chunk_object`] on two threads: one reads, cuts and hashes the whole stream; the caller's
+/// thread hashes each chunk and runs `on_chunk`. Same result, same order of calls; memory stays
+/// bounded (at most four 1 MiB batches in flight plus the reader's buffer).
+pub fn chunk_object_parallel<R, E, F>(
+    src: R,
+    spec: &ChunkerSpec,
+    alg: HashAlg,
+    mut on_chunk: F,
+) -> Result<(Recipe, Oid), E>
+where
+    R: Read + Send,
+    E: From<std::io::Error>,
+    F: FnMut(&ChunkRef, &[u8]) -> Result<(), E>,
+{
+    let cutter = spec
+        .try_build()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let (tx, rx) = std::sync::mpsc::sync_channel::<std::io::Result<Batch>>(2);
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            let mut reader = ChunkReader::new(src, cutter);
+            let mut whole = IdHasher::new(alg);
+            let new_batch = || Batch {
+                data: Vec::with_capacity(BATCH_BYTES + MAX_CHUNK_LIMIT),
+                lens: vec![],
+                whole: None,
+            };
+            let mut batch = new_batch();
+            loop {
+                match reader.next_chunk() {
+                    Ok(Some(c)) => {
+                        whole.update(c.data);
+                        batch.data.extend_from_slice(c.data);
+                        batch.lens.push(c.data.len() as u32);
+                        if batch.data.len() >= BATCH_BYTES
+                            && tx
+                                .send(Ok(std::mem::replace(&mut batch, new_batch())))
+                                .is_err()
+                        {
+                            return; // the consumer stopped
+                        }
+                    }
+                    Ok(None) => {
+                        batch.whole = Some(whole.finish());
+                        let _ = tx.send(Ok(batch));
+                        return;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                }
+            }
+        });
+        let mut recipe = Recipe::new(alg);
+        for batch in rx {
+            let batch = batch?;
+            let mut off = 0;
+            for &len in &batch.lens {
+                let data = &batch.data[off..off + len as usize];
+                off += len as usize;
+                let c = ChunkRef {
+                    id: Id::hash(alg, data),
+                    len,
+                };
+                on_chunk(&c, data)?;
+                recipe.chunks.push(c);
+            }
+            if let Some(whole) = batch.whole {
+                return Ok((recipe, Oid(whole)));
+            }
+        }
+        Err(std::io::Error::other("chunking thread ended without a result").into())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,5 +385,63 @@ mod tests {
                 .id
                 .matches(&data[off as usize..off as usize + c.len as usize]));
         }
+    }
+
+    #[test]
+    fn parallel_chunking_gives_the_same_result_in_the_same_order() {
+        let data: Vec<u8> = (0..3_000_000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 9) as u8)
+            .collect();
+        let spec = ChunkerSpec::default();
+        let mut order = vec![];
+        let serial =
+            chunk_object::<_, std::io::Error, _>(&data[..], &spec, HashAlg::Blake3, |_, _| Ok(()))
+                .unwrap();
+        let parallel = chunk_object_parallel::<_, std::io::Error, _>(
+            &data[..],
+            &spec,
+            HashAlg::Blake3,
+            |c, bytes| {
+                assert!(c.id.matches(bytes));
+                order.push(c.id);
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(parallel, serial);
+        assert_eq!(
+            order,
+            serial.0.chunks().iter().map(|c| c.id).collect::<Vec<_>>()
+        );
+        let empty = chunk_object_parallel::<_, std::io::Error, _>(
+            &b""[..],
+            &spec,
+            HashAlg::Sha256,
+            |_, _| Ok(()),
+        )
+        .unwrap();
+        assert!(empty.0.is_empty());
+        assert_eq!(empty.1.id(), Id::hash(HashAlg::Sha256, b""));
+    }
+
+    #[test]
+    fn parallel_chunking_stops_on_the_first_error() {
+        let data = vec![1u8; 5 << 20];
+        let mut calls = 0;
+        let r = chunk_object_parallel::<_, std::io::Error, _>(
+            &data[..],
+            &ChunkerSpec::fixed(4096),
+            HashAlg::Blake3,
+            |_, _| {
+                calls += 1;
+                if calls == 3 {
+                    Err(std::io::Error::other("disk full"))
+                } else {
+                    Ok(())
+                }
+            },
+        );
+        assert_eq!(r.unwrap_err().to_string(), "disk full");
+        assert_eq!(calls, 3);
     }
 }

@@ -3,7 +3,7 @@
 use std::io::{Read, Write};
 
 use ferry_chunk::ChunkerSpec;
-use ferry_format::{chunk_object, IdHasher, Oid, Recipe};
+use ferry_format::{chunk_object_parallel, IdHasher, Oid, Recipe};
 
 use crate::{ChunkStore, StoreError, VerifiedChunk};
 
@@ -16,16 +16,17 @@ pub struct Stored {
     pub new_bytes: u64,
 }
 
-/// Chunks `src`, puts every chunk the store lacks, records the object and flushes.
+/// Chunks `src` (cutting on a second thread), puts every chunk the store lacks, records the
+/// object and flushes.
 /// `progress` is told the bytes consumed after each chunk.
 pub fn store_object<S: ChunkStore + ?Sized>(
     store: &S,
-    src: impl Read,
+    src: impl Read + Send,
     spec: &ChunkerSpec,
     mut progress: impl FnMut(u64),
 ) -> Result<(Oid, Recipe, Stored), StoreError> {
     let mut stored = Stored::default();
-    let (recipe, oid) = chunk_object(src, spec, store.hash_alg(), |c, data| {
+    let (recipe, oid) = chunk_object_parallel(src, spec, store.hash_alg(), |c, data| {
         if store.put(&VerifiedChunk::assume_verified(c.id, data))? {
             stored.new_chunks += 1;
             stored.new_bytes += data.len() as u64;
