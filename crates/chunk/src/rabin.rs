@@ -24,6 +24,7 @@ pub(crate) const WINDOW: usize = 48;
 pub const LBFS_POLYNOMIAL: u64 = 0x2a_ab18_4c7d_eb0f;
 const DEGREE: u32 = 53;
 const SHIFT: u32 = DEGREE - 8;
+const LOW53: u64 = (1 << DEGREE) - 1;
 /// A window is a breakpoint when `fingerprint & (avg - 1) == MAGIC & (avg - 1)`. Any non-zero
 /// value works (zero would make long runs of zero bytes cut at every minimum); this one is
 /// fixed forever for `lbfs-v1`.
@@ -31,9 +32,15 @@ const MAGIC: u64 = 0x0b4d_5a3c;
 
 /// The Rabin-fingerprint cutter. See the module documentation.
 pub struct RabinCutter {
+    /// `b·x^(8·47) mod P`: a byte's weight when it is the oldest in the window.
     out: Box<[u64; 256]>,
-    reduce: Box<[u64; 256]>,
+    /// `out[b]·x^8 mod P`.
+    out8: Box<[u64; 256]>,
+    /// `t·x^53 mod P` and `t·x^61 mod P`: reduce the top byte after a shift by 8 or 16.
+    r53: Box<[u64; 256]>,
+    r61: Box<[u64; 256]>,
     subst: [u8; 256],
+    keyed: bool,
     mask: u64,
     magic: u64,
     min: usize,
@@ -58,19 +65,26 @@ impl RabinCutter {
             Some(key) => keyed_params(key),
         };
         let mut out = Box::new([0u64; 256]);
-        let mut reduce = Box::new([0u64; 256]);
+        let mut out8 = Box::new([0u64; 256]);
+        let mut r53 = Box::new([0u64; 256]);
+        let mut r61 = Box::new([0u64; 256]);
         for b in 0..256u64 {
             let mut h = append_byte(0, b as u8, pol);
             for _ in 0..WINDOW - 1 {
                 h = append_byte(h, 0, pol);
             }
             out[b as usize] = h;
-            reduce[b as usize] = poly_mod((b as u128) << DEGREE, pol) | (b << DEGREE);
+            out8[b as usize] = append_byte(h, 0, pol);
+            r53[b as usize] = poly_mod((b as u128) << DEGREE, pol);
+            r61[b as usize] = poly_mod((b as u128) << (DEGREE + 8), pol);
         }
         RabinCutter {
             out,
-            reduce,
+            out8,
+            r53,
+            r61,
             subst,
+            keyed: spec.key.is_some(),
             mask,
             magic: magic & mask,
             min: spec.min,
@@ -90,6 +104,61 @@ impl RabinCutter {
     }
 }
 
+impl RabinCutter {
+    /// One byte through the ring-buffer window (the general path).
+    #[inline(always)]
+    fn slide(&mut self, digest: u64, wpos: &mut usize, b: u8) -> u64 {
+        let leaving = self.window[*wpos];
+        self.window[*wpos] = b;
+        *wpos += 1;
+        if *wpos == WINDOW {
+            *wpos = 0;
+        }
+        let d = digest ^ self.out[leaving as usize];
+        (((d << 8) & LOW53) | b as u64) ^ self.r53[(d >> SHIFT) as usize & 0xff]
+    }
+}
+
+impl RabinCutter {
+    /// Rolls two bytes per step over `data[i..end]` (`i >= WINDOW`, window full of `data`).
+    /// `Ok(n)`: a chunk ends after `data[..n]`. `Err((n, digest))`: no cut before `n`, which is
+    /// `end` or `end - 1`.
+    #[inline(always)]
+    fn fast<const KEYED: bool>(
+        &self,
+        data: &[u8],
+        mut i: usize,
+        end: usize,
+        mut digest: u64,
+    ) -> Result<usize, (usize, u64)> {
+        let (out, out8, r53, r61) = (&*self.out, &*self.out8, &*self.r53, &*self.r61);
+        let sub = |b: u8| if KEYED { self.subst[b as usize] } else { b };
+        let pairs = (end - i) / 2;
+        let cur = data[i..i + 2 * pairs].chunks_exact(2);
+        let old = data[i - WINDOW..i + 2 * pairs - WINDOW].chunks_exact(2);
+        for (c, o) in cur.zip(old) {
+            let (b1, b2) = (sub(c[0]) as u64, sub(c[1]) as u64);
+            let (l1, l2) = (sub(o[0]) as usize, sub(o[1]) as usize);
+            let d1 = digest ^ out[l1];
+            let first = (((d1 << 8) & LOW53) | b1) ^ r53[(d1 >> SHIFT) as usize & 0xff];
+            let v = out8[l1] ^ b1 ^ out[l2];
+            let w = ((v << 8) & LOW53) ^ r53[(v >> SHIFT) as usize & 0xff] ^ b2;
+            digest = ((digest << 16) & LOW53)
+                ^ r61[(digest >> SHIFT) as usize & 0xff]
+                ^ r53[(digest >> (SHIFT - 8)) as usize & 0xff]
+                ^ w;
+            if first & self.mask == self.magic {
+                return Ok(i + 1);
+            }
+            i += 2;
+            if digest & self.mask == self.magic {
+                return Ok(i);
+            }
+        }
+        Err((i, digest))
+    }
+}
+
 impl Cutter for RabinCutter {
     fn next_cut(&mut self, data: &[u8]) -> Option<usize> {
         let mut i = 0;
@@ -102,22 +171,50 @@ impl Cutter for RabinCutter {
         // Bytes this call may hash before the maximum forces a cut.
         let end = data.len().min(i + (self.max - self.len));
         let (mut digest, mut wpos, mut len) = (self.digest, self.wpos, self.len);
-        while i < end {
+        // General path, until the window holds only bytes of `data` hashed in this chunk.
+        while i < end && (i < WINDOW || len < self.min) {
             let b = self.subst[data[i] as usize];
-            let leaving = self.window[wpos];
-            self.window[wpos] = b;
-            wpos += 1;
-            if wpos == WINDOW {
-                wpos = 0;
-            }
-            digest ^= self.out[leaving as usize];
-            let top = (digest >> SHIFT) as usize;
-            digest = ((digest << 8) | b as u64) ^ self.reduce[top];
+            digest = self.slide(digest, &mut wpos, b);
             len += 1;
             i += 1;
             if digest & self.mask == self.magic && len >= self.min {
                 self.start_chunk();
                 return Some(i);
+            }
+        }
+        // Fast path: the leaving bytes are read from `data`, and two bytes are rolled per step
+        // with a dependency chain of one table lookup (see `docs/chunking.md`).
+        if i < end {
+            let fast = if self.keyed {
+                Self::fast::<true>
+            } else {
+                Self::fast::<false>
+            };
+            match fast(self, data, i, end, digest) {
+                Ok(at) => {
+                    self.start_chunk();
+                    return Some(at);
+                }
+                Err((at, d)) => {
+                    len += at - i;
+                    i = at;
+                    digest = d;
+                }
+            }
+            // The ring again holds the last window, oldest first.
+            for (w, &b) in self.window.iter_mut().zip(&data[i - WINDOW..i]) {
+                *w = self.subst[b as usize];
+            }
+            wpos = 0;
+            if i < end {
+                let b = self.subst[data[i] as usize];
+                digest = self.slide(digest, &mut wpos, b);
+                len += 1;
+                i += 1;
+                if digest & self.mask == self.magic {
+                    self.start_chunk();
+                    return Some(i);
+                }
             }
         }
         if len == self.max {
