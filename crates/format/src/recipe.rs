@@ -205,12 +205,12 @@ const BATCH_BYTES: usize = 1 << 20;
 struct Batch {
     data: Vec<u8>,
     lens: Vec<u32>,
-    /// Set on the last batch: the id of the whole stream.
-    whole: Option<Id>,
+    /// Set on the last batch.
+    last: bool,
 }
 
-/// [`chunk_object`] on two threads: one reads, cuts and hashes the whole stream; the caller's
-/// thread hashes each chunk and runs `on_chunk`. Same result, same order of calls; memory stays
+/// [`chunk_object`] on two threads: one reads and cuts; the caller's thread hashes each chunk and
+/// the whole stream and runs `on_chunk`. Same result, same order of calls; memory stays
 /// bounded (at most four 1 MiB batches in flight plus the reader's buffer).
 pub fn chunk_object_parallel<R, E, F>(
     src: R,
@@ -230,17 +230,15 @@ where
     std::thread::scope(|scope| {
         scope.spawn(move || {
             let mut reader = ChunkReader::new(src, cutter);
-            let mut whole = IdHasher::new(alg);
             let new_batch = || Batch {
                 data: Vec::with_capacity(BATCH_BYTES + MAX_CHUNK_LIMIT),
                 lens: vec![],
-                whole: None,
+                last: false,
             };
             let mut batch = new_batch();
             loop {
                 match reader.next_chunk() {
                     Ok(Some(c)) => {
-                        whole.update(c.data);
                         batch.data.extend_from_slice(c.data);
                         batch.lens.push(c.data.len() as u32);
                         if batch.data.len() >= BATCH_BYTES
@@ -252,7 +250,7 @@ where
                         }
                     }
                     Ok(None) => {
-                        batch.whole = Some(whole.finish());
+                        batch.last = true;
                         let _ = tx.send(Ok(batch));
                         return;
                     }
@@ -264,8 +262,10 @@ where
             }
         });
         let mut recipe = Recipe::new(alg);
+        let mut whole = IdHasher::new(alg);
         for batch in rx {
             let batch = batch?;
+            whole.update(&batch.data);
             let mut off = 0;
             for &len in &batch.lens {
                 let data = &batch.data[off..off + len as usize];
@@ -277,8 +277,8 @@ where
                 on_chunk(&c, data)?;
                 recipe.chunks.push(c);
             }
-            if let Some(whole) = batch.whole {
-                return Ok((recipe, Oid(whole)));
+            if batch.last {
+                return Ok((recipe, Oid(whole.finish())));
             }
         }
         Err(std::io::Error::other("chunking thread ended without a result").into())
