@@ -121,7 +121,9 @@ fn lookups(c: &mut Criterion) {
         drop(s);
         std::fs::write(dir.join("complete"), b"").unwrap();
     }
-    let s = LocalStore::open(&dir, opts).unwrap();
+    let mut s = LocalStore::open(&dir, opts).unwrap();
+    let (before, after) = s.compact_index().unwrap();
+    eprintln!("index file {before} bytes as built, {after} bytes after compact_index");
     let st = s.stats().unwrap();
     eprintln!(
         "index of {} chunks: {} bytes on disk = {:.1} bytes/chunk",

@@ -28,12 +28,8 @@ pub enum StoreError {
         location: String,
         why: String,
     },
-    #[error("{} at offset {offset}: {why}", path.display())]
-    BadPack {
-        path: PathBuf,
-        offset: u64,
-        why: String,
-    },
+    #[error("{what} is damaged: {why}")]
+    Damaged { what: String, why: String },
     #[error("{} is not a Ferry store: {why}", path.display())]
     NotAStore { path: PathBuf, why: String },
     #[error("store {} is in use by another process", path.display())]

@@ -255,7 +255,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
                     out,
                     "{}",
                     json!({"ok": ok, "chunks_checked": r.chunks_checked, "bytes_checked": r.bytes_checked,
-                           "damaged": r.damaged.iter().map(|(id, why)| json!({"id": id.to_string(), "why": why})).collect::<Vec<_>>(),
+                           "damaged": r.damaged.iter().map(|(id, why)| json!({"id": id, "why": why})).collect::<Vec<_>>(),
                            "missing": r.missing.iter().map(|(o, id)| json!({"oid": o.to_string(), "id": id.to_string()})).collect::<Vec<_>>()})
                 )?;
             } else {
@@ -291,7 +291,8 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
             if !dir.join("ferry-store").exists() {
                 bail!("no store at {}", dir.display());
             }
-            let (_s, r) = LocalStore::rebuild(&dir, Options::default())?;
+            let (mut s, r) = LocalStore::rebuild(&dir, Options::default())?;
+            s.compact_index()?;
             if a.json {
                 writeln!(
                     out,
@@ -312,8 +313,9 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
             if !(0.0..=1.0).contains(&min_live) {
                 bail!("--min-live must be between 0 and 1");
             }
-            let s = open(&dir)?;
+            let mut s = open(&dir)?;
             let r = s.gc(min_live)?;
+            s.compact_index()?;
             if a.json {
                 writeln!(
                     out,

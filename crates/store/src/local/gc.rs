@@ -4,9 +4,13 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 
 use ferry_format::{Id, Oid, Recipe};
+
+fn hex_prefix(k: &[u8; 16]) -> String {
+    k.iter().map(|b| format!("{b:02x}")).collect()
+}
 use redb::{ReadableDatabase, ReadableTable};
 
-use super::index::{db_err, Loc, ObjectEntry, CHUNKS, DAMAGED, OBJECTS, PACKS, TOMBSTONES};
+use super::index::{ckey, db_err, Loc, ObjectEntry, CHUNKS, DAMAGED, OBJECTS, PACKS, TOMBSTONES};
 use super::pack::{encode_record, object_payload, Kind, PACK_HEADER_LEN, RECORD_HEADER_LEN};
 use super::{pack_name, GcReport, LocalStore, PendingObject, VerifyReport};
 use crate::{ChunkStore, StoreError};
@@ -17,7 +21,7 @@ impl LocalStore {
     pub fn verify(&self, mut progress: impl FnMut(u64)) -> Result<VerifyReport, StoreError> {
         self.flush()?;
         let p = &self.index_path;
-        let mut locs: Vec<(Loc, [u8; 32])> = Vec::new();
+        let mut locs: Vec<(Loc, [u8; 16])> = Vec::new();
         let mut recipes = Vec::new();
         {
             let tx = self.db.begin_read().map_err(db_err(p))?;
@@ -49,29 +53,34 @@ impl LocalStore {
         let mut rep = VerifyReport::default();
         let mut healed = vec![];
         let was_damaged = self.state.lock().unwrap().damaged.clone();
-        for (loc, digest) in &locs {
-            let id = Id::from_parts(self.alg, *digest);
-            match self.read_chunk(&id, *loc) {
-                Ok(_) if was_damaged.contains(&id) => healed.push(id),
+        for (loc, key) in &locs {
+            let location = format!(
+                "{} offset {}",
+                self.packs_dir.join(pack_name(loc.pack)).display(),
+                loc.offset
+            );
+            match self.read_record(key, *loc) {
+                Ok(_) if was_damaged.contains(key) => healed.push(*key),
                 Ok(_) => {}
-                Err(why) => {
-                    let location = format!(
-                        "{} offset {}",
-                        self.packs_dir.join(pack_name(loc.pack)).display(),
-                        loc.offset
+                Err((id, why)) => {
+                    let why = format!("{location}: {why}");
+                    self.state.lock().unwrap().damaged.insert(*key);
+                    self.record_damage(key, &why);
+                    let name = id.map_or_else(
+                        || format!("prefix:{}", hex_prefix(key)),
+                        |id| id.to_string(),
                     );
-                    self.mark_damaged(&id, &format!("{location}: {why}"));
-                    rep.damaged.push((id, format!("{location}: {why}")));
+                    rep.damaged.push((name, why));
                 }
             }
             rep.chunks_checked += 1;
             rep.bytes_checked += loc.raw_len as u64;
             progress(loc.raw_len as u64);
         }
-        let present: HashSet<[u8; 32]> = locs.iter().map(|(_, d)| *d).collect();
+        let present: HashSet<[u8; 16]> = locs.iter().map(|(_, k)| *k).collect();
         for (oid, enc) in recipes {
             for c in Recipe::decode(&enc)?.chunks() {
-                if !present.contains(c.id.digest()) {
+                if !present.contains(&ckey(&c.id)) {
                     rep.missing.push((oid, c.id));
                 }
             }
@@ -81,7 +90,7 @@ impl LocalStore {
             {
                 let mut t = tx.open_table(DAMAGED).map_err(db_err(p))?;
                 for id in &healed {
-                    t.remove(id.digest()).map_err(db_err(p))?;
+                    t.remove(id).map_err(db_err(p))?;
                 }
             }
             tx.commit().map_err(db_err(p))?;
@@ -102,7 +111,7 @@ impl LocalStore {
         let mut rep = GcReport::default();
 
         // 1. Live set: every chunk some recipe names.
-        let mut live: HashSet<[u8; 32]> = HashSet::new();
+        let mut live: HashSet<[u8; 16]> = HashSet::new();
         let mut objects_in: HashMap<u32, Vec<(Oid, ObjectEntry)>> = HashMap::new();
         let mut tombs_in: HashMap<u32, Vec<(Oid, u64)>> = HashMap::new();
         {
@@ -120,7 +129,7 @@ impl LocalStore {
                     msg: format!("object entry of {oid} is truncated"),
                 })?;
                 for c in Recipe::decode(&e.recipe)?.chunks() {
-                    live.insert(*c.id.digest());
+                    live.insert(ckey(&c.id));
                 }
                 objects_in.entry(e.pack).or_default().push((oid, e));
             }
@@ -140,7 +149,7 @@ impl LocalStore {
         }
 
         // 2. Drop dead chunks from the index; tally what stays in each pack.
-        let mut live_in: BTreeMap<u32, Vec<([u8; 32], Loc)>> = BTreeMap::new();
+        let mut live_in: BTreeMap<u32, Vec<([u8; 16], Loc)>> = BTreeMap::new();
         let tx = self.db.begin_write().map_err(db_err(p))?;
         {
             let mut chunks = tx.open_table(CHUNKS).map_err(db_err(p))?;
@@ -195,10 +204,9 @@ impl LocalStore {
                 rep.pack_bytes_after += size;
                 continue;
             }
-            for (digest, loc) in chunks {
-                let id = Id::from_parts(self.alg, digest);
-                match self.read_chunk(&id, loc) {
-                    Ok(data) => {
+            for (key, loc) in chunks {
+                match self.read_record(&key, loc) {
+                    Ok((id, data)) => {
                         let rec = encode_record(Kind::Chunk, id, &data, self.opts.zstd_level);
                         let (pack, offset) = self.append(&mut st, &rec)?;
                         st.pending.insert(
@@ -211,15 +219,15 @@ impl LocalStore {
                             },
                         );
                     }
-                    Err(why) => {
-                        // Copying damage forward would hide it; it stays indexed (and reported)
-                        // until the pack goes, then the recipe shows it missing.
+                    Err((_, why)) => {
+                        // Copying damage forward would hide it; stop with the pack intact.
+                        let why = format!("{} offset {}: {why}", path.display(), loc.offset);
+                        st.damaged.insert(key);
                         drop(st);
-                        self.mark_damaged(&id, &format!("{}: {why}", path.display()));
-                        return Err(StoreError::Corrupt {
-                            id,
-                            location: format!("{} offset {}", path.display(), loc.offset),
-                            why: format!("{why}; compaction stopped (put the chunk again or remove the objects that use it)"),
+                        self.record_damage(&key, &why);
+                        return Err(StoreError::Damaged {
+                            what: format!("chunk with id prefix {}", hex_prefix(&key)),
+                            why: format!("{why}; compaction stopped (add the original data again, or remove the objects that use it)"),
                         });
                     }
                 }

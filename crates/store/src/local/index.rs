@@ -2,11 +2,11 @@
 //!
 //! | table | key | value |
 //! |---|---|---|
-//! | `chunks` | digest `[u8; 32]` | [`Loc`]: pack u32le, offset u32le, stored_len u32le, raw_len u32le |
+//! | `chunks` | first 16 bytes of the digest | [`Loc`]: pack u32le, offset u32le, stored_len u32le, raw_len u32le |
 //! | `objects` | OID digest `[u8; 32]` | seq u64le, pack u32le, total_len u64le, recipe (Recipe v1) |
 //! | `tombstones` | OID digest `[u8; 32]` | seq u64le, pack u32le |
 //! | `packs` | pack number u32 | (committed length u64, retired u8) |
-//! | `damaged` | digest `[u8; 32]` | where and why, text |
+//! | `damaged` | first 16 bytes of the digest | where and why, text |
 //! | `meta` | name | bytes: `format` = "ferry-store-index 1", `hash` = tag, `next_seq` = u64le |
 
 use std::path::Path;
@@ -15,12 +15,24 @@ use redb::TableDefinition;
 
 use crate::StoreError;
 
-pub(crate) const CHUNKS: TableDefinition<&[u8; 32], &[u8; 16]> = TableDefinition::new("chunks");
+/// Chunks are keyed by the first 128 bits of their digest: the index is a hint (every read
+/// checks the full id in the record header and the hash of the bytes), and 16-byte keys keep it
+/// under 64 bytes per chunk on disk. A prefix collision between two honest chunks is about as
+/// likely as 2^-128 per pair; one made on purpose needs a 128-bit second preimage. Either way the
+/// worst outcome is a chunk reported damaged, never wrong bytes.
+pub(crate) const CHUNKS: TableDefinition<&[u8; 16], &[u8; 16]> = TableDefinition::new("chunks");
 pub(crate) const OBJECTS: TableDefinition<&[u8; 32], &[u8]> = TableDefinition::new("objects");
 pub(crate) const TOMBSTONES: TableDefinition<&[u8; 32], (u64, u32)> =
     TableDefinition::new("tombstones");
 pub(crate) const PACKS: TableDefinition<u32, (u64, u8)> = TableDefinition::new("packs");
-pub(crate) const DAMAGED: TableDefinition<&[u8; 32], &str> = TableDefinition::new("damaged");
+pub(crate) const DAMAGED: TableDefinition<&[u8; 16], &str> = TableDefinition::new("damaged");
+
+/// The index key of a chunk.
+pub(crate) fn ckey(id: &ferry_format::Id) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k.copy_from_slice(&id.digest()[..16]);
+    k
+}
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
 pub(crate) const INDEX_FORMAT: &[u8] = b"ferry-store-index 1";

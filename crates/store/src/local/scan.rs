@@ -7,7 +7,7 @@ use std::path::Path;
 use ferry_format::{Oid, Recipe};
 use redb::{ReadableTable, Table};
 
-use super::index::{db_err, Loc, ObjectEntry, CHUNKS, META, OBJECTS, PACKS, TOMBSTONES};
+use super::index::{ckey, db_err, Loc, ObjectEntry, CHUNKS, META, OBJECTS, PACKS, TOMBSTONES};
 use super::pack::{self, Kind, RecordHeader, PACK_HEADER, PACK_HEADER_LEN, RECORD_HEADER_LEN};
 use super::{pack_name, LocalStore, Writer};
 use crate::StoreError;
@@ -265,14 +265,16 @@ impl LocalStore {
                                 if h.id.alg() != self.alg {
                                     return Ok(());
                                 }
-                                if chunks.get(key).map_err(db_err(&p))?.is_none() {
+                                if chunks.get(&ckey(&h.id)).map_err(db_err(&p))?.is_none() {
                                     let loc = Loc {
                                         pack: num,
                                         offset: off as u32,
                                         stored_len: h.stored_len,
                                         raw_len: h.raw_len,
                                     };
-                                    chunks.insert(key, &loc.encode()).map_err(db_err(&p))?;
+                                    chunks
+                                        .insert(&ckey(&h.id), &loc.encode())
+                                        .map_err(db_err(&p))?;
                                 }
                             }
                             Kind::Object | Kind::Tombstone => {
