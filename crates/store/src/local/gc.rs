@@ -172,6 +172,7 @@ impl LocalStore {
             }
         }
         tx.commit().map_err(db_err(p))?;
+        self.forget_snapshot();
 
         // 3. Compact sparse packs into a fresh one.
         let packs: Vec<u32> = {

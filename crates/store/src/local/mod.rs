@@ -142,6 +142,9 @@ pub struct LocalStore {
     readers: Mutex<HashMap<u32, Arc<File>>>,
     /// Read while reading a pack, written while deleting packs.
     packs_lock: RwLock<()>,
+    /// A read snapshot of the chunk table, so lookups skip opening a transaction. Replaced after
+    /// each commit that changes the table (lookups of pending chunks go to `State::pending`).
+    chunk_table: Mutex<Option<Arc<redb::ReadOnlyTable<&'static [u8; 16], &'static [u8; 16]>>>>,
     recovery: RebuildReport,
     _lock: File,
 }
@@ -230,6 +233,7 @@ impl LocalStore {
             }),
             readers: Mutex::new(HashMap::new()),
             packs_lock: RwLock::new(()),
+            chunk_table: Mutex::new(None),
             recovery: RebuildReport::default(),
             _lock: lock,
         };
@@ -249,6 +253,7 @@ impl LocalStore {
         self.flush()?;
         let size = |p: &Path| fs::metadata(p).map(|m| m.len()).unwrap_or(0);
         let before = size(&self.index_path);
+        self.forget_snapshot();
         while self.db.compact().map_err(db_err(&self.index_path))? {}
         Ok((before, size(&self.index_path)))
     }
@@ -365,11 +370,24 @@ impl LocalStore {
             return Ok(Some(*l));
         }
         let p = &self.index_path;
-        let tx = self.db.begin_read().map_err(db_err(p))?;
-        let t = tx.open_table(CHUNKS).map_err(db_err(p))?;
-        Ok(t.get(&ckey(id))
-            .map_err(db_err(p))?
-            .map(|v| Loc::decode(v.value())))
+        let table = {
+            let mut cached = self.chunk_table.lock().unwrap();
+            match &*cached {
+                Some(t) => t.clone(),
+                None => {
+                    let tx = self.db.begin_read().map_err(db_err(p))?;
+                    let t = Arc::new(tx.open_table(CHUNKS).map_err(db_err(p))?);
+                    *cached = Some(t.clone());
+                    t
+                }
+            }
+        };
+        Ok(table.get(&ckey(id)).map_err(db_err(p))?.map(|v| Loc::decode(v.value())))
+    }
+
+    /// Drops the cached read snapshot of the chunk table; call after every commit that changes it.
+    fn forget_snapshot(&self) {
+        *self.chunk_table.lock().unwrap() = None;
     }
 
     fn mark_damaged(&self, id: &Id, where_: &str) {
@@ -482,7 +500,9 @@ impl LocalStore {
                 w.dir_synced = true;
             }
         }
-        if let Err(e) = self.commit_pending(st) {
+        let committed = self.commit_pending(st);
+        self.forget_snapshot();
+        if let Err(e) = committed {
             st.poisoned = true;
             return Err(e);
         }

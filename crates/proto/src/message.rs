@@ -1,0 +1,673 @@
+//! Typed messages. Type codes and body layouts are listed in `docs/protocol.md`.
+
+use ferry_chunk::MAX_CHUNK_LIMIT;
+use ferry_format::{ChunkRef, HashAlg, Id, Recipe};
+
+use crate::codec::{Reader, Writer};
+use crate::{Frame, ProtoError};
+
+/// `"FERRY"`, the first bytes of every Hello body.
+pub const MAGIC: &[u8; 5] = b"FERRY";
+/// The protocol version this build speaks.
+pub const VERSION: u16 = 1;
+/// Feature bits this build understands (none defined yet beyond the version-1 message set).
+pub const FEATURES: u64 = 0;
+/// Longest path on the wire, in bytes.
+const MAX_PATH: usize = 4096;
+
+/// A path relative to the export root: `/`-separated components, none empty, `.` or `..`, no NUL
+/// bytes, no leading `/`. The empty path is the root. Bytes, not text: Unix names need not be
+/// UTF-8. Validated when decoded, so nothing downstream sees `..` (the server still resolves
+/// beneath its root, because symlinks can escape too).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct WirePath(Vec<u8>);
+
+impl WirePath {
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Self, ProtoError> {
+        let b = bytes.into();
+        let bad = |why: &str| Err(ProtoError::Invalid { what: "path", why: why.into() });
+        if b.len() > MAX_PATH {
+            return bad("longer than 4096 bytes");
+        }
+        if b.contains(&0) {
+            return bad("contains a NUL byte");
+        }
+        if !b.is_empty() {
+            for c in b.split(|&x| x == b'/') {
+                if c.is_empty() || c == b"." || c == b".." {
+                    return bad("has an empty, `.` or `..` component, or a leading or trailing `/`");
+                }
+            }
+        }
+        Ok(WirePath(b))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn components(&self) -> impl Iterator<Item = &[u8]> {
+        self.0.split(|&x| x == b'/').filter(|c| !c.is_empty())
+    }
+}
+
+impl std::fmt::Debug for WirePath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(&self.0))
+    }
+}
+
+/// For literals in tests and examples. Panics on an invalid path.
+impl From<&str> for WirePath {
+    fn from(s: &str) -> Self {
+        WirePath::new(s.as_bytes().to_vec()).expect("invalid wire path")
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FileKind {
+    File = 1,
+    Dir = 2,
+    Symlink = 3,
+}
+
+/// Attributes of a file, directory or symlink.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attr {
+    pub kind: FileKind,
+    /// Permission bits (`0o7777`).
+    pub mode: u32,
+    pub size: u64,
+    /// Modification time, nanoseconds since the Unix epoch.
+    pub mtime_ns: i64,
+    /// Changes whenever the content or attributes change; updates name the version they were
+    /// made against.
+    pub version: u64,
+    /// The content id of a file, when the server knows it (used by lookaside caches).
+    pub oid: Option<Id>,
+    /// How long the client may trust these attributes without asking again, in milliseconds.
+    pub lease_ms: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub attr: Attr,
+}
+
+/// The opening message of each side.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hello {
+    pub version: u16,
+    pub features: u64,
+    /// Free text for logs and error messages ("ferry 0.1.0").
+    pub agent: String,
+}
+
+/// One page of a file's recipe (GETHASH).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecipePage {
+    /// The version of the file the recipe describes.
+    pub version: u64,
+    pub total_chunks: u64,
+    /// Index of the first chunk in this page.
+    pub first: u64,
+    pub chunks: Vec<ChunkRef>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    NotFound = 1,
+    Exists = 2,
+    NotDir = 3,
+    IsDir = 4,
+    NotEmpty = 5,
+    Permission = 6,
+    /// The file moved on since the version the update names.
+    Conflict = 7,
+    /// The path leads outside the export.
+    Escape = 8,
+    NoSpace = 9,
+    Io = 10,
+    BadRequest = 11,
+    Unsupported = 12,
+    /// A commit names chunks the server has neither received nor can find.
+    MissingChunks = 13,
+}
+
+impl ErrorCode {
+    fn from_u16(v: u16) -> Result<Self, ProtoError> {
+        use ErrorCode::*;
+        Ok(match v {
+            1 => NotFound,
+            2 => Exists,
+            3 => NotDir,
+            4 => IsDir,
+            5 => NotEmpty,
+            6 => Permission,
+            7 => Conflict,
+            8 => Escape,
+            9 => NoSpace,
+            10 => Io,
+            11 => BadRequest,
+            12 => Unsupported,
+            13 => MissingChunks,
+            v => return Err(ProtoError::Invalid { what: "error", why: format!("unknown code {v}") }),
+        })
+    }
+}
+
+/// Requests, from the client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    GetAttr { path: WirePath },
+    ReadDir { path: WirePath },
+    /// GETHASH, from chunk index `from` on.
+    GetRecipe { path: WirePath, from: u64 },
+    GetChunks { ids: Vec<Id> },
+    /// CONDWRITE: which of these can the server use (answered only from data this client may read)?
+    Have { ids: Vec<Id> },
+    /// TMPWRITE: chunks for a commit to come. The server verifies each against its id.
+    PutChunks { chunks: Vec<(Id, Vec<u8>)> },
+    /// MKTMPFILE + COMMITTMP: make `path` the object `recipe` describes, atomically, if the file
+    /// is still at `if_version` (`None`: it must not exist).
+    Commit { path: WirePath, if_version: Option<u64>, recipe: Recipe, mode: u32, mtime_ns: i64 },
+    Mkdir { path: WirePath, mode: u32 },
+    Rename { from: WirePath, to: WirePath },
+    Unlink { path: WirePath },
+    Rmdir { path: WirePath },
+    Symlink { path: WirePath, target: Vec<u8> },
+    SetAttr { path: WirePath, mode: Option<u32>, mtime_ns: Option<i64>, size: Option<u64> },
+}
+
+/// Replies, from the server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Attr(Attr),
+    /// One page of entries; the frame's MORE flag says whether pages follow.
+    DirEntries(Vec<DirEntry>),
+    Recipe(RecipePage),
+    /// Some of the chunks asked for; MORE says whether more follow. Absent ones are omitted.
+    Chunks(Vec<(Id, Vec<u8>)>),
+    /// One flag per id asked about, in order.
+    Have(Vec<bool>),
+    Ok,
+    Error { code: ErrorCode, message: String },
+}
+
+/// Everything that travels in a frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Message {
+    Hello(Hello),
+    Request(Request),
+    Reply(Reply),
+    /// Server → client, request id 0: the lease on `path` is broken.
+    Invalidate(WirePath),
+}
+
+mod code {
+    pub const HELLO: u8 = 0x01;
+    pub const GET_ATTR: u8 = 0x10;
+    pub const READ_DIR: u8 = 0x11;
+    pub const GET_RECIPE: u8 = 0x12;
+    pub const GET_CHUNKS: u8 = 0x13;
+    pub const HAVE: u8 = 0x14;
+    pub const PUT_CHUNKS: u8 = 0x15;
+    pub const COMMIT: u8 = 0x16;
+    pub const MKDIR: u8 = 0x17;
+    pub const RENAME: u8 = 0x18;
+    pub const UNLINK: u8 = 0x19;
+    pub const RMDIR: u8 = 0x1a;
+    pub const SYMLINK: u8 = 0x1b;
+    pub const SET_ATTR: u8 = 0x1c;
+    pub const R_ATTR: u8 = 0x40;
+    pub const R_DIR_ENTRIES: u8 = 0x41;
+    pub const R_RECIPE: u8 = 0x42;
+    pub const R_CHUNKS: u8 = 0x43;
+    pub const R_HAVE: u8 = 0x44;
+    pub const R_OK: u8 = 0x45;
+    pub const R_ERROR: u8 = 0x46;
+    pub const INVALIDATE: u8 = 0x60;
+}
+
+fn put_path(w: &mut Writer, p: &WirePath) {
+    w.bytes(&p.0);
+}
+
+fn get_path(r: &mut Reader<'_>) -> Result<WirePath, ProtoError> {
+    WirePath::new(r.bytes()?.to_vec())
+}
+
+fn put_attr(w: &mut Writer, a: &Attr) {
+    w.u8(a.kind as u8);
+    w.u32(a.mode);
+    w.u64(a.size);
+    w.i64(a.mtime_ns);
+    w.u64(a.version);
+    w.opt_id(a.oid.as_ref());
+    w.u32(a.lease_ms);
+}
+
+fn get_attr(r: &mut Reader<'_>) -> Result<Attr, ProtoError> {
+    let kind = match r.u8()? {
+        1 => FileKind::File,
+        2 => FileKind::Dir,
+        3 => FileKind::Symlink,
+        k => return Err(ProtoError::Invalid { what: "attributes", why: format!("file kind {k}") }),
+    };
+    Ok(Attr {
+        kind,
+        mode: r.u32()?,
+        size: r.u64()?,
+        mtime_ns: r.i64()?,
+        version: r.u64()?,
+        oid: r.opt_id()?,
+        lease_ms: r.u32()?,
+    })
+}
+
+fn put_ids(w: &mut Writer, ids: &[Id]) {
+    w.varint(ids.len() as u64);
+    for id in ids {
+        w.id(id);
+    }
+}
+
+fn get_ids(r: &mut Reader<'_>) -> Result<Vec<Id>, ProtoError> {
+    let n = r.count(ferry_format::TAGGED_ID_BYTES)?;
+    (0..n).map(|_| r.id()).collect()
+}
+
+fn put_chunks(w: &mut Writer, cs: &[(Id, Vec<u8>)]) {
+    w.varint(cs.len() as u64);
+    for (id, data) in cs {
+        w.id(id);
+        w.bytes(data);
+    }
+}
+
+fn get_chunks(r: &mut Reader<'_>) -> Result<Vec<(Id, Vec<u8>)>, ProtoError> {
+    let n = r.count(ferry_format::TAGGED_ID_BYTES + 1)?;
+    (0..n).map(|_| Ok((r.id()?, r.bytes()?.to_vec()))).collect()
+}
+
+fn put_opt<T>(w: &mut Writer, v: Option<T>, f: impl FnOnce(&mut Writer, T)) {
+    match v {
+        None => w.u8(0),
+        Some(v) => {
+            w.u8(1);
+            f(w, v);
+        }
+    }
+}
+
+fn get_opt<T>(r: &mut Reader<'_>, f: impl FnOnce(&mut Reader<'_>) -> Result<T, ProtoError>) -> Result<Option<T>, ProtoError> {
+    match r.u8()? {
+        0 => Ok(None),
+        1 => f(r).map(Some),
+        t => Err(ProtoError::Invalid { what: "option", why: format!("tag {t}") }),
+    }
+}
+
+impl Message {
+    /// The frame carrying this message (flags 0; set [`crate::FLAG_MORE`] on streamed replies).
+    pub fn to_frame(&self, request_id: u32) -> Frame {
+        let mut w = Writer::default();
+        let t = match self {
+            Message::Hello(h) => {
+                w.0.extend_from_slice(MAGIC);
+                w.u16(h.version);
+                w.u64(h.features);
+                w.bytes(h.agent.as_bytes());
+                code::HELLO
+            }
+            Message::Invalidate(p) => {
+                put_path(&mut w, p);
+                code::INVALIDATE
+            }
+            Message::Request(q) => match q {
+                Request::GetAttr { path } => {
+                    put_path(&mut w, path);
+                    code::GET_ATTR
+                }
+                Request::ReadDir { path } => {
+                    put_path(&mut w, path);
+                    code::READ_DIR
+                }
+                Request::GetRecipe { path, from } => {
+                    put_path(&mut w, path);
+                    w.varint(*from);
+                    code::GET_RECIPE
+                }
+                Request::GetChunks { ids } => {
+                    put_ids(&mut w, ids);
+                    code::GET_CHUNKS
+                }
+                Request::Have { ids } => {
+                    put_ids(&mut w, ids);
+                    code::HAVE
+                }
+                Request::PutChunks { chunks } => {
+                    put_chunks(&mut w, chunks);
+                    code::PUT_CHUNKS
+                }
+                Request::Commit { path, if_version, recipe, mode, mtime_ns } => {
+                    put_path(&mut w, path);
+                    put_opt(&mut w, *if_version, |w, v| w.u64(v));
+                    w.u32(*mode);
+                    w.i64(*mtime_ns);
+                    w.0.extend_from_slice(&recipe.encode());
+                    code::COMMIT
+                }
+                Request::Mkdir { path, mode } => {
+                    put_path(&mut w, path);
+                    w.u32(*mode);
+                    code::MKDIR
+                }
+                Request::Rename { from, to } => {
+                    put_path(&mut w, from);
+                    put_path(&mut w, to);
+                    code::RENAME
+                }
+                Request::Unlink { path } => {
+                    put_path(&mut w, path);
+                    code::UNLINK
+                }
+                Request::Rmdir { path } => {
+                    put_path(&mut w, path);
+                    code::RMDIR
+                }
+                Request::Symlink { path, target } => {
+                    put_path(&mut w, path);
+                    w.bytes(target);
+                    code::SYMLINK
+                }
+                Request::SetAttr { path, mode, mtime_ns, size } => {
+                    put_path(&mut w, path);
+                    put_opt(&mut w, *mode, |w, v| w.u32(v));
+                    put_opt(&mut w, *mtime_ns, |w, v| w.i64(v));
+                    put_opt(&mut w, *size, |w, v| w.u64(v));
+                    code::SET_ATTR
+                }
+            },
+            Message::Reply(r) => match r {
+                Reply::Attr(a) => {
+                    put_attr(&mut w, a);
+                    code::R_ATTR
+                }
+                Reply::DirEntries(es) => {
+                    w.varint(es.len() as u64);
+                    for e in es {
+                        w.bytes(&e.name);
+                        put_attr(&mut w, &e.attr);
+                    }
+                    code::R_DIR_ENTRIES
+                }
+                Reply::Recipe(p) => {
+                    w.u64(p.version);
+                    w.u64(p.total_chunks);
+                    w.u64(p.first);
+                    let alg = p.chunks.first().map_or(HashAlg::Blake3, |c| c.id.alg());
+                    w.u8(alg.tag());
+                    w.varint(p.chunks.len() as u64);
+                    for c in &p.chunks {
+                        w.varint(c.len as u64);
+                        w.0.extend_from_slice(c.id.digest());
+                    }
+                    code::R_RECIPE
+                }
+                Reply::Chunks(cs) => {
+                    put_chunks(&mut w, cs);
+                    code::R_CHUNKS
+                }
+                Reply::Have(flags) => {
+                    w.varint(flags.len() as u64);
+                    let mut bits = vec![0u8; flags.len().div_ceil(8)];
+                    for (i, &f) in flags.iter().enumerate() {
+                        if f {
+                            bits[i / 8] |= 1 << (i % 8);
+                        }
+                    }
+                    w.0.extend_from_slice(&bits);
+                    code::R_HAVE
+                }
+                Reply::Ok => code::R_OK,
+                Reply::Error { code: c, message } => {
+                    w.u16(*c as u16);
+                    w.bytes(message.as_bytes());
+                    code::R_ERROR
+                }
+            },
+        };
+        Frame { msg_type: t, flags: 0, request_id, body: w.0 }
+    }
+
+    /// The bytes of this message in one frame.
+    pub fn encode(&self, request_id: u32, compress: bool) -> Result<Vec<u8>, ProtoError> {
+        self.to_frame(request_id).encode(compress)
+    }
+
+    /// Parses a frame's body. Every count is bounded by the bytes that remain.
+    pub fn decode(f: &Frame) -> Result<Message, ProtoError> {
+        let mut r = Reader::new(&f.body, "message body");
+        let m = match f.msg_type {
+            code::HELLO => {
+                if r.rest_len() < MAGIC.len() || &f.body[..MAGIC.len()] != MAGIC {
+                    return Err(ProtoError::BadMagic);
+                }
+                r = Reader::new(&f.body[MAGIC.len()..], "hello");
+                let version = r.u16()?;
+                let features = r.u64()?;
+                let agent = String::from_utf8_lossy(r.bytes()?).into_owned();
+                Message::Hello(Hello { version, features, agent })
+            }
+            code::INVALIDATE => Message::Invalidate(get_path(&mut r)?),
+            code::GET_ATTR => Message::Request(Request::GetAttr { path: get_path(&mut r)? }),
+            code::READ_DIR => Message::Request(Request::ReadDir { path: get_path(&mut r)? }),
+            code::GET_RECIPE => Message::Request(Request::GetRecipe { path: get_path(&mut r)?, from: r.varint()? }),
+            code::GET_CHUNKS => Message::Request(Request::GetChunks { ids: get_ids(&mut r)? }),
+            code::HAVE => Message::Request(Request::Have { ids: get_ids(&mut r)? }),
+            code::PUT_CHUNKS => Message::Request(Request::PutChunks { chunks: get_chunks(&mut r)? }),
+            code::COMMIT => {
+                let path = get_path(&mut r)?;
+                let if_version = get_opt(&mut r, |r| r.u64())?;
+                let mode = r.u32()?;
+                let mtime_ns = r.i64()?;
+                let recipe = Recipe::decode(r.rest())?;
+                Message::Request(Request::Commit { path, if_version, recipe, mode, mtime_ns })
+            }
+            code::MKDIR => Message::Request(Request::Mkdir { path: get_path(&mut r)?, mode: r.u32()? }),
+            code::RENAME => Message::Request(Request::Rename { from: get_path(&mut r)?, to: get_path(&mut r)? }),
+            code::UNLINK => Message::Request(Request::Unlink { path: get_path(&mut r)? }),
+            code::RMDIR => Message::Request(Request::Rmdir { path: get_path(&mut r)? }),
+            code::SYMLINK => {
+                Message::Request(Request::Symlink { path: get_path(&mut r)?, target: r.bytes()?.to_vec() })
+            }
+            code::SET_ATTR => Message::Request(Request::SetAttr {
+                path: get_path(&mut r)?,
+                mode: get_opt(&mut r, |r| r.u32())?,
+                mtime_ns: get_opt(&mut r, |r| r.i64())?,
+                size: get_opt(&mut r, |r| r.u64())?,
+            }),
+            code::R_ATTR => Message::Reply(Reply::Attr(get_attr(&mut r)?)),
+            code::R_DIR_ENTRIES => {
+                // An entry is at least a name length byte and 42 bytes of attributes.
+                let n = r.count(43)?;
+                let es = (0..n)
+                    .map(|_| Ok(DirEntry { name: r.bytes()?.to_vec(), attr: get_attr(&mut r)? }))
+                    .collect::<Result<_, ProtoError>>()?;
+                Message::Reply(Reply::DirEntries(es))
+            }
+            code::R_RECIPE => {
+                let (version, total_chunks, first) = (r.u64()?, r.u64()?, r.u64()?);
+                let alg = HashAlg::from_tag(r.u8()?)?;
+                let n = r.count(33)?;
+                let mut chunks = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let len = r.varint()?;
+                    if len == 0 || len > MAX_CHUNK_LIMIT as u64 {
+                        return Err(ProtoError::Invalid { what: "recipe page", why: format!("chunk length {len}") });
+                    }
+                    let mut d = [0u8; 32];
+                    d.copy_from_slice(r.take_exact(32)?);
+                    chunks.push(ChunkRef { id: Id::from_parts(alg, d), len: len as u32 });
+                }
+                Message::Reply(Reply::Recipe(RecipePage { version, total_chunks, first, chunks }))
+            }
+            code::R_CHUNKS => Message::Reply(Reply::Chunks(get_chunks(&mut r)?)),
+            code::R_HAVE => {
+                let n = r.varint()?;
+                if n > r.rest_len() as u64 * 8 {
+                    return Err(ProtoError::CountTooLarge { what: "have reply", count: n, available: r.rest_len() });
+                }
+                let n = n as usize;
+                let bits = r.take_exact(n.div_ceil(8))?;
+                Message::Reply(Reply::Have((0..n).map(|i| bits[i / 8] >> (i % 8) & 1 == 1).collect()))
+            }
+            code::R_OK => Message::Reply(Reply::Ok),
+            code::R_ERROR => Message::Reply(Reply::Error {
+                code: ErrorCode::from_u16(r.u16()?)?,
+                message: String::from_utf8_lossy(r.bytes()?).into_owned(),
+            }),
+            t => return Err(ProtoError::UnknownType(t)),
+        };
+        r.finish()?;
+        Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::FrameDecoder;
+    use proptest::prelude::*;
+
+    fn id(n: u8) -> Id {
+        Id::from_parts(HashAlg::Blake3, [n; 32])
+    }
+
+    fn attr() -> Attr {
+        Attr { kind: FileKind::File, mode: 0o644, size: 12345, mtime_ns: -5, version: 9, oid: Some(id(3)), lease_ms: 60_000 }
+    }
+
+    /// One of every message.
+    pub(crate) fn samples() -> Vec<Message> {
+        let recipe = Recipe::from_chunks(HashAlg::Blake3, vec![ChunkRef { id: id(1), len: 8192 }, ChunkRef { id: id(2), len: 7 }]).unwrap();
+        vec![
+            Message::Hello(Hello { version: VERSION, features: FEATURES, agent: "ferry test".into() }),
+            Message::Invalidate("a/b".into()),
+            Message::Request(Request::GetAttr { path: "".into() }),
+            Message::Request(Request::ReadDir { path: "src".into() }),
+            Message::Request(Request::GetRecipe { path: "big.iso".into(), from: 1000 }),
+            Message::Request(Request::GetChunks { ids: vec![id(1), id(2)] }),
+            Message::Request(Request::Have { ids: vec![id(4)] }),
+            Message::Request(Request::PutChunks { chunks: vec![(id(5), b"hello".to_vec()), (id(6), vec![])] }),
+            Message::Request(Request::Commit { path: "f".into(), if_version: Some(3), recipe: recipe.clone(), mode: 0o600, mtime_ns: 1 }),
+            Message::Request(Request::Commit { path: "g".into(), if_version: None, recipe: Recipe::new(HashAlg::Blake3), mode: 0o600, mtime_ns: 1 }),
+            Message::Request(Request::Mkdir { path: "d".into(), mode: 0o755 }),
+            Message::Request(Request::Rename { from: "a".into(), to: "b/c".into() }),
+            Message::Request(Request::Unlink { path: "a".into() }),
+            Message::Request(Request::Rmdir { path: "d".into() }),
+            Message::Request(Request::Symlink { path: "l".into(), target: b"../x".to_vec() }),
+            Message::Request(Request::SetAttr { path: "f".into(), mode: Some(0o700), mtime_ns: None, size: Some(0) }),
+            Message::Reply(Reply::Attr(attr())),
+            Message::Reply(Reply::DirEntries(vec![DirEntry { name: b"x".to_vec(), attr: attr() }, DirEntry { name: vec![0xff, 0xfe], attr: Attr { kind: FileKind::Dir, oid: None, ..attr() } }])),
+            Message::Reply(Reply::Recipe(RecipePage { version: 9, total_chunks: 2, first: 0, chunks: recipe.chunks().to_vec() })),
+            Message::Reply(Reply::Chunks(vec![(id(1), vec![1, 2, 3])])),
+            Message::Reply(Reply::Have(vec![true, false, true, true, false, false, false, false, true])),
+            Message::Reply(Reply::Ok),
+            Message::Reply(Reply::Error { code: ErrorCode::Conflict, message: "changed since version 3".into() }),
+        ]
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        for (i, m) in samples().into_iter().enumerate() {
+            let bytes = m.encode(i as u32 + 1, true).unwrap();
+            let mut d = FrameDecoder::new();
+            d.feed(&bytes);
+            let f = d.next_frame().unwrap().unwrap();
+            assert_eq!(f.request_id, i as u32 + 1);
+            assert_eq!(Message::decode(&f).unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn truncated_bodies_are_errors() {
+        for m in samples() {
+            let f = m.to_frame(1);
+            for cut in 0..f.body.len() {
+                let short = Frame { body: f.body[..cut].to_vec(), ..f.clone() };
+                // Some prefixes of variable-length lists are themselves valid; none may panic,
+                // and none may decode to the original message.
+                if let Ok(d) = Message::decode(&short) {
+                    assert_ne!(d, m);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn exact_bytes_of_a_request_and_a_reply() {
+        let b = Message::Request(Request::GetAttr { path: "ab".into() }).encode(5, false).unwrap();
+        assert_eq!(b, [9, 0, 0, 0, 0x10, 0, 5, 0, 0, 0, 2, b'a', b'b']);
+        let b = Message::Reply(Reply::Have(vec![true, false, true])).encode(5, false).unwrap();
+        assert_eq!(b, [8, 0, 0, 0, 0x44, 0, 5, 0, 0, 0, 3, 0b101]);
+        let b = Message::Hello(Hello { version: 1, features: 0, agent: "x".into() }).encode(0, false).unwrap();
+        let mut want = vec![22, 0, 0, 0, 0x01, 0, 0, 0, 0, 0];
+        want.extend_from_slice(b"FERRY");
+        want.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, b'x']);
+        assert_eq!(b, want);
+    }
+
+    #[test]
+    fn paths_cannot_climb() {
+        for bad in ["..", "a/../b", "/etc", "a//b", "a/", ".", "a/./b"] {
+            assert!(WirePath::new(bad.as_bytes().to_vec()).is_err(), "{bad}");
+            let f = Frame { msg_type: 0x10, flags: 0, request_id: 1, body: { let mut w = Writer::default(); w.bytes(bad.as_bytes()); w.0 } };
+            assert!(matches!(Message::decode(&f), Err(ProtoError::Invalid { what: "path", .. })), "{bad}");
+        }
+        assert!(WirePath::new(vec![b'a', 0, b'b']).is_err());
+        assert!(WirePath::new(vec![b'a'; 5000]).is_err());
+    }
+
+    #[test]
+    fn hostile_counts_do_not_allocate() {
+        for t in [0x13u8, 0x14, 0x15, 0x41, 0x42, 0x43, 0x44] {
+            let mut w = Writer::default();
+            if t == 0x42 {
+                w.u64(0);
+                w.u64(0);
+                w.u64(0);
+                w.u8(1);
+            }
+            w.varint(u64::MAX >> 1);
+            let f = Frame { msg_type: t, flags: 0, request_id: 1, body: w.0 };
+            assert!(matches!(Message::decode(&f), Err(ProtoError::CountTooLarge { .. })), "type {t:#x}");
+        }
+        let f = Frame { msg_type: 0x7e, flags: 0, request_id: 1, body: vec![] };
+        assert_eq!(Message::decode(&f), Err(ProtoError::UnknownType(0x7e)));
+    }
+
+    proptest! {
+        /// Arbitrary bodies never panic the decoder.
+        #[test]
+        fn arbitrary_bodies_never_panic(t in any::<u8>(), body in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = Message::decode(&Frame { msg_type: t, flags: 0, request_id: 1, body });
+        }
+
+        /// Mutating a valid message's body never panics the decoder.
+        #[test]
+        fn mutated_messages_never_panic(which in 0usize..23, at in any::<prop::sample::Index>(), byte in any::<u8>()) {
+            let m = &samples()[which % samples().len()];
+            let mut f = m.to_frame(1);
+            if !f.body.is_empty() {
+                let i = at.index(f.body.len());
+                f.body[i] = byte;
+            }
+            let _ = Message::decode(&f);
+        }
+    }
+}
