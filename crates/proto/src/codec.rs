@@ -98,13 +98,20 @@ impl<'a> Reader<'a> {
                 return Ok(v);
             }
         }
-        Err(ProtoError::Invalid { what: self.what, why: "overlong varint".into() })
+        Err(ProtoError::Invalid {
+            what: self.what,
+            why: "overlong varint".into(),
+        })
     }
     /// A count of items each at least `min_item` bytes long, bounded by what remains.
     pub fn count(&mut self, min_item: usize) -> Result<usize, ProtoError> {
         let n = self.varint()?;
         if n > (self.buf.len() / min_item.max(1)) as u64 {
-            return Err(ProtoError::CountTooLarge { what: self.what, count: n, available: self.buf.len() });
+            return Err(ProtoError::CountTooLarge {
+                what: self.what,
+                count: n,
+                available: self.buf.len(),
+            });
         }
         Ok(n as usize)
     }
@@ -119,14 +126,20 @@ impl<'a> Reader<'a> {
         match self.u8()? {
             0 => Ok(None),
             1 => Ok(Some(self.id()?)),
-            t => Err(ProtoError::Invalid { what: self.what, why: format!("option tag {t}") }),
+            t => Err(ProtoError::Invalid {
+                what: self.what,
+                why: format!("option tag {t}"),
+            }),
         }
     }
     pub fn finish(self) -> Result<(), ProtoError> {
         if self.buf.is_empty() {
             Ok(())
         } else {
-            Err(ProtoError::Trailing { what: self.what, extra: self.buf.len() })
+            Err(ProtoError::Trailing {
+                what: self.what,
+                extra: self.buf.len(),
+            })
         }
     }
     pub fn take_exact(&mut self, n: usize) -> Result<&'a [u8], ProtoError> {

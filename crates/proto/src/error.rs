@@ -19,7 +19,11 @@ pub enum ProtoError {
     #[error("{what} has {extra} trailing bytes")]
     Trailing { what: &'static str, extra: usize },
     #[error("{what} declares {count} items, more than its remaining {available} bytes can hold")]
-    CountTooLarge { what: &'static str, count: u64, available: usize },
+    CountTooLarge {
+        what: &'static str,
+        count: u64,
+        available: usize,
+    },
     #[error("invalid {what}: {why}")]
     Invalid { what: &'static str, why: String },
     #[error("not a Ferry peer (bad hello magic)")]

@@ -38,7 +38,10 @@ impl Frame {
     /// The frame's bytes. With `compress`, a body that shrinks under zstd travels compressed.
     pub fn encode(&self, compress: bool) -> Result<Vec<u8>, ProtoError> {
         if self.body.len() > MAX_BODY {
-            return Err(ProtoError::FrameTooLarge { len: self.body.len() as u64, max: MAX_BODY as u64 });
+            return Err(ProtoError::FrameTooLarge {
+                len: self.body.len() as u64,
+                max: MAX_BODY as u64,
+            });
         }
         let mut flags = self.flags & FLAG_MORE;
         let packed;
@@ -107,7 +110,10 @@ impl FrameDecoder {
     fn check_len(have: &[u8]) -> Result<usize, ProtoError> {
         let len = u32::from_le_bytes(have[..4].try_into().unwrap());
         if len as usize > MAX_FRAME {
-            return Err(ProtoError::FrameTooLarge { len: len as u64, max: MAX_FRAME as u64 });
+            return Err(ProtoError::FrameTooLarge {
+                len: len as u64,
+                max: MAX_FRAME as u64,
+            });
         }
         if (len as usize) < FRAME_HEADER_LEN - 4 {
             return Err(ProtoError::FrameTooShort(len));
@@ -133,12 +139,18 @@ impl FrameDecoder {
         let request_id = u32::from_le_bytes(have[6..10].try_into().unwrap());
         let raw = &have[FRAME_HEADER_LEN..4 + len];
         let body = if flags & FLAG_COMPRESSED != 0 {
-            zstd::bulk::decompress(raw, MAX_BODY).map_err(|_| ProtoError::BadCompression { max: MAX_BODY })?
+            zstd::bulk::decompress(raw, MAX_BODY)
+                .map_err(|_| ProtoError::BadCompression { max: MAX_BODY })?
         } else {
             raw.to_vec()
         };
         self.start += 4 + len;
-        Ok(Some(Frame { msg_type, flags: flags & FLAG_MORE, request_id, body }))
+        Ok(Some(Frame {
+            msg_type,
+            flags: flags & FLAG_MORE,
+            request_id,
+            body,
+        }))
     }
 }
 
@@ -148,9 +160,17 @@ mod tests {
 
     #[test]
     fn header_layout_is_pinned() {
-        let f = Frame { msg_type: 0x10, flags: FLAG_MORE, request_id: 0x0102_0304, body: b"abc".to_vec() };
+        let f = Frame {
+            msg_type: 0x10,
+            flags: FLAG_MORE,
+            request_id: 0x0102_0304,
+            body: b"abc".to_vec(),
+        };
         let b = f.encode(true).unwrap();
-        assert_eq!(b, [9, 0, 0, 0, 0x10, 0x02, 0x04, 0x03, 0x02, 0x01, b'a', b'b', b'c']);
+        assert_eq!(
+            b,
+            [9, 0, 0, 0, 0x10, 0x02, 0x04, 0x03, 0x02, 0x01, b'a', b'b', b'c']
+        );
         let mut d = FrameDecoder::new();
         for byte in &b {
             assert_eq!(d.next_frame().unwrap(), None);
@@ -162,7 +182,12 @@ mod tests {
 
     #[test]
     fn compressible_bodies_travel_compressed() {
-        let f = Frame { msg_type: 0x41, flags: 0, request_id: 1, body: vec![b'x'; 100_000] };
+        let f = Frame {
+            msg_type: 0x41,
+            flags: 0,
+            request_id: 1,
+            body: vec![b'x'; 100_000],
+        };
         let b = f.encode(true).unwrap();
         assert!(b.len() < 1000);
         assert_eq!(b[5], FLAG_COMPRESSED);
@@ -175,7 +200,10 @@ mod tests {
     fn hostile_frames_are_refused_before_allocation() {
         let mut d = FrameDecoder::new();
         d.feed(&u32::MAX.to_le_bytes());
-        assert!(matches!(d.next_frame(), Err(ProtoError::FrameTooLarge { .. })));
+        assert!(matches!(
+            d.next_frame(),
+            Err(ProtoError::FrameTooLarge { .. })
+        ));
         assert!(d.wanted().is_err());
         let mut d = FrameDecoder::new();
         d.feed(&[2, 0, 0, 0, 1, 0]);
@@ -185,13 +213,23 @@ mod tests {
         assert_eq!(d.next_frame(), Err(ProtoError::BadFlags(0x80)));
         // A zstd bomb: a small frame that would decompress past MAX_BODY.
         let bomb = zstd::bulk::compress(&vec![0u8; MAX_BODY + 1], 19).unwrap();
-        let mut b = ((FRAME_HEADER_LEN - 4 + bomb.len()) as u32).to_le_bytes().to_vec();
+        let mut b = ((FRAME_HEADER_LEN - 4 + bomb.len()) as u32)
+            .to_le_bytes()
+            .to_vec();
         b.extend_from_slice(&[0x41, FLAG_COMPRESSED, 1, 0, 0, 0]);
         b.extend_from_slice(&bomb);
         let mut d = FrameDecoder::new();
         d.feed(&b);
-        assert!(matches!(d.next_frame(), Err(ProtoError::BadCompression { .. })));
-        let too_big = Frame { msg_type: 1, flags: 0, request_id: 0, body: vec![0; MAX_BODY + 1] };
+        assert!(matches!(
+            d.next_frame(),
+            Err(ProtoError::BadCompression { .. })
+        ));
+        let too_big = Frame {
+            msg_type: 1,
+            flags: 0,
+            request_id: 0,
+            body: vec![0; MAX_BODY + 1],
+        };
         assert!(too_big.encode(false).is_err());
     }
 }

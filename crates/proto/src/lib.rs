@@ -38,8 +38,10 @@ mod frame;
 mod message;
 
 pub use error::ProtoError;
-pub use frame::{Frame, FrameDecoder, FLAG_COMPRESSED, FLAG_MORE, FRAME_HEADER_LEN, MAX_BODY, MAX_FRAME};
+pub use frame::{
+    Frame, FrameDecoder, FLAG_COMPRESSED, FLAG_MORE, FRAME_HEADER_LEN, MAX_BODY, MAX_FRAME,
+};
 pub use message::{
-    Attr, DirEntry, ErrorCode, FileKind, Hello, Message, RecipePage, Reply, Request, WirePath, FEATURES, MAGIC,
-    VERSION,
+    Attr, DirEntry, ErrorCode, FileKind, Hello, Message, RecipePage, Reply, Request, WirePath,
+    FEATURES, MAGIC, VERSION,
 };

@@ -25,7 +25,12 @@ pub struct WirePath(Vec<u8>);
 impl WirePath {
     pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Self, ProtoError> {
         let b = bytes.into();
-        let bad = |why: &str| Err(ProtoError::Invalid { what: "path", why: why.into() });
+        let bad = |why: &str| {
+            Err(ProtoError::Invalid {
+                what: "path",
+                why: why.into(),
+            })
+        };
         if b.len() > MAX_PATH {
             return bad("longer than 4096 bytes");
         }
@@ -35,7 +40,9 @@ impl WirePath {
         if !b.is_empty() {
             for c in b.split(|&x| x == b'/') {
                 if c.is_empty() || c == b"." || c == b".." {
-                    return bad("has an empty, `.` or `..` component, or a leading or trailing `/`");
+                    return bad(
+                        "has an empty, `.` or `..` component, or a leading or trailing `/`",
+                    );
                 }
             }
         }
@@ -154,7 +161,12 @@ impl ErrorCode {
             11 => BadRequest,
             12 => Unsupported,
             13 => MissingChunks,
-            v => return Err(ProtoError::Invalid { what: "error", why: format!("unknown code {v}") }),
+            v => {
+                return Err(ProtoError::Invalid {
+                    what: "error",
+                    why: format!("unknown code {v}"),
+                })
+            }
         })
     }
 }
@@ -162,24 +174,61 @@ impl ErrorCode {
 /// Requests, from the client.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
-    GetAttr { path: WirePath },
-    ReadDir { path: WirePath },
+    GetAttr {
+        path: WirePath,
+    },
+    ReadDir {
+        path: WirePath,
+    },
     /// GETHASH, from chunk index `from` on.
-    GetRecipe { path: WirePath, from: u64 },
-    GetChunks { ids: Vec<Id> },
+    GetRecipe {
+        path: WirePath,
+        from: u64,
+    },
+    GetChunks {
+        ids: Vec<Id>,
+    },
     /// CONDWRITE: which of these can the server use (answered only from data this client may read)?
-    Have { ids: Vec<Id> },
+    Have {
+        ids: Vec<Id>,
+    },
     /// TMPWRITE: chunks for a commit to come. The server verifies each against its id.
-    PutChunks { chunks: Vec<(Id, Vec<u8>)> },
+    PutChunks {
+        chunks: Vec<(Id, Vec<u8>)>,
+    },
     /// MKTMPFILE + COMMITTMP: make `path` the object `recipe` describes, atomically, if the file
     /// is still at `if_version` (`None`: it must not exist).
-    Commit { path: WirePath, if_version: Option<u64>, recipe: Recipe, mode: u32, mtime_ns: i64 },
-    Mkdir { path: WirePath, mode: u32 },
-    Rename { from: WirePath, to: WirePath },
-    Unlink { path: WirePath },
-    Rmdir { path: WirePath },
-    Symlink { path: WirePath, target: Vec<u8> },
-    SetAttr { path: WirePath, mode: Option<u32>, mtime_ns: Option<i64>, size: Option<u64> },
+    Commit {
+        path: WirePath,
+        if_version: Option<u64>,
+        recipe: Recipe,
+        mode: u32,
+        mtime_ns: i64,
+    },
+    Mkdir {
+        path: WirePath,
+        mode: u32,
+    },
+    Rename {
+        from: WirePath,
+        to: WirePath,
+    },
+    Unlink {
+        path: WirePath,
+    },
+    Rmdir {
+        path: WirePath,
+    },
+    Symlink {
+        path: WirePath,
+        target: Vec<u8>,
+    },
+    SetAttr {
+        path: WirePath,
+        mode: Option<u32>,
+        mtime_ns: Option<i64>,
+        size: Option<u64>,
+    },
 }
 
 /// Replies, from the server.
@@ -194,7 +243,10 @@ pub enum Reply {
     /// One flag per id asked about, in order.
     Have(Vec<bool>),
     Ok,
-    Error { code: ErrorCode, message: String },
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
 }
 
 /// Everything that travels in a frame.
@@ -255,7 +307,12 @@ fn get_attr(r: &mut Reader<'_>) -> Result<Attr, ProtoError> {
         1 => FileKind::File,
         2 => FileKind::Dir,
         3 => FileKind::Symlink,
-        k => return Err(ProtoError::Invalid { what: "attributes", why: format!("file kind {k}") }),
+        k => {
+            return Err(ProtoError::Invalid {
+                what: "attributes",
+                why: format!("file kind {k}"),
+            })
+        }
     };
     Ok(Attr {
         kind,
@@ -303,11 +360,17 @@ fn put_opt<T>(w: &mut Writer, v: Option<T>, f: impl FnOnce(&mut Writer, T)) {
     }
 }
 
-fn get_opt<T>(r: &mut Reader<'_>, f: impl FnOnce(&mut Reader<'_>) -> Result<T, ProtoError>) -> Result<Option<T>, ProtoError> {
+fn get_opt<T>(
+    r: &mut Reader<'_>,
+    f: impl FnOnce(&mut Reader<'_>) -> Result<T, ProtoError>,
+) -> Result<Option<T>, ProtoError> {
     match r.u8()? {
         0 => Ok(None),
         1 => f(r).map(Some),
-        t => Err(ProtoError::Invalid { what: "option", why: format!("tag {t}") }),
+        t => Err(ProtoError::Invalid {
+            what: "option",
+            why: format!("tag {t}"),
+        }),
     }
 }
 
@@ -353,7 +416,13 @@ impl Message {
                     put_chunks(&mut w, chunks);
                     code::PUT_CHUNKS
                 }
-                Request::Commit { path, if_version, recipe, mode, mtime_ns } => {
+                Request::Commit {
+                    path,
+                    if_version,
+                    recipe,
+                    mode,
+                    mtime_ns,
+                } => {
                     put_path(&mut w, path);
                     put_opt(&mut w, *if_version, |w, v| w.u64(v));
                     w.u32(*mode);
@@ -384,7 +453,12 @@ impl Message {
                     w.bytes(target);
                     code::SYMLINK
                 }
-                Request::SetAttr { path, mode, mtime_ns, size } => {
+                Request::SetAttr {
+                    path,
+                    mode,
+                    mtime_ns,
+                    size,
+                } => {
                     put_path(&mut w, path);
                     put_opt(&mut w, *mode, |w, v| w.u32(v));
                     put_opt(&mut w, *mtime_ns, |w, v| w.i64(v));
@@ -441,7 +515,12 @@ impl Message {
                 }
             },
         };
-        Frame { msg_type: t, flags: 0, request_id, body: w.0 }
+        Frame {
+            msg_type: t,
+            flags: 0,
+            request_id,
+            body: w.0,
+        }
     }
 
     /// The bytes of this message in one frame.
@@ -461,30 +540,64 @@ impl Message {
                 let version = r.u16()?;
                 let features = r.u64()?;
                 let agent = String::from_utf8_lossy(r.bytes()?).into_owned();
-                Message::Hello(Hello { version, features, agent })
+                Message::Hello(Hello {
+                    version,
+                    features,
+                    agent,
+                })
             }
             code::INVALIDATE => Message::Invalidate(get_path(&mut r)?),
-            code::GET_ATTR => Message::Request(Request::GetAttr { path: get_path(&mut r)? }),
-            code::READ_DIR => Message::Request(Request::ReadDir { path: get_path(&mut r)? }),
-            code::GET_RECIPE => Message::Request(Request::GetRecipe { path: get_path(&mut r)?, from: r.varint()? }),
-            code::GET_CHUNKS => Message::Request(Request::GetChunks { ids: get_ids(&mut r)? }),
-            code::HAVE => Message::Request(Request::Have { ids: get_ids(&mut r)? }),
-            code::PUT_CHUNKS => Message::Request(Request::PutChunks { chunks: get_chunks(&mut r)? }),
+            code::GET_ATTR => Message::Request(Request::GetAttr {
+                path: get_path(&mut r)?,
+            }),
+            code::READ_DIR => Message::Request(Request::ReadDir {
+                path: get_path(&mut r)?,
+            }),
+            code::GET_RECIPE => Message::Request(Request::GetRecipe {
+                path: get_path(&mut r)?,
+                from: r.varint()?,
+            }),
+            code::GET_CHUNKS => Message::Request(Request::GetChunks {
+                ids: get_ids(&mut r)?,
+            }),
+            code::HAVE => Message::Request(Request::Have {
+                ids: get_ids(&mut r)?,
+            }),
+            code::PUT_CHUNKS => Message::Request(Request::PutChunks {
+                chunks: get_chunks(&mut r)?,
+            }),
             code::COMMIT => {
                 let path = get_path(&mut r)?;
                 let if_version = get_opt(&mut r, |r| r.u64())?;
                 let mode = r.u32()?;
                 let mtime_ns = r.i64()?;
                 let recipe = Recipe::decode(r.rest())?;
-                Message::Request(Request::Commit { path, if_version, recipe, mode, mtime_ns })
+                Message::Request(Request::Commit {
+                    path,
+                    if_version,
+                    recipe,
+                    mode,
+                    mtime_ns,
+                })
             }
-            code::MKDIR => Message::Request(Request::Mkdir { path: get_path(&mut r)?, mode: r.u32()? }),
-            code::RENAME => Message::Request(Request::Rename { from: get_path(&mut r)?, to: get_path(&mut r)? }),
-            code::UNLINK => Message::Request(Request::Unlink { path: get_path(&mut r)? }),
-            code::RMDIR => Message::Request(Request::Rmdir { path: get_path(&mut r)? }),
-            code::SYMLINK => {
-                Message::Request(Request::Symlink { path: get_path(&mut r)?, target: r.bytes()?.to_vec() })
-            }
+            code::MKDIR => Message::Request(Request::Mkdir {
+                path: get_path(&mut r)?,
+                mode: r.u32()?,
+            }),
+            code::RENAME => Message::Request(Request::Rename {
+                from: get_path(&mut r)?,
+                to: get_path(&mut r)?,
+            }),
+            code::UNLINK => Message::Request(Request::Unlink {
+                path: get_path(&mut r)?,
+            }),
+            code::RMDIR => Message::Request(Request::Rmdir {
+                path: get_path(&mut r)?,
+            }),
+            code::SYMLINK => Message::Request(Request::Symlink {
+                path: get_path(&mut r)?,
+                target: r.bytes()?.to_vec(),
+            }),
             code::SET_ATTR => Message::Request(Request::SetAttr {
                 path: get_path(&mut r)?,
                 mode: get_opt(&mut r, |r| r.u32())?,
@@ -496,7 +609,12 @@ impl Message {
                 // An entry is at least a name length byte and 42 bytes of attributes.
                 let n = r.count(43)?;
                 let es = (0..n)
-                    .map(|_| Ok(DirEntry { name: r.bytes()?.to_vec(), attr: get_attr(&mut r)? }))
+                    .map(|_| {
+                        Ok(DirEntry {
+                            name: r.bytes()?.to_vec(),
+                            attr: get_attr(&mut r)?,
+                        })
+                    })
                     .collect::<Result<_, ProtoError>>()?;
                 Message::Reply(Reply::DirEntries(es))
             }
@@ -508,23 +626,40 @@ impl Message {
                 for _ in 0..n {
                     let len = r.varint()?;
                     if len == 0 || len > MAX_CHUNK_LIMIT as u64 {
-                        return Err(ProtoError::Invalid { what: "recipe page", why: format!("chunk length {len}") });
+                        return Err(ProtoError::Invalid {
+                            what: "recipe page",
+                            why: format!("chunk length {len}"),
+                        });
                     }
                     let mut d = [0u8; 32];
                     d.copy_from_slice(r.take_exact(32)?);
-                    chunks.push(ChunkRef { id: Id::from_parts(alg, d), len: len as u32 });
+                    chunks.push(ChunkRef {
+                        id: Id::from_parts(alg, d),
+                        len: len as u32,
+                    });
                 }
-                Message::Reply(Reply::Recipe(RecipePage { version, total_chunks, first, chunks }))
+                Message::Reply(Reply::Recipe(RecipePage {
+                    version,
+                    total_chunks,
+                    first,
+                    chunks,
+                }))
             }
             code::R_CHUNKS => Message::Reply(Reply::Chunks(get_chunks(&mut r)?)),
             code::R_HAVE => {
                 let n = r.varint()?;
                 if n > r.rest_len() as u64 * 8 {
-                    return Err(ProtoError::CountTooLarge { what: "have reply", count: n, available: r.rest_len() });
+                    return Err(ProtoError::CountTooLarge {
+                        what: "have reply",
+                        count: n,
+                        available: r.rest_len(),
+                    });
                 }
                 let n = n as usize;
                 let bits = r.take_exact(n.div_ceil(8))?;
-                Message::Reply(Reply::Have((0..n).map(|i| bits[i / 8] >> (i % 8) & 1 == 1).collect()))
+                Message::Reply(Reply::Have(
+                    (0..n).map(|i| bits[i / 8] >> (i % 8) & 1 == 1).collect(),
+                ))
             }
             code::R_OK => Message::Reply(Reply::Ok),
             code::R_ERROR => Message::Reply(Reply::Error {
@@ -549,36 +684,114 @@ mod tests {
     }
 
     fn attr() -> Attr {
-        Attr { kind: FileKind::File, mode: 0o644, size: 12345, mtime_ns: -5, version: 9, oid: Some(id(3)), lease_ms: 60_000 }
+        Attr {
+            kind: FileKind::File,
+            mode: 0o644,
+            size: 12345,
+            mtime_ns: -5,
+            version: 9,
+            oid: Some(id(3)),
+            lease_ms: 60_000,
+        }
     }
 
     /// One of every message.
     pub(crate) fn samples() -> Vec<Message> {
-        let recipe = Recipe::from_chunks(HashAlg::Blake3, vec![ChunkRef { id: id(1), len: 8192 }, ChunkRef { id: id(2), len: 7 }]).unwrap();
+        let recipe = Recipe::from_chunks(
+            HashAlg::Blake3,
+            vec![
+                ChunkRef {
+                    id: id(1),
+                    len: 8192,
+                },
+                ChunkRef { id: id(2), len: 7 },
+            ],
+        )
+        .unwrap();
         vec![
-            Message::Hello(Hello { version: VERSION, features: FEATURES, agent: "ferry test".into() }),
+            Message::Hello(Hello {
+                version: VERSION,
+                features: FEATURES,
+                agent: "ferry test".into(),
+            }),
             Message::Invalidate("a/b".into()),
             Message::Request(Request::GetAttr { path: "".into() }),
             Message::Request(Request::ReadDir { path: "src".into() }),
-            Message::Request(Request::GetRecipe { path: "big.iso".into(), from: 1000 }),
-            Message::Request(Request::GetChunks { ids: vec![id(1), id(2)] }),
+            Message::Request(Request::GetRecipe {
+                path: "big.iso".into(),
+                from: 1000,
+            }),
+            Message::Request(Request::GetChunks {
+                ids: vec![id(1), id(2)],
+            }),
             Message::Request(Request::Have { ids: vec![id(4)] }),
-            Message::Request(Request::PutChunks { chunks: vec![(id(5), b"hello".to_vec()), (id(6), vec![])] }),
-            Message::Request(Request::Commit { path: "f".into(), if_version: Some(3), recipe: recipe.clone(), mode: 0o600, mtime_ns: 1 }),
-            Message::Request(Request::Commit { path: "g".into(), if_version: None, recipe: Recipe::new(HashAlg::Blake3), mode: 0o600, mtime_ns: 1 }),
-            Message::Request(Request::Mkdir { path: "d".into(), mode: 0o755 }),
-            Message::Request(Request::Rename { from: "a".into(), to: "b/c".into() }),
+            Message::Request(Request::PutChunks {
+                chunks: vec![(id(5), b"hello".to_vec()), (id(6), vec![])],
+            }),
+            Message::Request(Request::Commit {
+                path: "f".into(),
+                if_version: Some(3),
+                recipe: recipe.clone(),
+                mode: 0o600,
+                mtime_ns: 1,
+            }),
+            Message::Request(Request::Commit {
+                path: "g".into(),
+                if_version: None,
+                recipe: Recipe::new(HashAlg::Blake3),
+                mode: 0o600,
+                mtime_ns: 1,
+            }),
+            Message::Request(Request::Mkdir {
+                path: "d".into(),
+                mode: 0o755,
+            }),
+            Message::Request(Request::Rename {
+                from: "a".into(),
+                to: "b/c".into(),
+            }),
             Message::Request(Request::Unlink { path: "a".into() }),
             Message::Request(Request::Rmdir { path: "d".into() }),
-            Message::Request(Request::Symlink { path: "l".into(), target: b"../x".to_vec() }),
-            Message::Request(Request::SetAttr { path: "f".into(), mode: Some(0o700), mtime_ns: None, size: Some(0) }),
+            Message::Request(Request::Symlink {
+                path: "l".into(),
+                target: b"../x".to_vec(),
+            }),
+            Message::Request(Request::SetAttr {
+                path: "f".into(),
+                mode: Some(0o700),
+                mtime_ns: None,
+                size: Some(0),
+            }),
             Message::Reply(Reply::Attr(attr())),
-            Message::Reply(Reply::DirEntries(vec![DirEntry { name: b"x".to_vec(), attr: attr() }, DirEntry { name: vec![0xff, 0xfe], attr: Attr { kind: FileKind::Dir, oid: None, ..attr() } }])),
-            Message::Reply(Reply::Recipe(RecipePage { version: 9, total_chunks: 2, first: 0, chunks: recipe.chunks().to_vec() })),
+            Message::Reply(Reply::DirEntries(vec![
+                DirEntry {
+                    name: b"x".to_vec(),
+                    attr: attr(),
+                },
+                DirEntry {
+                    name: vec![0xff, 0xfe],
+                    attr: Attr {
+                        kind: FileKind::Dir,
+                        oid: None,
+                        ..attr()
+                    },
+                },
+            ])),
+            Message::Reply(Reply::Recipe(RecipePage {
+                version: 9,
+                total_chunks: 2,
+                first: 0,
+                chunks: recipe.chunks().to_vec(),
+            })),
             Message::Reply(Reply::Chunks(vec![(id(1), vec![1, 2, 3])])),
-            Message::Reply(Reply::Have(vec![true, false, true, true, false, false, false, false, true])),
+            Message::Reply(Reply::Have(vec![
+                true, false, true, true, false, false, false, false, true,
+            ])),
             Message::Reply(Reply::Ok),
-            Message::Reply(Reply::Error { code: ErrorCode::Conflict, message: "changed since version 3".into() }),
+            Message::Reply(Reply::Error {
+                code: ErrorCode::Conflict,
+                message: "changed since version 3".into(),
+            }),
         ]
     }
 
@@ -599,7 +812,10 @@ mod tests {
         for m in samples() {
             let f = m.to_frame(1);
             for cut in 0..f.body.len() {
-                let short = Frame { body: f.body[..cut].to_vec(), ..f.clone() };
+                let short = Frame {
+                    body: f.body[..cut].to_vec(),
+                    ..f.clone()
+                };
                 // Some prefixes of variable-length lists are themselves valid; none may panic,
                 // and none may decode to the original message.
                 if let Ok(d) = Message::decode(&short) {
@@ -611,12 +827,22 @@ mod tests {
 
     #[test]
     fn exact_bytes_of_a_request_and_a_reply() {
-        let b = Message::Request(Request::GetAttr { path: "ab".into() }).encode(5, false).unwrap();
+        let b = Message::Request(Request::GetAttr { path: "ab".into() })
+            .encode(5, false)
+            .unwrap();
         assert_eq!(b, [9, 0, 0, 0, 0x10, 0, 5, 0, 0, 0, 2, b'a', b'b']);
-        let b = Message::Reply(Reply::Have(vec![true, false, true])).encode(5, false).unwrap();
+        let b = Message::Reply(Reply::Have(vec![true, false, true]))
+            .encode(5, false)
+            .unwrap();
         assert_eq!(b, [8, 0, 0, 0, 0x44, 0, 5, 0, 0, 0, 3, 0b101]);
-        let b = Message::Hello(Hello { version: 1, features: 0, agent: "x".into() }).encode(0, false).unwrap();
-        let mut want = vec![22, 0, 0, 0, 0x01, 0, 0, 0, 0, 0];
+        let b = Message::Hello(Hello {
+            version: 1,
+            features: 0,
+            agent: "x".into(),
+        })
+        .encode(0, false)
+        .unwrap();
+        let mut want = vec![23, 0, 0, 0, 0x01, 0, 0, 0, 0, 0];
         want.extend_from_slice(b"FERRY");
         want.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, b'x']);
         assert_eq!(b, want);
@@ -626,8 +852,23 @@ mod tests {
     fn paths_cannot_climb() {
         for bad in ["..", "a/../b", "/etc", "a//b", "a/", ".", "a/./b"] {
             assert!(WirePath::new(bad.as_bytes().to_vec()).is_err(), "{bad}");
-            let f = Frame { msg_type: 0x10, flags: 0, request_id: 1, body: { let mut w = Writer::default(); w.bytes(bad.as_bytes()); w.0 } };
-            assert!(matches!(Message::decode(&f), Err(ProtoError::Invalid { what: "path", .. })), "{bad}");
+            let f = Frame {
+                msg_type: 0x10,
+                flags: 0,
+                request_id: 1,
+                body: {
+                    let mut w = Writer::default();
+                    w.bytes(bad.as_bytes());
+                    w.0
+                },
+            };
+            assert!(
+                matches!(
+                    Message::decode(&f),
+                    Err(ProtoError::Invalid { what: "path", .. })
+                ),
+                "{bad}"
+            );
         }
         assert!(WirePath::new(vec![b'a', 0, b'b']).is_err());
         assert!(WirePath::new(vec![b'a'; 5000]).is_err());
@@ -644,10 +885,23 @@ mod tests {
                 w.u8(1);
             }
             w.varint(u64::MAX >> 1);
-            let f = Frame { msg_type: t, flags: 0, request_id: 1, body: w.0 };
-            assert!(matches!(Message::decode(&f), Err(ProtoError::CountTooLarge { .. })), "type {t:#x}");
+            let f = Frame {
+                msg_type: t,
+                flags: 0,
+                request_id: 1,
+                body: w.0,
+            };
+            assert!(
+                matches!(Message::decode(&f), Err(ProtoError::CountTooLarge { .. })),
+                "type {t:#x}"
+            );
         }
-        let f = Frame { msg_type: 0x7e, flags: 0, request_id: 1, body: vec![] };
+        let f = Frame {
+            msg_type: 0x7e,
+            flags: 0,
+            request_id: 1,
+            body: vec![],
+        };
         assert_eq!(Message::decode(&f), Err(ProtoError::UnknownType(0x7e)));
     }
 

@@ -51,6 +51,8 @@ use pack::{
 };
 pub use scan::RebuildReport;
 
+type ChunkTable = redb::ReadOnlyTable<&'static [u8; 16], &'static [u8; 16]>;
+
 const MARKER: &str = "ferry-store";
 const MARKER_VERSION: &str = "ferry-store 1";
 
@@ -144,7 +146,7 @@ pub struct LocalStore {
     packs_lock: RwLock<()>,
     /// A read snapshot of the chunk table, so lookups skip opening a transaction. Replaced after
     /// each commit that changes the table (lookups of pending chunks go to `State::pending`).
-    chunk_table: Mutex<Option<Arc<redb::ReadOnlyTable<&'static [u8; 16], &'static [u8; 16]>>>>,
+    chunk_table: Mutex<Option<Arc<ChunkTable>>>,
     recovery: RebuildReport,
     _lock: File,
 }
@@ -382,7 +384,10 @@ impl LocalStore {
                 }
             }
         };
-        Ok(table.get(&ckey(id)).map_err(db_err(p))?.map(|v| Loc::decode(v.value())))
+        Ok(table
+            .get(&ckey(id))
+            .map_err(db_err(p))?
+            .map(|v| Loc::decode(v.value())))
     }
 
     /// Drops the cached read snapshot of the chunk table; call after every commit that changes it.
