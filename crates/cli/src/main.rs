@@ -32,6 +32,12 @@ enum Command {
     Similarity(cmd::similarity::Args),
     /// Manage a content-addressed chunk store.
     Store(cmd::store::Args),
+    /// Export a directory to one client (`ssh host ferry serve --stdio DIR`).
+    Serve(cmd::remote::ServeArgs),
+    /// List a remote directory (HOST:PATH).
+    Ls(cmd::remote::LsArgs),
+    /// Fetch a remote file or tree (HOST:PATH), sending only the chunks not found locally.
+    Get(cmd::remote::GetArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +48,9 @@ fn main() -> ExitCode {
         Command::Chunk(a) => cmd::chunk::run(a),
         Command::Similarity(a) => cmd::similarity::run(a, &ui),
         Command::Store(a) => cmd::store::run(a, &ui),
+        Command::Serve(a) => cmd::remote::serve(a),
+        Command::Ls(a) => cmd::remote::ls(a),
+        Command::Get(a) => cmd::remote::get(a),
     };
     match result {
         Ok(code) => code,

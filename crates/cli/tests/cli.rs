@@ -195,3 +195,71 @@ fn store_round_trip_damage_and_repair() {
         Some(2)
     );
 }
+
+/// `ferry get` through a real child process, the way ssh would run the far side: the "remote
+/// shell" here drops the host name and runs the rest locally.
+#[test]
+fn get_over_a_remote_shell() {
+    let t = tempfile::tempdir().unwrap();
+    let rsh = t.path().join("fake-ssh");
+    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
+    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let srv = t.path().join("srv");
+    std::fs::create_dir_all(srv.join("docs")).unwrap();
+    let mut doc = data(3_000_000, 7);
+    std::fs::write(srv.join("docs/report.bin"), &doc).unwrap();
+    std::fs::write(srv.join("notes.txt"), b"hello\n").unwrap();
+    let cache = t.path().join("cache");
+    let dst = t.path().join("dst");
+    let ferry_bin = env!("CARGO_BIN_EXE_ferry");
+    let remote = format!("somehost:{}", srv.display());
+    let args = |json: bool| {
+        let mut v = vec![
+            "get",
+            "-e",
+            s(&rsh),
+            "--remote-ferry",
+            ferry_bin,
+            "--cache",
+            s(&cache),
+        ];
+        if json {
+            v.push("--json");
+        }
+        v
+    };
+    let mut a = args(true);
+    a.extend([remote.as_str(), s(&dst)]);
+    let first: serde_json::Value = serde_json::from_str(ok(&a).trim()).unwrap();
+    assert_eq!(first["files"], 2);
+    assert_eq!(std::fs::read(dst.join("docs/report.bin")).unwrap(), doc);
+    assert_eq!(std::fs::read(dst.join("notes.txt")).unwrap(), b"hello\n");
+
+    // Edit the server's copy near the front; fetch again: only the edit travels.
+    doc.splice(100..100, b"a new paragraph".iter().copied());
+    std::fs::write(srv.join("docs/report.bin"), &doc).unwrap();
+    let second: serde_json::Value = serde_json::from_str(ok(&a).trim()).unwrap();
+    assert_eq!(std::fs::read(dst.join("docs/report.bin")).unwrap(), doc);
+    let received = second["bytes_received"].as_u64().unwrap();
+    assert!(received < 60_000, "{second}");
+
+    let listing = ok(&["ls", "-e", s(&rsh), "--remote-ferry", ferry_bin, &remote]);
+    assert!(
+        listing.contains("docs") && listing.contains("notes.txt"),
+        "{listing}"
+    );
+    let e = fails(&[
+        "get",
+        "-e",
+        s(&rsh),
+        "--remote-ferry",
+        "/nonexistent/ferry",
+        "--cache",
+        s(&cache),
+        &remote,
+        s(&dst),
+    ]);
+    assert!(e.contains("remote side exited"), "{e}");
+    let e = fails(&["get", "--cache", s(&cache), s(&srv), s(&dst)]);
+    assert!(e.contains("not a remote"), "{e}");
+}

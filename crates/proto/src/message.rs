@@ -606,8 +606,8 @@ impl Message {
             }),
             code::R_ATTR => Message::Reply(Reply::Attr(get_attr(&mut r)?)),
             code::R_DIR_ENTRIES => {
-                // An entry is at least a name length byte and 42 bytes of attributes.
-                let n = r.count(43)?;
+                // An entry is at least a name length byte and 34 bytes of attributes.
+                let n = r.count(35)?;
                 let es = (0..n)
                     .map(|_| {
                         Ok(DirEntry {

@@ -1,3 +1,4 @@
 pub mod chunk;
+pub mod remote;
 pub mod similarity;
 pub mod store;

@@ -1,0 +1,245 @@
+//! `ferry serve`, `ferry ls`, `ferry get`: the file service from the command line.
+
+use std::io::{self, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use ferry_chunk::ChunkerSpec;
+use ferry_fs::{Export, RemoteSpec, Server, ServerOptions, Session, Sources};
+use ferry_proto::{FileKind, WirePath};
+use ferry_store::{LocalStore, Options};
+use serde_json::json;
+
+use crate::util::human;
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Speak the protocol on standard input and output (how `ssh host ferry serve --stdio DIR`
+    /// is used by `ferry get`).
+    #[arg(long)]
+    stdio: bool,
+    /// The directory to export.
+    dir: PathBuf,
+}
+
+/// How to reach the remote side.
+#[derive(clap::Args)]
+pub struct Rsh {
+    /// Remote shell, as with rsync: Ferry runs `RSH HOST FERRY serve --stdio PATH`.
+    #[arg(short = 'e', long = "rsh", default_value = "ssh")]
+    rsh: String,
+    /// The ferry program on the remote side.
+    #[arg(long, default_value = "ferry")]
+    remote_ferry: String,
+}
+
+#[derive(clap::Args)]
+pub struct LsArgs {
+    #[command(flatten)]
+    rsh: Rsh,
+    /// One JSON object per entry.
+    #[arg(long)]
+    json: bool,
+    /// HOST:PATH
+    remote: String,
+}
+
+#[derive(clap::Args)]
+pub struct GetArgs {
+    #[command(flatten)]
+    rsh: Rsh,
+    /// The persistent chunk cache [default: $XDG_CACHE_HOME/ferry/cache or ~/.cache/ferry/cache].
+    #[arg(long)]
+    cache: Option<PathBuf>,
+    /// Print a JSON summary.
+    #[arg(long)]
+    json: bool,
+    /// HOST:PATH, a file or a directory.
+    remote: String,
+    /// Where to put it.
+    local: PathBuf,
+}
+
+pub fn serve(a: ServeArgs) -> Result<ExitCode> {
+    if !a.stdio {
+        bail!("only `ferry serve --stdio DIR` is available in this version (the TLS daemon is not built yet)");
+    }
+    let export =
+        Export::open(&a.dir).with_context(|| format!("cannot export {}", a.dir.display()))?;
+    if !std::fs::metadata(&a.dir)?.is_dir() {
+        bail!("{} is not a directory", a.dir.display());
+    }
+    let mut server = Server::new(export, ServerOptions::default());
+    let stdin = io::stdin().lock();
+    let stdout = BufWriter::with_capacity(256 * 1024, io::stdout().lock());
+    ferry_fs::serve(&mut server, BufReader::new(stdin), stdout)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Splits a remote path into the directory the server exports and the path inside it.
+fn split_remote(spec: &RemoteSpec) -> Result<(RemoteSpec, WirePath)> {
+    let p = spec.path.trim_end_matches('/');
+    if p.is_empty() {
+        return Ok((
+            RemoteSpec {
+                host: spec.host.clone(),
+                path: "/".into(),
+            },
+            WirePath::default(),
+        ));
+    }
+    let (dir, base) = match p.rsplit_once('/') {
+        Some((d, b)) => (if d.is_empty() { "/" } else { d }, b),
+        None => (".", p),
+    };
+    if base == "." || base == ".." {
+        return Ok((
+            RemoteSpec {
+                host: spec.host.clone(),
+                path: p.into(),
+            },
+            WirePath::default(),
+        ));
+    }
+    let wire = WirePath::new(base.as_bytes().to_vec())
+        .with_context(|| format!("bad remote path {:?}", spec.path))?;
+    Ok((
+        RemoteSpec {
+            host: spec.host.clone(),
+            path: dir.into(),
+        },
+        wire,
+    ))
+}
+
+fn connect(remote: &str, rsh: &Rsh) -> Result<(Session, WirePath)> {
+    let Some(spec) = RemoteSpec::parse(remote) else {
+        bail!("{remote:?} is not a remote (write HOST:PATH)");
+    };
+    let (root, wire) = split_remote(&spec)?;
+    let session = Session::spawn(&rsh.rsh, &rsh.remote_ferry, &root)
+        .with_context(|| format!("cannot start a session with {}", spec.host))?;
+    Ok((session, wire))
+}
+
+pub fn ls(a: LsArgs) -> Result<ExitCode> {
+    let (mut s, wire) = connect(&a.remote, &a.rsh)?;
+    let (attr, entries) =
+        ferry_fs::list(&mut s.conn, &wire).with_context(|| format!("cannot list {}", a.remote))?;
+    let mut out = BufWriter::new(io::stdout().lock());
+    let kind = |k: FileKind| match k {
+        FileKind::Dir => "dir",
+        FileKind::Symlink => "symlink",
+        _ => "file",
+    };
+    let rows: Vec<(String, ferry_proto::Attr)> = if attr.kind == FileKind::Dir {
+        entries
+            .into_iter()
+            .map(|e| (String::from_utf8_lossy(&e.name).into_owned(), e.attr))
+            .collect()
+    } else {
+        vec![(String::from_utf8_lossy(wire.as_bytes()).into_owned(), attr)]
+    };
+    for (name, a2) in rows {
+        if a.json {
+            writeln!(
+                out,
+                "{}",
+                json!({"name": name, "kind": kind(a2.kind), "size": a2.size, "mode": a2.mode, "mtime_ns": a2.mtime_ns})
+            )?;
+        } else {
+            writeln!(
+                out,
+                "{:<7} {:>4o} {:>12}  {name}",
+                kind(a2.kind),
+                a2.mode,
+                a2.size
+            )?;
+        }
+    }
+    out.flush()?;
+    drop(out);
+    s.close()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn default_cache() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join("ferry/cache")
+}
+
+pub fn get(a: GetArgs) -> Result<ExitCode> {
+    let t = Instant::now();
+    let cache_dir = a.cache.clone().unwrap_or_else(default_cache);
+    let cache = LocalStore::open_or_create(&cache_dir, Options::default())
+        .with_context(|| format!("cannot open the cache {}", cache_dir.display()))?;
+    let (mut s, wire) = connect(&a.remote, &a.rsh)?;
+    let src = Sources {
+        cache: &cache,
+        chunker: ChunkerSpec::default(),
+    };
+    let mut stats = ferry_fs::GetStats::default();
+    ferry_fs::get(&mut s.conn, &wire, &a.local, &src, &mut stats)
+        .with_context(|| format!("cannot get {} into {}", a.remote, a.local.display()))?;
+    let traffic = s.conn.traffic.clone();
+    s.close()?;
+    let secs = t.elapsed().as_secs_f64();
+    let mut out = io::stdout().lock();
+    if a.json {
+        writeln!(
+            out,
+            "{}",
+            json!({"files": stats.files, "bytes": stats.bytes, "chunks": stats.chunks,
+                   "chunks_from_cache": stats.from_cache, "chunks_from_local": stats.from_local,
+                   "chunks_from_server": stats.from_server, "chunk_bytes_from_server": stats.bytes_from_server,
+                   "bytes_sent": traffic.bytes_sent, "bytes_received": traffic.bytes_received,
+                   "requests": traffic.requests, "round_trips": traffic.round_trips, "seconds": secs})
+        )?;
+    } else {
+        writeln!(
+            out,
+            "{} files, {}: {} chunks from the server, {} from the cache, {} from local files; {} received, {} sent, {} round trips, {secs:.2} s",
+            stats.files,
+            human(stats.bytes),
+            stats.from_server,
+            stats.from_cache,
+            stats.from_local,
+            human(traffic.bytes_received),
+            human(traffic.bytes_sent),
+            traffic.round_trips
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_paths_split_into_root_and_wire_path() {
+        let s = |p: &str| {
+            let (r, w) = split_remote(&RemoteSpec {
+                host: "h".into(),
+                path: p.into(),
+            })
+            .unwrap();
+            (r.path, String::from_utf8(w.as_bytes().to_vec()).unwrap())
+        };
+        assert_eq!(s("src"), (".".into(), "src".into()));
+        assert_eq!(s("src/"), (".".into(), "src".into()));
+        assert_eq!(s("/a/b/c.txt"), ("/a/b".into(), "c.txt".into()));
+        assert_eq!(s("/top"), ("/".into(), "top".into()));
+        assert_eq!(s("/"), ("/".into(), "".into()));
+        assert_eq!(s("."), (".".into(), "".into()));
+        assert_eq!(s("a/.."), ("a/..".into(), "".into()));
+        assert!(RemoteSpec::parse("./a:b").is_none());
+        assert!(RemoteSpec::parse("/x").is_none());
+        assert_eq!(RemoteSpec::parse("h:").unwrap().path, ".");
+    }
+}

@@ -1,0 +1,390 @@
+//! The command-line client: reach a server, list, fetch.
+
+use std::fs::{self, File};
+use std::io::{self, BufReader, BufWriter, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use ferry_chunk::{ChunkReader, ChunkerSpec};
+use ferry_format::{ChunkRef, HashAlg, Id, Recipe};
+use ferry_proto::{Attr, DirEntry, FileKind, Reply, Request, WirePath};
+use ferry_store::{ChunkStore, VerifiedChunk};
+
+use crate::conn::{ConnError, Connection};
+
+/// `host:path`, as rsync and scp write it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteSpec {
+    pub host: String,
+    pub path: String,
+}
+
+impl RemoteSpec {
+    /// Parses `host:path`; `None` if `s` is not a remote (a local path, or `./a:b`).
+    pub fn parse(s: &str) -> Option<RemoteSpec> {
+        let (host, path) = s.split_once(':')?;
+        if host.is_empty() || host.contains('/') {
+            return None;
+        }
+        Some(RemoteSpec {
+            host: host.to_string(),
+            path: if path.is_empty() {
+                ".".into()
+            } else {
+                path.to_string()
+            },
+        })
+    }
+}
+
+/// A session with a server started over a remote shell.
+pub struct Session {
+    pub conn: Connection<BufReader<ChildStdout>, ChildStdin>,
+    child: Child,
+}
+
+impl Session {
+    /// Runs `RSH HOST REMOTE_FERRY serve --stdio PATH` (the `-e` convention of rsync: RSH is
+    /// split on white space) and opens a session over its standard input and output.
+    pub fn spawn(rsh: &str, remote_ferry: &str, spec: &RemoteSpec) -> Result<Session, ConnError> {
+        let mut words = rsh.split_whitespace();
+        let prog = words
+            .next()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty --rsh command"))?;
+        let mut child = Command::new(prog)
+            .args(words)
+            .arg(&spec.host)
+            .arg(remote_ferry)
+            .args(["serve", "--stdio"])
+            .arg(&spec.path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot run {prog}: {e}")))?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = BufReader::with_capacity(256 * 1024, child.stdout.take().expect("piped"));
+        match Connection::open(stdout, stdin) {
+            Ok(conn) => Ok(Session { conn, child }),
+            Err(e) => {
+                let status = child.wait().ok();
+                Err(match (e, status) {
+                    (ConnError::Closed, Some(st)) => ConnError::Unexpected(format!(
+                        "the remote side exited ({st}) before the session began; is ferry installed there (--remote-ferry)?"
+                    )),
+                    (e, _) => e,
+                })
+            }
+        }
+    }
+
+    /// Hangs up and waits for the remote side.
+    pub fn close(self) -> io::Result<()> {
+        let Session { conn, mut child } = self;
+        drop(conn);
+        child.wait()?;
+        Ok(())
+    }
+}
+
+/// One `ls` entry.
+pub type Listing = Vec<DirEntry>;
+
+/// Attributes of `path`, and its entries when it is a directory.
+pub fn list<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    path: &WirePath,
+) -> Result<(Attr, Listing), ConnError> {
+    let attr = get_attr(conn, path)?;
+    if attr.kind != FileKind::Dir {
+        return Ok((attr, vec![]));
+    }
+    let mut out = vec![];
+    for r in conn.call(Request::ReadDir { path: path.clone() })? {
+        match r {
+            Reply::DirEntries(es) => out.extend(es),
+            other => return Err(ConnError::Unexpected(format!("{other:?}"))),
+        }
+    }
+    Ok((attr, out))
+}
+
+fn get_attr<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    path: &WirePath,
+) -> Result<Attr, ConnError> {
+    match conn.call(Request::GetAttr { path: path.clone() })?.pop() {
+        Some(Reply::Attr(a)) => Ok(a),
+        other => Err(ConnError::Unexpected(format!("{other:?}"))),
+    }
+}
+
+/// What a fetch cost and where its chunks came from.
+#[derive(Clone, Debug, Default)]
+pub struct GetStats {
+    pub files: u64,
+    pub bytes: u64,
+    pub chunks: u64,
+    pub from_cache: u64,
+    pub from_local: u64,
+    pub from_server: u64,
+    pub bytes_from_server: u64,
+}
+
+/// Chunk sources on the receiving side, tried before the server.
+pub struct Sources<'a> {
+    /// The persistent client cache.
+    pub cache: &'a dyn ChunkStore,
+    pub chunker: ChunkerSpec,
+}
+
+/// Chunks a local file as a source: id → (offset, length). A hint; verified before use.
+fn index_local(
+    path: &Path,
+    spec: &ChunkerSpec,
+    alg: HashAlg,
+) -> io::Result<std::collections::HashMap<Id, (u64, u32)>> {
+    let mut map = std::collections::HashMap::new();
+    let f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(map),
+        Err(e) => return Err(e),
+    };
+    if !f.metadata()?.is_file() {
+        return Ok(map);
+    }
+    let mut r = ChunkReader::new(f, spec.build());
+    while let Some(c) = r.next_chunk()? {
+        map.insert(Id::hash(alg, c.data), (c.offset, c.data.len() as u32));
+    }
+    Ok(map)
+}
+
+/// Chunks asked for per GetChunks request, and requests kept in flight.
+const CHUNKS_PER_REQUEST: usize = 256;
+const REQUESTS_IN_FLIGHT: usize = 4;
+
+/// Fetches the file or tree at `remote` into `local`.
+pub fn get<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    remote: &WirePath,
+    local: &Path,
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+) -> Result<(), GetError> {
+    let attr = get_attr(conn, remote)?;
+    match attr.kind {
+        FileKind::File => get_file(conn, remote, &attr, local, src, stats),
+        FileKind::Dir => {
+            fs::create_dir_all(local).map_err(GetError::local("create directory", local))?;
+            let (_, entries) = list(conn, remote)?;
+            for e in entries {
+                let mut child = remote.as_bytes().to_vec();
+                if !child.is_empty() {
+                    child.push(b'/');
+                }
+                child.extend_from_slice(&e.name);
+                let child = WirePath::new(child)?;
+                let dest = local.join(std::ffi::OsStr::from_bytes(&e.name));
+                match e.attr.kind {
+                    FileKind::Symlink => {
+                        tracing::warn!(
+                            "skipping symlink {:?}: not supported by this version yet",
+                            child
+                        );
+                    }
+                    _ => get(conn, &child, &dest, src, stats)?,
+                }
+            }
+            Ok(())
+        }
+        _ => {
+            tracing::warn!("skipping symlink {remote:?}: not supported by this version yet");
+            Ok(())
+        }
+    }
+}
+
+/// Errors of a fetch: the connection, or the local side.
+#[derive(Debug, thiserror::Error)]
+pub enum GetError {
+    #[error(transparent)]
+    Conn(#[from] ConnError),
+    #[error("{op} {}: {source}", path.display())]
+    Local {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] ferry_store::StoreError),
+    #[error(transparent)]
+    Proto(#[from] ferry_proto::ProtoError),
+    #[error("server sent chunk {0} that does not match its id, or a recipe it cannot serve")]
+    BadData(Id),
+}
+
+impl GetError {
+    fn local(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> GetError {
+        let path = path.to_path_buf();
+        move |source| GetError::Local { op, path, source }
+    }
+}
+
+fn get_recipe<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    path: &WirePath,
+) -> Result<Recipe, GetError> {
+    let mut chunks: Vec<ChunkRef> = vec![];
+    let mut alg = HashAlg::Blake3;
+    for r in conn.call(Request::GetRecipe {
+        path: path.clone(),
+        from: 0,
+    })? {
+        match r {
+            Reply::Recipe(p) => {
+                if p.first != chunks.len() as u64 || p.total_chunks > (1 << 32) {
+                    return Err(ConnError::Unexpected("recipe pages out of order".into()).into());
+                }
+                if let Some(c) = p.chunks.first() {
+                    alg = c.id.alg();
+                }
+                chunks.extend(p.chunks);
+            }
+            other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+        }
+    }
+    Ok(Recipe::from_chunks(alg, chunks).map_err(ferry_proto::ProtoError::from)?)
+}
+
+fn get_file<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    remote: &WirePath,
+    attr: &Attr,
+    local: &Path,
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+) -> Result<(), GetError> {
+    let recipe = get_recipe(conn, remote)?;
+    let alg = recipe.alg();
+    // The file already at the destination is a chunk source (rsync's basis file, generalised).
+    let here = index_local(local, &src.chunker, alg).map_err(GetError::local("read", local))?;
+    let existing = if here.is_empty() {
+        None
+    } else {
+        File::open(local).ok()
+    };
+
+    // What neither the cache nor the local file has comes from the server, pipelined.
+    let mut missing: Vec<Id> = vec![];
+    let mut seen = std::collections::HashSet::new();
+    for c in recipe.chunks() {
+        if seen.insert(c.id) && !here.contains_key(&c.id) && !src.cache.contains(&c.id)? {
+            missing.push(c.id);
+        }
+    }
+    let batches: Vec<&[Id]> = missing.chunks(CHUNKS_PER_REQUEST).collect();
+    let mut next = 0;
+    let mut waiting = std::collections::VecDeque::new();
+    let mut fetched = std::collections::HashSet::new();
+    while next < batches.len() || !waiting.is_empty() {
+        while next < batches.len() && waiting.len() < REQUESTS_IN_FLIGHT {
+            waiting.push_back((
+                conn.send(Request::GetChunks {
+                    ids: batches[next].to_vec(),
+                })?,
+                batches[next],
+            ));
+            next += 1;
+        }
+        conn.flush()?;
+        let (id, asked) = waiting.pop_front().expect("non-empty");
+        let mut got = 0;
+        for r in conn.replies(id)? {
+            let Reply::Chunks(cs) = r else {
+                return Err(ConnError::Unexpected(format!("{r:?}")).into());
+            };
+            for (cid, data) in cs {
+                if !asked.contains(&cid) {
+                    return Err(GetError::BadData(cid));
+                }
+                let v = VerifiedChunk::check(cid, &data).map_err(|_| GetError::BadData(cid))?;
+                src.cache.put(&v)?;
+                fetched.insert(cid);
+                stats.from_server += 1;
+                stats.bytes_from_server += data.len() as u64;
+                got += 1;
+            }
+        }
+        if got < asked.len() {
+            // The server no longer has some chunk of the recipe it sent (the file changed).
+            return Err(ConnError::Unexpected(format!(
+                "{remote:?} changed on the server while it was fetched; run the command again"
+            ))
+            .into());
+        }
+    }
+    src.cache.flush()?;
+
+    // Assemble into a temporary file beside the destination, then rename over it.
+    let dir = local
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    fs::create_dir_all(dir).map_err(GetError::local("create directory", dir))?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .map_err(GetError::local("create a temporary file in", dir))?;
+    {
+        let mut out = BufWriter::with_capacity(1 << 20, tmp.as_file_mut());
+        let mut buf = vec![];
+        for c in recipe.chunks() {
+            let data = match here.get(&c.id) {
+                Some(&(off, len)) => {
+                    buf.resize(len as usize, 0);
+                    let ok = existing.as_ref().is_some_and(|f| {
+                        std::os::unix::fs::FileExt::read_exact_at(f, &mut buf, off).is_ok()
+                    });
+                    if ok && c.id.matches(&buf) {
+                        stats.from_local += 1;
+                        buf.clone()
+                    } else {
+                        src.cache.get(&c.id)?.ok_or(GetError::BadData(c.id))?
+                    }
+                }
+                None => {
+                    if !fetched.contains(&c.id) {
+                        stats.from_cache += 1;
+                    }
+                    src.cache.get(&c.id)?.ok_or(GetError::BadData(c.id))?
+                }
+            };
+            out.write_all(&data)
+                .map_err(GetError::local("write", local))?;
+            stats.chunks += 1;
+            stats.bytes += data.len() as u64;
+        }
+        out.flush().map_err(GetError::local("write", local))?;
+    }
+    let f = tmp.as_file();
+    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
+        attr.mode & 0o7777,
+    ))
+    .map_err(GetError::local("chmod", local))?;
+    let mtime =
+        std::time::UNIX_EPOCH + std::time::Duration::from_nanos(attr.mtime_ns.max(0) as u64);
+    f.set_modified(mtime)
+        .map_err(GetError::local("set mtime of", local))?;
+    f.sync_all().map_err(GetError::local("fsync", local))?;
+    tmp.persist(local).map_err(|e| GetError::Local {
+        op: "rename into",
+        path: local.to_path_buf(),
+        source: e.error,
+    })?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(GetError::local("fsync", dir))?;
+    stats.files += 1;
+    Ok(())
+}

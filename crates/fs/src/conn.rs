@@ -1,0 +1,218 @@
+//! Driving the protocol over byte streams: the server loop, and the client's connection.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{self, Read, Write};
+
+use ferry_proto::{
+    Frame, FrameDecoder, Hello, Message, ProtoError, Reply, Request, FEATURES, VERSION,
+};
+use thiserror::Error;
+
+use crate::server::Server;
+
+/// What went wrong talking to the other side.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ConnError {
+    #[error("connection: {0}")]
+    Io(#[from] io::Error),
+    #[error("protocol violation by the peer: {0}")]
+    Proto(#[from] ProtoError),
+    #[error("the connection closed")]
+    Closed,
+    #[error("unexpected reply: {0}")]
+    Unexpected(String),
+    #[error("{message}")]
+    Remote {
+        code: ferry_proto::ErrorCode,
+        message: String,
+    },
+}
+
+const READ_BUF: usize = 256 * 1024;
+
+/// Serves one session: reads frames from `input`, writes replies to `output`, until the client
+/// hangs up. Framing errors end the session (the stream cannot be resynchronised); errors in a
+/// request are replied to and the session goes on.
+pub fn serve(
+    server: &mut Server,
+    mut input: impl Read,
+    mut output: impl Write,
+) -> Result<(), ConnError> {
+    let mut dec = FrameDecoder::new();
+    let mut buf = vec![0u8; READ_BUF];
+    loop {
+        while let Some(f) = dec.next_frame()? {
+            for reply in server.handle(&f) {
+                output.write_all(&reply.encode(true)?)?;
+            }
+        }
+        output.flush()?;
+        let n = match input.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        };
+        dec.feed(&buf[..n]);
+    }
+}
+
+/// Byte and message counts of a connection, as this side saw them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub requests: u64,
+    /// Times the client had to wait on the network after sending: requests sent together
+    /// (pipelined) before waiting count once, as in LBFS's round-trip budget.
+    pub round_trips: u64,
+}
+
+/// The client end of a session.
+pub struct Connection<R, W> {
+    reader: R,
+    writer: W,
+    dec: FrameDecoder,
+    buf: Vec<u8>,
+    next_id: u32,
+    /// Frames that arrived for requests other than the one being waited for.
+    early: HashMap<u32, Vec<Frame>>,
+    /// Requests whose last reply frame has not arrived; a frame for any other id is a violation
+    /// (it would otherwise let a hostile server fill `early` without bound).
+    outstanding: HashSet<u32>,
+    sent_since_wait: bool,
+    pub traffic: Traffic,
+    pub server: Option<Hello>,
+}
+
+impl<R: Read, W: Write> Connection<R, W> {
+    /// Opens a session: sends Hello and waits for the server's.
+    pub fn open(reader: R, writer: W) -> Result<Self, ConnError> {
+        let mut c = Connection {
+            reader,
+            writer,
+            dec: FrameDecoder::new(),
+            buf: vec![0u8; READ_BUF],
+            next_id: 1,
+            early: HashMap::new(),
+            outstanding: HashSet::from([0]),
+            sent_since_wait: false,
+            traffic: Traffic::default(),
+            server: None,
+        };
+        let agent = format!("ferry {}", env!("CARGO_PKG_VERSION"));
+        let hello = Message::Hello(Hello {
+            version: VERSION,
+            features: FEATURES,
+            agent,
+        });
+        c.write(&hello.to_frame(0))?;
+        c.writer.flush()?;
+        let f = c.wait(0)?;
+        match Message::decode(&f)? {
+            Message::Hello(h) if h.version == VERSION => c.server = Some(h),
+            Message::Hello(h) => {
+                return Err(ConnError::Unexpected(format!(
+                    "server speaks protocol {}, this client {VERSION}",
+                    h.version
+                )))
+            }
+            Message::Reply(Reply::Error { code, message }) => {
+                return Err(ConnError::Remote { code, message })
+            }
+            other => return Err(ConnError::Unexpected(format!("{other:?} instead of hello"))),
+        }
+        Ok(c)
+    }
+
+    fn write(&mut self, f: &Frame) -> Result<(), ConnError> {
+        let bytes = f.encode(true)?;
+        self.traffic.bytes_sent += bytes.len() as u64;
+        self.sent_since_wait = true;
+        self.writer.write_all(&bytes)?;
+        Ok(())
+    }
+
+    /// Sends a request without waiting; returns its id. Call [`flush`](Self::flush) before
+    /// waiting for replies.
+    pub fn send(&mut self, r: Request) -> Result<u32, ConnError> {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        self.write(&Message::Request(r).to_frame(id))?;
+        self.traffic.requests += 1;
+        self.outstanding.insert(id);
+        Ok(id)
+    }
+
+    pub fn flush(&mut self) -> Result<(), ConnError> {
+        Ok(self.writer.flush()?)
+    }
+
+    /// The next frame for request `id`.
+    fn wait(&mut self, id: u32) -> Result<Frame, ConnError> {
+        if let Some(q) = self.early.get_mut(&id) {
+            if !q.is_empty() {
+                return Ok(q.remove(0));
+            }
+        }
+        loop {
+            if let Some(f) = self.dec.next_frame()? {
+                if !self.outstanding.contains(&f.request_id) {
+                    if f.request_id == 0 {
+                        continue; // an Invalidate: this client holds no leases
+                    }
+                    return Err(ConnError::Unexpected(format!(
+                        "a reply to request {} that was never sent",
+                        f.request_id
+                    )));
+                }
+                if !f.more() {
+                    self.outstanding.remove(&f.request_id);
+                }
+                if f.request_id == id {
+                    return Ok(f);
+                }
+                self.early.entry(f.request_id).or_default().push(f);
+                continue;
+            }
+            if self.sent_since_wait {
+                self.traffic.round_trips += 1;
+                self.sent_since_wait = false;
+            }
+            let n = self.reader.read(&mut self.buf)?;
+            if n == 0 {
+                return Err(ConnError::Closed);
+            }
+            self.traffic.bytes_received += n as u64;
+            self.dec.feed(&self.buf[..n]);
+        }
+    }
+
+    /// All reply frames of request `id` (a streamed reply has several), decoded. A remote error
+    /// becomes [`ConnError::Remote`].
+    pub fn replies(&mut self, id: u32) -> Result<Vec<Reply>, ConnError> {
+        let mut out = vec![];
+        loop {
+            let f = self.wait(id)?;
+            let more = f.more();
+            match Message::decode(&f)? {
+                Message::Reply(Reply::Error { code, message }) => {
+                    return Err(ConnError::Remote { code, message })
+                }
+                Message::Reply(r) => out.push(r),
+                other => return Err(ConnError::Unexpected(format!("{other:?}"))),
+            }
+            if !more {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Sends `r` and waits for its whole reply.
+    pub fn call(&mut self, r: Request) -> Result<Vec<Reply>, ConnError> {
+        let id = self.send(r)?;
+        self.flush()?;
+        self.replies(id)
+    }
+}

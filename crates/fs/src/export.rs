@@ -1,0 +1,155 @@
+//! An exported directory tree, with every path resolved beneath its root.
+//!
+//! Paths come from the network. They are already free of `..` (see `ferry_proto::WirePath`),
+//! but a symlink inside the export can still point anywhere, and a check followed by an open
+//! races with a rename. So every open goes through `openat2(2)` with `RESOLVE_BENEATH` (and
+//! `RESOLVE_NO_MAGICLINKS`) relative to a descriptor of the root, which the kernel enforces
+//! atomically: no check-then-use gap (the class of rsync CVE-2024-12086/12087/12088).
+
+use std::fs::File;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use ferry_proto::{Attr, FileKind, WirePath};
+use rustix::fs::{openat2, Mode, OFlags, ResolveFlags};
+
+/// The exported root.
+pub struct Export {
+    root: OwnedFd,
+    path: PathBuf,
+}
+
+/// What `stat` says about a file, with the identity used to cache its recipe.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+fn wire_to_rel(p: &WirePath) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    if p.as_bytes().is_empty() {
+        PathBuf::from(".")
+    } else {
+        PathBuf::from(std::ffi::OsStr::from_bytes(p.as_bytes()))
+    }
+}
+
+fn beneath() -> ResolveFlags {
+    ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS
+}
+
+impl Export {
+    pub fn open(path: impl AsRef<Path>) -> io::Result<Export> {
+        let path = path.as_ref().to_path_buf();
+        let root = rustix::fs::open(
+            &path,
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(Export { root, path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Opens a regular file for reading, beneath the root. Symlinks inside the export are
+    /// followed as long as they stay inside it.
+    pub fn open_file(&self, p: &WirePath) -> io::Result<File> {
+        let fd = openat2(
+            &self.root,
+            wire_to_rel(p),
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+            beneath(),
+        )?;
+        Ok(File::from(fd))
+    }
+
+    /// Opens a directory beneath the root.
+    pub fn open_dir(&self, p: &WirePath) -> io::Result<OwnedFd> {
+        Ok(openat2(
+            &self.root,
+            wire_to_rel(p),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            beneath(),
+        )?)
+    }
+
+    /// Attributes of `p` itself (a symlink is reported as a symlink, not followed).
+    pub fn stat(&self, p: &WirePath) -> io::Result<(Attr, FileId)> {
+        let fd = openat2(
+            &self.root,
+            wire_to_rel(p),
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            beneath(),
+        )?;
+        Ok(attr_of(&rustix::fs::fstat(&fd)?))
+    }
+
+    /// Entries of directory `p` with their attributes, sorted by name.
+    pub fn read_dir(&self, p: &WirePath) -> io::Result<Vec<(Vec<u8>, Attr)>> {
+        let dir = self.open_dir(p)?;
+        let mut out = vec![];
+        for e in rustix::fs::Dir::read_from(&dir)? {
+            let e = e?;
+            let name = e.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            // A single component relative to a descriptor of the directory: it cannot escape.
+            let st =
+                rustix::fs::statat(&dir, e.file_name(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+            let (attr, _) = attr_of(&st);
+            out.push((name.to_vec(), attr));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+}
+
+/// Attributes from a stat. The version is derived from identity, size and both times, so any
+/// change to the file (by Ferry or by a local program) gives a new version.
+#[allow(clippy::unnecessary_cast)] // stat field types differ between platforms
+pub fn attr_of(st: &rustix::fs::Stat) -> (Attr, FileId) {
+    let ft = rustix::fs::FileType::from_raw_mode(st.st_mode);
+    let kind = match ft {
+        rustix::fs::FileType::Directory => FileKind::Dir,
+        rustix::fs::FileType::Symlink => FileKind::Symlink,
+        _ => FileKind::File,
+    };
+    let mtime_ns = st.st_mtime as i64 * 1_000_000_000 + st.st_mtime_nsec as i64;
+    let ctime_ns = st.st_ctime as i64 * 1_000_000_000 + st.st_ctime_nsec as i64;
+    let id = FileId {
+        dev: st.st_dev,
+        ino: st.st_ino,
+        size: st.st_size as u64,
+        mtime_ns,
+        ctime_ns,
+    };
+    let mut h = [0u8; 40];
+    h[..8].copy_from_slice(&id.dev.to_le_bytes());
+    h[8..16].copy_from_slice(&id.ino.to_le_bytes());
+    h[16..24].copy_from_slice(&id.size.to_le_bytes());
+    h[24..32].copy_from_slice(&mtime_ns.to_le_bytes());
+    h[32..40].copy_from_slice(&ctime_ns.to_le_bytes());
+    let d = ferry_format::Id::hash(ferry_format::HashAlg::Blake3, &h);
+    let version = u64::from_le_bytes(d.digest()[..8].try_into().unwrap());
+    let attr = Attr {
+        kind,
+        mode: st.st_mode & 0o7777,
+        size: st.st_size as u64,
+        mtime_ns,
+        version,
+        oid: None,
+        lease_ms: 0,
+    };
+    (attr, id)
+}

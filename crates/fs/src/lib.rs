@@ -1,0 +1,23 @@
+//! The LBFS-style file service: an exported tree served over Ferry's protocol, and the client
+//! that fetches from it using every chunk it can already find.
+//!
+//! - [`export`]: the exported directory; every path resolved beneath its root with
+//!   `openat2(RESOLVE_BENEATH)`.
+//! - [`server`]: request handling as frames in, frames out (no sockets), with recipes cached per
+//!   file identity and chunk locations kept as verified-on-use hints.
+//! - [`conn`]: the server loop over any byte stream, and the client's pipelined connection.
+//! - [`client`]: `ls` and `get` over a remote shell (`ssh host ferry serve --stdio DIR`), with
+//!   the persistent cache and the destination's existing files as chunk sources.
+//!
+//! Status (see the file-service issue): reading (attributes, listings, recipes, chunks) works
+//! end to end over stdio; writes, leases and the TLS daemon are the next steps.
+
+pub mod client;
+pub mod conn;
+pub mod export;
+pub mod server;
+
+pub use client::{get, list, GetError, GetStats, RemoteSpec, Session, Sources};
+pub use conn::{serve, ConnError, Connection, Traffic};
+pub use export::Export;
+pub use server::{Server, ServerOptions};

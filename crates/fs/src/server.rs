@@ -1,0 +1,325 @@
+//! The file server's request handling, free of sockets: frames in, frames out.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+use ferry_chunk::ChunkerSpec;
+use ferry_format::{chunk_object, ChunkRef, HashAlg, Id, Oid, Recipe};
+use ferry_proto::{
+    Attr, DirEntry, ErrorCode, FileKind, Frame, Hello, Message, RecipePage, Reply, Request,
+    WirePath, FEATURES, FLAG_MORE, VERSION,
+};
+
+use crate::export::{Export, FileId};
+
+/// Chunks per recipe page.
+const RECIPE_PAGE: usize = 4096;
+/// Directory entries per page.
+const DIR_PAGE: usize = 1024;
+/// Chunk bytes per reply frame.
+const CHUNKS_FRAME_BYTES: usize = 1 << 20;
+/// Recipes kept in memory before the cache is cleared (each costs ~36 bytes per chunk).
+const RECIPE_CACHE_ENTRIES: usize = 100_000;
+
+/// How the server behaves.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    pub chunker: ChunkerSpec,
+    pub hash: HashAlg,
+    /// Attribute lease handed to clients.
+    pub lease_ms: u32,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            chunker: ChunkerSpec::default(),
+            hash: HashAlg::Blake3,
+            lease_ms: 60_000,
+        }
+    }
+}
+
+/// Where a chunk was last seen: a hint, verified before use.
+#[derive(Clone, Debug)]
+struct Hint {
+    path: WirePath,
+    offset: u64,
+    len: u32,
+}
+
+/// Serves one client session over an [`Export`].
+pub struct Server {
+    export: Export,
+    opts: ServerOptions,
+    recipes: HashMap<FileId, (Recipe, Oid)>,
+    hints: HashMap<Id, Hint>,
+    greeted: bool,
+}
+
+fn error(code: ErrorCode, message: impl Into<String>) -> Reply {
+    Reply::Error {
+        code,
+        message: message.into(),
+    }
+}
+
+fn io_error(path: &WirePath, e: &io::Error) -> Reply {
+    use io::ErrorKind as K;
+    let code = match e.kind() {
+        K::NotFound => ErrorCode::NotFound,
+        K::NotADirectory => ErrorCode::NotDir,
+        K::IsADirectory => ErrorCode::IsDir,
+        K::PermissionDenied => ErrorCode::Permission,
+        // openat2 with RESOLVE_BENEATH answers EXDEV for a path that leaves the root.
+        K::CrossesDevices => ErrorCode::Escape,
+        K::StorageFull => ErrorCode::NoSpace,
+        _ => ErrorCode::Io,
+    };
+    error(code, format!("{path:?}: {e}"))
+}
+
+impl Server {
+    pub fn new(export: Export, opts: ServerOptions) -> Self {
+        Server {
+            export,
+            opts,
+            recipes: HashMap::new(),
+            hints: HashMap::new(),
+            greeted: false,
+        }
+    }
+
+    /// Handles one frame from the client; returns the frames to send back, in order.
+    pub fn handle(&mut self, frame: &Frame) -> Vec<Frame> {
+        let id = frame.request_id;
+        let one = |r: Reply| vec![Message::Reply(r).to_frame(id)];
+        let msg = match Message::decode(frame) {
+            Ok(m) => m,
+            Err(e) => return one(error(ErrorCode::BadRequest, e.to_string())),
+        };
+        match msg {
+            Message::Hello(h) => {
+                if h.version != VERSION {
+                    return one(error(
+                        ErrorCode::Unsupported,
+                        format!("client speaks protocol {}, server {VERSION}", h.version),
+                    ));
+                }
+                self.greeted = true;
+                let agent = format!("ferry {}", env!("CARGO_PKG_VERSION"));
+                vec![Message::Hello(Hello {
+                    version: VERSION,
+                    features: h.features & FEATURES,
+                    agent,
+                })
+                .to_frame(id)]
+            }
+            _ if !self.greeted => one(error(ErrorCode::BadRequest, "hello first")),
+            Message::Request(r) => self.request(id, r),
+            Message::Reply(_) | Message::Invalidate(_) => {
+                one(error(ErrorCode::BadRequest, "servers take requests"))
+            }
+        }
+    }
+
+    fn request(&mut self, id: u32, r: Request) -> Vec<Frame> {
+        let one = |r: Reply| vec![Message::Reply(r).to_frame(id)];
+        match r {
+            Request::GetAttr { path } => match self.export.stat(&path) {
+                Ok((mut attr, fid)) => {
+                    attr.lease_ms = self.opts.lease_ms;
+                    attr.oid = self.recipes.get(&fid).map(|(_, o)| o.id());
+                    one(Reply::Attr(attr))
+                }
+                Err(e) => one(io_error(&path, &e)),
+            },
+            Request::ReadDir { path } => match self.export.read_dir(&path) {
+                Ok(entries) => {
+                    let lease = self.opts.lease_ms;
+                    let entries: Vec<DirEntry> = entries
+                        .into_iter()
+                        .map(|(name, attr)| DirEntry {
+                            name,
+                            attr: Attr {
+                                lease_ms: lease,
+                                ..attr
+                            },
+                        })
+                        .collect();
+                    paged(id, entries, DIR_PAGE, Reply::DirEntries)
+                }
+                Err(e) => one(io_error(&path, &e)),
+            },
+            Request::GetRecipe { path, from } => match self.recipe(&path) {
+                Ok((recipe, version)) => {
+                    let total = recipe.len() as u64;
+                    let start = from.min(total) as usize;
+                    let chunks = &recipe.chunks()[start..];
+                    let mut pages: Vec<Frame> = chunks
+                        .chunks(RECIPE_PAGE)
+                        .enumerate()
+                        .map(|(i, page)| {
+                            let p = RecipePage {
+                                version,
+                                total_chunks: total,
+                                first: (start + i * RECIPE_PAGE) as u64,
+                                chunks: page.to_vec(),
+                            };
+                            Message::Reply(Reply::Recipe(p)).to_frame(id)
+                        })
+                        .collect();
+                    if pages.is_empty() {
+                        let p = RecipePage {
+                            version,
+                            total_chunks: total,
+                            first: start as u64,
+                            chunks: vec![],
+                        };
+                        pages.push(Message::Reply(Reply::Recipe(p)).to_frame(id));
+                    }
+                    let n = pages.len();
+                    for f in &mut pages[..n - 1] {
+                        f.flags |= FLAG_MORE;
+                    }
+                    pages
+                }
+                Err(e) => one(io_error(&path, &e)),
+            },
+            Request::GetChunks { ids } => {
+                let mut frames = vec![];
+                let mut batch = vec![];
+                let mut bytes = 0;
+                for cid in ids {
+                    if let Some(data) = self.chunk(&cid) {
+                        bytes += data.len();
+                        batch.push((cid, data));
+                        if bytes >= CHUNKS_FRAME_BYTES {
+                            let mut f = Message::Reply(Reply::Chunks(std::mem::take(&mut batch)))
+                                .to_frame(id);
+                            f.flags |= FLAG_MORE;
+                            frames.push(f);
+                            bytes = 0;
+                        }
+                    }
+                }
+                frames.push(Message::Reply(Reply::Chunks(batch)).to_frame(id));
+                frames
+            }
+            other => one(error(
+                ErrorCode::Unsupported,
+                format!(
+                    "{} is not implemented by this server yet",
+                    request_name(&other)
+                ),
+            )),
+        }
+    }
+
+    /// The recipe of a file and its version, from the cache when the file has not changed.
+    fn recipe(&mut self, path: &WirePath) -> io::Result<(Recipe, u64)> {
+        for _ in 0..3 {
+            let file = self.export.open_file(path)?;
+            let st = rustix::fs::fstat(&file)?;
+            let (attr, fid) = crate::export::attr_of(&st);
+            if attr.kind != FileKind::File {
+                return Err(io::Error::from(io::ErrorKind::IsADirectory));
+            }
+            if let Some((r, _)) = self.recipes.get(&fid) {
+                return Ok((r.clone(), attr.version));
+            }
+            let mut hints = vec![];
+            let (recipe, oid) = chunk_object(
+                &file,
+                &self.opts.chunker,
+                self.opts.hash,
+                |c: &ChunkRef, _| {
+                    hints.push(*c);
+                    Ok::<_, io::Error>(())
+                },
+            )?;
+            // A file that changed while it was read gives a recipe of neither version: again.
+            let (_, after) = crate::export::attr_of(&rustix::fs::fstat(&file)?);
+            if after != fid {
+                continue;
+            }
+            let mut offset = 0u64;
+            for c in hints {
+                self.hints.insert(
+                    c.id,
+                    Hint {
+                        path: path.clone(),
+                        offset,
+                        len: c.len,
+                    },
+                );
+                offset += c.len as u64;
+            }
+            if self.recipes.len() >= RECIPE_CACHE_ENTRIES {
+                self.recipes.clear();
+            }
+            self.recipes.insert(fid, (recipe.clone(), oid));
+            return Ok((recipe, attr.version));
+        }
+        Err(io::Error::other("the file keeps changing while it is read"))
+    }
+
+    /// A chunk's bytes from wherever it was seen, verified; `None` if no valid copy is known.
+    fn chunk(&mut self, id: &Id) -> Option<Vec<u8>> {
+        let hint = self.hints.get(id)?.clone();
+        let read = || -> io::Result<Vec<u8>> {
+            let f = self.export.open_file(&hint.path)?;
+            let mut buf = vec![0u8; hint.len as usize];
+            f.read_exact_at(&mut buf, hint.offset)?;
+            Ok(buf)
+        };
+        match read() {
+            Ok(buf) if id.matches(&buf) => Some(buf),
+            _ => {
+                // The file changed or went away: the hint was wrong, which costs only this.
+                self.hints.remove(id);
+                None
+            }
+        }
+    }
+}
+
+/// Splits `items` into reply frames of `page` items, all but the last flagged MORE.
+fn paged<T: Clone>(
+    id: u32,
+    items: Vec<T>,
+    page: usize,
+    wrap: impl Fn(Vec<T>) -> Reply,
+) -> Vec<Frame> {
+    let mut frames: Vec<Frame> = items
+        .chunks(page)
+        .map(|p| Message::Reply(wrap(p.to_vec())).to_frame(id))
+        .collect();
+    if frames.is_empty() {
+        frames.push(Message::Reply(wrap(vec![])).to_frame(id));
+    }
+    let n = frames.len();
+    for f in &mut frames[..n - 1] {
+        f.flags |= FLAG_MORE;
+    }
+    frames
+}
+
+fn request_name(r: &Request) -> &'static str {
+    match r {
+        Request::GetAttr { .. } => "GetAttr",
+        Request::ReadDir { .. } => "ReadDir",
+        Request::GetRecipe { .. } => "GetRecipe",
+        Request::GetChunks { .. } => "GetChunks",
+        Request::Have { .. } => "Have",
+        Request::PutChunks { .. } => "PutChunks",
+        Request::Commit { .. } => "Commit",
+        Request::Mkdir { .. } => "Mkdir",
+        Request::Rename { .. } => "Rename",
+        Request::Unlink { .. } => "Unlink",
+        Request::Rmdir { .. } => "Rmdir",
+        Request::Symlink { .. } => "Symlink",
+        Request::SetAttr { .. } => "SetAttr",
+    }
+}

@@ -1,0 +1,326 @@
+//! The file service end to end over in-process sockets, and its confinement.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use ferry_chunk::ChunkerSpec;
+use ferry_fs::{Connection, Export, GetError, GetStats, Server, ServerOptions, Sources};
+use ferry_proto::{ErrorCode, Frame, FrameDecoder, Hello, Message, Reply, Request, WirePath};
+use ferry_store::{LocalStore, MemStore, Options};
+
+fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0; len];
+    blake3::Hasher::new_derive_key("ferry fs tests")
+        .update(&seed.to_le_bytes())
+        .finalize_xof()
+        .fill(&mut v);
+    v
+}
+
+/// A server on a thread, serving `root`, and a connected client.
+fn connect(root: &Path) -> Connection<UnixStream, UnixStream> {
+    let (a, b) = UnixStream::pair().unwrap();
+    let export = Export::open(root).unwrap();
+    std::thread::spawn(move || {
+        let mut server = Server::new(export, ServerOptions::default());
+        let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
+    });
+    Connection::open(b.try_clone().unwrap(), b).unwrap()
+}
+
+fn tree(root: &Path) {
+    fs::create_dir_all(root.join("src/deep")).unwrap();
+    for (name, seed, len) in [
+        ("empty", 0, 0),
+        ("one", 1, 1),
+        ("src/a.bin", 2, 8191),
+        ("src/b.bin", 3, 100_000),
+        ("src/deep/big", 4, 1_000_000),
+    ] {
+        fs::write(root.join(name), bytes(seed, len)).unwrap();
+    }
+    fs::set_permissions(root.join("one"), fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+fn same_tree(a: &Path, b: &Path) {
+    for e in walkdir(a) {
+        let rel = e.strip_prefix(a).unwrap();
+        let (ma, mb) = (
+            fs::metadata(&e).unwrap(),
+            fs::metadata(b.join(rel)).unwrap(),
+        );
+        if ma.is_file() {
+            assert_eq!(
+                fs::read(&e).unwrap(),
+                fs::read(b.join(rel)).unwrap(),
+                "{}",
+                rel.display()
+            );
+            assert_eq!(
+                ma.permissions().mode() & 0o7777,
+                mb.permissions().mode() & 0o7777,
+                "{}",
+                rel.display()
+            );
+            assert_eq!(
+                ma.modified().unwrap(),
+                mb.modified().unwrap(),
+                "{}",
+                rel.display()
+            );
+        }
+    }
+}
+
+fn walkdir(p: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![];
+    for e in fs::read_dir(p).unwrap() {
+        let e = e.unwrap().path();
+        if e.is_dir() {
+            out.extend(walkdir(&e));
+        }
+        out.push(e);
+    }
+    out
+}
+
+fn get(
+    conn: &mut Connection<UnixStream, UnixStream>,
+    path: &str,
+    dest: &Path,
+    cache: &dyn ferry_store::ChunkStore,
+) -> Result<GetStats, GetError> {
+    let mut stats = GetStats::default();
+    let src = Sources {
+        cache,
+        chunker: ChunkerSpec::default(),
+    };
+    ferry_fs::get(
+        conn,
+        &WirePath::new(path.as_bytes().to_vec()).unwrap(),
+        dest,
+        &src,
+        &mut stats,
+    )?;
+    Ok(stats)
+}
+
+#[test]
+fn get_a_tree_then_only_what_changed() {
+    let t = tempfile::tempdir().unwrap();
+    let (srv, dst) = (t.path().join("srv"), t.path().join("dst"));
+    tree(&srv);
+    let cache = LocalStore::open_or_create(t.path().join("cache"), Options::default()).unwrap();
+    let mut c = connect(&srv);
+    let first = get(&mut c, "", &dst, &cache).unwrap();
+    same_tree(&srv, &dst);
+    assert_eq!(first.files, 5);
+    assert!(first.bytes_from_server >= 1_100_000);
+
+    // Change 100 bytes in the middle of the big file on the server.
+    let mut big = fs::read(srv.join("src/deep/big")).unwrap();
+    big[500_000..500_100].copy_from_slice(&[7; 100]);
+    fs::write(srv.join("src/deep/big"), &big).unwrap();
+    let before = c.traffic.clone();
+    let second = get(&mut c, "", &dst, &cache).unwrap();
+    same_tree(&srv, &dst);
+    let received = c.traffic.bytes_received - before.bytes_received;
+    assert!(second.from_server <= 3, "{second:?}");
+    assert!(
+        received < 64 * 1024,
+        "received {received} bytes for a 100-byte change"
+    );
+
+    // A fresh destination is filled from the cache alone.
+    let third = get(&mut c, "src", &t.path().join("copy"), &cache).unwrap();
+    assert_eq!(third.from_server, 0, "{third:?}");
+    assert_eq!(fs::read(t.path().join("copy/deep/big")).unwrap(), big);
+}
+
+#[test]
+fn the_old_local_file_is_a_chunk_source() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir(&srv).unwrap();
+    let mut old = bytes(9, 2_000_000);
+    fs::write(t.path().join("local"), &old).unwrap();
+    old.splice(1000..1000, b"inserted near the front".iter().copied());
+    fs::write(srv.join("f"), &old).unwrap();
+    let mut c = connect(&srv);
+    let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+    let s = get(&mut c, "f", &t.path().join("local"), &cache).unwrap();
+    assert_eq!(fs::read(t.path().join("local")).unwrap(), old);
+    assert!(s.from_local > 150, "{s:?}");
+    assert!(s.bytes_from_server < 40_000, "{s:?}");
+}
+
+#[test]
+fn round_trips_of_a_small_file() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir(&srv).unwrap();
+    fs::write(srv.join("f"), b"hello").unwrap();
+    let mut c = connect(&srv);
+    let hello_trips = c.traffic.round_trips;
+    get(
+        &mut c,
+        "f",
+        &t.path().join("out"),
+        &MemStore::new(ferry_format::HashAlg::Blake3),
+    )
+    .unwrap();
+    // GetAttr, GetRecipe, GetChunks.
+    assert_eq!(c.traffic.round_trips - hello_trips, 3);
+}
+
+#[test]
+fn no_path_leaves_the_export() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir_all(srv.join("sub")).unwrap();
+    fs::write(t.path().join("secret"), b"outside").unwrap();
+    fs::write(srv.join("sub/inside"), b"inside").unwrap();
+    std::os::unix::fs::symlink("/etc", srv.join("etc")).unwrap();
+    std::os::unix::fs::symlink("../secret", srv.join("up")).unwrap();
+    std::os::unix::fs::symlink("sub/inside", srv.join("ok")).unwrap();
+    std::os::unix::fs::symlink("../../secret", srv.join("sub/upup")).unwrap();
+    let e = Export::open(&srv).unwrap();
+    assert!(
+        e.open_file(&"ok".into()).is_ok(),
+        "a symlink inside the export is fine"
+    );
+    for bad in ["etc/passwd", "up", "sub/upup"] {
+        let err = e.open_file(&bad.into()).expect_err(bad);
+        assert_eq!(err.raw_os_error(), Some(18), "{bad}: {err}"); // EXDEV from RESOLVE_BENEATH
+    }
+    assert!(e.open_dir(&"etc".into()).is_err());
+    // Through the protocol: a clear error code, and nothing read.
+    let mut c = connect(&srv);
+    for bad in ["up", "etc/passwd"] {
+        match c.call(Request::GetRecipe {
+            path: bad.into(),
+            from: 0,
+        }) {
+            Err(ferry_fs::ConnError::Remote { code, .. }) => {
+                assert_eq!(code, ErrorCode::Escape, "{bad}")
+            }
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    // Paths with `..` do not even decode.
+    let mut w = vec![];
+    w.push(5u8);
+    w.extend_from_slice(b"../..");
+    let f = Frame {
+        msg_type: 0x10,
+        flags: 0,
+        request_id: 1,
+        body: w,
+    };
+    let export = Export::open(&srv).unwrap();
+    let mut server = Server::new(export, ServerOptions::default());
+    server.handle(
+        &Message::Hello(Hello {
+            version: 1,
+            features: 0,
+            agent: "t".into(),
+        })
+        .to_frame(0),
+    );
+    let reply = Message::decode(&server.handle(&f)[0]).unwrap();
+    assert!(
+        matches!(
+            reply,
+            Message::Reply(Reply::Error {
+                code: ErrorCode::BadRequest,
+                ..
+            })
+        ),
+        "{reply:?}"
+    );
+}
+
+#[test]
+fn requests_before_hello_and_garbage_are_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let mut server = Server::new(Export::open(t.path()).unwrap(), ServerOptions::default());
+    let r = server.handle(&Message::Request(Request::GetAttr { path: "".into() }).to_frame(3));
+    assert!(matches!(
+        Message::decode(&r[0]).unwrap(),
+        Message::Reply(Reply::Error {
+            code: ErrorCode::BadRequest,
+            ..
+        })
+    ));
+    // A framing error ends the session with an error, not a panic.
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let h = std::thread::spawn(move || ferry_fs::serve(&mut server, a.try_clone().unwrap(), a));
+    use std::io::Write;
+    b.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    assert!(h.join().unwrap().is_err());
+}
+
+/// A server that lies: its chunk does not match the id in its recipe.
+#[test]
+fn a_lying_server_cannot_plant_data() {
+    let t = tempfile::tempdir().unwrap();
+    let (a, b) = UnixStream::pair().unwrap();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut r, mut w) = (a.try_clone().unwrap(), a);
+        let mut dec = FrameDecoder::new();
+        let mut buf = [0u8; 65536];
+        let good = b"the real content".to_vec();
+        let id = ferry_format::Id::hash(ferry_format::HashAlg::Blake3, &good);
+        loop {
+            while let Some(f) = dec.next_frame().unwrap() {
+                let reply = match Message::decode(&f).unwrap() {
+                    Message::Hello(h) => Message::Hello(h),
+                    Message::Request(Request::GetAttr { .. }) => {
+                        Message::Reply(Reply::Attr(ferry_proto::Attr {
+                            kind: ferry_proto::FileKind::File,
+                            mode: 0o644,
+                            size: 16,
+                            mtime_ns: 0,
+                            version: 1,
+                            oid: None,
+                            lease_ms: 0,
+                        }))
+                    }
+                    Message::Request(Request::GetRecipe { .. }) => {
+                        Message::Reply(Reply::Recipe(ferry_proto::RecipePage {
+                            version: 1,
+                            total_chunks: 1,
+                            first: 0,
+                            chunks: vec![ferry_format::ChunkRef { id, len: 16 }],
+                        }))
+                    }
+                    Message::Request(Request::GetChunks { .. }) => {
+                        Message::Reply(Reply::Chunks(vec![(id, b"planted content!".to_vec())]))
+                    }
+                    _ => return,
+                };
+                w.write_all(&reply.encode(f.request_id, false).unwrap())
+                    .unwrap();
+            }
+            let n = r.read(&mut buf).unwrap();
+            if n == 0 {
+                return;
+            }
+            dec.feed(&buf[..n]);
+        }
+    });
+    let mut c = Connection::open(b.try_clone().unwrap(), b).unwrap();
+    let dest = t.path().join("f");
+    let err = get(
+        &mut c,
+        "f",
+        &dest,
+        &MemStore::new(ferry_format::HashAlg::Blake3),
+    )
+    .unwrap_err();
+    assert!(matches!(err, GetError::BadData(_)), "{err}");
+    assert!(!dest.exists(), "nothing written");
+}
