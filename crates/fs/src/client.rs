@@ -3,6 +3,7 @@
 use std::fs::{self, File};
 use std::io::{self, BufReader, BufWriter, Write};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
@@ -146,9 +147,17 @@ fn index_local(
     alg: HashAlg,
 ) -> io::Result<std::collections::HashMap<Id, (u64, u32)>> {
     let mut map = std::collections::HashMap::new();
-    let f = match File::open(path) {
+    // Only a regular file at the destination is a source: a symlink there is not followed.
+    let f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+    {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(map),
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
+            return Ok(map)
+        }
         Err(e) => return Err(e),
     };
     if !f.metadata()?.is_file() {
@@ -176,8 +185,30 @@ pub fn get<R: io::Read, W: Write>(
     let attr = get_attr(conn, remote)?;
     match attr.kind {
         FileKind::File => get_file(conn, remote, &attr, local, src, stats),
+        FileKind::Symlink => get_symlink(conn, remote, local, stats),
         FileKind::Dir => {
-            fs::create_dir_all(local).map_err(GetError::local("create directory", local))?;
+            // Never write through a symlink at the destination, whoever made it (a hostile
+            // server can list a name twice: first as a symlink to /etc, then as a directory).
+            match fs::symlink_metadata(local) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(GetError::Local {
+                        op: "refusing to write through the symlink",
+                        path: local.to_path_buf(),
+                        source: io::Error::from(io::ErrorKind::AlreadyExists),
+                    })
+                }
+                Ok(m) if !m.is_dir() => {
+                    return Err(GetError::Local {
+                        op: "a file is in the way of directory",
+                        path: local.to_path_buf(),
+                        source: io::Error::from(io::ErrorKind::AlreadyExists),
+                    })
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    fs::create_dir(local).map_err(GetError::local("create directory", local))?
+                }
+            }
             let (_, entries) = list(conn, remote)?;
             for e in entries {
                 let mut child = remote.as_bytes().to_vec();
@@ -186,24 +217,83 @@ pub fn get<R: io::Read, W: Write>(
                 }
                 child.extend_from_slice(&e.name);
                 let child = WirePath::new(child)?;
-                let dest = local.join(std::ffi::OsStr::from_bytes(&e.name));
-                match e.attr.kind {
-                    FileKind::Symlink => {
-                        tracing::warn!(
-                            "skipping symlink {:?}: not supported by this version yet",
-                            child
-                        );
-                    }
-                    _ => get(conn, &child, &dest, src, stats)?,
-                }
+                let name = WirePath::new(e.name.clone())?; // one component: no `/`, no `..`
+                get(
+                    conn,
+                    &child,
+                    &local.join(std::ffi::OsStr::from_bytes(name.as_bytes())),
+                    src,
+                    stats,
+                )?;
             }
+            let dir = File::open(local).map_err(GetError::local("open", local))?;
+            dir.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
+                attr.mode & 0o7777,
+            ))
+            .map_err(GetError::local("chmod", local))?;
+            dir.set_modified(mtime(&attr))
+                .map_err(GetError::local("set mtime of", local))?;
             Ok(())
         }
-        _ => {
-            tracing::warn!("skipping symlink {remote:?}: not supported by this version yet");
-            Ok(())
-        }
+        _ => Err(
+            ConnError::Unexpected(format!("{remote:?} has a kind this client does not know"))
+                .into(),
+        ),
     }
+}
+
+fn mtime(attr: &Attr) -> std::time::SystemTime {
+    if attr.mtime_ns >= 0 {
+        std::time::UNIX_EPOCH + std::time::Duration::from_nanos(attr.mtime_ns as u64)
+    } else {
+        std::time::UNIX_EPOCH - std::time::Duration::from_nanos(attr.mtime_ns.unsigned_abs())
+    }
+}
+
+/// Recreates a symlink as it is on the server. Its target is stored, never followed.
+fn get_symlink<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    remote: &WirePath,
+    local: &Path,
+    stats: &mut GetStats,
+) -> Result<(), GetError> {
+    let target = match conn
+        .call(Request::ReadLink {
+            path: remote.clone(),
+        })?
+        .pop()
+    {
+        Some(Reply::Link(t)) => t,
+        other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+    };
+    let target = std::ffi::OsStr::from_bytes(&target);
+    match fs::symlink_metadata(local) {
+        Ok(m)
+            if m.file_type().is_symlink()
+                && fs::read_link(local).is_ok_and(|t| t == Path::new(target)) =>
+        {
+            return Ok(())
+        }
+        Ok(m) if m.is_dir() => {
+            return Err(GetError::Local {
+                op: "a directory is in the way of symlink",
+                path: local.to_path_buf(),
+                source: io::Error::from(io::ErrorKind::AlreadyExists),
+            })
+        }
+        _ => {}
+    }
+    // Create beside it and rename over, so the name is never missing.
+    let dir = local
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(".ferry-link-{}", std::process::id()));
+    let _ = fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp).map_err(GetError::local("create symlink", &tmp))?;
+    fs::rename(&tmp, local).map_err(GetError::local("rename into", local))?;
+    stats.files += 1;
+    Ok(())
 }
 
 /// Errors of a fetch: the connection, or the local side.

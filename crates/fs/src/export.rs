@@ -94,6 +94,23 @@ impl Export {
         Ok(attr_of(&rustix::fs::fstat(&fd)?))
     }
 
+    /// The target of symlink `p` (not followed).
+    pub fn read_link(&self, p: &WirePath) -> io::Result<Vec<u8>> {
+        let bytes = p.as_bytes();
+        let (parent, name) = match bytes.iter().rposition(|&b| b == b'/') {
+            Some(i) => (
+                WirePath::new(bytes[..i].to_vec()).map_err(io::Error::other)?,
+                &bytes[i + 1..],
+            ),
+            None if bytes.is_empty() => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
+            None => (WirePath::default(), bytes),
+        };
+        let dir = self.open_dir(&parent)?;
+        use std::os::unix::ffi::OsStrExt;
+        let target = rustix::fs::readlinkat(&dir, std::ffi::OsStr::from_bytes(name), Vec::new())?;
+        Ok(target.into_bytes())
+    }
+
     /// Entries of directory `p` with their attributes, sorted by name.
     pub fn read_dir(&self, p: &WirePath) -> io::Result<Vec<(Vec<u8>, Attr)>> {
         let dir = self.open_dir(p)?;

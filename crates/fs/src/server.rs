@@ -156,34 +156,22 @@ impl Server {
                 Ok((recipe, version)) => {
                     let total = recipe.len() as u64;
                     let start = from.min(total) as usize;
-                    let chunks = &recipe.chunks()[start..];
-                    let mut pages: Vec<Frame> = chunks
-                        .chunks(RECIPE_PAGE)
-                        .enumerate()
-                        .map(|(i, page)| {
-                            let p = RecipePage {
+                    let mut first = start as u64;
+                    paged(
+                        id,
+                        recipe.chunks()[start..].to_vec(),
+                        RECIPE_PAGE,
+                        |chunks| {
+                            let page = RecipePage {
                                 version,
                                 total_chunks: total,
-                                first: (start + i * RECIPE_PAGE) as u64,
-                                chunks: page.to_vec(),
+                                first,
+                                chunks,
                             };
-                            Message::Reply(Reply::Recipe(p)).to_frame(id)
-                        })
-                        .collect();
-                    if pages.is_empty() {
-                        let p = RecipePage {
-                            version,
-                            total_chunks: total,
-                            first: start as u64,
-                            chunks: vec![],
-                        };
-                        pages.push(Message::Reply(Reply::Recipe(p)).to_frame(id));
-                    }
-                    let n = pages.len();
-                    for f in &mut pages[..n - 1] {
-                        f.flags |= FLAG_MORE;
-                    }
-                    pages
+                            first += page.chunks.len() as u64;
+                            Reply::Recipe(page)
+                        },
+                    )
                 }
                 Err(e) => one(io_error(&path, &e)),
             },
@@ -207,6 +195,10 @@ impl Server {
                 frames.push(Message::Reply(Reply::Chunks(batch)).to_frame(id));
                 frames
             }
+            Request::ReadLink { path } => match self.export.read_link(&path) {
+                Ok(target) => one(Reply::Link(target)),
+                Err(e) => one(io_error(&path, &e)),
+            },
             other => one(error(
                 ErrorCode::Unsupported,
                 format!(
@@ -290,7 +282,7 @@ fn paged<T: Clone>(
     id: u32,
     items: Vec<T>,
     page: usize,
-    wrap: impl Fn(Vec<T>) -> Reply,
+    mut wrap: impl FnMut(Vec<T>) -> Reply,
 ) -> Vec<Frame> {
     let mut frames: Vec<Frame> = items
         .chunks(page)
@@ -321,5 +313,6 @@ fn request_name(r: &Request) -> &'static str {
         Request::Rmdir { .. } => "Rmdir",
         Request::Symlink { .. } => "Symlink",
         Request::SetAttr { .. } => "SetAttr",
+        Request::ReadLink { .. } => "ReadLink",
     }
 }

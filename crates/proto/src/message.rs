@@ -229,6 +229,10 @@ pub enum Request {
         mtime_ns: Option<i64>,
         size: Option<u64>,
     },
+    /// The target of a symlink.
+    ReadLink {
+        path: WirePath,
+    },
 }
 
 /// Replies, from the server.
@@ -247,6 +251,9 @@ pub enum Reply {
         code: ErrorCode,
         message: String,
     },
+    /// A symlink's target, as stored (bytes; may be absolute or contain `..`: the receiver must
+    /// never write through it).
+    Link(Vec<u8>),
 }
 
 /// Everything that travels in a frame.
@@ -274,6 +281,7 @@ mod code {
     pub const RMDIR: u8 = 0x1a;
     pub const SYMLINK: u8 = 0x1b;
     pub const SET_ATTR: u8 = 0x1c;
+    pub const READ_LINK: u8 = 0x1d;
     pub const R_ATTR: u8 = 0x40;
     pub const R_DIR_ENTRIES: u8 = 0x41;
     pub const R_RECIPE: u8 = 0x42;
@@ -281,6 +289,7 @@ mod code {
     pub const R_HAVE: u8 = 0x44;
     pub const R_OK: u8 = 0x45;
     pub const R_ERROR: u8 = 0x46;
+    pub const R_LINK: u8 = 0x47;
     pub const INVALIDATE: u8 = 0x60;
 }
 
@@ -465,6 +474,10 @@ impl Message {
                     put_opt(&mut w, *size, |w, v| w.u64(v));
                     code::SET_ATTR
                 }
+                Request::ReadLink { path } => {
+                    put_path(&mut w, path);
+                    code::READ_LINK
+                }
             },
             Message::Reply(r) => match r {
                 Reply::Attr(a) => {
@@ -512,6 +525,10 @@ impl Message {
                     w.u16(*c as u16);
                     w.bytes(message.as_bytes());
                     code::R_ERROR
+                }
+                Reply::Link(target) => {
+                    w.bytes(target);
+                    code::R_LINK
                 }
             },
         };
@@ -604,6 +621,10 @@ impl Message {
                 mtime_ns: get_opt(&mut r, |r| r.i64())?,
                 size: get_opt(&mut r, |r| r.u64())?,
             }),
+            code::READ_LINK => Message::Request(Request::ReadLink {
+                path: get_path(&mut r)?,
+            }),
+            code::R_LINK => Message::Reply(Reply::Link(r.bytes()?.to_vec())),
             code::R_ATTR => Message::Reply(Reply::Attr(get_attr(&mut r)?)),
             code::R_DIR_ENTRIES => {
                 // An entry is at least a name length byte and 34 bytes of attributes.
@@ -788,6 +809,8 @@ mod tests {
                 true, false, true, true, false, false, false, false, true,
             ])),
             Message::Reply(Reply::Ok),
+            Message::Request(Request::ReadLink { path: "l".into() }),
+            Message::Reply(Reply::Link(b"../target".to_vec())),
             Message::Reply(Reply::Error {
                 code: ErrorCode::Conflict,
                 message: "changed since version 3".into(),
@@ -914,7 +937,7 @@ mod tests {
 
         /// Mutating a valid message's body never panics the decoder.
         #[test]
-        fn mutated_messages_never_panic(which in 0usize..23, at in any::<prop::sample::Index>(), byte in any::<u8>()) {
+        fn mutated_messages_never_panic(which in 0usize..25, at in any::<prop::sample::Index>(), byte in any::<u8>()) {
             let m = &samples()[which % samples().len()];
             let mut f = m.to_frame(1);
             if !f.body.is_empty() {

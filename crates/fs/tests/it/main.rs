@@ -262,57 +262,67 @@ fn requests_before_hello_and_garbage_are_refused() {
     assert!(h.join().unwrap().is_err());
 }
 
-/// A server that lies: its chunk does not match the id in its recipe.
-#[test]
-fn a_lying_server_cannot_plant_data() {
-    let t = tempfile::tempdir().unwrap();
+/// A scripted server: answers each request with what `respond` returns.
+fn fake_server(
+    respond: impl Fn(Request) -> Reply + Send + 'static,
+) -> Connection<UnixStream, UnixStream> {
     let (a, b) = UnixStream::pair().unwrap();
     std::thread::spawn(move || {
         use std::io::{Read, Write};
         let (mut r, mut w) = (a.try_clone().unwrap(), a);
         let mut dec = FrameDecoder::new();
         let mut buf = [0u8; 65536];
-        let good = b"the real content".to_vec();
-        let id = ferry_format::Id::hash(ferry_format::HashAlg::Blake3, &good);
         loop {
             while let Some(f) = dec.next_frame().unwrap() {
                 let reply = match Message::decode(&f).unwrap() {
                     Message::Hello(h) => Message::Hello(h),
-                    Message::Request(Request::GetAttr { .. }) => {
-                        Message::Reply(Reply::Attr(ferry_proto::Attr {
-                            kind: ferry_proto::FileKind::File,
-                            mode: 0o644,
-                            size: 16,
-                            mtime_ns: 0,
-                            version: 1,
-                            oid: None,
-                            lease_ms: 0,
-                        }))
-                    }
-                    Message::Request(Request::GetRecipe { .. }) => {
-                        Message::Reply(Reply::Recipe(ferry_proto::RecipePage {
-                            version: 1,
-                            total_chunks: 1,
-                            first: 0,
-                            chunks: vec![ferry_format::ChunkRef { id, len: 16 }],
-                        }))
-                    }
-                    Message::Request(Request::GetChunks { .. }) => {
-                        Message::Reply(Reply::Chunks(vec![(id, b"planted content!".to_vec())]))
-                    }
+                    Message::Request(q) => Message::Reply(respond(q)),
                     _ => return,
                 };
-                w.write_all(&reply.encode(f.request_id, false).unwrap())
-                    .unwrap();
+                if w.write_all(&reply.encode(f.request_id, false).unwrap())
+                    .is_err()
+                {
+                    return;
+                }
             }
-            let n = r.read(&mut buf).unwrap();
-            if n == 0 {
-                return;
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => dec.feed(&buf[..n]),
             }
-            dec.feed(&buf[..n]);
         }
     });
-    let mut c = Connection::open(b.try_clone().unwrap(), b).unwrap();
+    Connection::open(b.try_clone().unwrap(), b).unwrap()
+}
+
+fn attr(kind: ferry_proto::FileKind, size: u64) -> ferry_proto::Attr {
+    ferry_proto::Attr {
+        kind,
+        mode: 0o755,
+        size,
+        mtime_ns: 0,
+        version: 1,
+        oid: None,
+        lease_ms: 0,
+    }
+}
+
+/// A server that lies: its chunk does not match the id in its recipe.
+#[test]
+fn a_lying_server_cannot_plant_data() {
+    let t = tempfile::tempdir().unwrap();
+    let good = b"the real content".to_vec();
+    let id = ferry_format::Id::hash(ferry_format::HashAlg::Blake3, &good);
+    let mut c = fake_server(move |q| match q {
+        Request::GetAttr { .. } => Reply::Attr(attr(ferry_proto::FileKind::File, 16)),
+        Request::GetRecipe { .. } => Reply::Recipe(ferry_proto::RecipePage {
+            version: 1,
+            total_chunks: 1,
+            first: 0,
+            chunks: vec![ferry_format::ChunkRef { id, len: 16 }],
+        }),
+        Request::GetChunks { .. } => Reply::Chunks(vec![(id, b"planted content!".to_vec())]),
+        _ => Reply::Ok,
+    });
     let dest = t.path().join("f");
     let err = get(
         &mut c,
@@ -323,4 +333,106 @@ fn a_lying_server_cannot_plant_data() {
     .unwrap_err();
     assert!(matches!(err, GetError::BadData(_)), "{err}");
     assert!(!dest.exists(), "nothing written");
+}
+
+/// CVE-2024-12087 class: a server lists a name as a symlink to a directory outside the
+/// destination, then again as a directory, hoping the client writes through the link.
+#[test]
+fn a_hostile_server_cannot_write_through_a_symlink() {
+    let t = tempfile::tempdir().unwrap();
+    let victim = t.path().join("victim");
+    fs::create_dir(&victim).unwrap();
+    let victim_s = victim.to_str().unwrap().as_bytes().to_vec();
+    let content = b"pwned".to_vec();
+    let id = ferry_format::Id::hash(ferry_format::HashAlg::Blake3, &content);
+    let asked = std::sync::atomic::AtomicUsize::new(0);
+    let mut c = fake_server(move |q| match q {
+        Request::GetAttr { path } => match path.as_bytes() {
+            b"" => Reply::Attr(attr(ferry_proto::FileKind::Dir, 0)),
+            // First a symlink, then a directory.
+            b"d" if asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 => {
+                Reply::Attr(attr(ferry_proto::FileKind::Symlink, 0))
+            }
+            b"d" => Reply::Attr(attr(ferry_proto::FileKind::Dir, 0)),
+            b"d/x" => Reply::Attr(attr(ferry_proto::FileKind::File, 5)),
+            _ => Reply::Attr(attr(ferry_proto::FileKind::Symlink, 0)),
+        },
+        Request::ReadDir { path } if path.as_bytes().is_empty() => Reply::DirEntries(vec![
+            ferry_proto::DirEntry {
+                name: b"d".to_vec(),
+                attr: attr(ferry_proto::FileKind::Symlink, 0),
+            },
+            ferry_proto::DirEntry {
+                name: b"d".to_vec(),
+                attr: attr(ferry_proto::FileKind::Dir, 0),
+            },
+        ]),
+        Request::ReadDir { .. } => Reply::DirEntries(vec![ferry_proto::DirEntry {
+            name: b"x".to_vec(),
+            attr: attr(ferry_proto::FileKind::File, 5),
+        }]),
+        Request::ReadLink { .. } => Reply::Link(victim_s.clone()),
+        Request::GetRecipe { .. } => Reply::Recipe(ferry_proto::RecipePage {
+            version: 1,
+            total_chunks: 1,
+            first: 0,
+            chunks: vec![ferry_format::ChunkRef { id, len: 5 }],
+        }),
+        Request::GetChunks { .. } => Reply::Chunks(vec![(id, content.clone())]),
+        _ => Reply::Ok,
+    });
+    let err = get(
+        &mut c,
+        "",
+        &t.path().join("dst"),
+        &MemStore::new(ferry_format::HashAlg::Blake3),
+    );
+    assert!(
+        fs::read_dir(&victim).unwrap().next().is_none(),
+        "wrote through the symlink: {err:?}"
+    );
+    let msg = err.unwrap_err().to_string();
+    assert!(
+        msg.contains("refusing to write through the symlink"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn symlinks_are_recreated_not_followed() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    tree(&srv);
+    std::os::unix::fs::symlink("src/a.bin", srv.join("rel")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", srv.join("abs")).unwrap();
+    let mut c = connect(&srv);
+    let dst = t.path().join("dst");
+    get(
+        &mut c,
+        "",
+        &dst,
+        &MemStore::new(ferry_format::HashAlg::Blake3),
+    )
+    .unwrap();
+    assert_eq!(
+        fs::read_link(dst.join("rel")).unwrap(),
+        Path::new("src/a.bin")
+    );
+    assert_eq!(
+        fs::read_link(dst.join("abs")).unwrap(),
+        Path::new("/etc/passwd")
+    );
+    same_tree(&srv.join("src"), &dst.join("src"));
+    // Again, over the existing tree: nothing changes, nothing breaks.
+    get(
+        &mut c,
+        "",
+        &dst,
+        &MemStore::new(ferry_format::HashAlg::Blake3),
+    )
+    .unwrap();
+    assert_eq!(
+        fs::read_link(dst.join("abs")).unwrap(),
+        Path::new("/etc/passwd")
+    );
 }

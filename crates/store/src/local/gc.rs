@@ -10,7 +10,7 @@ fn hex_prefix(k: &[u8; 16]) -> String {
 }
 use redb::{ReadableDatabase, ReadableTable};
 
-use super::index::{ckey, db_err, Loc, ObjectEntry, CHUNKS, DAMAGED, OBJECTS, PACKS, TOMBSTONES};
+use super::index::{ckey, db_err, Loc, ObjectEntry, CHUNKS, DAMAGED, PACKS, TOMBSTONES};
 use super::pack::{encode_record, object_payload, Kind, PACK_HEADER_LEN, RECORD_HEADER_LEN};
 use super::{pack_name, GcReport, LocalStore, PendingObject, VerifyReport};
 use crate::{ChunkStore, StoreError};
@@ -22,43 +22,18 @@ impl LocalStore {
         self.flush()?;
         let p = &self.index_path;
         let mut locs: Vec<(Loc, [u8; 16])> = Vec::new();
+        self.for_each_chunk(|k, l| locs.push((l, k)))?;
         let mut recipes = Vec::new();
-        {
-            let tx = self.db.begin_read().map_err(db_err(p))?;
-            for r in tx
-                .open_table(CHUNKS)
-                .map_err(db_err(p))?
-                .iter()
-                .map_err(db_err(p))?
-            {
-                let (k, v) = r.map_err(db_err(p))?;
-                locs.push((Loc::decode(v.value()), *k.value()));
-            }
-            for r in tx
-                .open_table(OBJECTS)
-                .map_err(db_err(p))?
-                .iter()
-                .map_err(db_err(p))?
-            {
-                let (k, v) = r.map_err(db_err(p))?;
-                let oid = Oid(Id::from_parts(self.alg, *k.value()));
-                let e = ObjectEntry::decode(v.value()).ok_or_else(|| StoreError::Index {
-                    path: p.clone(),
-                    msg: format!("object entry of {oid} is truncated"),
-                })?;
-                recipes.push((oid, e.recipe));
-            }
-        }
+        self.for_each_object(|oid, e| {
+            recipes.push((oid, e.recipe));
+            Ok(())
+        })?;
         locs.sort_unstable_by_key(|(l, _)| (l.pack, l.offset));
         let mut rep = VerifyReport::default();
         let mut healed = vec![];
         let was_damaged = self.state.lock().unwrap().damaged.clone();
         for (loc, key) in &locs {
-            let location = format!(
-                "{} offset {}",
-                self.packs_dir.join(pack_name(loc.pack)).display(),
-                loc.offset
-            );
+            let location = self.describe(*loc);
             match self.read_record(key, *loc) {
                 Ok(_) if was_damaged.contains(key) => healed.push(*key),
                 Ok(_) => {}
@@ -114,25 +89,15 @@ impl LocalStore {
         let mut live: HashSet<[u8; 16]> = HashSet::new();
         let mut objects_in: HashMap<u32, Vec<(Oid, ObjectEntry)>> = HashMap::new();
         let mut tombs_in: HashMap<u32, Vec<(Oid, u64)>> = HashMap::new();
+        self.for_each_object(|oid, e| {
+            for c in Recipe::decode(&e.recipe)?.chunks() {
+                live.insert(ckey(&c.id));
+            }
+            objects_in.entry(e.pack).or_default().push((oid, e));
+            Ok(())
+        })?;
         {
             let tx = self.db.begin_read().map_err(db_err(p))?;
-            for r in tx
-                .open_table(OBJECTS)
-                .map_err(db_err(p))?
-                .iter()
-                .map_err(db_err(p))?
-            {
-                let (k, v) = r.map_err(db_err(p))?;
-                let oid = Oid(Id::from_parts(self.alg, *k.value()));
-                let e = ObjectEntry::decode(v.value()).ok_or_else(|| StoreError::Index {
-                    path: p.clone(),
-                    msg: format!("object entry of {oid} is truncated"),
-                })?;
-                for c in Recipe::decode(&e.recipe)?.chunks() {
-                    live.insert(ckey(&c.id));
-                }
-                objects_in.entry(e.pack).or_default().push((oid, e));
-            }
             for r in tx
                 .open_table(TOMBSTONES)
                 .map_err(db_err(p))?
@@ -222,7 +187,7 @@ impl LocalStore {
                     }
                     Err((_, why)) => {
                         // Copying damage forward would hide it; stop with the pack intact.
-                        let why = format!("{} offset {}: {why}", path.display(), loc.offset);
+                        let why = format!("{}: {why}", self.describe(loc));
                         st.damaged.insert(key);
                         drop(st);
                         self.record_damage(&key, &why);

@@ -390,6 +390,55 @@ impl LocalStore {
             .map(|v| Loc::decode(v.value())))
     }
 
+    /// Where a record is, for messages: `PACK-PATH offset N`.
+    fn describe(&self, loc: Loc) -> String {
+        format!(
+            "{} offset {}",
+            self.packs_dir.join(pack_name(loc.pack)).display(),
+            loc.offset
+        )
+    }
+
+    /// Calls `f` with every indexed chunk (key and location), in key order.
+    fn for_each_chunk(&self, mut f: impl FnMut([u8; 16], Loc)) -> Result<(), StoreError> {
+        let p = &self.index_path;
+        let tx = self.db.begin_read().map_err(db_err(p))?;
+        for r in tx
+            .open_table(CHUNKS)
+            .map_err(db_err(p))?
+            .iter()
+            .map_err(db_err(p))?
+        {
+            let (k, v) = r.map_err(db_err(p))?;
+            f(*k.value(), Loc::decode(v.value()));
+        }
+        Ok(())
+    }
+
+    /// Calls `f` with every flushed object and its index entry.
+    fn for_each_object(
+        &self,
+        mut f: impl FnMut(Oid, ObjectEntry) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let p = &self.index_path;
+        let tx = self.db.begin_read().map_err(db_err(p))?;
+        for r in tx
+            .open_table(OBJECTS)
+            .map_err(db_err(p))?
+            .iter()
+            .map_err(db_err(p))?
+        {
+            let (k, v) = r.map_err(db_err(p))?;
+            let oid = Oid(Id::from_parts(self.alg, *k.value()));
+            let e = ObjectEntry::decode(v.value()).ok_or_else(|| StoreError::Index {
+                path: p.clone(),
+                msg: format!("object entry of {oid} is truncated"),
+            })?;
+            f(oid, e)?;
+        }
+        Ok(())
+    }
+
     /// Drops the cached read snapshot of the chunk table; call after every commit that changes it.
     fn forget_snapshot(&self) {
         *self.chunk_table.lock().unwrap() = None;
@@ -616,11 +665,7 @@ impl ChunkStore for LocalStore {
                 Ok(Some(data))
             }
             Err(why) => {
-                let location = format!(
-                    "{} offset {}",
-                    self.packs_dir.join(pack_name(loc.pack)).display(),
-                    loc.offset
-                );
+                let location = self.describe(loc);
                 self.mark_damaged(id, &format!("{location}: {why}"));
                 Err(StoreError::Corrupt {
                     id: *id,
@@ -740,19 +785,11 @@ impl ChunkStore for LocalStore {
     }
 
     fn objects(&self) -> Result<Vec<(Oid, u64)>, StoreError> {
-        let p = &self.index_path;
         let mut all = BTreeMap::new();
-        {
-            let tx = self.db.begin_read().map_err(db_err(p))?;
-            let t = tx.open_table(OBJECTS).map_err(db_err(p))?;
-            for r in t.iter().map_err(db_err(p))? {
-                let (k, v) = r.map_err(db_err(p))?;
-                let len = ObjectEntry::decode(v.value())
-                    .map(|e| e.total_len)
-                    .unwrap_or(0);
-                all.insert(Oid(Id::from_parts(self.alg, *k.value())), len);
-            }
-        }
+        self.for_each_object(|oid, e| {
+            all.insert(oid, e.total_len);
+            Ok(())
+        })?;
         let st = self.state.lock().unwrap();
         for po in &st.pending_objects {
             match po {
@@ -769,32 +806,18 @@ impl ChunkStore for LocalStore {
 
     fn stats(&self) -> Result<StoreStats, StoreError> {
         let p = &self.index_path;
-        let tx = self.db.begin_read().map_err(db_err(p))?;
         let mut s = StoreStats::default();
-        for r in tx
-            .open_table(CHUNKS)
-            .map_err(db_err(p))?
-            .iter()
-            .map_err(db_err(p))?
-        {
-            let (_, v) = r.map_err(db_err(p))?;
-            let l = Loc::decode(v.value());
+        self.for_each_chunk(|_, l| {
             s.chunks += 1;
             s.chunk_bytes += l.raw_len as u64;
             s.stored_bytes += l.stored_len as u64 + RECORD_HEADER_LEN as u64;
-        }
-        for r in tx
-            .open_table(OBJECTS)
-            .map_err(db_err(p))?
-            .iter()
-            .map_err(db_err(p))?
-        {
-            let (_, v) = r.map_err(db_err(p))?;
+        })?;
+        self.for_each_object(|_, e| {
             s.objects += 1;
-            s.object_bytes += ObjectEntry::decode(v.value())
-                .map(|e| e.total_len)
-                .unwrap_or(0);
-        }
+            s.object_bytes += e.total_len;
+            Ok(())
+        })?;
+        let tx = self.db.begin_read().map_err(db_err(p))?;
         s.packs = tx
             .open_table(PACKS)
             .map_err(db_err(p))?
