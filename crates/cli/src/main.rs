@@ -38,6 +38,9 @@ enum Command {
     Ls(cmd::remote::LsArgs),
     /// Fetch a remote file or tree (HOST:PATH), sending only the chunks not found locally.
     Get(cmd::remote::GetArgs),
+    /// Upload a file or tree to HOST:PATH, sending only the chunks the server lacks; each file
+    /// is committed atomically.
+    Put(cmd::remote::PutArgs),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +54,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => cmd::remote::serve(a),
         Command::Ls(a) => cmd::remote::ls(a),
         Command::Get(a) => cmd::remote::get(a),
+        Command::Put(a) => cmd::remote::put(a),
     };
     match result {
         Ok(code) => code,

@@ -262,4 +262,42 @@ fn get_over_a_remote_shell() {
     assert!(e.contains("remote side exited"), "{e}");
     let e = fails(&["get", "--cache", s(&cache), s(&srv), s(&dst)]);
     assert!(e.contains("not a remote"), "{e}");
+
+    // And back: edit locally, put, and only the edit travels up.
+    let mut mine = std::fs::read(dst.join("docs/report.bin")).unwrap();
+    mine.extend_from_slice(b"appended locally");
+    std::fs::write(dst.join("docs/report.bin"), &mine).unwrap();
+    let up = format!("somehost:{}", srv.join("docs").display());
+    let put: serde_json::Value = serde_json::from_str(
+        ok(&[
+            "put",
+            "-e",
+            s(&rsh),
+            "--remote-ferry",
+            ferry_bin,
+            "--json",
+            s(&dst.join("docs")),
+            &up,
+        ])
+        .trim(),
+    )
+    .unwrap();
+    assert_eq!(std::fs::read(srv.join("docs/report.bin")).unwrap(), mine);
+    assert!(put["chunks_sent"].as_u64().unwrap() <= 2, "{put}");
+    let put2: serde_json::Value = serde_json::from_str(
+        ok(&[
+            "put",
+            "-e",
+            s(&rsh),
+            "--remote-ferry",
+            ferry_bin,
+            "--json",
+            s(&dst.join("docs/report.bin")),
+            &format!("somehost:{}", srv.join("docs/report.bin").display()),
+        ])
+        .trim(),
+    )
+    .unwrap();
+    assert_eq!(std::fs::read(srv.join("docs/report.bin")).unwrap(), mine);
+    assert!(put2["bytes_sent"].as_u64().unwrap() < 60_000, "{put2}");
 }

@@ -478,3 +478,230 @@ fn get_file<R: io::Read, W: Write>(
     stats.files += 1;
     Ok(())
 }
+
+/// What an upload cost.
+#[derive(Clone, Debug, Default)]
+pub struct PutStats {
+    pub files: u64,
+    pub bytes: u64,
+    pub chunks: u64,
+    /// Chunks the server lacked, and their bytes: what had to travel.
+    pub chunks_sent: u64,
+    pub chunk_bytes_sent: u64,
+}
+
+/// Files smaller than this travel whole with their commit, in one round trip (LBFS §3.3).
+const SMALL_FILE: u64 = 8 * 1024;
+/// Chunk bytes per PutChunks request.
+const PUT_BATCH_BYTES: usize = 1 << 20;
+
+fn remote_attr<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    path: &WirePath,
+) -> Result<Option<Attr>, ConnError> {
+    match conn.call(Request::GetAttr { path: path.clone() }) {
+        Ok(mut r) => match r.pop() {
+            Some(Reply::Attr(a)) => Ok(Some(a)),
+            other => Err(ConnError::Unexpected(format!("{other:?}"))),
+        },
+        Err(ConnError::Remote {
+            code: ferry_proto::ErrorCode::NotFound,
+            ..
+        }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Uploads the file or tree at `local` to `remote`, sending only chunks the server lacks, and
+/// committing each file atomically against the version it had when the upload began.
+pub fn put<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    local: &Path,
+    remote: &WirePath,
+    chunker: &ChunkerSpec,
+    stats: &mut PutStats,
+) -> Result<(), GetError> {
+    let meta = fs::symlink_metadata(local).map_err(GetError::local("read", local))?;
+    let ft = meta.file_type();
+    if ft.is_dir() {
+        match remote_attr(conn, remote)? {
+            Some(a) if a.kind == FileKind::Dir => {}
+            Some(_) => {
+                return Err(ConnError::Unexpected(format!(
+                    "{remote:?} exists on the server and is not a directory"
+                ))
+                .into())
+            }
+            None => {
+                let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions());
+                conn.call(Request::Mkdir {
+                    path: remote.clone(),
+                    mode: mode & 0o7777,
+                })?;
+            }
+        }
+        let mut names: Vec<_> = fs::read_dir(local)
+            .map_err(GetError::local("read directory", local))?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<Result<_, _>>()
+            .map_err(GetError::local("read directory", local))?;
+        names.sort();
+        for name in names {
+            let mut child = remote.as_bytes().to_vec();
+            if !child.is_empty() {
+                child.push(b'/');
+            }
+            child.extend_from_slice(name.as_bytes());
+            put(
+                conn,
+                &local.join(&name),
+                &WirePath::new(child)?,
+                chunker,
+                stats,
+            )?;
+        }
+        Ok(())
+    } else if ft.is_symlink() {
+        let target = fs::read_link(local).map_err(GetError::local("read symlink", local))?;
+        let target = target.as_os_str().as_bytes().to_vec();
+        if let Some(a) = remote_attr(conn, remote)? {
+            if a.kind == FileKind::Symlink {
+                if let Some(Reply::Link(t)) = conn
+                    .call(Request::ReadLink {
+                        path: remote.clone(),
+                    })?
+                    .pop()
+                {
+                    if t == target {
+                        return Ok(());
+                    }
+                }
+            }
+            if a.kind == FileKind::Dir {
+                return Err(ConnError::Unexpected(format!(
+                    "a directory is in the way of symlink {remote:?}"
+                ))
+                .into());
+            }
+            conn.call(Request::Unlink {
+                path: remote.clone(),
+            })?;
+        }
+        conn.call(Request::Symlink {
+            path: remote.clone(),
+            target,
+        })?;
+        stats.files += 1;
+        Ok(())
+    } else if ft.is_file() {
+        put_file(conn, local, &meta, remote, chunker, stats)
+    } else {
+        tracing::warn!(
+            "skipping {}: not a regular file, directory or symlink",
+            local.display()
+        );
+        Ok(())
+    }
+}
+
+fn put_file<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    local: &Path,
+    meta: &fs::Metadata,
+    remote: &WirePath,
+    chunker: &ChunkerSpec,
+    stats: &mut PutStats,
+) -> Result<(), GetError> {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let current = remote_attr(conn, remote)?;
+    if current.as_ref().is_some_and(|a| a.kind == FileKind::Dir) {
+        return Err(
+            ConnError::Unexpected(format!("a directory is in the way of {remote:?}")).into(),
+        );
+    }
+    let file = File::open(local).map_err(GetError::local("open", local))?;
+    let small = meta.len() < SMALL_FILE;
+    let mut small_chunks = vec![];
+    let (recipe, _) = ferry_format::chunk_object(&file, chunker, HashAlg::Blake3, |c, data| {
+        if small {
+            small_chunks.push((c.id, data.to_vec()));
+        }
+        Ok::<_, io::Error>(())
+    })
+    .map_err(GetError::local("read", local))?;
+    let commit = Request::Commit {
+        path: remote.clone(),
+        if_version: current.as_ref().map(|a| a.version),
+        recipe: recipe.clone(),
+        mode: meta.mode() & 0o7777,
+        mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+    };
+    let mut puts = vec![];
+    if small {
+        // One round trip: the data and the commit together.
+        stats.chunks_sent += small_chunks.len() as u64;
+        stats.chunk_bytes_sent += small_chunks.iter().map(|c| c.1.len() as u64).sum::<u64>();
+        if !small_chunks.is_empty() {
+            puts.push(conn.send(Request::PutChunks {
+                chunks: small_chunks,
+            })?);
+        }
+    } else {
+        // CONDWRITE: which chunks does the server already have?
+        let mut unique: Vec<(Id, u64, u32)> = vec![];
+        let mut seen = std::collections::HashSet::new();
+        for (off, c) in recipe.with_offsets() {
+            if seen.insert(c.id) {
+                unique.push((c.id, off, c.len));
+            }
+        }
+        let ids: Vec<Id> = unique.iter().map(|u| u.0).collect();
+        let have = match conn.call(Request::Have { ids })?.pop() {
+            Some(Reply::Have(flags)) if flags.len() == unique.len() => flags,
+            other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+        };
+        let mut batch = vec![];
+        let mut bytes = 0usize;
+        for ((id, off, len), have) in unique.into_iter().zip(have) {
+            if have {
+                continue;
+            }
+            let mut buf = vec![0u8; len as usize];
+            file.read_exact_at(&mut buf, off)
+                .map_err(GetError::local("read", local))?;
+            if !id.matches(&buf) {
+                return Err(GetError::Local {
+                    op: "file changed while it was uploaded",
+                    path: local.to_path_buf(),
+                    source: io::Error::from(io::ErrorKind::InvalidData),
+                });
+            }
+            stats.chunks_sent += 1;
+            stats.chunk_bytes_sent += len as u64;
+            bytes += buf.len();
+            batch.push((id, buf));
+            if bytes >= PUT_BATCH_BYTES {
+                puts.push(conn.send(Request::PutChunks {
+                    chunks: std::mem::take(&mut batch),
+                })?);
+                bytes = 0;
+            }
+        }
+        if !batch.is_empty() {
+            puts.push(conn.send(Request::PutChunks { chunks: batch })?);
+        }
+    }
+    let commit_id = conn.send(commit)?;
+    conn.flush()?;
+    for id in puts {
+        conn.replies(id)?;
+    }
+    match conn.replies(commit_id)?.pop() {
+        Some(Reply::Attr(_)) => {}
+        other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+    }
+    stats.files += 1;
+    stats.bytes += recipe.total_len();
+    stats.chunks += recipe.len() as u64;
+    Ok(())
+}

@@ -39,6 +39,21 @@ fn wire_to_rel(p: &WirePath) -> PathBuf {
     }
 }
 
+/// A single path component as an `OsStr` (for the `*at` calls on a parent descriptor).
+pub(crate) fn os(name: &[u8]) -> &std::ffi::OsStr {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::OsStr::from_bytes(name)
+}
+
+/// Attributes of `name` in `dir`, not following a symlink; `None` if it does not exist.
+pub(crate) fn stat_at(dir: &OwnedFd, name: &[u8]) -> io::Result<Option<(Attr, FileId)>> {
+    match rustix::fs::statat(dir, os(name), rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(attr_of(&st))),
+        Err(rustix::io::Errno::NOENT) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 fn beneath() -> ResolveFlags {
     ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS
 }
@@ -109,6 +124,25 @@ impl Export {
         use std::os::unix::ffi::OsStrExt;
         let target = rustix::fs::readlinkat(&dir, std::ffi::OsStr::from_bytes(name), Vec::new())?;
         Ok(target.into_bytes())
+    }
+
+    /// The parent directory of `p` (opened beneath the root) and `p`'s last component.
+    pub fn parent(&self, p: &WirePath) -> io::Result<(OwnedFd, Vec<u8>)> {
+        let bytes = p.as_bytes();
+        let (parent, name) = match bytes.iter().rposition(|&b| b == b'/') {
+            Some(i) => (
+                WirePath::new(bytes[..i].to_vec()).map_err(io::Error::other)?,
+                &bytes[i + 1..],
+            ),
+            None if bytes.is_empty() => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "the export root has no parent",
+                ))
+            }
+            None => (WirePath::default(), bytes),
+        };
+        Ok((self.open_dir(&parent)?, name.to_vec()))
     }
 
     /// Entries of directory `p` with their attributes, sorted by name.

@@ -9,15 +9,15 @@
 //! - [`client`]: `ls` and `get` over a remote shell (`ssh host ferry serve --stdio DIR`), with
 //!   the persistent cache and the destination's existing files as chunk sources.
 //!
-//! Status (see the file-service issue): reading (attributes, listings, recipes, chunks) works
-//! end to end over stdio; writes, leases and the TLS daemon are the next steps.
+//! Status (see the file-service issue): `get` and `put` of files and trees work end to end over
+//! stdio with atomic commits; `sync --delete`, leases, the trash and the TLS daemon are next.
 
 pub mod client;
 pub mod conn;
 pub mod export;
 pub mod server;
 
-pub use client::{get, list, GetError, GetStats, RemoteSpec, Session, Sources};
+pub use client::{get, list, put, GetError, GetStats, PutStats, RemoteSpec, Session, Sources};
 pub use conn::{serve, ConnError, Connection, Traffic};
 pub use export::Export;
-pub use server::{Server, ServerOptions};
+pub use server::{Server, ServerOptions, Staging};

@@ -11,7 +11,9 @@ use ferry_proto::{
     WirePath, FEATURES, FLAG_MORE, VERSION,
 };
 
-use crate::export::{Export, FileId};
+use crate::export::{os, stat_at, Export, FileId};
+use ferry_store::{ChunkStore, VerifiedChunk};
+use std::os::fd::OwnedFd;
 
 /// Chunks per recipe page.
 const RECIPE_PAGE: usize = 4096;
@@ -30,6 +32,10 @@ pub struct ServerOptions {
     /// Attribute lease handed to clients.
     pub lease_ms: u32,
 }
+
+/// Where chunks a client sends (PutChunks) wait for the commit that uses them. A persistent
+/// store lets a cut upload resume: what arrived stays.
+pub type Staging = std::sync::Arc<dyn ChunkStore>;
 
 impl Default for ServerOptions {
     fn default() -> Self {
@@ -53,9 +59,11 @@ struct Hint {
 pub struct Server {
     export: Export,
     opts: ServerOptions,
+    staging: Staging,
     recipes: HashMap<FileId, (Recipe, Oid)>,
     hints: HashMap<Id, Hint>,
     greeted: bool,
+    tmp_counter: u64,
 }
 
 fn error(code: ErrorCode, message: impl Into<String>) -> Reply {
@@ -81,13 +89,15 @@ fn io_error(path: &WirePath, e: &io::Error) -> Reply {
 }
 
 impl Server {
-    pub fn new(export: Export, opts: ServerOptions) -> Self {
+    pub fn new(export: Export, opts: ServerOptions, staging: Staging) -> Self {
         Server {
             export,
             opts,
+            staging,
             recipes: HashMap::new(),
             hints: HashMap::new(),
             greeted: false,
+            tmp_counter: 0,
         }
     }
 
@@ -195,6 +205,75 @@ impl Server {
                 frames.push(Message::Reply(Reply::Chunks(batch)).to_frame(id));
                 frames
             }
+            Request::Have { ids } => {
+                let flags = ids
+                    .iter()
+                    .map(|i| self.staging.contains(i).unwrap_or(false) || self.chunk(i).is_some())
+                    .collect();
+                one(Reply::Have(flags))
+            }
+            Request::PutChunks { chunks } => {
+                for (cid, data) in &chunks {
+                    let Ok(v) = VerifiedChunk::check(*cid, data) else {
+                        return one(error(
+                            ErrorCode::BadRequest,
+                            format!("chunk {cid} does not match its id"),
+                        ));
+                    };
+                    if let Err(e) = self.staging.put(&v) {
+                        let code = if e.is_disk_full() {
+                            ErrorCode::NoSpace
+                        } else {
+                            ErrorCode::Io
+                        };
+                        return one(error(code, format!("storing chunk {cid}: {e}")));
+                    }
+                }
+                one(Reply::Ok)
+            }
+            Request::Commit {
+                path,
+                if_version,
+                recipe,
+                mode,
+                mtime_ns,
+            } => one(self
+                .commit(&path, if_version, &recipe, mode, mtime_ns)
+                .unwrap_or_else(|r| r)),
+            Request::Mkdir { path, mode } => one(self.at(&path, |dir, name| {
+                rustix::fs::mkdirat(
+                    dir,
+                    os(name),
+                    rustix::fs::Mode::from_raw_mode(mode & 0o7777),
+                )?;
+                Ok(())
+            })),
+            Request::Unlink { path } => one(self.at(&path, |dir, name| {
+                rustix::fs::unlinkat(dir, os(name), rustix::fs::AtFlags::empty())?;
+                Ok(())
+            })),
+            Request::Rmdir { path } => one(self.at(&path, |dir, name| {
+                rustix::fs::unlinkat(dir, os(name), rustix::fs::AtFlags::REMOVEDIR)?;
+                Ok(())
+            })),
+            Request::Symlink { path, target } => one(self.at(&path, |dir, name| {
+                rustix::fs::symlinkat(os(&target), dir, os(name))?;
+                Ok(())
+            })),
+            Request::Rename { from, to } => {
+                let r = (|| -> io::Result<()> {
+                    let (fd, fname) = self.export.parent(&from)?;
+                    let (td, tname) = self.export.parent(&to)?;
+                    rustix::fs::renameat(&fd, os(&fname), &td, os(&tname))?;
+                    rustix::fs::fsync(&td)?;
+                    rustix::fs::fsync(&fd)?;
+                    Ok(())
+                })();
+                one(match r {
+                    Ok(()) => Reply::Ok,
+                    Err(e) => io_error(&from, &e),
+                })
+            }
             Request::ReadLink { path } => match self.export.read_link(&path) {
                 Ok(target) => one(Reply::Link(target)),
                 Err(e) => one(io_error(&path, &e)),
@@ -207,6 +286,174 @@ impl Server {
                 ),
             )),
         }
+    }
+
+    /// Runs `op` on the parent directory of `path` and its last component, then fsyncs the
+    /// directory so the change is durable before the reply.
+    fn at(&self, path: &WirePath, op: impl FnOnce(&OwnedFd, &[u8]) -> io::Result<()>) -> Reply {
+        let r = (|| {
+            let (dir, name) = self.export.parent(path)?;
+            op(&dir, &name)?;
+            rustix::fs::fsync(&dir)?;
+            Ok::<_, io::Error>(())
+        })();
+        match r {
+            Ok(()) => Reply::Ok,
+            Err(e) => io_error(path, &e),
+        }
+    }
+
+    /// MKTMPFILE + COMMITTMP: assembles the file `recipe` describes in a temporary file in the
+    /// same directory, fsyncs it, and renames it over `path` if `path` is still at `if_version`
+    /// (or still absent), then fsyncs the directory. A reader sees the old file or the new one;
+    /// a crash at any point leaves one of them (and perhaps a `.ferry-*.tmp` file).
+    fn commit(
+        &mut self,
+        path: &WirePath,
+        if_version: Option<u64>,
+        recipe: &Recipe,
+        mode: u32,
+        mtime_ns: i64,
+    ) -> Result<Reply, Reply> {
+        let ioe = |e: io::Error| io_error(path, &e);
+        let (dir, name) = self.export.parent(path).map_err(ioe)?;
+        let check = |dir: &OwnedFd| -> Result<(), Reply> {
+            let cur = stat_at(dir, &name).map_err(ioe)?;
+            match (cur, if_version) {
+                (Some((a, _)), _) if a.kind == FileKind::Dir => {
+                    Err(error(ErrorCode::IsDir, format!("{path:?} is a directory")))
+                }
+                (Some((a, _)), Some(v)) if a.version == v => Ok(()),
+                (None, None) => Ok(()),
+                (Some(_), None) => Err(error(
+                    ErrorCode::Conflict,
+                    format!("{path:?} was created since"),
+                )),
+                (Some(_), Some(v)) => Err(error(
+                    ErrorCode::Conflict,
+                    format!("{path:?} changed since version {v}"),
+                )),
+                (None, Some(v)) => Err(error(
+                    ErrorCode::Conflict,
+                    format!("{path:?} was removed since version {v}"),
+                )),
+            }
+        };
+        check(&dir)?;
+        let missing = recipe
+            .chunks()
+            .iter()
+            .filter(|c| {
+                !self.staging.contains(&c.id).unwrap_or(false) && !self.hints.contains_key(&c.id)
+            })
+            .count();
+        if missing > 0 {
+            return Err(error(
+                ErrorCode::MissingChunks,
+                format!("{missing} chunks of {path:?} are neither sent nor found"),
+            ));
+        }
+        let tmp_name = format!(".ferry-{}-{}.tmp", std::process::id(), self.next_tmp());
+        let fd = rustix::fs::openat(
+            &dir,
+            os(tmp_name.as_bytes()),
+            rustix::fs::OFlags::CREATE
+                | rustix::fs::OFlags::EXCL
+                | rustix::fs::OFlags::WRONLY
+                | rustix::fs::OFlags::CLOEXEC
+                | rustix::fs::OFlags::NOFOLLOW,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| ioe(e.into()))?;
+        let file = std::fs::File::from(fd);
+        let written = self.write_recipe(&file, recipe).and_then(|oid| {
+            rustix::fs::fchmod(&file, rustix::fs::Mode::from_raw_mode(mode & 0o7777))?;
+            let t = rustix::fs::Timespec {
+                tv_sec: mtime_ns.div_euclid(1_000_000_000),
+                tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
+            };
+            rustix::fs::futimens(
+                &file,
+                &rustix::fs::Timestamps {
+                    last_access: t,
+                    last_modification: t,
+                },
+            )?;
+            file.sync_all()?;
+            Ok(oid)
+        });
+        let discard = || {
+            let _ =
+                rustix::fs::unlinkat(&dir, os(tmp_name.as_bytes()), rustix::fs::AtFlags::empty());
+        };
+        let oid = match written {
+            Ok(Some(oid)) => oid,
+            Ok(None) => {
+                discard();
+                return Err(error(
+                    ErrorCode::MissingChunks,
+                    format!("a chunk of {path:?} went missing during the commit"),
+                ));
+            }
+            Err(e) => {
+                discard();
+                return Err(ioe(e));
+            }
+        };
+        // Narrow the race with local writers: check again right before the rename.
+        if let Err(r) = check(&dir) {
+            discard();
+            return Err(r);
+        }
+        if let Err(e) = rustix::fs::renameat(&dir, os(tmp_name.as_bytes()), &dir, os(&name)) {
+            discard();
+            return Err(ioe(e.into()));
+        }
+        rustix::fs::fsync(&dir).map_err(|e| ioe(e.into()))?;
+        let st = rustix::fs::fstat(&file).map_err(|e| ioe(e.into()))?;
+        let (mut attr, fid) = crate::export::attr_of(&st);
+        let mut offset = 0u64;
+        for c in recipe.chunks() {
+            self.hints.insert(
+                c.id,
+                Hint {
+                    path: path.clone(),
+                    offset,
+                    len: c.len,
+                },
+            );
+            offset += c.len as u64;
+        }
+        self.recipes.insert(fid, (recipe.clone(), oid));
+        attr.oid = Some(oid.id());
+        attr.lease_ms = self.opts.lease_ms;
+        Ok(Reply::Attr(attr))
+    }
+
+    fn next_tmp(&mut self) -> u64 {
+        self.tmp_counter += 1;
+        self.tmp_counter
+    }
+
+    /// Writes the chunks of `recipe` to `file` from the staging store or verified hints.
+    /// `Ok(None)` if a chunk could not be found after all.
+    fn write_recipe(&mut self, file: &std::fs::File, recipe: &Recipe) -> io::Result<Option<Oid>> {
+        use std::io::Write;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+        let mut whole = ferry_format::IdHasher::new(recipe.alg());
+        for c in recipe.chunks() {
+            let data = match self.staging.get(&c.id) {
+                Ok(Some(d)) => Some(d),
+                _ => self.chunk(&c.id),
+            };
+            let Some(data) = data else {
+                return Ok(None);
+            };
+            whole.update(&data);
+            out.write_all(&data)?;
+        }
+        out.flush()?;
+        Ok(Some(Oid(whole.finish())))
     }
 
     /// The recipe of a file and its version, from the cache when the file has not changed.

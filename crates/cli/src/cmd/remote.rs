@@ -62,6 +62,19 @@ pub struct GetArgs {
     local: PathBuf,
 }
 
+#[derive(clap::Args)]
+pub struct PutArgs {
+    #[command(flatten)]
+    rsh: Rsh,
+    /// Print a JSON summary.
+    #[arg(long)]
+    json: bool,
+    /// A local file or directory.
+    local: PathBuf,
+    /// HOST:PATH to create or update.
+    remote: String,
+}
+
 pub fn serve(a: ServeArgs) -> Result<ExitCode> {
     if !a.stdio {
         bail!("only `ferry serve --stdio DIR` is available in this version (the TLS daemon is not built yet)");
@@ -71,7 +84,25 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
     if !std::fs::metadata(&a.dir)?.is_dir() {
         bail!("{} is not a directory", a.dir.display());
     }
-    let mut server = Server::new(export, ServerOptions::default());
+    // Chunks clients send wait here for their commit; a cut upload resumes from them. A second
+    // session at the same time gets a private store for its lifetime.
+    let dir = default_cache().join("server-staging");
+    let _private;
+    let staging: ferry_fs::Staging = match LocalStore::open_or_create(&dir, Options::default()) {
+        Ok(s) => std::sync::Arc::new(s),
+        Err(ferry_store::StoreError::Locked { .. }) => {
+            _private = tempfile::tempdir()?;
+            std::sync::Arc::new(LocalStore::create(
+                _private.path().join("staging"),
+                Options::default(),
+            )?)
+        }
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("cannot open the staging store {}", dir.display()))
+        }
+    };
+    let mut server = Server::new(export, ServerOptions::default(), staging);
     let stdin = io::stdin().lock();
     let stdout = BufWriter::with_capacity(256 * 1024, io::stdout().lock());
     ferry_fs::serve(&mut server, BufReader::new(stdin), stdout)?;
@@ -242,4 +273,48 @@ mod tests {
         assert!(RemoteSpec::parse("/x").is_none());
         assert_eq!(RemoteSpec::parse("h:").unwrap().path, ".");
     }
+}
+
+pub fn put(a: PutArgs) -> Result<ExitCode> {
+    let t = Instant::now();
+    if std::fs::symlink_metadata(&a.local).is_err() {
+        bail!("cannot read {}", a.local.display());
+    }
+    let (mut s, wire) = connect(&a.remote, &a.rsh)?;
+    let mut stats = ferry_fs::PutStats::default();
+    ferry_fs::put(
+        &mut s.conn,
+        &a.local,
+        &wire,
+        &ChunkerSpec::default(),
+        &mut stats,
+    )
+    .with_context(|| format!("cannot put {} to {}", a.local.display(), a.remote))?;
+    let traffic = s.conn.traffic.clone();
+    s.close()?;
+    let secs = t.elapsed().as_secs_f64();
+    let mut out = io::stdout().lock();
+    if a.json {
+        writeln!(
+            out,
+            "{}",
+            json!({"files": stats.files, "bytes": stats.bytes, "chunks": stats.chunks,
+                   "chunks_sent": stats.chunks_sent, "chunk_bytes_sent": stats.chunk_bytes_sent,
+                   "bytes_sent": traffic.bytes_sent, "bytes_received": traffic.bytes_received,
+                   "requests": traffic.requests, "round_trips": traffic.round_trips, "seconds": secs})
+        )?;
+    } else {
+        writeln!(
+            out,
+            "{} files, {}: {} of {} chunks sent; {} sent, {} received, {} round trips, {secs:.2} s",
+            stats.files,
+            human(stats.bytes),
+            stats.chunks_sent,
+            stats.chunks,
+            human(traffic.bytes_sent),
+            human(traffic.bytes_received),
+            traffic.round_trips
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -24,10 +24,14 @@ fn connect(root: &Path) -> Connection<UnixStream, UnixStream> {
     let (a, b) = UnixStream::pair().unwrap();
     let export = Export::open(root).unwrap();
     std::thread::spawn(move || {
-        let mut server = Server::new(export, ServerOptions::default());
+        let mut server = Server::new(export, ServerOptions::default(), staging());
         let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
     });
     Connection::open(b.try_clone().unwrap(), b).unwrap()
+}
+
+fn staging() -> ferry_fs::Staging {
+    std::sync::Arc::new(MemStore::new(ferry_format::HashAlg::Blake3))
 }
 
 fn tree(root: &Path) {
@@ -220,7 +224,7 @@ fn no_path_leaves_the_export() {
         body: w,
     };
     let export = Export::open(&srv).unwrap();
-    let mut server = Server::new(export, ServerOptions::default());
+    let mut server = Server::new(export, ServerOptions::default(), staging());
     server.handle(
         &Message::Hello(Hello {
             version: 1,
@@ -245,7 +249,11 @@ fn no_path_leaves_the_export() {
 #[test]
 fn requests_before_hello_and_garbage_are_refused() {
     let t = tempfile::tempdir().unwrap();
-    let mut server = Server::new(Export::open(t.path()).unwrap(), ServerOptions::default());
+    let mut server = Server::new(
+        Export::open(t.path()).unwrap(),
+        ServerOptions::default(),
+        staging(),
+    );
     let r = server.handle(&Message::Request(Request::GetAttr { path: "".into() }).to_frame(3));
     assert!(matches!(
         Message::decode(&r[0]).unwrap(),
@@ -435,4 +443,160 @@ fn symlinks_are_recreated_not_followed() {
         fs::read_link(dst.join("abs")).unwrap(),
         Path::new("/etc/passwd")
     );
+}
+
+fn put(
+    conn: &mut Connection<UnixStream, UnixStream>,
+    local: &Path,
+    path: &str,
+) -> Result<ferry_fs::PutStats, GetError> {
+    let mut stats = ferry_fs::PutStats::default();
+    ferry_fs::put(
+        conn,
+        local,
+        &WirePath::new(path.as_bytes().to_vec()).unwrap(),
+        &ChunkerSpec::default(),
+        &mut stats,
+    )?;
+    Ok(stats)
+}
+
+#[test]
+fn put_a_tree_then_only_what_changed() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, srv) = (t.path().join("src"), t.path().join("srv"));
+    tree(&src);
+    std::os::unix::fs::symlink("src/a.bin", src.join("link")).unwrap();
+    fs::create_dir(&srv).unwrap();
+    let mut c = connect(&srv);
+    let first = put(&mut c, &src, "up").unwrap();
+    assert_eq!(first.files, 6);
+    same_tree(&src, &srv.join("up"));
+    assert_eq!(
+        fs::read_link(srv.join("up/link")).unwrap(),
+        Path::new("src/a.bin")
+    );
+
+    // Edit 10 bytes of the big file and upload again: one or two chunks travel.
+    let mut big = fs::read(src.join("src/deep/big")).unwrap();
+    big[300_000..300_010].copy_from_slice(b"0123456789");
+    fs::write(src.join("src/deep/big"), &big).unwrap();
+    let before = c.traffic.clone();
+    let second = put(&mut c, &src, "up").unwrap();
+    same_tree(&src, &srv.join("up"));
+    assert!(second.chunks_sent <= 2 + 2, "{second:?}"); // the edit, plus the two small files resent whole
+    assert!(c.traffic.bytes_sent - before.bytes_sent < 64 * 1024);
+    // No temporary files left behind.
+    assert!(walkdir(&srv)
+        .iter()
+        .all(|p| !p.to_string_lossy().contains(".ferry-")));
+}
+
+#[test]
+fn a_small_file_is_one_round_trip_after_its_getattr() {
+    let t = tempfile::tempdir().unwrap();
+    fs::write(t.path().join("small"), b"tiny").unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir(&srv).unwrap();
+    let mut c = connect(&srv);
+    let before = c.traffic.round_trips;
+    put(&mut c, &t.path().join("small"), "small").unwrap();
+    // GetAttr, then PutChunks + Commit together.
+    assert_eq!(c.traffic.round_trips - before, 2);
+    assert_eq!(fs::read(srv.join("small")).unwrap(), b"tiny");
+}
+
+#[test]
+fn a_stale_update_is_refused_not_merged() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir(&srv).unwrap();
+    fs::write(srv.join("f"), b"version 1").unwrap();
+    let mut c = connect(&srv);
+    let v1 = match c.call(Request::GetAttr { path: "f".into() }).unwrap().pop() {
+        Some(Reply::Attr(a)) => a.version,
+        other => panic!("{other:?}"),
+    };
+    // Someone else changes the file on the server.
+    std::thread::sleep(std::time::Duration::from_millis(10));
+    fs::write(srv.join("f"), b"version 2 by a local program").unwrap();
+    let data = b"my edit".to_vec();
+    let id = ferry_format::Id::hash(ferry_format::HashAlg::Blake3, &data);
+    c.call(Request::PutChunks {
+        chunks: vec![(id, data)],
+    })
+    .unwrap();
+    let recipe = ferry_format::Recipe::from_chunks(
+        ferry_format::HashAlg::Blake3,
+        vec![ferry_format::ChunkRef { id, len: 7 }],
+    )
+    .unwrap();
+    let r = c.call(Request::Commit {
+        path: "f".into(),
+        if_version: Some(v1),
+        recipe: recipe.clone(),
+        mode: 0o644,
+        mtime_ns: 0,
+    });
+    assert!(
+        matches!(
+            r,
+            Err(ferry_fs::ConnError::Remote {
+                code: ErrorCode::Conflict,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(
+        fs::read(srv.join("f")).unwrap(),
+        b"version 2 by a local program"
+    );
+    // A commit naming chunks nobody sent is refused too.
+    let ghost = ferry_format::Recipe::from_chunks(
+        ferry_format::HashAlg::Blake3,
+        vec![ferry_format::ChunkRef {
+            id: ferry_format::Id::hash(ferry_format::HashAlg::Blake3, b"ghost"),
+            len: 5,
+        }],
+    )
+    .unwrap();
+    let r = c.call(Request::Commit {
+        path: "g".into(),
+        if_version: None,
+        recipe: ghost,
+        mode: 0o644,
+        mtime_ns: 0,
+    });
+    assert!(
+        matches!(
+            r,
+            Err(ferry_fs::ConnError::Remote {
+                code: ErrorCode::MissingChunks,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert!(!srv.join("g").exists());
+    // Writes cannot leave the export either.
+    std::os::unix::fs::symlink(t.path(), srv.join("out")).unwrap();
+    let r = c.call(Request::Commit {
+        path: "out/pwned".into(),
+        if_version: None,
+        recipe,
+        mode: 0o644,
+        mtime_ns: 0,
+    });
+    assert!(
+        matches!(
+            r,
+            Err(ferry_fs::ConnError::Remote {
+                code: ErrorCode::Escape,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert!(!t.path().join("pwned").exists());
 }
