@@ -248,33 +248,6 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn remote_paths_split_into_root_and_wire_path() {
-        let s = |p: &str| {
-            let (r, w) = split_remote(&RemoteSpec {
-                host: "h".into(),
-                path: p.into(),
-            })
-            .unwrap();
-            (r.path, String::from_utf8(w.as_bytes().to_vec()).unwrap())
-        };
-        assert_eq!(s("src"), (".".into(), "src".into()));
-        assert_eq!(s("src/"), (".".into(), "src".into()));
-        assert_eq!(s("/a/b/c.txt"), ("/a/b".into(), "c.txt".into()));
-        assert_eq!(s("/top"), ("/".into(), "top".into()));
-        assert_eq!(s("/"), ("/".into(), "".into()));
-        assert_eq!(s("."), (".".into(), "".into()));
-        assert_eq!(s("a/.."), ("a/..".into(), "".into()));
-        assert!(RemoteSpec::parse("./a:b").is_none());
-        assert!(RemoteSpec::parse("/x").is_none());
-        assert_eq!(RemoteSpec::parse("h:").unwrap().path, ".");
-    }
-}
-
 pub fn put(a: PutArgs) -> Result<ExitCode> {
     let t = Instant::now();
     if std::fs::symlink_metadata(&a.local).is_err() {
@@ -317,4 +290,31 @@ pub fn put(a: PutArgs) -> Result<ExitCode> {
         )?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_paths_split_into_root_and_wire_path() {
+        let s = |p: &str| {
+            let (r, w) = split_remote(&RemoteSpec {
+                host: "h".into(),
+                path: p.into(),
+            })
+            .unwrap();
+            (r.path, String::from_utf8(w.as_bytes().to_vec()).unwrap())
+        };
+        assert_eq!(s("src"), (".".into(), "src".into()));
+        assert_eq!(s("src/"), (".".into(), "src".into()));
+        assert_eq!(s("/a/b/c.txt"), ("/a/b".into(), "c.txt".into()));
+        assert_eq!(s("/top"), ("/".into(), "top".into()));
+        assert_eq!(s("/"), ("/".into(), "".into()));
+        assert_eq!(s("."), (".".into(), "".into()));
+        assert_eq!(s("a/.."), ("a/..".into(), "".into()));
+        assert!(RemoteSpec::parse("./a:b").is_none());
+        assert!(RemoteSpec::parse("/x").is_none());
+        assert_eq!(RemoteSpec::parse("h:").unwrap().path, ".");
+    }
 }
