@@ -173,6 +173,8 @@ fn index_local(
 /// Chunks asked for per GetChunks request, and requests kept in flight.
 const CHUNKS_PER_REQUEST: usize = 256;
 const REQUESTS_IN_FLIGHT: usize = 4;
+/// Fetched chunk bytes between cache flushes (each flush is an fsync).
+const RESUME_FLUSH_BYTES: usize = 16 << 20;
 
 /// Fetches the file or tree at `remote` into `local`.
 pub fn get<R: io::Read, W: Write>(
@@ -379,6 +381,7 @@ fn get_file<R: io::Read, W: Write>(
     let mut next = 0;
     let mut waiting = std::collections::VecDeque::new();
     let mut fetched = std::collections::HashSet::new();
+    let mut unflushed = 0usize;
     while next < batches.len() || !waiting.is_empty() {
         while next < batches.len() && waiting.len() < REQUESTS_IN_FLIGHT {
             waiting.push_back((
@@ -405,8 +408,14 @@ fn get_file<R: io::Read, W: Write>(
                 fetched.insert(cid);
                 stats.from_server += 1;
                 stats.bytes_from_server += data.len() as u64;
+                unflushed += data.len();
                 got += 1;
             }
+        }
+        // What arrived is kept: a cut connection, or a killed client, resumes from here.
+        if unflushed >= RESUME_FLUSH_BYTES {
+            src.cache.flush()?;
+            unflushed = 0;
         }
         if got < asked.len() {
             // The server no longer has some chunk of the recipe it sent (the file changed).
