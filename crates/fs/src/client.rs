@@ -124,7 +124,10 @@ fn get_attr<R: io::Read, W: Write>(
 /// What a fetch cost and where its chunks came from.
 #[derive(Clone, Debug, Default)]
 pub struct GetStats {
+    /// Files fetched.
     pub files: u64,
+    /// Files skipped because size, mtime and mode already matched.
+    pub unchanged: u64,
     pub bytes: u64,
     pub chunks: u64,
     pub from_cache: u64,
@@ -185,8 +188,20 @@ pub fn get<R: io::Read, W: Write>(
     stats: &mut GetStats,
 ) -> Result<(), GetError> {
     let attr = get_attr(conn, remote)?;
+    get_entry(conn, remote, &attr, local, src, stats)
+}
+
+/// Fetches `remote`, whose attributes the caller already has (from GetAttr or a listing).
+fn get_entry<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    remote: &WirePath,
+    attr: &Attr,
+    local: &Path,
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+) -> Result<(), GetError> {
     match attr.kind {
-        FileKind::File => get_file(conn, remote, &attr, local, src, stats),
+        FileKind::File => get_file(conn, remote, attr, local, src, stats),
         FileKind::Symlink => get_symlink(conn, remote, local, stats),
         FileKind::Dir => {
             // Never write through a symlink at the destination, whoever made it (a hostile
@@ -220,9 +235,10 @@ pub fn get<R: io::Read, W: Write>(
                 child.extend_from_slice(&e.name);
                 let child = WirePath::new(child)?;
                 let name = WirePath::new(e.name.clone())?; // one component: no `/`, no `..`
-                get(
+                get_entry(
                     conn,
                     &child,
+                    &e.attr,
                     &local.join(std::ffi::OsStr::from_bytes(name.as_bytes())),
                     src,
                     stats,
@@ -233,7 +249,7 @@ pub fn get<R: io::Read, W: Write>(
                 attr.mode & 0o7777,
             ))
             .map_err(GetError::local("chmod", local))?;
-            dir.set_modified(mtime(&attr))
+            dir.set_modified(mtime(attr))
                 .map_err(GetError::local("set mtime of", local))?;
             Ok(())
         }
@@ -359,6 +375,18 @@ fn get_file<R: io::Read, W: Write>(
     src: &Sources<'_>,
     stats: &mut GetStats,
 ) -> Result<(), GetError> {
+    // rsync's quick check: same size, modification time and mode means unchanged.
+    if let Ok(m) = fs::symlink_metadata(local) {
+        use std::os::unix::fs::MetadataExt;
+        if m.is_file()
+            && m.len() == attr.size
+            && m.mtime() * 1_000_000_000 + m.mtime_nsec() == attr.mtime_ns
+            && m.mode() & 0o7777 == attr.mode & 0o7777
+        {
+            stats.unchanged += 1;
+            return Ok(());
+        }
+    }
     let recipe = get_recipe(conn, remote)?;
     let alg = recipe.alg();
     // The file already at the destination is a chunk source (rsync's basis file, generalised).

@@ -225,7 +225,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
         writeln!(
             out,
             "{}",
-            json!({"files": stats.files, "bytes": stats.bytes, "chunks": stats.chunks,
+            json!({"files": stats.files, "unchanged": stats.unchanged, "bytes": stats.bytes, "chunks": stats.chunks,
                    "chunks_from_cache": stats.from_cache, "chunks_from_local": stats.from_local,
                    "chunks_from_server": stats.from_server, "chunk_bytes_from_server": stats.bytes_from_server,
                    "bytes_sent": traffic.bytes_sent, "bytes_received": traffic.bytes_received,
@@ -234,9 +234,10 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
     } else {
         writeln!(
             out,
-            "{} files, {}: {} chunks from the server, {} from the cache, {} from local files; {} received, {} sent, {} round trips, {secs:.2} s",
+            "{} files fetched ({}), {} unchanged: {} chunks from the server, {} from the cache, {} from local files; {} received, {} sent, {} round trips, {secs:.2} s",
             stats.files,
             human(stats.bytes),
+            stats.unchanged,
             stats.from_server,
             stats.from_cache,
             stats.from_local,
