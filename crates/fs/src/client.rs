@@ -1,5 +1,6 @@
 //! The command-line client: reach a server, list, fetch.
 
+use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::{self, BufReader, BufWriter, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -188,8 +189,12 @@ pub fn get<R: io::Read, W: Write>(
     stats: &mut GetStats,
 ) -> Result<(), GetError> {
     let attr = get_attr(conn, remote)?;
-    get_entry(conn, remote, &attr, local, src, stats)
+    get_entry(conn, remote, &attr, local, src, stats, &mut HashMap::new())
 }
+
+/// Directory listings requested ahead of need, by path: a tree's listings then cost about one
+/// round trip per level instead of one per directory.
+type Prefetched = HashMap<WirePath, u32>;
 
 /// Fetches `remote`, whose attributes the caller already has (from GetAttr or a listing).
 fn get_entry<R: io::Read, W: Write>(
@@ -199,6 +204,7 @@ fn get_entry<R: io::Read, W: Write>(
     local: &Path,
     src: &Sources<'_>,
     stats: &mut GetStats,
+    listings: &mut Prefetched,
 ) -> Result<(), GetError> {
     match attr.kind {
         FileKind::File => get_file(conn, remote, attr, local, src, stats),
@@ -226,7 +232,21 @@ fn get_entry<R: io::Read, W: Write>(
                     fs::create_dir(local).map_err(GetError::local("create directory", local))?
                 }
             }
-            let (_, entries) = list(conn, remote)?;
+            let id = match listings.remove(remote) {
+                Some(id) => id,
+                None => conn.send(Request::ReadDir {
+                    path: remote.clone(),
+                })?,
+            };
+            conn.flush()?;
+            let mut entries = vec![];
+            for r in conn.replies(id)? {
+                match r {
+                    Reply::DirEntries(es) => entries.extend(es),
+                    other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+                }
+            }
+            let mut children = Vec::with_capacity(entries.len());
             for e in entries {
                 let mut child = remote.as_bytes().to_vec();
                 if !child.is_empty() {
@@ -235,14 +255,19 @@ fn get_entry<R: io::Read, W: Write>(
                 child.extend_from_slice(&e.name);
                 let child = WirePath::new(child)?;
                 let name = WirePath::new(e.name.clone())?; // one component: no `/`, no `..`
-                get_entry(
-                    conn,
-                    &child,
-                    &e.attr,
-                    &local.join(std::ffi::OsStr::from_bytes(name.as_bytes())),
-                    src,
-                    stats,
-                )?;
+                if e.attr.kind == FileKind::Dir && !listings.contains_key(&child) {
+                    listings.insert(
+                        child.clone(),
+                        conn.send(Request::ReadDir {
+                            path: child.clone(),
+                        })?,
+                    );
+                }
+                children.push((child, name, e.attr));
+            }
+            for (child, name, attr) in children {
+                let dest = local.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
+                get_entry(conn, &child, &attr, &dest, src, stats, listings)?;
             }
             let dir = File::open(local).map_err(GetError::local("open", local))?;
             dir.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
