@@ -1,0 +1,37 @@
+#!/usr/bin/env python3
+"""A remote shell for measurements: drops the host argument, runs the command locally, relays
+stdin/stdout and appends 'up down' byte counts to $COUNT_FILE when done."""
+import os, subprocess, sys, threading
+args = sys.argv[2:]
+os.set_blocking(0, True)
+os.set_blocking(1, True)
+def write_all(fd, b):
+    while b:
+        n = os.write(fd, b)
+        b = b[n:]
+p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+up = [0]; down = [0]
+def pump_in():
+    fd = sys.stdin.buffer.raw if hasattr(sys.stdin.buffer, 'raw') else sys.stdin.buffer
+    while True:
+        b = os.read(0, 65536)
+        if not b:
+            break
+        up[0] += len(b)
+        try:
+            p.stdin.write(b); p.stdin.flush()
+        except BrokenPipeError:
+            break
+    try: p.stdin.close()
+    except Exception: pass
+t = threading.Thread(target=pump_in, daemon=True); t.start()
+while True:
+    b = os.read(p.stdout.fileno(), 65536)
+    if not b:
+        break
+    down[0] += len(b)
+    write_all(1, b)
+rc = p.wait()
+with open(os.environ.get("COUNT_FILE", "/tmp/counts"), "a") as f:
+    f.write(f"{up[0]} {down[0]}\n")
+sys.exit(rc)
