@@ -20,7 +20,8 @@ fuzz_target!(|data: &[u8]| {
     }
     for f in frames {
         if let Ok(m) = Message::decode(&f) {
-            let again = Message::decode(&m.to_frame(f.request_id)).expect("re-encoded message decodes");
+            let again =
+                Message::decode(&m.to_frame(f.request_id)).expect("re-encoded message decodes");
             assert_eq!(again, m);
         }
     }
