@@ -5,7 +5,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 
 use ferry_chunk::ChunkerSpec;
-use ferry_format::{chunk_object, ChunkRef, HashAlg, Id, Oid, Recipe};
+use ferry_format::{chunk_object, HashAlg, Id, Oid, Recipe};
 use ferry_proto::{
     Attr, DirEntry, ErrorCode, FileKind, Frame, Hello, Message, RecipePage, Reply, Request,
     WirePath, FEATURES, FLAG_MORE, VERSION,
@@ -412,19 +412,7 @@ impl Server {
         rustix::fs::fsync(&dir).map_err(|e| ioe(e.into()))?;
         let st = rustix::fs::fstat(&file).map_err(|e| ioe(e.into()))?;
         let (mut attr, fid) = crate::export::attr_of(&st);
-        let mut offset = 0u64;
-        for c in recipe.chunks() {
-            self.hints.insert(
-                c.id,
-                Hint {
-                    path: path.clone(),
-                    offset,
-                    len: c.len,
-                },
-            );
-            offset += c.len as u64;
-        }
-        self.recipes.insert(fid, (recipe.clone(), oid));
+        self.remember(path, fid, recipe.clone(), oid);
         attr.oid = Some(oid.id());
         attr.lease_ms = self.opts.lease_ms;
         Ok(Reply::Attr(attr))
@@ -456,6 +444,24 @@ impl Server {
         Ok(Some(Oid(whole.finish())))
     }
 
+    /// Records a file's recipe (keyed by its identity) and where each of its chunks lies.
+    fn remember(&mut self, path: &WirePath, fid: FileId, recipe: Recipe, oid: Oid) {
+        for (offset, c) in recipe.with_offsets() {
+            self.hints.insert(
+                c.id,
+                Hint {
+                    path: path.clone(),
+                    offset,
+                    len: c.len,
+                },
+            );
+        }
+        if self.recipes.len() >= RECIPE_CACHE_ENTRIES {
+            self.recipes.clear();
+        }
+        self.recipes.insert(fid, (recipe, oid));
+    }
+
     /// The recipe of a file and its version, from the cache when the file has not changed.
     fn recipe(&mut self, path: &WirePath) -> io::Result<(Recipe, u64)> {
         for _ in 0..3 {
@@ -468,37 +474,15 @@ impl Server {
             if let Some((r, _)) = self.recipes.get(&fid) {
                 return Ok((r.clone(), attr.version));
             }
-            let mut hints = vec![];
-            let (recipe, oid) = chunk_object(
-                &file,
-                &self.opts.chunker,
-                self.opts.hash,
-                |c: &ChunkRef, _| {
-                    hints.push(*c);
-                    Ok::<_, io::Error>(())
-                },
-            )?;
+            let (recipe, oid) = chunk_object(&file, &self.opts.chunker, self.opts.hash, |_, _| {
+                Ok::<_, io::Error>(())
+            })?;
             // A file that changed while it was read gives a recipe of neither version: again.
             let (_, after) = crate::export::attr_of(&rustix::fs::fstat(&file)?);
             if after != fid {
                 continue;
             }
-            let mut offset = 0u64;
-            for c in hints {
-                self.hints.insert(
-                    c.id,
-                    Hint {
-                        path: path.clone(),
-                        offset,
-                        len: c.len,
-                    },
-                );
-                offset += c.len as u64;
-            }
-            if self.recipes.len() >= RECIPE_CACHE_ENTRIES {
-                self.recipes.clear();
-            }
-            self.recipes.insert(fid, (recipe.clone(), oid));
+            self.remember(path, fid, recipe.clone(), oid);
             return Ok((recipe, attr.version));
         }
         Err(io::Error::other("the file keeps changing while it is read"))
