@@ -301,3 +301,96 @@ fn get_over_a_remote_shell() {
     assert_eq!(std::fs::read(srv.join("docs/report.bin")).unwrap(), mine);
     assert!(put2["bytes_sent"].as_u64().unwrap() < 60_000, "{put2}");
 }
+
+/// The server killed at any moment of a commit leaves the file whole: the old version or the
+/// new one, never a mix, and nothing half-written under the file's name.
+#[test]
+fn a_server_killed_during_commit_leaves_old_or_new() {
+    use ferry_format::{chunk_object, HashAlg};
+    use ferry_proto::{Hello, Message, Request};
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    std::fs::create_dir(&srv).unwrap();
+    let old = data(8 << 20, 1);
+    let new = data(8 << 20, 2);
+    let mut chunks = vec![];
+    let (recipe, _) = chunk_object(
+        &new[..],
+        &ferry_chunk::ChunkerSpec::default(),
+        HashAlg::Blake3,
+        |c, d| {
+            chunks.push((c.id, d.to_vec()));
+            Ok::<_, std::io::Error>(())
+        },
+    )
+    .unwrap();
+    let mut outcomes = [0usize; 2];
+    for delay_ms in [0u64, 5, 10, 20, 40, 60, 80, 120, 160, 240, 400] {
+        std::fs::write(srv.join("f"), &old).unwrap();
+        let staging = t.path().join(format!("cache-{delay_ms}"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["serve", "--stdio", s(&srv)])
+            .env("XDG_CACHE_HOME", &staging)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let mut bytes = Message::Hello(Hello {
+            version: 1,
+            features: 0,
+            agent: "test".into(),
+        })
+        .encode(0, false)
+        .unwrap();
+        for (i, batch) in chunks.chunks(64).enumerate() {
+            bytes.extend(
+                Message::Request(Request::PutChunks {
+                    chunks: batch.to_vec(),
+                })
+                .encode(i as u32 + 1, false)
+                .unwrap(),
+            );
+        }
+        // Any version: the test commits against whatever is there (it reads the stat first).
+        let version = {
+            let export = ferry_fs::Export::open(&srv).unwrap();
+            export.stat(&"f".into()).unwrap().0.version
+        };
+        bytes.extend(
+            Message::Request(Request::Commit {
+                path: "f".into(),
+                if_version: Some(version),
+                recipe: recipe.clone(),
+                mode: 0o644,
+                mtime_ns: 0,
+            })
+            .encode(1000, false)
+            .unwrap(),
+        );
+        let writer = std::thread::spawn(move || {
+            let _ = stdin.write_all(&bytes);
+            stdin
+        });
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        let _ = child.kill();
+        let _ = child.wait();
+        drop(writer.join());
+        let now = std::fs::read(srv.join("f")).unwrap();
+        assert!(
+            now == old || now == new,
+            "delay {delay_ms} ms: the file is neither version"
+        );
+        outcomes[(now == new) as usize] += 1;
+    }
+    // Over the range of delays both outcomes should occur; if the machine is very fast or very
+    // slow one may not, which is not a failure of atomicity.
+    eprintln!(
+        "old kept {} times, new committed {} times",
+        outcomes[0], outcomes[1]
+    );
+}
