@@ -39,6 +39,38 @@ fn wire_to_rel(p: &WirePath) -> PathBuf {
     }
 }
 
+/// The name of a commit's temporary file: `.ferry-<pid>-<n>.tmp`. Not user data: hidden from
+/// listings, and removed once the process that made it is gone.
+pub(crate) fn commit_temp_name(n: u64) -> String {
+    format!(".ferry-{}-{n}.tmp", std::process::id())
+}
+
+pub(crate) fn is_commit_temp(name: &[u8]) -> bool {
+    name.starts_with(b".ferry-") && name.ends_with(b".tmp")
+}
+
+/// Removes commit temporaries in `dir` left by server processes that no longer run (a crash
+/// mid-commit leaves one; the committed file itself is always whole).
+pub(crate) fn remove_stale_temps(dir: &OwnedFd) {
+    let Ok(entries) = rustix::fs::Dir::read_from(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_bytes();
+        if !is_commit_temp(name) {
+            continue;
+        }
+        let pid = name[b".ferry-".len()..]
+            .split(|&b| b == b'-')
+            .next()
+            .and_then(|p| std::str::from_utf8(p).ok());
+        let alive = pid.is_some_and(|p| Path::new("/proc").join(p).exists());
+        if !alive {
+            let _ = rustix::fs::unlinkat(dir, e.file_name(), rustix::fs::AtFlags::empty());
+        }
+    }
+}
+
 /// A single path component as an `OsStr` (for the `*at` calls on a parent descriptor).
 pub(crate) fn os(name: &[u8]) -> &std::ffi::OsStr {
     use std::os::unix::ffi::OsStrExt;
@@ -152,7 +184,7 @@ impl Export {
         for e in rustix::fs::Dir::read_from(&dir)? {
             let e = e?;
             let name = e.file_name().to_bytes();
-            if name == b"." || name == b".." {
+            if name == b"." || name == b".." || is_commit_temp(name) {
                 continue;
             }
             // A single component relative to a descriptor of the directory: it cannot escape.

@@ -353,7 +353,8 @@ impl Server {
                 format!("{missing} chunks of {path:?} are neither sent nor found"),
             ));
         }
-        let tmp_name = format!(".ferry-{}-{}.tmp", std::process::id(), self.next_tmp());
+        crate::export::remove_stale_temps(&dir);
+        let tmp_name = crate::export::commit_temp_name(self.next_tmp());
         let fd = rustix::fs::openat(
             &dir,
             os(tmp_name.as_bytes()),
