@@ -41,6 +41,8 @@ enum Command {
     /// Upload a file or tree to HOST:PATH, sending only the chunks the server lacks; each file
     /// is committed atomically.
     Put(cmd::remote::PutArgs),
+    /// Mirror a tree in either direction (SRC or DST is HOST:PATH); `--delete` for an exact copy.
+    Sync(cmd::remote::SyncArgs),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +57,7 @@ fn main() -> ExitCode {
         Command::Ls(a) => cmd::remote::ls(a),
         Command::Get(a) => cmd::remote::get(a),
         Command::Put(a) => cmd::remote::put(a),
+        Command::Sync(a) => cmd::remote::sync(a),
     };
     match result {
         Ok(code) => code,

@@ -263,6 +263,47 @@ fn get_over_a_remote_shell() {
     let e = fails(&["get", "--cache", s(&cache), s(&srv), s(&dst)]);
     assert!(e.contains("not a remote"), "{e}");
 
+    // sync in both directions, with --delete.
+    std::fs::write(dst.join("local-only"), b"x").unwrap();
+    let v: serde_json::Value = serde_json::from_str(
+        ok(&[
+            "sync",
+            "-e",
+            s(&rsh),
+            "--remote-ferry",
+            ferry_bin,
+            "--cache",
+            s(&cache),
+            "--delete",
+            "--json",
+            &remote,
+            s(&dst),
+        ])
+        .trim(),
+    )
+    .unwrap();
+    assert_eq!(v["deleted"], 1, "{v}");
+    assert!(!dst.join("local-only").exists());
+    std::fs::write(srv.join("server-only"), b"x").unwrap();
+    let v: serde_json::Value = serde_json::from_str(
+        ok(&[
+            "sync",
+            "-e",
+            s(&rsh),
+            "--remote-ferry",
+            ferry_bin,
+            "--delete",
+            "--json",
+            s(&dst),
+            &remote,
+        ])
+        .trim(),
+    )
+    .unwrap();
+    assert_eq!(v["deleted"], 1, "{v}");
+    assert!(!srv.join("server-only").exists());
+    assert!(fails(&["sync", s(&dst), s(&srv)]).contains("neither side is remote"));
+
     // And back: edit locally, put, and only the edit travels up.
     let mut mine = std::fs::read(dst.join("docs/report.bin")).unwrap();
     mine.extend_from_slice(b"appended locally");

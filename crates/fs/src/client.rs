@@ -129,6 +129,8 @@ pub struct GetStats {
     pub files: u64,
     /// Files skipped because size, mtime and mode already matched.
     pub unchanged: u64,
+    /// Entries removed from the destination (with `delete`).
+    pub deleted: u64,
     pub bytes: u64,
     pub chunks: u64,
     pub from_cache: u64,
@@ -142,6 +144,17 @@ pub struct Sources<'a> {
     /// The persistent client cache.
     pub cache: &'a dyn ChunkStore,
     pub chunker: ChunkerSpec,
+    /// Also remove what the destination has and the server does not (rsync's `--delete`).
+    pub delete: bool,
+}
+
+/// Removes a local file, symlink or whole directory (never following a symlink).
+fn remove_local(p: &Path) -> io::Result<()> {
+    if fs::symlink_metadata(p)?.is_dir() {
+        fs::remove_dir_all(p)
+    } else {
+        fs::remove_file(p)
+    }
 }
 
 /// Chunks a local file as a source: id → (offset, length). A hint; verified before use.
@@ -265,9 +278,23 @@ fn get_entry<R: io::Read, W: Write>(
                 }
                 children.push((child, name, e.attr));
             }
+            let keep: std::collections::HashSet<Vec<u8>> = children
+                .iter()
+                .map(|(_, name, _)| name.as_bytes().to_vec())
+                .collect();
             for (child, name, attr) in children {
                 let dest = local.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
                 get_entry(conn, &child, &attr, &dest, src, stats, listings)?;
+            }
+            if src.delete {
+                for e in fs::read_dir(local).map_err(GetError::local("read directory", local))? {
+                    let e = e.map_err(GetError::local("read directory", local))?;
+                    if !keep.contains(e.file_name().as_bytes()) {
+                        let p = e.path();
+                        remove_local(&p).map_err(GetError::local("delete", &p))?;
+                        stats.deleted += 1;
+                    }
+                }
             }
             let dir = File::open(local).map_err(GetError::local("open", local))?;
             dir.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
@@ -547,6 +574,8 @@ pub struct PutStats {
     pub files: u64,
     pub bytes: u64,
     pub chunks: u64,
+    /// Entries removed from the server (with `delete`).
+    pub deleted: u64,
     /// Chunks the server lacked, and their bytes: what had to travel.
     pub chunks_sent: u64,
     pub chunk_bytes_sent: u64,
@@ -575,12 +604,14 @@ fn remote_attr<R: io::Read, W: Write>(
 }
 
 /// Uploads the file or tree at `local` to `remote`, sending only chunks the server lacks, and
-/// committing each file atomically against the version it had when the upload began.
+/// committing each file atomically against the version it had when the upload began. With
+/// `delete`, entries of the server's directories that `local` lacks are removed.
 pub fn put<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     local: &Path,
     remote: &WirePath,
     chunker: &ChunkerSpec,
+    delete: bool,
     stats: &mut PutStats,
 ) -> Result<(), GetError> {
     let meta = fs::symlink_metadata(local).map_err(GetError::local("read", local))?;
@@ -608,7 +639,7 @@ pub fn put<R: io::Read, W: Write>(
             .collect::<Result<_, _>>()
             .map_err(GetError::local("read directory", local))?;
         names.sort();
-        for name in names {
+        for name in &names {
             let mut child = remote.as_bytes().to_vec();
             if !child.is_empty() {
                 child.push(b'/');
@@ -616,11 +647,28 @@ pub fn put<R: io::Read, W: Write>(
             child.extend_from_slice(name.as_bytes());
             put(
                 conn,
-                &local.join(&name),
+                &local.join(name),
                 &WirePath::new(child)?,
                 chunker,
+                delete,
                 stats,
             )?;
+        }
+        if delete {
+            let keep: std::collections::HashSet<&[u8]> =
+                names.iter().map(|n| n.as_bytes()).collect();
+            let mut extra = vec![];
+            for r in conn.call(Request::ReadDir {
+                path: remote.clone(),
+            })? {
+                if let Reply::DirEntries(es) = r {
+                    extra.extend(es.into_iter().filter(|e| !keep.contains(e.name.as_slice())));
+                }
+            }
+            for e in extra {
+                remove_remote(conn, &join(remote, &e.name)?, e.attr.kind)?;
+                stats.deleted += 1;
+            }
         }
         Ok(())
     } else if ft.is_symlink() {
@@ -765,5 +813,37 @@ fn put_file<R: io::Read, W: Write>(
     stats.files += 1;
     stats.bytes += recipe.total_len();
     stats.chunks += recipe.len() as u64;
+    Ok(())
+}
+
+fn join(dir: &WirePath, name: &[u8]) -> Result<WirePath, ferry_proto::ProtoError> {
+    let mut p = dir.as_bytes().to_vec();
+    if !p.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    WirePath::new(p)
+}
+
+/// Removes a server entry, a directory with everything below it.
+fn remove_remote<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    path: &WirePath,
+    kind: FileKind,
+) -> Result<(), GetError> {
+    if kind == FileKind::Dir {
+        let mut entries = vec![];
+        for r in conn.call(Request::ReadDir { path: path.clone() })? {
+            if let Reply::DirEntries(es) = r {
+                entries.extend(es);
+            }
+        }
+        for e in entries {
+            remove_remote(conn, &join(path, &e.name)?, e.attr.kind)?;
+        }
+        conn.call(Request::Rmdir { path: path.clone() })?;
+    } else {
+        conn.call(Request::Unlink { path: path.clone() })?;
+    }
     Ok(())
 }

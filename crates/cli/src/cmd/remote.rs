@@ -56,6 +56,10 @@ pub struct GetArgs {
     /// Print a JSON summary.
     #[arg(long)]
     json: bool,
+    /// Remove local files and directories that the server does not have (never following a
+    /// symlink).
+    #[arg(long)]
+    delete: bool,
     /// HOST:PATH, a file or a directory.
     remote: String,
     /// Where to put it.
@@ -69,10 +73,58 @@ pub struct PutArgs {
     /// Print a JSON summary.
     #[arg(long)]
     json: bool,
+    /// Remove files and directories on the server that the local tree does not have.
+    #[arg(long)]
+    delete: bool,
     /// A local file or directory.
     local: PathBuf,
     /// HOST:PATH to create or update.
     remote: String,
+}
+
+#[derive(clap::Args)]
+pub struct SyncArgs {
+    #[command(flatten)]
+    rsh: Rsh,
+    /// The persistent chunk cache, when fetching [default: as for `get`].
+    #[arg(long)]
+    cache: Option<PathBuf>,
+    /// Print a JSON summary.
+    #[arg(long)]
+    json: bool,
+    /// Make DST an exact mirror: remove what SRC does not have.
+    #[arg(long)]
+    delete: bool,
+    /// Source: HOST:PATH or a local path.
+    src: String,
+    /// Destination: a local path or HOST:PATH (exactly one side is remote).
+    dst: String,
+}
+
+/// `sync` is `get` or `put`, by which side is remote.
+pub fn sync(a: SyncArgs) -> Result<ExitCode> {
+    match (
+        RemoteSpec::parse(&a.src).is_some(),
+        RemoteSpec::parse(&a.dst).is_some(),
+    ) {
+        (true, false) => get(GetArgs {
+            rsh: a.rsh,
+            cache: a.cache,
+            json: a.json,
+            delete: a.delete,
+            remote: a.src,
+            local: a.dst.into(),
+        }),
+        (false, true) => put(PutArgs {
+            rsh: a.rsh,
+            json: a.json,
+            delete: a.delete,
+            local: a.src.into(),
+            remote: a.dst,
+        }),
+        (true, true) => bail!("both sides are remote; one must be a local path"),
+        (false, false) => bail!("neither side is remote (write HOST:PATH for one of them)"),
+    }
 }
 
 pub fn serve(a: ServeArgs) -> Result<ExitCode> {
@@ -213,6 +265,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
     let src = Sources {
         cache: &cache,
         chunker: ChunkerSpec::default(),
+        delete: a.delete,
     };
     let mut stats = ferry_fs::GetStats::default();
     ferry_fs::get(&mut s.conn, &wire, &a.local, &src, &mut stats)
@@ -225,7 +278,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
         writeln!(
             out,
             "{}",
-            json!({"files": stats.files, "unchanged": stats.unchanged, "bytes": stats.bytes, "chunks": stats.chunks,
+            json!({"files": stats.files, "unchanged": stats.unchanged, "deleted": stats.deleted, "bytes": stats.bytes, "chunks": stats.chunks,
                    "chunks_from_cache": stats.from_cache, "chunks_from_local": stats.from_local,
                    "chunks_from_server": stats.from_server, "chunk_bytes_from_server": stats.bytes_from_server,
                    "bytes_sent": traffic.bytes_sent, "bytes_received": traffic.bytes_received,
@@ -261,6 +314,7 @@ pub fn put(a: PutArgs) -> Result<ExitCode> {
         &a.local,
         &wire,
         &ChunkerSpec::default(),
+        a.delete,
         &mut stats,
     )
     .with_context(|| format!("cannot put {} to {}", a.local.display(), a.remote))?;
@@ -272,7 +326,7 @@ pub fn put(a: PutArgs) -> Result<ExitCode> {
         writeln!(
             out,
             "{}",
-            json!({"files": stats.files, "bytes": stats.bytes, "chunks": stats.chunks,
+            json!({"files": stats.files, "deleted": stats.deleted, "bytes": stats.bytes, "chunks": stats.chunks,
                    "chunks_sent": stats.chunks_sent, "chunk_bytes_sent": stats.chunk_bytes_sent,
                    "bytes_sent": traffic.bytes_sent, "bytes_received": traffic.bytes_received,
                    "requests": traffic.requests, "round_trips": traffic.round_trips, "seconds": secs})

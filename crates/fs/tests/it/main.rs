@@ -100,6 +100,7 @@ fn get(
     let src = Sources {
         cache,
         chunker: ChunkerSpec::default(),
+        delete: false,
     };
     ferry_fs::get(
         conn,
@@ -456,6 +457,7 @@ fn put(
         local,
         &WirePath::new(path.as_bytes().to_vec()).unwrap(),
         &ChunkerSpec::default(),
+        false,
         &mut stats,
     )?;
     Ok(stats)
@@ -656,4 +658,59 @@ fn a_cut_connection_resumes_inside_a_large_file() {
         "refetched {} bytes",
         s.bytes_from_server
     );
+}
+
+#[test]
+fn delete_mirrors_both_ways_without_following_symlinks() {
+    let t = tempfile::tempdir().unwrap();
+    let (srv, dst, outside) = (
+        t.path().join("srv"),
+        t.path().join("dst"),
+        t.path().join("outside"),
+    );
+    tree(&srv);
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("precious"), b"keep me").unwrap();
+    let mut c = connect(&srv);
+    let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+    get(&mut c, "", &dst, &cache).unwrap();
+    // Extra things at the destination: a file, a directory tree, a symlink to a directory outside.
+    fs::write(dst.join("extra"), b"x").unwrap();
+    fs::create_dir_all(dst.join("src/old/deeper")).unwrap();
+    fs::write(dst.join("src/old/deeper/f"), b"y").unwrap();
+    std::os::unix::fs::symlink(&outside, dst.join("src/link-out")).unwrap();
+    let mut stats = GetStats::default();
+    let src = Sources {
+        cache: &cache,
+        chunker: ChunkerSpec::default(),
+        delete: true,
+    };
+    ferry_fs::get(&mut c, &WirePath::default(), &dst, &src, &mut stats).unwrap();
+    assert_eq!(stats.deleted, 3, "{stats:?}");
+    assert!(!dst.join("extra").exists() && !dst.join("src/old").exists());
+    assert!(fs::symlink_metadata(dst.join("src/link-out")).is_err());
+    assert_eq!(
+        fs::read(outside.join("precious")).unwrap(),
+        b"keep me",
+        "deleting a symlink never follows it"
+    );
+    same_tree(&srv, &dst);
+
+    // The other way: the server has extras; put --delete removes them, directories included.
+    fs::create_dir_all(srv.join("src/stale/sub")).unwrap();
+    fs::write(srv.join("src/stale/sub/f"), b"z").unwrap();
+    fs::write(srv.join("stale-file"), b"z").unwrap();
+    let mut ps = ferry_fs::PutStats::default();
+    ferry_fs::put(
+        &mut c,
+        &dst,
+        &WirePath::default(),
+        &ChunkerSpec::default(),
+        true,
+        &mut ps,
+    )
+    .unwrap();
+    assert_eq!(ps.deleted, 2, "{ps:?}");
+    assert!(!srv.join("src/stale").exists() && !srv.join("stale-file").exists());
+    same_tree(&dst, &srv);
 }
