@@ -475,3 +475,55 @@ fn a_server_killed_during_commit_leaves_old_or_new() {
     ]);
     assert_eq!(temps(&srv), 0);
 }
+
+/// `--retry` reconnects when the link fails, and only then.
+#[test]
+fn retry_reconnects_after_a_failed_link() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    std::fs::create_dir(&srv).unwrap();
+    std::fs::write(srv.join("f"), data(100_000, 9)).unwrap();
+    let mark = t.path().join("failed-once");
+    let rsh = t.path().join("flaky-ssh");
+    std::fs::write(
+        &rsh,
+        format!(
+            "#!/bin/sh\nif [ ! -e '{}' ]; then touch '{}'; exit 255; fi\nshift\nexec \"$@\"\n",
+            mark.display(),
+            mark.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let ferry = env!("CARGO_BIN_EXE_ferry");
+    let remote = format!("h:{}", srv.join("f").display());
+    let cache = t.path().join("cache");
+    let out = t.path().join("out");
+    let e = fails(&[
+        "get",
+        "-e",
+        s(&rsh),
+        "--remote-ferry",
+        ferry,
+        "--cache",
+        s(&cache),
+        &remote,
+        s(&out),
+    ]);
+    assert!(e.contains("before the session began"), "{e}");
+    std::fs::remove_file(&mark).unwrap();
+    ok(&[
+        "get",
+        "--retry",
+        "2",
+        "-e",
+        s(&rsh),
+        "--remote-ferry",
+        ferry,
+        "--cache",
+        s(&cache),
+        &remote,
+        s(&out),
+    ]);
+    assert_eq!(std::fs::read(&out).unwrap(), data(100_000, 9));
+}

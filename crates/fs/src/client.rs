@@ -72,8 +72,11 @@ impl Session {
             Err(e) => {
                 let status = child.wait().ok();
                 Err(match (e, status) {
-                    (ConnError::Closed, Some(st)) => ConnError::Unexpected(format!(
-                        "the remote side exited ({st}) before the session began; is ferry installed there (--remote-ferry)?"
+                    // Reported as the link failing (so `--retry` tries again): ssh exits like this
+                    // when the host is unreachable, as does a missing remote ferry.
+                    (ConnError::Closed, Some(st)) => ConnError::Io(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        format!("the remote side exited ({st}) before the session began; is the host reachable and ferry installed there (--remote-ferry)?"),
                     )),
                     (e, _) => e,
                 })

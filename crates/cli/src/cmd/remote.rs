@@ -33,6 +33,41 @@ pub struct Rsh {
     /// The ferry program on the remote side.
     #[arg(long, default_value = "ferry")]
     remote_ferry: String,
+    /// Reconnect and resume up to N times when the connection fails (backoff 1 s, 2 s, 4 s, …
+    /// up to 30 s). What arrived before a failure is kept either way.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    retry: u32,
+}
+
+/// Whether `e` is the link failing (worth reconnecting), not a refusal or a local problem.
+fn is_connection_error(e: &anyhow::Error) -> bool {
+    let lost = |c: &ferry_fs::ConnError| {
+        matches!(c, ferry_fs::ConnError::Closed | ferry_fs::ConnError::Io(_))
+    };
+    e.chain().any(|c| {
+        c.downcast_ref::<ferry_fs::ConnError>().is_some_and(lost)
+            || matches!(c.downcast_ref::<ferry_fs::GetError>(), Some(ferry_fs::GetError::Conn(ce)) if lost(ce))
+    })
+}
+
+/// Runs `attempt` again while it fails for connection reasons, up to `retries` more times.
+fn with_retries<T>(retries: u32, mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut delay = std::time::Duration::from_secs(1);
+    let mut left = retries;
+    loop {
+        match attempt() {
+            Err(e) if left > 0 && is_connection_error(&e) => {
+                eprintln!(
+                    "ferry: {e:#}; reconnecting in {} s ({left} tries left)",
+                    delay.as_secs()
+                );
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(std::time::Duration::from_secs(30));
+                left -= 1;
+            }
+            r => return r,
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -261,17 +296,20 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
     let cache_dir = a.cache.clone().unwrap_or_else(default_cache);
     let cache = LocalStore::open_or_create(&cache_dir, Options::default())
         .with_context(|| format!("cannot open the cache {}", cache_dir.display()))?;
-    let (mut s, wire) = connect(&a.remote, &a.rsh)?;
     let src = Sources {
         cache: &cache,
         chunker: ChunkerSpec::default(),
         delete: a.delete,
     };
-    let mut stats = ferry_fs::GetStats::default();
-    ferry_fs::get(&mut s.conn, &wire, &a.local, &src, &mut stats)
-        .with_context(|| format!("cannot get {} into {}", a.remote, a.local.display()))?;
-    let traffic = s.conn.traffic.clone();
-    s.close()?;
+    let (stats, traffic) = with_retries(a.rsh.retry, || {
+        let (mut s, wire) = connect(&a.remote, &a.rsh)?;
+        let mut stats = ferry_fs::GetStats::default();
+        ferry_fs::get(&mut s.conn, &wire, &a.local, &src, &mut stats)
+            .with_context(|| format!("cannot get {} into {}", a.remote, a.local.display()))?;
+        let traffic = s.conn.traffic.clone();
+        s.close()?;
+        Ok((stats, traffic))
+    })?;
     let secs = t.elapsed().as_secs_f64();
     let mut out = io::stdout().lock();
     if a.json {
@@ -307,19 +345,22 @@ pub fn put(a: PutArgs) -> Result<ExitCode> {
     if std::fs::symlink_metadata(&a.local).is_err() {
         bail!("cannot read {}", a.local.display());
     }
-    let (mut s, wire) = connect(&a.remote, &a.rsh)?;
-    let mut stats = ferry_fs::PutStats::default();
-    ferry_fs::put(
-        &mut s.conn,
-        &a.local,
-        &wire,
-        &ChunkerSpec::default(),
-        a.delete,
-        &mut stats,
-    )
-    .with_context(|| format!("cannot put {} to {}", a.local.display(), a.remote))?;
-    let traffic = s.conn.traffic.clone();
-    s.close()?;
+    let (stats, traffic) = with_retries(a.rsh.retry, || {
+        let (mut s, wire) = connect(&a.remote, &a.rsh)?;
+        let mut stats = ferry_fs::PutStats::default();
+        ferry_fs::put(
+            &mut s.conn,
+            &a.local,
+            &wire,
+            &ChunkerSpec::default(),
+            a.delete,
+            &mut stats,
+        )
+        .with_context(|| format!("cannot put {} to {}", a.local.display(), a.remote))?;
+        let traffic = s.conn.traffic.clone();
+        s.close()?;
+        Ok((stats, traffic))
+    })?;
     let secs = t.elapsed().as_secs_f64();
     let mut out = io::stdout().lock();
     if a.json {
