@@ -303,6 +303,24 @@ fn get_over_a_remote_shell() {
     assert_eq!(v["deleted"], 1, "{v}");
     assert!(!srv.join("server-only").exists());
     assert!(fails(&["sync", s(&dst), s(&srv)]).contains("neither side is remote"));
+    // --dry-run says what it would do and does nothing.
+    std::fs::write(dst.join("new-here"), b"x").unwrap();
+    let plan = ok(&[
+        "sync",
+        "-n",
+        "--delete",
+        "-e",
+        s(&rsh),
+        "--remote-ferry",
+        ferry_bin,
+        s(&dst),
+        &remote,
+    ]);
+    assert!(
+        plan.contains("would send") && plan.contains("new-here"),
+        "{plan}"
+    );
+    assert!(!srv.join("new-here").exists());
 
     // And back: edit locally, put, and only the edit travels up.
     let mut mine = std::fs::read(dst.join("docs/report.bin")).unwrap();

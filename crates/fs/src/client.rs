@@ -134,6 +134,8 @@ pub struct GetStats {
     pub unchanged: u64,
     /// Entries removed from the destination (with `delete`).
     pub deleted: u64,
+    /// With `dry_run`: what would be done, one line each (`fetch PATH`, `delete PATH`, …).
+    pub planned: Vec<String>,
     pub bytes: u64,
     pub chunks: u64,
     pub from_cache: u64,
@@ -149,6 +151,21 @@ pub struct Sources<'a> {
     pub chunker: ChunkerSpec,
     /// Also remove what the destination has and the server does not (rsync's `--delete`).
     pub delete: bool,
+    /// Change nothing locally: list what would be fetched and deleted in `GetStats::planned`.
+    pub dry_run: bool,
+    /// Told the bytes of each chunk written (for progress bars).
+    pub progress: Option<&'a dyn Fn(u64)>,
+}
+
+/// How to upload.
+pub struct PutOptions<'a> {
+    pub chunker: ChunkerSpec,
+    /// Also remove what the server has and the local tree does not.
+    pub delete: bool,
+    /// Change nothing on the server: list what would be sent and deleted in `PutStats::planned`.
+    pub dry_run: bool,
+    /// Told the bytes of each file committed (for progress bars).
+    pub progress: Option<&'a dyn Fn(u64)>,
 }
 
 /// Removes a local file, symlink or whole directory (never following a symlink).
@@ -224,6 +241,10 @@ fn get_entry<R: io::Read, W: Write>(
 ) -> Result<(), GetError> {
     match attr.kind {
         FileKind::File => get_file(conn, remote, attr, local, src, stats),
+        FileKind::Symlink if src.dry_run => {
+            stats.planned.push(format!("link {}", local.display()));
+            Ok(())
+        }
         FileKind::Symlink => get_symlink(conn, remote, local, stats),
         FileKind::Dir => {
             // Never write through a symlink at the destination, whoever made it (a hostile
@@ -244,6 +265,7 @@ fn get_entry<R: io::Read, W: Write>(
                     })
                 }
                 Ok(_) => {}
+                Err(_) if src.dry_run => stats.planned.push(format!("mkdir {}", local.display())),
                 Err(_) => {
                     fs::create_dir(local).map_err(GetError::local("create directory", local))?
                 }
@@ -289,23 +311,29 @@ fn get_entry<R: io::Read, W: Write>(
                 let dest = local.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
                 get_entry(conn, &child, &attr, &dest, src, stats, listings)?;
             }
-            if src.delete {
+            if src.delete && local.is_dir() {
                 for e in fs::read_dir(local).map_err(GetError::local("read directory", local))? {
                     let e = e.map_err(GetError::local("read directory", local))?;
                     if !keep.contains(e.file_name().as_bytes()) {
                         let p = e.path();
-                        remove_local(&p).map_err(GetError::local("delete", &p))?;
+                        if src.dry_run {
+                            stats.planned.push(format!("delete {}", p.display()));
+                        } else {
+                            remove_local(&p).map_err(GetError::local("delete", &p))?;
+                        }
                         stats.deleted += 1;
                     }
                 }
             }
-            let dir = File::open(local).map_err(GetError::local("open", local))?;
-            dir.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
-                attr.mode & 0o7777,
-            ))
-            .map_err(GetError::local("chmod", local))?;
-            dir.set_modified(mtime(attr))
-                .map_err(GetError::local("set mtime of", local))?;
+            if !src.dry_run {
+                let dir = File::open(local).map_err(GetError::local("open", local))?;
+                dir.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
+                    attr.mode & 0o7777,
+                ))
+                .map_err(GetError::local("chmod", local))?;
+                dir.set_modified(mtime(attr))
+                    .map_err(GetError::local("set mtime of", local))?;
+            }
             Ok(())
         }
         _ => Err(
@@ -442,6 +470,13 @@ fn get_file<R: io::Read, W: Write>(
             return Ok(());
         }
     }
+    if src.dry_run {
+        stats
+            .planned
+            .push(format!("fetch {} ({} bytes)", local.display(), attr.size));
+        stats.files += 1;
+        return Ok(());
+    }
     let recipe = get_recipe(conn, remote)?;
     let alg = recipe.alg();
     // The file already at the destination is a chunk source (rsync's basis file, generalised).
@@ -542,6 +577,9 @@ fn get_file<R: io::Read, W: Write>(
                     src.cache.get(&c.id)?.ok_or(GetError::BadData(c.id))?
                 }
             };
+            if let Some(p) = src.progress {
+                p(data.len() as u64);
+            }
             out.write_all(&data)
                 .map_err(GetError::local("write", local))?;
             stats.chunks += 1;
@@ -579,6 +617,10 @@ pub struct PutStats {
     pub chunks: u64,
     /// Entries removed from the server (with `delete`).
     pub deleted: u64,
+    /// Files skipped because size, mtime and mode already matched.
+    pub unchanged: u64,
+    /// With `dry_run`: what would be done, one line each.
+    pub planned: Vec<String>,
     /// Chunks the server lacked, and their bytes: what had to travel.
     pub chunks_sent: u64,
     pub chunk_bytes_sent: u64,
@@ -613,8 +655,7 @@ pub fn put<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     local: &Path,
     remote: &WirePath,
-    chunker: &ChunkerSpec,
-    delete: bool,
+    opts: &PutOptions<'_>,
     stats: &mut PutStats,
 ) -> Result<(), GetError> {
     let meta = fs::symlink_metadata(local).map_err(GetError::local("read", local))?;
@@ -630,6 +671,10 @@ pub fn put<R: io::Read, W: Write>(
             }
             None => {
                 let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions());
+                if opts.dry_run {
+                    stats.planned.push(format!("mkdir {remote:?}"));
+                    return Ok(()); // nothing below it exists to compare with
+                }
                 conn.call(Request::Mkdir {
                     path: remote.clone(),
                     mode: mode & 0o7777,
@@ -648,16 +693,9 @@ pub fn put<R: io::Read, W: Write>(
                 child.push(b'/');
             }
             child.extend_from_slice(name.as_bytes());
-            put(
-                conn,
-                &local.join(name),
-                &WirePath::new(child)?,
-                chunker,
-                delete,
-                stats,
-            )?;
+            put(conn, &local.join(name), &WirePath::new(child)?, opts, stats)?;
         }
-        if delete {
+        if opts.delete {
             let keep: std::collections::HashSet<&[u8]> =
                 names.iter().map(|n| n.as_bytes()).collect();
             let mut extra = vec![];
@@ -669,7 +707,12 @@ pub fn put<R: io::Read, W: Write>(
                 }
             }
             for e in extra {
-                remove_remote(conn, &join(remote, &e.name)?, e.attr.kind)?;
+                let path = join(remote, &e.name)?;
+                if opts.dry_run {
+                    stats.planned.push(format!("delete {path:?}"));
+                } else {
+                    remove_remote(conn, &path, e.attr.kind)?;
+                }
                 stats.deleted += 1;
             }
         }
@@ -696,9 +739,17 @@ pub fn put<R: io::Read, W: Write>(
                 ))
                 .into());
             }
+            if opts.dry_run {
+                stats.planned.push(format!("link {remote:?}"));
+                return Ok(());
+            }
             conn.call(Request::Unlink {
                 path: remote.clone(),
             })?;
+        }
+        if opts.dry_run {
+            stats.planned.push(format!("link {remote:?}"));
+            return Ok(());
         }
         conn.call(Request::Symlink {
             path: remote.clone(),
@@ -707,7 +758,7 @@ pub fn put<R: io::Read, W: Write>(
         stats.files += 1;
         Ok(())
     } else if ft.is_file() {
-        put_file(conn, local, &meta, remote, chunker, stats)
+        put_file(conn, local, &meta, remote, opts, stats)
     } else {
         tracing::warn!(
             "skipping {}: not a regular file, directory or symlink",
@@ -722,11 +773,30 @@ fn put_file<R: io::Read, W: Write>(
     local: &Path,
     meta: &fs::Metadata,
     remote: &WirePath,
-    chunker: &ChunkerSpec,
+    opts: &PutOptions<'_>,
     stats: &mut PutStats,
 ) -> Result<(), GetError> {
     use std::os::unix::fs::{FileExt, MetadataExt};
     let current = remote_attr(conn, remote)?;
+    let mtime_ns = meta.mtime() * 1_000_000_000 + meta.mtime_nsec();
+    // The quick check, as for get: same size, mtime and mode means unchanged.
+    if current.as_ref().is_some_and(|a| {
+        a.kind == FileKind::File
+            && a.size == meta.len()
+            && a.mtime_ns == mtime_ns
+            && a.mode & 0o7777 == meta.mode() & 0o7777
+    }) {
+        stats.unchanged += 1;
+        return Ok(());
+    }
+    if opts.dry_run {
+        stats
+            .planned
+            .push(format!("send {} ({} bytes)", local.display(), meta.len()));
+        stats.files += 1;
+        return Ok(());
+    }
+    let chunker = &opts.chunker;
     if current.as_ref().is_some_and(|a| a.kind == FileKind::Dir) {
         return Err(
             ConnError::Unexpected(format!("a directory is in the way of {remote:?}")).into(),
@@ -747,7 +817,7 @@ fn put_file<R: io::Read, W: Write>(
         if_version: current.as_ref().map(|a| a.version),
         recipe: recipe.clone(),
         mode: meta.mode() & 0o7777,
-        mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+        mtime_ns,
     };
     let mut puts = vec![];
     if small {
@@ -816,6 +886,9 @@ fn put_file<R: io::Read, W: Write>(
     stats.files += 1;
     stats.bytes += recipe.total_len();
     stats.chunks += recipe.len() as u64;
+    if let Some(p) = opts.progress {
+        p(recipe.total_len());
+    }
     Ok(())
 }
 

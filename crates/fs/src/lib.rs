@@ -17,7 +17,9 @@ pub mod conn;
 pub mod export;
 pub mod server;
 
-pub use client::{get, list, put, GetError, GetStats, PutStats, RemoteSpec, Session, Sources};
+pub use client::{
+    get, list, put, GetError, GetStats, PutOptions, PutStats, RemoteSpec, Session, Sources,
+};
 pub use conn::{serve, ConnError, Connection, Traffic};
 pub use export::Export;
 pub use server::{Server, ServerOptions, Staging};

@@ -24,6 +24,39 @@ pub struct ServeArgs {
     dir: PathBuf,
 }
 
+/// What to do, for get, put and sync.
+#[derive(clap::Args, Clone)]
+pub struct Mode {
+    /// Make the destination an exact mirror: remove what the source does not have (never
+    /// following a symlink).
+    #[arg(long)]
+    delete: bool,
+    /// Change nothing: print what would be sent, fetched or deleted.
+    #[arg(short = 'n', long)]
+    dry_run: bool,
+    /// Show bytes written as they go (on a terminal).
+    #[arg(long)]
+    progress: bool,
+}
+
+impl Mode {
+    fn bar(&self) -> indicatif::ProgressBar {
+        if !self.progress {
+            return indicatif::ProgressBar::hidden();
+        }
+        let pb =
+            indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} {bytes} written, {bytes_per_sec}, {elapsed}",
+            )
+            .expect("static template"),
+        );
+        pb.enable_steady_tick(std::time::Duration::from_millis(200));
+        pb
+    }
+}
+
 /// How to reach the remote side.
 #[derive(clap::Args)]
 pub struct Rsh {
@@ -91,10 +124,8 @@ pub struct GetArgs {
     /// Print a JSON summary.
     #[arg(long)]
     json: bool,
-    /// Remove local files and directories that the server does not have (never following a
-    /// symlink).
-    #[arg(long)]
-    delete: bool,
+    #[command(flatten)]
+    mode: Mode,
     /// HOST:PATH, a file or a directory.
     remote: String,
     /// Where to put it.
@@ -108,9 +139,8 @@ pub struct PutArgs {
     /// Print a JSON summary.
     #[arg(long)]
     json: bool,
-    /// Remove files and directories on the server that the local tree does not have.
-    #[arg(long)]
-    delete: bool,
+    #[command(flatten)]
+    mode: Mode,
     /// A local file or directory.
     local: PathBuf,
     /// HOST:PATH to create or update.
@@ -127,9 +157,8 @@ pub struct SyncArgs {
     /// Print a JSON summary.
     #[arg(long)]
     json: bool,
-    /// Make DST an exact mirror: remove what SRC does not have.
-    #[arg(long)]
-    delete: bool,
+    #[command(flatten)]
+    mode: Mode,
     /// Source: HOST:PATH or a local path.
     src: String,
     /// Destination: a local path or HOST:PATH (exactly one side is remote).
@@ -146,14 +175,14 @@ pub fn sync(a: SyncArgs) -> Result<ExitCode> {
             rsh: a.rsh,
             cache: a.cache,
             json: a.json,
-            delete: a.delete,
+            mode: a.mode,
             remote: a.src,
             local: a.dst.into(),
         }),
         (false, true) => put(PutArgs {
             rsh: a.rsh,
             json: a.json,
-            delete: a.delete,
+            mode: a.mode,
             local: a.src.into(),
             remote: a.dst,
         }),
@@ -296,10 +325,14 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
     let cache_dir = a.cache.clone().unwrap_or_else(default_cache);
     let cache = LocalStore::open_or_create(&cache_dir, Options::default())
         .with_context(|| format!("cannot open the cache {}", cache_dir.display()))?;
+    let bar = a.mode.bar();
+    let tick = |n: u64| bar.inc(n);
     let src = Sources {
         cache: &cache,
         chunker: ChunkerSpec::default(),
-        delete: a.delete,
+        delete: a.mode.delete,
+        dry_run: a.mode.dry_run,
+        progress: Some(&tick),
     };
     let (stats, traffic) = with_retries(a.rsh.retry, || {
         let (mut s, wire) = connect(&a.remote, &a.rsh)?;
@@ -310,13 +343,19 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
         s.close()?;
         Ok((stats, traffic))
     })?;
+    bar.finish_and_clear();
     let secs = t.elapsed().as_secs_f64();
     let mut out = io::stdout().lock();
+    if !a.json {
+        for line in &stats.planned {
+            writeln!(out, "would {line}")?;
+        }
+    }
     if a.json {
         writeln!(
             out,
             "{}",
-            json!({"files": stats.files, "unchanged": stats.unchanged, "deleted": stats.deleted, "bytes": stats.bytes, "chunks": stats.chunks,
+            json!({"dry_run": a.mode.dry_run, "planned": stats.planned, "files": stats.files, "unchanged": stats.unchanged, "deleted": stats.deleted, "bytes": stats.bytes, "chunks": stats.chunks,
                    "chunks_from_cache": stats.from_cache, "chunks_from_local": stats.from_local,
                    "chunks_from_server": stats.from_server, "chunk_bytes_from_server": stats.bytes_from_server,
                    "bytes_sent": traffic.bytes_sent, "bytes_received": traffic.bytes_received,
@@ -325,10 +364,11 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
     } else {
         writeln!(
             out,
-            "{} files fetched ({}), {} unchanged: {} chunks from the server, {} from the cache, {} from local files; {} received, {} sent, {} round trips, {secs:.2} s",
+            "{} files fetched ({}), {} unchanged, {} deleted: {} chunks from the server, {} from the cache, {} from local files; {} received, {} sent, {} round trips, {secs:.2} s",
             stats.files,
             human(stats.bytes),
             stats.unchanged,
+            stats.deleted,
             stats.from_server,
             stats.from_cache,
             stats.from_local,
@@ -345,29 +385,36 @@ pub fn put(a: PutArgs) -> Result<ExitCode> {
     if std::fs::symlink_metadata(&a.local).is_err() {
         bail!("cannot read {}", a.local.display());
     }
+    let bar = a.mode.bar();
+    let tick = |n: u64| bar.inc(n);
+    let opts = ferry_fs::PutOptions {
+        chunker: ChunkerSpec::default(),
+        delete: a.mode.delete,
+        dry_run: a.mode.dry_run,
+        progress: Some(&tick),
+    };
     let (stats, traffic) = with_retries(a.rsh.retry, || {
         let (mut s, wire) = connect(&a.remote, &a.rsh)?;
         let mut stats = ferry_fs::PutStats::default();
-        ferry_fs::put(
-            &mut s.conn,
-            &a.local,
-            &wire,
-            &ChunkerSpec::default(),
-            a.delete,
-            &mut stats,
-        )
-        .with_context(|| format!("cannot put {} to {}", a.local.display(), a.remote))?;
+        ferry_fs::put(&mut s.conn, &a.local, &wire, &opts, &mut stats)
+            .with_context(|| format!("cannot put {} to {}", a.local.display(), a.remote))?;
         let traffic = s.conn.traffic.clone();
         s.close()?;
         Ok((stats, traffic))
     })?;
+    bar.finish_and_clear();
     let secs = t.elapsed().as_secs_f64();
     let mut out = io::stdout().lock();
+    if !a.json {
+        for line in &stats.planned {
+            writeln!(out, "would {line}")?;
+        }
+    }
     if a.json {
         writeln!(
             out,
             "{}",
-            json!({"files": stats.files, "deleted": stats.deleted, "bytes": stats.bytes, "chunks": stats.chunks,
+            json!({"dry_run": a.mode.dry_run, "planned": stats.planned, "files": stats.files, "unchanged": stats.unchanged, "deleted": stats.deleted, "bytes": stats.bytes, "chunks": stats.chunks,
                    "chunks_sent": stats.chunks_sent, "chunk_bytes_sent": stats.chunk_bytes_sent,
                    "bytes_sent": traffic.bytes_sent, "bytes_received": traffic.bytes_received,
                    "requests": traffic.requests, "round_trips": traffic.round_trips, "seconds": secs})
@@ -375,9 +422,11 @@ pub fn put(a: PutArgs) -> Result<ExitCode> {
     } else {
         writeln!(
             out,
-            "{} files, {}: {} of {} chunks sent; {} sent, {} received, {} round trips, {secs:.2} s",
+            "{} files sent ({}), {} unchanged, {} deleted: {} of {} chunks sent; {} sent, {} received, {} round trips, {secs:.2} s",
             stats.files,
             human(stats.bytes),
+            stats.unchanged,
+            stats.deleted,
             stats.chunks_sent,
             stats.chunks,
             human(traffic.bytes_sent),

@@ -30,6 +30,15 @@ fn connect(root: &Path) -> Connection<UnixStream, UnixStream> {
     Connection::open(b.try_clone().unwrap(), b).unwrap()
 }
 
+fn opts(delete: bool) -> ferry_fs::PutOptions<'static> {
+    ferry_fs::PutOptions {
+        chunker: ChunkerSpec::default(),
+        delete,
+        dry_run: false,
+        progress: None,
+    }
+}
+
 fn staging() -> ferry_fs::Staging {
     std::sync::Arc::new(MemStore::new(ferry_format::HashAlg::Blake3))
 }
@@ -101,6 +110,8 @@ fn get(
         cache,
         chunker: ChunkerSpec::default(),
         delete: false,
+        dry_run: false,
+        progress: None,
     };
     ferry_fs::get(
         conn,
@@ -456,8 +467,7 @@ fn put(
         conn,
         local,
         &WirePath::new(path.as_bytes().to_vec()).unwrap(),
-        &ChunkerSpec::default(),
-        false,
+        &opts(false),
         &mut stats,
     )?;
     Ok(stats)
@@ -684,6 +694,8 @@ fn delete_mirrors_both_ways_without_following_symlinks() {
         cache: &cache,
         chunker: ChunkerSpec::default(),
         delete: true,
+        dry_run: false,
+        progress: None,
     };
     ferry_fs::get(&mut c, &WirePath::default(), &dst, &src, &mut stats).unwrap();
     assert_eq!(stats.deleted, 3, "{stats:?}");
@@ -701,16 +713,66 @@ fn delete_mirrors_both_ways_without_following_symlinks() {
     fs::write(srv.join("src/stale/sub/f"), b"z").unwrap();
     fs::write(srv.join("stale-file"), b"z").unwrap();
     let mut ps = ferry_fs::PutStats::default();
-    ferry_fs::put(
-        &mut c,
-        &dst,
-        &WirePath::default(),
-        &ChunkerSpec::default(),
-        true,
-        &mut ps,
-    )
-    .unwrap();
+    ferry_fs::put(&mut c, &dst, &WirePath::default(), &opts(true), &mut ps).unwrap();
     assert_eq!(ps.deleted, 2, "{ps:?}");
     assert!(!srv.join("src/stale").exists() && !srv.join("stale-file").exists());
     same_tree(&dst, &srv);
+}
+
+#[test]
+fn dry_run_changes_nothing_and_says_what_it_would_do() {
+    let t = tempfile::tempdir().unwrap();
+    let (srv, dst) = (t.path().join("srv"), t.path().join("dst"));
+    tree(&srv);
+    let mut c = connect(&srv);
+    let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+    get(&mut c, "", &dst, &cache).unwrap();
+    fs::write(srv.join("one"), b"changed on the server").unwrap();
+    fs::write(dst.join("extra"), b"only here").unwrap();
+    let before = fs::read(dst.join("one")).unwrap();
+    let src = Sources {
+        cache: &cache,
+        chunker: ChunkerSpec::default(),
+        delete: true,
+        dry_run: true,
+        progress: None,
+    };
+    let mut stats = GetStats::default();
+    ferry_fs::get(&mut c, &WirePath::default(), &dst, &src, &mut stats).unwrap();
+    assert_eq!(fs::read(dst.join("one")).unwrap(), before);
+    assert!(dst.join("extra").exists());
+    assert_eq!(stats.planned.len(), 2, "{:?}", stats.planned);
+    assert!(stats
+        .planned
+        .iter()
+        .any(|l| l.starts_with("fetch") && l.contains("one")));
+    assert!(stats
+        .planned
+        .iter()
+        .any(|l| l.starts_with("delete") && l.contains("extra")));
+
+    let dry = ferry_fs::PutOptions {
+        chunker: ChunkerSpec::default(),
+        delete: true,
+        dry_run: true,
+        progress: None,
+    };
+    let mut ps = ferry_fs::PutStats::default();
+    ferry_fs::put(&mut c, &dst, &WirePath::default(), &dry, &mut ps).unwrap();
+    assert_eq!(fs::read(srv.join("one")).unwrap(), b"changed on the server");
+    assert!(!srv.join("extra").exists());
+    assert!(
+        ps.planned
+            .iter()
+            .any(|l| l.starts_with("send") && l.contains("extra")),
+        "{:?}",
+        ps.planned
+    );
+    assert!(
+        ps.planned
+            .iter()
+            .any(|l| l.starts_with("send") && l.contains("one")),
+        "{:?}",
+        ps.planned
+    );
 }
