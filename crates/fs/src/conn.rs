@@ -36,9 +36,10 @@ const READ_BUF: usize = 256 * 1024;
 /// request are replied to and the session goes on.
 pub fn serve(
     server: &mut Server,
-    mut input: impl Read,
+    mut input: impl Read + std::os::fd::AsFd,
     mut output: impl Write,
 ) -> Result<(), ConnError> {
+    use rustix::event::{poll, PollFd, PollFlags};
     let mut dec = FrameDecoder::new();
     let mut buf = vec![0u8; READ_BUF];
     loop {
@@ -48,6 +49,34 @@ pub fn serve(
             }
         }
         output.flush()?;
+        // Wait for the client or for a change that breaks a lease, whichever comes first.
+        loop {
+            let (input_ready, changed) = {
+                let watch = server.watch_fd();
+                let mut fds = vec![PollFd::new(&input, PollFlags::IN)];
+                if let Some(w) = &watch {
+                    fds.push(PollFd::new(w, PollFlags::IN));
+                }
+                match poll(&mut fds, None) {
+                    Ok(_) => {}
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => return Err(io::Error::from(e).into()),
+                }
+                (
+                    !fds[0].revents().is_empty(),
+                    fds.get(1).is_some_and(|f| !f.revents().is_empty()),
+                )
+            };
+            if changed {
+                for f in server.invalidations() {
+                    output.write_all(&f.encode(false)?)?;
+                }
+                output.flush()?;
+            }
+            if input_ready {
+                break;
+            }
+        }
         let n = match input.read(&mut buf) {
             Ok(0) => return Ok(()),
             Ok(n) => n,
@@ -84,6 +113,8 @@ pub struct Connection<R, W> {
     sent_since_wait: bool,
     pub traffic: Traffic,
     pub server: Option<Hello>,
+    /// Paths whose leases the server broke (Invalidate), in arrival order, until taken.
+    pub invalidated: Vec<ferry_proto::WirePath>,
 }
 
 impl<R: Read, W: Write> Connection<R, W> {
@@ -100,6 +131,7 @@ impl<R: Read, W: Write> Connection<R, W> {
             sent_since_wait: false,
             traffic: Traffic::default(),
             server: None,
+            invalidated: vec![],
         };
         let agent = format!("ferry {}", env!("CARGO_PKG_VERSION"));
         let hello = Message::Hello(Hello {
@@ -160,7 +192,13 @@ impl<R: Read, W: Write> Connection<R, W> {
             if let Some(f) = self.dec.next_frame()? {
                 if !self.outstanding.contains(&f.request_id) {
                     if f.request_id == 0 {
-                        continue; // an Invalidate: this client holds no leases
+                        if let Message::Invalidate(p) = Message::decode(&f)? {
+                            // Bounded: a flood from the server cannot grow it without limit.
+                            if self.invalidated.len() < 65_536 {
+                                self.invalidated.push(p);
+                            }
+                        }
+                        continue;
                     }
                     return Err(ConnError::Unexpected(format!(
                         "a reply to request {} that was never sent",

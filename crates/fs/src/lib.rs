@@ -15,6 +15,7 @@
 pub mod client;
 pub mod conn;
 pub mod export;
+mod leases;
 pub mod server;
 
 pub use client::{

@@ -64,6 +64,8 @@ pub struct Server {
     hints: HashMap<Id, Hint>,
     greeted: bool,
     tmp_counter: u64,
+    /// `None` when change notification is unavailable: then no leases are granted.
+    leases: Option<crate::leases::Leases>,
 }
 
 fn error(code: ErrorCode, message: impl Into<String>) -> Reply {
@@ -98,6 +100,37 @@ impl Server {
             hints: HashMap::new(),
             greeted: false,
             tmp_counter: 0,
+            leases: match crate::leases::Leases::new() {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    tracing::warn!("no change notification ({e}); granting no leases");
+                    None
+                }
+            },
+        }
+    }
+
+    /// A descriptor that becomes readable when a leased path may have changed; then call
+    /// [`invalidations`](Self::invalidations).
+    pub fn watch_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.leases.as_ref().map(|l| l.fd())
+    }
+
+    /// Invalidate frames for every lease that changes broke.
+    pub fn invalidations(&mut self) -> Vec<Frame> {
+        let Some(l) = self.leases.as_mut() else {
+            return vec![];
+        };
+        l.broken()
+            .into_iter()
+            .map(|p| Message::Invalidate(p).to_frame(0))
+            .collect()
+    }
+
+    fn lease(&mut self, path: &WirePath, listing: bool) -> u32 {
+        match self.leases.as_mut() {
+            Some(l) => l.grant(&self.export, path, listing, self.opts.lease_ms),
+            None => 0,
         }
     }
 
@@ -139,7 +172,7 @@ impl Server {
         match r {
             Request::GetAttr { path } => match self.export.stat(&path) {
                 Ok((mut attr, fid)) => {
-                    attr.lease_ms = self.opts.lease_ms;
+                    attr.lease_ms = self.lease(&path, false);
                     attr.oid = self.recipes.get(&fid).map(|(_, o)| o.id());
                     one(Reply::Attr(attr))
                 }
@@ -147,15 +180,18 @@ impl Server {
             },
             Request::ReadDir { path } => match self.export.read_dir(&path) {
                 Ok(entries) => {
-                    let lease = self.opts.lease_ms;
+                    let listing_lease = self.lease(&path, true);
                     let entries: Vec<DirEntry> = entries
                         .into_iter()
-                        .map(|(name, attr)| DirEntry {
-                            name,
-                            attr: Attr {
-                                lease_ms: lease,
-                                ..attr
-                            },
+                        .map(|(name, attr)| {
+                            let lease_ms = match WirePath::new(join_name(&path, &name)) {
+                                Ok(child) if listing_lease > 0 => self.lease(&child, false),
+                                _ => 0,
+                            };
+                            DirEntry {
+                                name,
+                                attr: Attr { lease_ms, ..attr },
+                            }
                         })
                         .collect();
                     paged(id, entries, DIR_PAGE, Reply::DirEntries)
@@ -415,7 +451,7 @@ impl Server {
         let (mut attr, fid) = crate::export::attr_of(&st);
         self.remember(path, fid, recipe.clone(), oid);
         attr.oid = Some(oid.id());
-        attr.lease_ms = self.opts.lease_ms;
+        attr.lease_ms = self.lease(path, false);
         Ok(Reply::Attr(attr))
     }
 
@@ -507,6 +543,15 @@ impl Server {
             }
         }
     }
+}
+
+fn join_name(dir: &WirePath, name: &[u8]) -> Vec<u8> {
+    let mut p = dir.as_bytes().to_vec();
+    if !p.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
 }
 
 /// Splits `items` into reply frames of `page` items, all but the last flagged MORE.

@@ -1,6 +1,6 @@
 //! `ferry serve`, `ferry ls`, `ferry get`: the file service from the command line.
 
-use std::io::{self, BufReader, BufWriter, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -221,7 +221,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
     let mut server = Server::new(export, ServerOptions::default(), staging);
     let stdin = io::stdin().lock();
     let stdout = BufWriter::with_capacity(256 * 1024, io::stdout().lock());
-    ferry_fs::serve(&mut server, BufReader::new(stdin), stdout)?;
+    ferry_fs::serve(&mut server, stdin, stdout)?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -776,3 +776,65 @@ fn dry_run_changes_nothing_and_says_what_it_would_do() {
         ps.planned
     );
 }
+
+/// A leased file changed by a local program on the server: the client is told (Invalidate),
+/// without asking.
+#[test]
+fn changes_behind_the_servers_back_break_leases() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir_all(srv.join("d")).unwrap();
+    fs::write(srv.join("d/f"), b"one").unwrap();
+    fs::write(srv.join("other"), b"x").unwrap();
+    let mut c = connect(&srv);
+    let lease = match c
+        .call(Request::GetAttr { path: "d/f".into() })
+        .unwrap()
+        .pop()
+    {
+        Some(Reply::Attr(a)) => a.lease_ms,
+        other => panic!("{other:?}"),
+    };
+    assert!(lease > 0, "a lease is granted");
+    c.call(Request::ReadDir { path: "d".into() }).unwrap();
+    // A local program rewrites the file.
+    fs::write(srv.join("d/f"), b"two").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while c.invalidated.len() < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        // Any exchange reads what the server pushed meanwhile.
+        c.call(Request::GetAttr {
+            path: "other".into(),
+        })
+        .unwrap();
+    }
+    let got: Vec<String> = c
+        .invalidated
+        .iter()
+        .map(|p| String::from_utf8_lossy(p.as_bytes()).into_owned())
+        .collect();
+    assert!(got.contains(&"d/f".to_string()), "{got:?}");
+    assert!(
+        got.contains(&"d".to_string()),
+        "the listing lease too: {got:?}"
+    );
+    // Each lease breaks once: further changes without a new lease send nothing more for it.
+    let n = c
+        .invalidated
+        .iter()
+        .filter(|p| p.as_bytes() == b"d/f")
+        .count();
+    fs::write(srv.join("d/f"), b"three").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    c.call(Request::GetAttr {
+        path: "other".into(),
+    })
+    .unwrap();
+    assert_eq!(
+        c.invalidated
+            .iter()
+            .filter(|p| p.as_bytes() == b"d/f")
+            .count(),
+        n
+    );
+}

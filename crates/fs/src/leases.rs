@@ -1,0 +1,154 @@
+//! Leases (LBFS §3.2): a client may trust attributes it was given until the lease expires, and
+//! the server tells it sooner (Invalidate) when the file changes — through Ferry or behind its
+//! back, by any local program. Changes are seen with inotify on the directories that hold leased
+//! paths; each watch is added through `/proc/self/fd/N` of a directory opened beneath the export
+//! root, so a symlink swapped in later cannot redirect it.
+
+use std::collections::HashMap;
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use ferry_proto::WirePath;
+use rustix::fs::inotify;
+
+use crate::export::Export;
+
+/// Directories watched at most per session; past this, new grants get no lease (the client
+/// revalidates every time instead).
+const MAX_WATCHES: usize = 8192;
+
+pub(crate) struct Leases {
+    fd: OwnedFd,
+    /// Watch descriptor → the directory it watches.
+    watched: HashMap<i32, WirePath>,
+    dirs: HashMap<WirePath, i32>,
+    /// Leased path → expiry.
+    leased: HashMap<WirePath, Instant>,
+}
+
+fn parent_of(p: &WirePath) -> Option<WirePath> {
+    let b = p.as_bytes();
+    if b.is_empty() {
+        return None;
+    }
+    let parent = match b.iter().rposition(|&c| c == b'/') {
+        Some(i) => b[..i].to_vec(),
+        None => vec![],
+    };
+    WirePath::new(parent).ok()
+}
+
+fn child_of(dir: &WirePath, name: &[u8]) -> Option<WirePath> {
+    let mut p = dir.as_bytes().to_vec();
+    if !p.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    WirePath::new(p).ok()
+}
+
+impl Leases {
+    pub(crate) fn new() -> io::Result<Leases> {
+        let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)?;
+        Ok(Leases {
+            fd,
+            watched: HashMap::new(),
+            dirs: HashMap::new(),
+            leased: HashMap::new(),
+        })
+    }
+
+    /// The descriptor to poll for changes.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    fn watch(&mut self, export: &Export, dir: &WirePath) -> io::Result<()> {
+        if self.dirs.contains_key(dir) {
+            return Ok(());
+        }
+        if self.dirs.len() >= MAX_WATCHES {
+            return Err(io::Error::other("too many watched directories"));
+        }
+        let d = export.open_dir(dir)?;
+        let mask = inotify::WatchFlags::MODIFY
+            | inotify::WatchFlags::ATTRIB
+            | inotify::WatchFlags::CLOSE_WRITE
+            | inotify::WatchFlags::MOVED_FROM
+            | inotify::WatchFlags::MOVED_TO
+            | inotify::WatchFlags::CREATE
+            | inotify::WatchFlags::DELETE
+            | inotify::WatchFlags::DELETE_SELF
+            | inotify::WatchFlags::MOVE_SELF;
+        let wd = inotify::add_watch(&self.fd, format!("/proc/self/fd/{}", d.as_raw_fd()), mask)?;
+        self.watched.insert(wd, dir.clone());
+        self.dirs.insert(dir.clone(), wd);
+        Ok(())
+    }
+
+    /// Grants a lease on `path` (a file's attributes, or a directory's listing when `listing`);
+    /// returns its length in milliseconds, 0 when no lease could be given.
+    pub(crate) fn grant(
+        &mut self,
+        export: &Export,
+        path: &WirePath,
+        listing: bool,
+        ms: u32,
+    ) -> u32 {
+        if ms == 0 {
+            return 0;
+        }
+        let dir = if listing {
+            Some(path.clone())
+        } else {
+            parent_of(path)
+        };
+        let ok = match dir {
+            Some(d) => self.watch(export, &d).is_ok(),
+            None => true, // the root itself: its attributes change only through its entries
+        };
+        if !ok {
+            return 0;
+        }
+        self.leased.insert(
+            path.clone(),
+            Instant::now() + Duration::from_millis(ms as u64),
+        );
+        ms
+    }
+
+    /// Reads pending change events and returns the leased paths they break (each lease broken
+    /// once; expired leases are forgotten).
+    pub(crate) fn broken(&mut self) -> Vec<WirePath> {
+        let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
+        let mut hit = vec![];
+        let mut reader = inotify::Reader::new(&self.fd, &mut buf);
+        loop {
+            let ev = match reader.next() {
+                Ok(ev) => ev,
+                Err(_) => break, // EAGAIN: nothing more now
+            };
+            let Some(dir) = self.watched.get(&ev.wd()) else {
+                continue;
+            };
+            hit.push(dir.clone());
+            if let Some(name) = ev.file_name() {
+                if let Some(p) = child_of(dir, name.to_bytes()) {
+                    hit.push(p);
+                }
+            }
+        }
+        let now = Instant::now();
+        let mut out = vec![];
+        for p in hit {
+            if let Some(expiry) = self.leased.remove(&p) {
+                if expiry > now && !out.contains(&p) {
+                    out.push(p);
+                }
+            }
+        }
+        out
+    }
+}
