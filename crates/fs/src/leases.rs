@@ -125,11 +125,8 @@ impl Leases {
         let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
         let mut hit = vec![];
         let mut reader = inotify::Reader::new(&self.fd, &mut buf);
-        loop {
-            let ev = match reader.next() {
-                Ok(ev) => ev,
-                Err(_) => break, // EAGAIN: nothing more now
-            };
+        // Until EAGAIN: nothing more now.
+        while let Ok(ev) = reader.next() {
             let Some(dir) = self.watched.get(&ev.wd()) else {
                 continue;
             };
