@@ -458,11 +458,9 @@ fn a_server_killed_during_commit_leaves_old_or_new() {
         std::fs::read_dir(dir)
             .unwrap()
             .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .file_name()
-                    .to_string_lossy()
-                    .starts_with(".ferry-")
+                let n = e.as_ref().unwrap().file_name();
+                let n = n.to_string_lossy();
+                n.starts_with(".ferry-") && n.ends_with(".tmp")
             })
             .count()
     };

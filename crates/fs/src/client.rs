@@ -839,7 +839,21 @@ fn put_file<R: io::Read, W: Write>(
             }
         }
         let ids: Vec<Id> = unique.iter().map(|u| u.0).collect();
-        let have = match conn.call(Request::Have { ids })?.pop() {
+        // The version being replaced is the likeliest source: asking for its recipe first makes
+        // the server index it (and the trash keep it findable), in the same round trip as Have.
+        let old_recipe = match &current {
+            Some(_) => Some(conn.send(Request::GetRecipe {
+                path: remote.clone(),
+                from: 0,
+            })?),
+            None => None,
+        };
+        let have_id = conn.send(Request::Have { ids })?;
+        conn.flush()?;
+        if let Some(id) = old_recipe {
+            conn.replies(id)?;
+        }
+        let have = match conn.replies(have_id)?.pop() {
             Some(Reply::Have(flags)) if flags.len() == unique.len() => flags,
             other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
         };

@@ -39,6 +39,11 @@ fn wire_to_rel(p: &WirePath) -> PathBuf {
     }
 }
 
+/// The trash: replaced versions of files, kept (hard-linked, so on the same file system and
+/// costing no copy) as chunk sources for later updates, oldest removed past a size bound.
+/// Hidden from listings (at any level: the export root depends on how a client names a path).
+pub const TRASH: &str = ".ferry-trash";
+
 /// The name of a commit's temporary file: `.ferry-<pid>-<n>.tmp`. Not user data: hidden from
 /// listings, and removed once the process that made it is gone.
 pub(crate) fn commit_temp_name(n: u64) -> String {
@@ -177,6 +182,15 @@ impl Export {
         Ok((self.open_dir(&parent)?, name.to_vec()))
     }
 
+    /// The trash directory, created on first use.
+    pub fn trash_dir(&self) -> io::Result<OwnedFd> {
+        match rustix::fs::mkdirat(&self.root, TRASH, Mode::from_raw_mode(0o700)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.open_dir(&WirePath::new(TRASH.as_bytes().to_vec()).map_err(io::Error::other)?)
+    }
+
     /// Entries of directory `p` with their attributes, sorted by name.
     pub fn read_dir(&self, p: &WirePath) -> io::Result<Vec<(Vec<u8>, Attr)>> {
         let dir = self.open_dir(p)?;
@@ -184,7 +198,7 @@ impl Export {
         for e in rustix::fs::Dir::read_from(&dir)? {
             let e = e?;
             let name = e.file_name().to_bytes();
-            if name == b"." || name == b".." || is_commit_temp(name) {
+            if name == b"." || name == b".." || is_commit_temp(name) || name == TRASH.as_bytes() {
                 continue;
             }
             // A single component relative to a descriptor of the directory: it cannot escape.

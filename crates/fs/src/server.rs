@@ -31,6 +31,8 @@ pub struct ServerOptions {
     pub hash: HashAlg,
     /// Attribute lease handed to clients.
     pub lease_ms: u32,
+    /// Bytes of replaced file versions kept in the trash as chunk sources (0: no trash).
+    pub trash_bytes: u64,
 }
 
 /// Where chunks a client sends (PutChunks) wait for the commit that uses them. A persistent
@@ -43,6 +45,7 @@ impl Default for ServerOptions {
             chunker: ChunkerSpec::default(),
             hash: HashAlg::Blake3,
             lease_ms: 60_000,
+            trash_bytes: 256 << 20,
         }
     }
 }
@@ -442,6 +445,10 @@ impl Server {
             discard();
             return Err(r);
         }
+        // The version being replaced goes to the trash, where its chunks stay findable.
+        if if_version.is_some() {
+            self.keep_in_trash(&dir, &name);
+        }
         if let Err(e) = rustix::fs::renameat(&dir, os(tmp_name.as_bytes()), &dir, os(&name)) {
             discard();
             return Err(ioe(e.into()));
@@ -453,6 +460,46 @@ impl Server {
         attr.oid = Some(oid.id());
         attr.lease_ms = self.lease(path, false);
         Ok(Reply::Attr(attr))
+    }
+
+    /// Hard-links `name` in `dir` into the trash and points the hints of its chunks there, then
+    /// trims the trash to its bound. Best effort: a trash that cannot be kept costs only bytes.
+    fn keep_in_trash(&mut self, dir: &OwnedFd, name: &[u8]) {
+        if self.opts.trash_bytes == 0 {
+            return;
+        }
+        let r = (|| -> io::Result<()> {
+            let Some((_, fid)) = stat_at(dir, name)? else {
+                return Ok(());
+            };
+            let trash = self.export.trash_dir()?;
+            let entry = format!("{}-{}-{}", fid.ino, fid.mtime_ns, self.next_tmp());
+            rustix::fs::linkat(
+                dir,
+                os(name),
+                &trash,
+                entry.as_str(),
+                rustix::fs::AtFlags::empty(),
+            )?;
+            if let Some((recipe, _)) = self.recipes.get(&fid).cloned() {
+                let path = WirePath::new(format!("{}/{entry}", crate::export::TRASH).into_bytes())
+                    .map_err(io::Error::other)?;
+                for (offset, c) in recipe.with_offsets() {
+                    self.hints.insert(
+                        c.id,
+                        Hint {
+                            path: path.clone(),
+                            offset,
+                            len: c.len,
+                        },
+                    );
+                }
+            }
+            trim_trash(&trash, self.opts.trash_bytes)
+        })();
+        if let Err(e) = r {
+            tracing::warn!("keeping the replaced version in the trash: {e}");
+        }
     }
 
     fn next_tmp(&mut self) -> u64 {
@@ -543,6 +590,30 @@ impl Server {
             }
         }
     }
+}
+
+/// Deletes the oldest trash entries until the rest fit in `limit` bytes.
+fn trim_trash(trash: &OwnedFd, limit: u64) -> io::Result<()> {
+    let mut entries = vec![];
+    for e in rustix::fs::Dir::read_from(trash)? {
+        let e = e?;
+        let name = e.file_name().to_owned();
+        if name.to_bytes() == b"." || name.to_bytes() == b".." {
+            continue;
+        }
+        let st = rustix::fs::statat(trash, &*name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+        entries.push((st.st_ctime, st.st_size as u64, name));
+    }
+    entries.sort();
+    let mut total: u64 = entries.iter().map(|e| e.1).sum();
+    for (_, size, name) in entries {
+        if total <= limit {
+            break;
+        }
+        rustix::fs::unlinkat(trash, &*name, rustix::fs::AtFlags::empty())?;
+        total -= size;
+    }
+    Ok(())
 }
 
 fn join_name(dir: &WirePath, name: &[u8]) -> Vec<u8> {

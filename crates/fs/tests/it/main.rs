@@ -501,7 +501,7 @@ fn put_a_tree_then_only_what_changed() {
     // No temporary files left behind.
     assert!(walkdir(&srv)
         .iter()
-        .all(|p| !p.to_string_lossy().contains(".ferry-")));
+        .all(|p| !p.to_string_lossy().ends_with(".tmp")));
 }
 
 #[test]
@@ -837,4 +837,39 @@ fn changes_behind_the_servers_back_break_leases() {
             .count(),
         n
     );
+}
+
+/// A new server session knows nothing of a file's chunks until it reads the file; put makes it
+/// read the version being replaced, and the trash keeps that version findable after it is gone.
+#[test]
+fn put_finds_chunks_of_the_replaced_version_and_the_trash() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir(&srv).unwrap();
+    let v1 = bytes(31, 3_000_000);
+    let v2 = bytes(32, 3_000_000);
+    // v1 is on the server already (not put there by Ferry).
+    fs::write(srv.join("f"), &v1).unwrap();
+    let local = t.path().join("f");
+    let mut edited = v1.clone();
+    edited[1_000_000..1_000_004].copy_from_slice(b"edit");
+    fs::write(&local, &edited).unwrap();
+    let s1 = put(&mut connect(&srv), &local, "f").unwrap();
+    assert!(s1.chunk_bytes_sent < 100_000, "{s1:?}");
+    assert_eq!(fs::read(srv.join("f")).unwrap(), edited);
+    // Replace with unrelated content, then go back: the old version comes from the trash.
+    let mut c = connect(&srv);
+    fs::write(&local, &v2).unwrap();
+    put(&mut c, &local, "f").unwrap();
+    fs::write(&local, &edited).unwrap();
+    let s3 = put(&mut c, &local, "f").unwrap();
+    assert!(s3.chunk_bytes_sent < 100_000, "{s3:?}");
+    assert_eq!(fs::read(srv.join("f")).unwrap(), edited);
+    // The trash is hidden from listings.
+    let (_, entries) = ferry_fs::list(&mut c, &WirePath::default()).unwrap();
+    assert!(
+        entries.iter().all(|e| e.name != b".ferry-trash"),
+        "{entries:?}"
+    );
+    assert!(srv.join(".ferry-trash").is_dir());
 }
