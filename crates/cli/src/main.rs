@@ -2,7 +2,8 @@
 //!
 //! This binary is a thin shell over the library crates: it parses arguments, picks defaults,
 //! draws progress and turns errors into messages and exit codes. Exit codes: 0 success, 1 an
-//! error (or damage found by `store verify`), 2 bad usage.
+//! error (or damage found by `store verify`), 2 bad usage, 3 a conflict (the other side changed
+//! since; nothing was overwritten), 4 the link failed (running the command again resumes).
 
 mod cmd;
 mod util;
@@ -64,7 +65,27 @@ fn main() -> ExitCode {
         Err(e) if util::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ferry: error: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(exit_code(&e))
         }
+    }
+}
+
+/// The exit code for an error: scripts can tell a conflict and a failed link from the rest.
+fn exit_code(e: &anyhow::Error) -> u8 {
+    use ferry_fs::{ConnError, GetError};
+    let conn = e.chain().find_map(|c| {
+        c.downcast_ref::<ConnError>()
+            .or(match c.downcast_ref::<GetError>() {
+                Some(GetError::Conn(ce)) => Some(ce),
+                _ => None,
+            })
+    });
+    match conn {
+        Some(ConnError::Remote {
+            code: ferry_proto::ErrorCode::Conflict,
+            ..
+        }) => 3,
+        Some(ConnError::Closed | ConnError::Io(_)) => 4,
+        _ => 1,
     }
 }

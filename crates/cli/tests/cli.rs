@@ -248,7 +248,7 @@ fn get_over_a_remote_shell() {
         listing.contains("docs") && listing.contains("notes.txt"),
         "{listing}"
     );
-    let e = fails(&[
+    let o = ferry(&[
         "get",
         "-e",
         s(&rsh),
@@ -259,6 +259,12 @@ fn get_over_a_remote_shell() {
         &remote,
         s(&dst),
     ]);
+    assert_eq!(
+        o.status.code(),
+        Some(4),
+        "an unreachable far side is a link failure"
+    );
+    let e = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(e.contains("remote side exited"), "{e}");
     let e = fails(&["get", "--cache", s(&cache), s(&srv), s(&dst)]);
     assert!(e.contains("not a remote"), "{e}");
@@ -511,21 +517,23 @@ fn retry_reconnects_after_a_failed_link() {
     )
     .unwrap();
     std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let ferry = env!("CARGO_BIN_EXE_ferry");
+    let bin = env!("CARGO_BIN_EXE_ferry");
     let remote = format!("h:{}", srv.join("f").display());
     let cache = t.path().join("cache");
     let out = t.path().join("out");
-    let e = fails(&[
+    let o = ferry(&[
         "get",
         "-e",
         s(&rsh),
         "--remote-ferry",
-        ferry,
+        bin,
         "--cache",
         s(&cache),
         &remote,
         s(&out),
     ]);
+    assert_eq!(o.status.code(), Some(4), "a failed link exits 4");
+    let e = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(e.contains("before the session began"), "{e}");
     std::fs::remove_file(&mark).unwrap();
     ok(&[
@@ -535,7 +543,7 @@ fn retry_reconnects_after_a_failed_link() {
         "-e",
         s(&rsh),
         "--remote-ferry",
-        ferry,
+        bin,
         "--cache",
         s(&cache),
         &remote,
