@@ -5,12 +5,14 @@
 //!   `openat2(RESOLVE_BENEATH)`.
 //! - [`server`]: request handling as frames in, frames out (no sockets), with recipes cached per
 //!   file identity and chunk locations kept as verified-on-use hints.
-//! - [`conn`]: the server loop over any byte stream, and the client's pipelined connection.
-//! - [`client`]: `ls` and `get` over a remote shell (`ssh host ferry serve --stdio DIR`), with
-//!   the persistent cache and the destination's existing files as chunk sources.
+//! - [`conn`]: the server loop over any byte stream (also pushing lease invalidations), and the
+//!   client's pipelined connection.
+//! - [`client`]: `ls`, `get` and `put` over a remote shell (`ssh host ferry serve --stdio DIR`),
+//!   with the persistent cache, the destination's existing files, the server's files and its
+//!   trash as chunk sources; `--delete` and dry runs.
 //!
-//! Status (see the file-service issue): `get` and `put` of files and trees work end to end over
-//! stdio with atomic commits; `sync --delete`, leases, the trash and the TLS daemon are next.
+//! Status (see the file-service issue): everything above works end to end over stdio; the TLS
+//! daemon is next.
 
 pub mod client;
 pub mod conn;
