@@ -286,13 +286,9 @@ fn get_entry<R: io::Read, W: Write>(
             }
             let mut children = Vec::with_capacity(entries.len());
             for e in entries {
-                let mut child = remote.as_bytes().to_vec();
-                if !child.is_empty() {
-                    child.push(b'/');
-                }
-                child.extend_from_slice(&e.name);
-                let child = WirePath::new(child)?;
-                let name = WirePath::new(e.name.clone())?; // one component: no `/`, no `..`
+                // One component: a name with `/` or `..` from the server is refused.
+                let child = remote.join(&e.name)?;
+                let name = WirePath::new(e.name.clone())?;
                 if e.attr.kind == FileKind::Dir && !listings.contains_key(&child) {
                     listings.insert(
                         child.clone(),
@@ -688,12 +684,13 @@ pub fn put<R: io::Read, W: Write>(
             .map_err(GetError::local("read directory", local))?;
         names.sort();
         for name in &names {
-            let mut child = remote.as_bytes().to_vec();
-            if !child.is_empty() {
-                child.push(b'/');
-            }
-            child.extend_from_slice(name.as_bytes());
-            put(conn, &local.join(name), &WirePath::new(child)?, opts, stats)?;
+            put(
+                conn,
+                &local.join(name),
+                &remote.join(name.as_bytes())?,
+                opts,
+                stats,
+            )?;
         }
         if opts.delete {
             let keep: std::collections::HashSet<&[u8]> =
@@ -707,7 +704,7 @@ pub fn put<R: io::Read, W: Write>(
                 }
             }
             for e in extra {
-                let path = join(remote, &e.name)?;
+                let path = remote.join(&e.name)?;
                 if opts.dry_run {
                     stats.planned.push(format!("delete {path:?}"));
                 } else {
@@ -906,15 +903,6 @@ fn put_file<R: io::Read, W: Write>(
     Ok(())
 }
 
-fn join(dir: &WirePath, name: &[u8]) -> Result<WirePath, ferry_proto::ProtoError> {
-    let mut p = dir.as_bytes().to_vec();
-    if !p.is_empty() {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    WirePath::new(p)
-}
-
 /// Removes a server entry, a directory with everything below it.
 fn remove_remote<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
@@ -929,7 +917,7 @@ fn remove_remote<R: io::Read, W: Write>(
             }
         }
         for e in entries {
-            remove_remote(conn, &join(path, &e.name)?, e.attr.kind)?;
+            remove_remote(conn, &path.join(&e.name)?, e.attr.kind)?;
         }
         conn.call(Request::Rmdir { path: path.clone() })?;
     } else {

@@ -148,37 +148,15 @@ impl Export {
 
     /// The target of symlink `p` (not followed).
     pub fn read_link(&self, p: &WirePath) -> io::Result<Vec<u8>> {
-        let bytes = p.as_bytes();
-        let (parent, name) = match bytes.iter().rposition(|&b| b == b'/') {
-            Some(i) => (
-                WirePath::new(bytes[..i].to_vec()).map_err(io::Error::other)?,
-                &bytes[i + 1..],
-            ),
-            None if bytes.is_empty() => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
-            None => (WirePath::default(), bytes),
-        };
-        let dir = self.open_dir(&parent)?;
-        use std::os::unix::ffi::OsStrExt;
-        let target = rustix::fs::readlinkat(&dir, std::ffi::OsStr::from_bytes(name), Vec::new())?;
-        Ok(target.into_bytes())
+        let (dir, name) = self.parent(p)?;
+        Ok(rustix::fs::readlinkat(&dir, os(&name), Vec::new())?.into_bytes())
     }
 
     /// The parent directory of `p` (opened beneath the root) and `p`'s last component.
     pub fn parent(&self, p: &WirePath) -> io::Result<(OwnedFd, Vec<u8>)> {
-        let bytes = p.as_bytes();
-        let (parent, name) = match bytes.iter().rposition(|&b| b == b'/') {
-            Some(i) => (
-                WirePath::new(bytes[..i].to_vec()).map_err(io::Error::other)?,
-                &bytes[i + 1..],
-            ),
-            None if bytes.is_empty() => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "the export root has no parent",
-                ))
-            }
-            None => (WirePath::default(), bytes),
-        };
+        let (parent, name) = p.split_last().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "the export root has no parent")
+        })?;
         Ok((self.open_dir(&parent)?, name.to_vec()))
     }
 

@@ -28,27 +28,6 @@ pub(crate) struct Leases {
     leased: HashMap<WirePath, Instant>,
 }
 
-fn parent_of(p: &WirePath) -> Option<WirePath> {
-    let b = p.as_bytes();
-    if b.is_empty() {
-        return None;
-    }
-    let parent = match b.iter().rposition(|&c| c == b'/') {
-        Some(i) => b[..i].to_vec(),
-        None => vec![],
-    };
-    WirePath::new(parent).ok()
-}
-
-fn child_of(dir: &WirePath, name: &[u8]) -> Option<WirePath> {
-    let mut p = dir.as_bytes().to_vec();
-    if !p.is_empty() {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    WirePath::new(p).ok()
-}
-
 impl Leases {
     pub(crate) fn new() -> io::Result<Leases> {
         let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)?;
@@ -103,7 +82,7 @@ impl Leases {
         let dir = if listing {
             Some(path.clone())
         } else {
-            parent_of(path)
+            path.split_last().map(|(d, _)| d)
         };
         let ok = match dir {
             Some(d) => self.watch(export, &d).is_ok(),
@@ -132,7 +111,7 @@ impl Leases {
             };
             hit.push(dir.clone());
             if let Some(name) = ev.file_name() {
-                if let Some(p) = child_of(dir, name.to_bytes()) {
+                if let Ok(p) = dir.join(name.to_bytes()) {
                     hit.push(p);
                 }
             }

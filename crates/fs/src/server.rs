@@ -187,7 +187,7 @@ impl Server {
                     let entries: Vec<DirEntry> = entries
                         .into_iter()
                         .map(|(name, attr)| {
-                            let lease_ms = match WirePath::new(join_name(&path, &name)) {
+                            let lease_ms = match path.join(&name) {
                                 Ok(child) if listing_lease > 0 => self.lease(&child, false),
                                 _ => 0,
                             };
@@ -484,16 +484,7 @@ impl Server {
             if let Some((recipe, _)) = self.recipes.get(&fid).cloned() {
                 let path = WirePath::new(format!("{}/{entry}", crate::export::TRASH).into_bytes())
                     .map_err(io::Error::other)?;
-                for (offset, c) in recipe.with_offsets() {
-                    self.hints.insert(
-                        c.id,
-                        Hint {
-                            path: path.clone(),
-                            offset,
-                            len: c.len,
-                        },
-                    );
-                }
+                self.hint_all(&path, &recipe);
             }
             trim_trash(&trash, self.opts.trash_bytes)
         })();
@@ -528,8 +519,8 @@ impl Server {
         Ok(Some(Oid(whole.finish())))
     }
 
-    /// Records a file's recipe (keyed by its identity) and where each of its chunks lies.
-    fn remember(&mut self, path: &WirePath, fid: FileId, recipe: Recipe, oid: Oid) {
+    /// Notes that the chunks of `recipe` lie in the file at `path` (hints, verified on use).
+    fn hint_all(&mut self, path: &WirePath, recipe: &Recipe) {
         for (offset, c) in recipe.with_offsets() {
             self.hints.insert(
                 c.id,
@@ -540,6 +531,11 @@ impl Server {
                 },
             );
         }
+    }
+
+    /// Records a file's recipe (keyed by its identity) and where each of its chunks lies.
+    fn remember(&mut self, path: &WirePath, fid: FileId, recipe: Recipe, oid: Oid) {
+        self.hint_all(path, &recipe);
         if self.recipes.len() >= RECIPE_CACHE_ENTRIES {
             self.recipes.clear();
         }
@@ -614,15 +610,6 @@ fn trim_trash(trash: &OwnedFd, limit: u64) -> io::Result<()> {
         total -= size;
     }
     Ok(())
-}
-
-fn join_name(dir: &WirePath, name: &[u8]) -> Vec<u8> {
-    let mut p = dir.as_bytes().to_vec();
-    if !p.is_empty() {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
 }
 
 /// Splits `items` into reply frames of `page` items, all but the last flagged MORE.

@@ -53,6 +53,32 @@ impl WirePath {
         &self.0
     }
 
+    /// `self/name`. `name` must be one component: a name with a `/` (which a hostile peer could
+    /// use to reach through a symlink) is refused.
+    pub fn join(&self, name: &[u8]) -> Result<WirePath, ProtoError> {
+        if name.contains(&b'/') {
+            return Err(ProtoError::Invalid {
+                what: "path",
+                why: "a name contains `/`".into(),
+            });
+        }
+        let mut p = self.0.clone();
+        if !p.is_empty() {
+            p.push(b'/');
+        }
+        p.extend_from_slice(name);
+        WirePath::new(p)
+    }
+
+    /// The parent path and the last component; `None` for the root.
+    pub fn split_last(&self) -> Option<(WirePath, &[u8])> {
+        match self.0.iter().rposition(|&b| b == b'/') {
+            Some(i) => Some((WirePath(self.0[..i].to_vec()), &self.0[i + 1..])),
+            None if self.0.is_empty() => None,
+            None => Some((WirePath::default(), &self.0)),
+        }
+    }
+
     pub fn components(&self) -> impl Iterator<Item = &[u8]> {
         self.0.split(|&x| x == b'/').filter(|c| !c.is_empty())
     }
@@ -894,6 +920,16 @@ mod tests {
             );
         }
         assert!(WirePath::new(vec![b'a', 0, b'b']).is_err());
+        let d = WirePath::from("d");
+        assert_eq!(d.join(b"x").unwrap(), WirePath::from("d/x"));
+        assert_eq!(WirePath::default().join(b"x").unwrap(), WirePath::from("x"));
+        assert!(d.join(b"x/y").is_err(), "a name is one component");
+        assert!(d.join(b"..").is_err());
+        assert_eq!(
+            WirePath::from("a/b/c").split_last(),
+            Some((WirePath::from("a/b"), &b"c"[..]))
+        );
+        assert_eq!(WirePath::default().split_last(), None);
         assert!(WirePath::new(vec![b'a'; 5000]).is_err());
     }
 
