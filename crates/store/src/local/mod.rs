@@ -201,15 +201,7 @@ impl LocalStore {
             });
         }
         let alg = read_marker(&dir)?;
-        let lock =
-            File::create(dir.join("lock")).map_err(StoreError::io("create", dir.join("lock")))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => return Err(StoreError::Locked { path: dir }),
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(StoreError::io("lock", dir.join("lock"))(e))
-            }
-        }
+        let lock = lock_store(&dir)?;
         let index_path = dir.join("index.redb");
         let packs_dir = dir.join("packs");
         let fresh_index = !index_path.exists();
@@ -616,6 +608,26 @@ impl LocalStore {
         }
         tx.commit().map_err(db_err(p))
     }
+}
+
+/// Takes the store's lock. A lock seen held is retried for a moment: a process that forked
+/// while holding the descriptor (to run a child) keeps it until the child execs.
+pub(super) fn lock_store(dir: &Path) -> Result<File, StoreError> {
+    let path = dir.join("lock");
+    let lock = File::create(&path).map_err(StoreError::io("create", &path))?;
+    for attempt in 0..50 {
+        match lock.try_lock() {
+            Ok(()) => return Ok(lock),
+            Err(std::fs::TryLockError::WouldBlock) if attempt < 49 => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(std::fs::TryLockError::WouldBlock) => break,
+            Err(std::fs::TryLockError::Error(e)) => return Err(StoreError::io("lock", &path)(e)),
+        }
+    }
+    Err(StoreError::Locked {
+        path: dir.to_path_buf(),
+    })
 }
 
 fn read_marker(dir: &Path) -> Result<HashAlg, StoreError> {

@@ -147,13 +147,7 @@ impl LocalStore {
         let dir = dir.as_ref();
         super::read_marker(dir)?;
         {
-            let lock = File::create(dir.join("lock"))
-                .map_err(StoreError::io("create", dir.join("lock")))?;
-            if lock.try_lock().is_err() {
-                return Err(StoreError::Locked {
-                    path: dir.to_path_buf(),
-                });
-            }
+            let _lock = super::lock_store(dir)?;
             let index = dir.join("index.redb");
             if index.exists() {
                 let old = dir.join("index.redb.old");
