@@ -33,8 +33,11 @@ enum Command {
     Similarity(cmd::similarity::Args),
     /// Manage a content-addressed chunk store.
     Store(cmd::store::Args),
-    /// Export a directory to one client (`ssh host ferry serve --stdio DIR`).
+    /// Export a directory: to one client over a remote shell (`ssh host ferry serve --stdio
+    /// DIR`), or to authorized clients over TLS (`ferry serve --listen DIR`).
     Serve(cmd::remote::ServeArgs),
+    /// This user's key, and which keys to trust (for the TLS daemon and `ferry://` remotes).
+    Key(cmd::key::Args),
     /// List a remote directory (HOST:PATH).
     Ls(cmd::remote::LsArgs),
     /// Fetch a remote file or tree (HOST:PATH), sending only the chunks not found locally.
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
         Command::Similarity(a) => cmd::similarity::run(a, &ui),
         Command::Store(a) => cmd::store::run(a, &ui),
         Command::Serve(a) => cmd::remote::serve(a),
+        Command::Key(a) => cmd::key::run(a),
         Command::Ls(a) => cmd::remote::ls(a),
         Command::Get(a) => cmd::remote::get(a),
         Command::Put(a) => cmd::remote::put(a),
@@ -72,15 +76,8 @@ fn main() -> ExitCode {
 
 /// The exit code for an error: scripts can tell a conflict and a failed link from the rest.
 fn exit_code(e: &anyhow::Error) -> u8 {
-    use ferry_fs::{ConnError, GetError};
-    let conn = e.chain().find_map(|c| {
-        c.downcast_ref::<ConnError>()
-            .or(match c.downcast_ref::<GetError>() {
-                Some(GetError::Conn(ce)) => Some(ce),
-                _ => None,
-            })
-    });
-    match conn {
+    use ferry_fs::ConnError;
+    match util::conn_error(e) {
         Some(ConnError::Remote {
             code: ferry_proto::ErrorCode::Conflict,
             ..

@@ -154,6 +154,21 @@ pub fn human(n: u64) -> String {
     }
 }
 
+/// The protocol or link error behind `e`, if there is one.
+pub fn conn_error(e: &anyhow::Error) -> Option<&ferry_fs::ConnError> {
+    e.chain().find_map(|c| {
+        c.downcast_ref::<ferry_fs::ConnError>()
+            .or(match c.downcast_ref::<ferry_fs::GetError>() {
+                Some(ferry_fs::GetError::Conn(ce)) => Some(ce),
+                _ => None,
+            })
+            .or(match c.downcast_ref::<ferry_net::NetError>() {
+                Some(ferry_net::NetError::Link(ce)) => Some(ce),
+                _ => None,
+            })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

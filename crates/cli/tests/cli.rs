@@ -551,3 +551,147 @@ fn retry_reconnects_after_a_failed_link() {
     ]);
     assert_eq!(std::fs::read(&out).unwrap(), data(100_000, 9));
 }
+
+/// A `ferry serve --listen` process with its own data and cache directories, killed on drop.
+struct TlsDaemon {
+    child: std::process::Child,
+    port: u16,
+    fingerprint: String,
+}
+
+impl TlsDaemon {
+    fn start(home: &Path, export: &Path, port: u16) -> TlsDaemon {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), s(export)])
+            .env("XDG_DATA_HOME", home.join("data"))
+            .env("XDG_CACHE_HOME", home.join("cache"))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().unwrap().unwrap();
+        let port = first.rsplit(':').next().unwrap().parse().unwrap();
+        let second = lines.next().unwrap().unwrap();
+        let fingerprint = second.rsplit(' ').next().unwrap().to_string();
+        assert!(fingerprint.starts_with("blake3:"), "{second}");
+        TlsDaemon {
+            child,
+            port,
+            fingerprint,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("ferry://127.0.0.1:{}/{path}", self.port)
+    }
+}
+
+impl Drop for TlsDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `ferry` as the user whose data and cache live under `home`.
+fn ferry_as(home: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(args)
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env("XDG_CACHE_HOME", home.join("cache"))
+        .output()
+        .unwrap()
+}
+
+fn ok_as(home: &Path, args: &[&str]) -> String {
+    let o = ferry_as(home, args);
+    assert!(
+        o.status.success(),
+        "ferry {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+#[test]
+fn tls_daemon_serves_authorized_keys_and_pins_its_own() {
+    let t = tempfile::tempdir().unwrap();
+    let (srv, alice, bob) = (t.path().join("srv"), t.path().join("a"), t.path().join("b"));
+    let export = t.path().join("export");
+    std::fs::create_dir_all(export.join("sub")).unwrap();
+    std::fs::write(export.join("sub/f"), data(200_000, 1)).unwrap();
+    std::fs::write(export.join("small"), b"hi\n").unwrap();
+    let d = TlsDaemon::start(&srv, &export, 0);
+
+    // Not authorized yet: a clear refusal (not a link failure), and the server's key recorded.
+    let o = ferry_as(&alice, &["ls", &d.url("")]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("not authorized"), "{e}");
+    assert!(e.contains("first visit"), "{e}");
+    let known = std::fs::read_to_string(alice.join("data/ferry/known_hosts")).unwrap();
+    assert!(known.contains(&d.fingerprint), "{known}");
+
+    let fp = ok_as(&alice, &["key", "show"]).trim().to_string();
+    ok_as(&srv, &["key", "authorize", &fp, "alice"]);
+    let ls = ok_as(&alice, &["ls", &d.url("")]);
+    assert!(ls.contains("small") && ls.contains("sub"), "{ls}");
+    let out = t.path().join("out");
+    ok_as(&alice, &["get", &d.url("sub"), s(&out)]);
+    assert_eq!(std::fs::read(out.join("f")).unwrap(), data(200_000, 1));
+    std::fs::write(out.join("f"), data(250_000, 1)).unwrap();
+    ok_as(&alice, &["sync", s(&out), &d.url("sub")]);
+    assert_eq!(
+        std::fs::read(export.join("sub/f")).unwrap(),
+        data(250_000, 1)
+    );
+
+    // Another daemon with another key on the same address: refused, not trusted.
+    let port = d.port;
+    drop(d);
+    let impostor = TlsDaemon::start(&t.path().join("impostor"), &export, port);
+    let o = ferry_as(&alice, &["ls", &impostor.url("")]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("presents key") && e.contains(&impostor.fingerprint),
+        "{e}"
+    );
+    drop(impostor);
+
+    // "Have you got this chunk?" answers from the asking client's uploads, never another's.
+    let d = TlsDaemon::start(&srv, &export, port);
+    let fp_b = ok_as(&bob, &["key", "show"]).trim().to_string();
+    ok_as(&srv, &["key", "authorize", &fp_b, "bob"]);
+    ok_as(
+        &bob,
+        &["key", "trust", &format!("127.0.0.1:{port}"), &d.fingerprint],
+    );
+    let secret = data(5000, 77);
+    let id = ferry_format::Id::hash(ferry_format::HashAlg::Blake3, &secret);
+    let have = |home: &Path, put: bool| -> bool {
+        use ferry_proto::{Reply, Request};
+        let data_dir = home.join("data/ferry");
+        let (me, _) = ferry_net::Identity::load_or_create(&data_dir).unwrap();
+        let ep = ferry_net::Endpoint::parse(&d.url("")).unwrap().unwrap();
+        let mut sess = ferry_net::connect(&ep, &me, &data_dir.join("known_hosts"), |_| {}).unwrap();
+        if put {
+            sess.conn
+                .call(Request::PutChunks {
+                    chunks: vec![(id, secret.clone())],
+                })
+                .unwrap();
+        }
+        let r = sess.conn.call(Request::Have { ids: vec![id] }).unwrap();
+        sess.close().unwrap();
+        match &r[..] {
+            [Reply::Have(v)] => v[0],
+            other => panic!("{other:?}"),
+        }
+    };
+    assert!(!have(&bob, false));
+    assert!(have(&alice, true), "the uploader's own chunk");
+    assert!(!have(&bob, false), "another client's upload is no oracle");
+    assert!(have(&alice, false), "kept across sessions");
+}

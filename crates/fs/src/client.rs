@@ -6,7 +6,7 @@ use std::io::{self, BufReader, BufWriter, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use ferry_chunk::{ChunkReader, ChunkerSpec};
 use ferry_format::{ChunkRef, HashAlg, Id, Recipe};
@@ -40,10 +40,17 @@ impl RemoteSpec {
     }
 }
 
-/// A session with a server started over a remote shell.
+/// The reading half of a session's byte stream.
+pub type LinkReader = BufReader<Box<dyn io::Read + Send>>;
+/// The writing half of a session's byte stream.
+pub type LinkWriter = Box<dyn Write + Send>;
+
+/// A session with a server: over a remote shell's standard input and output, or over any other
+/// byte stream (the TLS daemon's, see `ferry-net`).
 pub struct Session {
-    pub conn: Connection<BufReader<ChildStdout>, ChildStdin>,
-    child: Child,
+    pub conn: Connection<LinkReader, LinkWriter>,
+    /// Run after hanging up: waits for the remote shell, or for the thread carrying the stream.
+    finish: Box<dyn FnOnce() -> io::Result<()> + Send>,
 }
 
 impl Session {
@@ -66,9 +73,13 @@ impl Session {
             .spawn()
             .map_err(|e| io::Error::new(e.kind(), format!("cannot run {prog}: {e}")))?;
         let stdin = child.stdin.take().expect("piped");
-        let stdout = BufReader::with_capacity(256 * 1024, child.stdout.take().expect("piped"));
-        match Connection::open(stdout, stdin) {
-            Ok(conn) => Ok(Session { conn, child }),
+        let stdout = child.stdout.take().expect("piped");
+        let writer: LinkWriter = Box::new(stdin);
+        match Connection::open(link_reader(Box::new(stdout)), writer) {
+            Ok(conn) => Ok(Session {
+                conn,
+                finish: Box::new(move || child.wait().map(drop)),
+            }),
             Err(e) => {
                 let status = child.wait().ok();
                 Err(match (e, status) {
@@ -84,13 +95,26 @@ impl Session {
         }
     }
 
+    /// Opens a session over an already connected byte stream; `finish` runs after hanging up.
+    pub fn over(
+        reader: Box<dyn io::Read + Send>,
+        writer: LinkWriter,
+        finish: Box<dyn FnOnce() -> io::Result<()> + Send>,
+    ) -> Result<Session, ConnError> {
+        let conn = Connection::open(link_reader(reader), writer)?;
+        Ok(Session { conn, finish })
+    }
+
     /// Hangs up and waits for the remote side.
     pub fn close(self) -> io::Result<()> {
-        let Session { conn, mut child } = self;
+        let Session { conn, finish } = self;
         drop(conn);
-        child.wait()?;
-        Ok(())
+        finish()
     }
+}
+
+fn link_reader(r: Box<dyn io::Read + Send>) -> LinkReader {
+    BufReader::with_capacity(256 * 1024, r)
 }
 
 /// One `ls` entry.

@@ -87,6 +87,33 @@ pub fn serve(
     }
 }
 
+/// Turns a client away: waits for its Hello (bounded, like any frame) and answers with `code`
+/// and `message`, so the client can say why instead of seeing the link drop.
+pub fn refuse(
+    mut input: impl Read,
+    mut output: impl Write,
+    code: ferry_proto::ErrorCode,
+    message: &str,
+) -> Result<(), ConnError> {
+    let mut dec = FrameDecoder::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(f) = dec.next_frame()? {
+            let reply = Message::Reply(Reply::Error {
+                code,
+                message: message.to_string(),
+            });
+            output.write_all(&reply.to_frame(f.request_id).encode(false)?)?;
+            output.flush()?;
+            return Ok(());
+        }
+        match input.read(&mut buf)? {
+            0 => return Err(ConnError::Closed),
+            n => dec.feed(&buf[..n]),
+        }
+    }
+}
+
 /// Byte and message counts of a connection, as this side saw them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Traffic {

@@ -21,8 +21,9 @@ mod leases;
 pub mod server;
 
 pub use client::{
-    get, list, put, GetError, GetStats, PutOptions, PutStats, RemoteSpec, Session, Sources,
+    get, list, put, GetError, GetStats, LinkReader, LinkWriter, PutOptions, PutStats, RemoteSpec,
+    Session, Sources,
 };
-pub use conn::{serve, ConnError, Connection, Traffic};
+pub use conn::{refuse, serve, ConnError, Connection, Traffic};
 pub use export::Export;
 pub use server::{Server, ServerOptions, Staging};

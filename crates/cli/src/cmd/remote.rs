@@ -15,11 +15,22 @@ use serde_json::json;
 use crate::util::human;
 
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("how").required(true).args(["stdio", "listen"])))]
 pub struct ServeArgs {
     /// Speak the protocol on standard input and output (how `ssh host ferry serve --stdio DIR`
     /// is used by `ferry get`).
     #[arg(long)]
     stdio: bool,
+    /// Run the TLS daemon on ADDRESS (`PORT`, `HOST:PORT`; port 0 picks a free one) for
+    /// `ferry://host[:port]/path` clients whose keys are authorized.
+    #[arg(long, value_name = "ADDRESS", num_args = 0..=1, default_missing_value = "0.0.0.0:7330")]
+    listen: Option<String>,
+    /// Client keys the daemon lets in [default: authorized_keys in the data directory].
+    #[arg(long, value_name = "FILE")]
+    authorized_keys: Option<PathBuf>,
+    /// Daemon sessions at once; more clients are told the server is busy.
+    #[arg(long, default_value_t = 64)]
+    max_sessions: usize,
     /// The directory to export.
     dir: PathBuf,
 }
@@ -74,13 +85,10 @@ pub struct Rsh {
 
 /// Whether `e` is the link failing (worth reconnecting), not a refusal or a local problem.
 fn is_connection_error(e: &anyhow::Error) -> bool {
-    let lost = |c: &ferry_fs::ConnError| {
-        matches!(c, ferry_fs::ConnError::Closed | ferry_fs::ConnError::Io(_))
-    };
-    e.chain().any(|c| {
-        c.downcast_ref::<ferry_fs::ConnError>().is_some_and(lost)
-            || matches!(c.downcast_ref::<ferry_fs::GetError>(), Some(ferry_fs::GetError::Conn(ce)) if lost(ce))
-    })
+    matches!(
+        crate::util::conn_error(e),
+        Some(ferry_fs::ConnError::Closed | ferry_fs::ConnError::Io(_))
+    )
 }
 
 /// Runs `attempt` again while it fails for connection reasons, up to `retries` more times.
@@ -110,7 +118,7 @@ pub struct LsArgs {
     /// One JSON object per entry.
     #[arg(long)]
     json: bool,
-    /// HOST:PATH
+    /// HOST:PATH (over ssh) or ferry://HOST[:PORT]/PATH (the TLS daemon)
     remote: String,
 }
 
@@ -126,7 +134,7 @@ pub struct GetArgs {
     json: bool,
     #[command(flatten)]
     mode: Mode,
-    /// HOST:PATH, a file or a directory.
+    /// HOST:PATH or ferry://HOST[:PORT]/PATH, a file or a directory.
     remote: String,
     /// Where to put it.
     local: PathBuf,
@@ -143,7 +151,7 @@ pub struct PutArgs {
     mode: Mode,
     /// A local file or directory.
     local: PathBuf,
-    /// HOST:PATH to create or update.
+    /// HOST:PATH or ferry://HOST[:PORT]/PATH to create or update.
     remote: String,
 }
 
@@ -159,18 +167,15 @@ pub struct SyncArgs {
     json: bool,
     #[command(flatten)]
     mode: Mode,
-    /// Source: HOST:PATH or a local path.
+    /// Source: HOST:PATH, ferry://HOST[:PORT]/PATH or a local path.
     src: String,
-    /// Destination: a local path or HOST:PATH (exactly one side is remote).
+    /// Destination: a local path or a remote (exactly one side is remote).
     dst: String,
 }
 
 /// `sync` is `get` or `put`, by which side is remote.
 pub fn sync(a: SyncArgs) -> Result<ExitCode> {
-    match (
-        RemoteSpec::parse(&a.src).is_some(),
-        RemoteSpec::parse(&a.dst).is_some(),
-    ) {
+    match (is_remote(&a.src), is_remote(&a.dst)) {
         (true, false) => get(GetArgs {
             rsh: a.rsh,
             cache: a.cache,
@@ -187,42 +192,103 @@ pub fn sync(a: SyncArgs) -> Result<ExitCode> {
             remote: a.dst,
         }),
         (true, true) => bail!("both sides are remote; one must be a local path"),
-        (false, false) => bail!("neither side is remote (write HOST:PATH for one of them)"),
+        (false, false) => {
+            bail!("neither side is remote (write HOST:PATH or ferry://HOST/PATH for one of them)")
+        }
     }
 }
 
 pub fn serve(a: ServeArgs) -> Result<ExitCode> {
-    if !a.stdio {
-        bail!("only `ferry serve --stdio DIR` is available in this version (the TLS daemon is not built yet)");
-    }
     let export =
         Export::open(&a.dir).with_context(|| format!("cannot export {}", a.dir.display()))?;
     if !std::fs::metadata(&a.dir)?.is_dir() {
         bail!("{} is not a directory", a.dir.display());
     }
-    // Chunks clients send wait here for their commit; a cut upload resumes from them. A second
-    // session at the same time gets a private store for its lifetime.
-    let dir = default_cache().join("server-staging");
-    let _private;
-    let staging: ferry_fs::Staging = match LocalStore::open_or_create(&dir, Options::default()) {
-        Ok(s) => std::sync::Arc::new(s),
+    let Some(listen) = a.listen else {
+        let (staging, _private) = open_staging(&default_cache().join("server-staging"))?;
+        let mut server = Server::new(export, ServerOptions::default(), staging);
+        let stdin = io::stdin().lock();
+        let stdout = BufWriter::with_capacity(256 * 1024, io::stdout().lock());
+        ferry_fs::serve(&mut server, stdin, stdout)?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    let addr = if listen.parse::<u16>().is_ok() {
+        format!("0.0.0.0:{listen}")
+    } else {
+        listen
+    };
+    let listener =
+        std::net::TcpListener::bind(&addr).with_context(|| format!("cannot listen on {addr}"))?;
+    let data = ferry_net::data_dir();
+    let (identity, _) = ferry_net::Identity::load_or_create(&data)?;
+    let keys = a
+        .authorized_keys
+        .unwrap_or_else(|| data.join("authorized_keys"));
+    let n = ferry_net::read_authorized(&keys)?.len();
+    println!(
+        "ferry: serving {} on {}",
+        a.dir.display(),
+        listener.local_addr()?
+    );
+    println!("ferry: server key {}", identity.fingerprint());
+    println!(
+        "ferry: {n} authorized client key(s) in {}{}",
+        keys.display(),
+        if n == 0 {
+            " (add one with `ferry key authorize FINGERPRINT`)"
+        } else {
+            ""
+        }
+    );
+    io::stdout().flush()?;
+    let dir = a.dir.clone();
+    let handler: ferry_net::Handler = std::sync::Arc::new(move |peer, stream| {
+        if let Err(e) = daemon_session(&dir, peer, stream) {
+            tracing::warn!("session for {} ({}): {e:#}", peer.name, peer.fingerprint);
+        }
+    });
+    ferry_net::Daemon {
+        listener,
+        identity,
+        authorized_keys: keys,
+        max_sessions: a.max_sessions.max(1),
+    }
+    .run(handler)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One daemon session. Chunks a client sends wait in a staging store of that client's own, so
+/// "have you got this chunk?" never answers from another client's uploads.
+fn daemon_session(
+    dir: &Path,
+    peer: &ferry_net::Peer,
+    stream: std::os::unix::net::UnixStream,
+) -> Result<()> {
+    let export = Export::open(dir)?;
+    let who = &peer.fingerprint.to_string()["blake3:".len()..][..32];
+    let (staging, _private) = open_staging(&default_cache().join("server-staging").join(who))?;
+    let mut server = Server::new(export, ServerOptions::default(), staging);
+    let input = stream.try_clone()?;
+    let output = BufWriter::with_capacity(256 * 1024, stream);
+    ferry_fs::serve(&mut server, input, output)?;
+    Ok(())
+}
+
+/// Opens the staging store where chunks clients send wait for their commit (a cut upload
+/// resumes from them). A second session at the same time gets a private store for its
+/// lifetime, kept alive by the returned guard.
+fn open_staging(dir: &Path) -> Result<(ferry_fs::Staging, Option<tempfile::TempDir>)> {
+    match LocalStore::open_or_create(dir, Options::default()) {
+        Ok(s) => Ok((std::sync::Arc::new(s), None)),
         Err(ferry_store::StoreError::Locked { .. }) => {
-            _private = tempfile::tempdir()?;
-            std::sync::Arc::new(LocalStore::create(
-                _private.path().join("staging"),
-                Options::default(),
-            )?)
+            let private = tempfile::tempdir()?;
+            let s = LocalStore::create(private.path().join("staging"), Options::default())?;
+            Ok((std::sync::Arc::new(s), Some(private)))
         }
         Err(e) => {
-            return Err(e)
-                .with_context(|| format!("cannot open the staging store {}", dir.display()))
+            Err(e).with_context(|| format!("cannot open the staging store {}", dir.display()))
         }
-    };
-    let mut server = Server::new(export, ServerOptions::default(), staging);
-    let stdin = io::stdin().lock();
-    let stdout = BufWriter::with_capacity(256 * 1024, io::stdout().lock());
-    ferry_fs::serve(&mut server, stdin, stdout)?;
-    Ok(ExitCode::SUCCESS)
+    }
 }
 
 /// Splits a remote path into the directory the server exports and the path inside it.
@@ -261,9 +327,31 @@ fn split_remote(spec: &RemoteSpec) -> Result<(RemoteSpec, WirePath)> {
     ))
 }
 
+/// Whether `s` names a remote: `ferry://…` or `HOST:PATH`.
+fn is_remote(s: &str) -> bool {
+    s.starts_with("ferry://") || RemoteSpec::parse(s).is_some()
+}
+
 fn connect(remote: &str, rsh: &Rsh) -> Result<(Session, WirePath)> {
+    if let Some(ep) = ferry_net::Endpoint::parse(remote) {
+        let ep = ep?;
+        let wire = WirePath::new(ep.path.as_bytes().to_vec())
+            .with_context(|| format!("bad remote path {:?}", ep.path))?;
+        let data = ferry_net::data_dir();
+        let (id, _) = ferry_net::Identity::load_or_create(&data)?;
+        let known = data.join("known_hosts");
+        let session = ferry_net::connect(&ep, &id, &known, |fp| {
+            eprintln!(
+                "ferry: first visit to {}: trusting its key {fp} from now on (recorded in {})",
+                ep.host_port(),
+                known.display()
+            )
+        })
+        .with_context(|| format!("cannot start a session with {}", ep.host_port()))?;
+        return Ok((session, wire));
+    }
     let Some(spec) = RemoteSpec::parse(remote) else {
-        bail!("{remote:?} is not a remote (write HOST:PATH)");
+        bail!("{remote:?} is not a remote (write HOST:PATH or ferry://HOST[:PORT]/PATH)");
     };
     let (root, wire) = split_remote(&spec)?;
     let session = Session::spawn(&rsh.rsh, &rsh.remote_ferry, &root)

@@ -1,0 +1,417 @@
+//! Ferry's network edge: the TLS 1.3 daemon (`ferry serve --listen`) and the client side of
+//! `ferry://host[:port]/path`. This is the only crate that uses tokio; a session's protocol
+//! work stays synchronous (ferry-fs) on a thread of its own, joined to the TLS stream by a
+//! socket pair that a small async pump drives.
+//!
+//! Trust works like ssh's, without certificate authorities: each user has one key, made on
+//! first run ([`Identity`]); a daemon prints its key's fingerprint, a client records it on
+//! first use in `known_hosts` and refuses a changed key from then on; the daemon serves only
+//! clients whose fingerprints are in its `authorized_keys`, and tells the others so.
+
+mod keys;
+mod tls;
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_fs::{ConnError, Session};
+use ferry_proto::ErrorCode;
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+pub use keys::{
+    append_line, data_dir, known_host, read_authorized, AuthorizedKey, Fingerprint, Identity,
+};
+
+/// The daemon's port when a `ferry://` address names none.
+pub const DEFAULT_PORT: u16 = 7330;
+/// A TCP connection or a TLS handshake that takes longer than this is given up.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(20);
+/// After one direction of a session ends, the other gets this long to finish.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum NetError {
+    #[error("cannot {op} {}: {source}", path.display())]
+    File {
+        op: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("{0}")]
+    BadKey(String),
+    #[error("{0}")]
+    BadAddress(String),
+    #[error(
+        "the server at {host} presents key {seen}, but {known} was recorded for it in {}; \
+         if its key really changed, delete that line (or pin the new key with `ferry key trust`)",
+        file.display()
+    )]
+    KeyChanged {
+        host: String,
+        known: Fingerprint,
+        seen: Fingerprint,
+        file: PathBuf,
+    },
+    /// The link itself failed (refused, timed out, cut): worth retrying.
+    #[error(transparent)]
+    Link(ConnError),
+}
+
+impl NetError {
+    fn file(op: &'static str, path: &Path, source: io::Error) -> Self {
+        NetError::File {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    fn link(what: String, e: io::Error) -> Self {
+        NetError::Link(ConnError::Io(io::Error::new(
+            e.kind(),
+            format!("{what}: {e}"),
+        )))
+    }
+}
+
+/// `ferry://host[:port]/path`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub host: String,
+    pub port: u16,
+    /// The path inside the daemon's export, without leading `/` (empty: its root).
+    pub path: String,
+}
+
+impl Endpoint {
+    /// `None` if `s` is not a `ferry://` address; an error if it is a malformed one.
+    pub fn parse(s: &str) -> Option<Result<Endpoint, NetError>> {
+        let rest = s.strip_prefix("ferry://")?;
+        let bad = |why: &str| Some(Err(NetError::BadAddress(format!("{s:?}: {why}"))));
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            match v6.split_once(']') {
+                Some((h, "")) => (h, None),
+                Some((h, p)) => match p.strip_prefix(':') {
+                    Some(p) => (h, Some(p)),
+                    None => return bad("expected :PORT after ]"),
+                },
+                None => return bad("unclosed ["),
+            }
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (authority, None),
+            }
+        };
+        if host.is_empty() {
+            return bad("no host");
+        }
+        let port = match port.map(str::parse::<u16>) {
+            None => DEFAULT_PORT,
+            Some(Ok(p)) if p != 0 => p,
+            Some(_) => return bad("bad port"),
+        };
+        Some(Ok(Endpoint {
+            host: host.to_string(),
+            port,
+            path: path.trim_matches('/').to_string(),
+        }))
+    }
+
+    /// `host:port` as `known_hosts` names it (`[v6]:port` for IPv6 addresses).
+    pub fn host_port(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Connects to a daemon, checks its key against `known_hosts` (recording it on first use, and
+/// then calling `first_use` with it), proves this user's key and opens a session.
+pub fn connect(
+    ep: &Endpoint,
+    id: &Identity,
+    known_hosts: &Path,
+    first_use: impl FnOnce(Fingerprint),
+) -> Result<Session, NetError> {
+    let host_port = ep.host_port();
+    let known = known_host(known_hosts, &host_port)?;
+    let (cfg, verifier) = tls::client_config(id, known)?;
+    let name = rustls::pki_types::ServerName::try_from(ep.host.clone())
+        .map_err(|_| NetError::BadAddress(format!("{:?} is not a host name", ep.host)))?;
+    let rt = runtime().map_err(|e| NetError::link("cannot start the network runtime".into(), e))?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let addr = (ep.host.clone(), ep.port);
+    let tls = rt.block_on(async {
+        let tcp = tokio::time::timeout(HANDSHAKE_TIMEOUT, tokio::net::TcpStream::connect(addr))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "timed out"))??;
+        tune(&tcp);
+        tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, tcp))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))?
+    });
+    let seen = *verifier.seen.lock().unwrap();
+    let tls = match (tls, known, seen) {
+        (Err(_), Some(known), Some(seen)) if known != seen => {
+            return Err(NetError::KeyChanged {
+                host: host_port,
+                known,
+                seen,
+                file: known_hosts.to_path_buf(),
+            })
+        }
+        (Err(e), ..) => return Err(NetError::link(format!("cannot reach {host_port}"), e)),
+        (Ok(t), ..) => t,
+    };
+    if let (None, Some(fp)) = (known, seen) {
+        append_line(known_hosts, &format!("{host_port} {fp}"))?;
+        first_use(fp);
+    }
+    let (mine, theirs) = UnixStream::pair().map_err(|e| NetError::link("socket pair".into(), e))?;
+    theirs
+        .set_nonblocking(true)
+        .map_err(|e| NetError::link("socket pair".into(), e))?;
+    let pump = std::thread::Builder::new()
+        .name("ferry-tls".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                match tokio::net::UnixStream::from_std(theirs) {
+                    Ok(u) => pump(tls, u).await,
+                    Err(e) => Err(e),
+                }
+            })
+        })
+        .map_err(|e| NetError::link("thread".into(), e))?;
+    let reader = mine
+        .try_clone()
+        .map_err(|e| NetError::link("socket pair".into(), e))?;
+    let finish = Box::new(move || match pump.join() {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::other("the TLS thread panicked")),
+    });
+    Session::over(Box::new(reader), Box::new(mine), finish).map_err(NetError::Link)
+}
+
+fn runtime() -> io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
+/// Low latency for small requests, and keepalives so a vanished peer is noticed.
+fn tune(tcp: &tokio::net::TcpStream) {
+    use rustix::net::sockopt;
+    let _ = tcp.set_nodelay(true);
+    let _ = sockopt::set_socket_keepalive(tcp, true);
+    let _ = sockopt::set_tcp_keepidle(tcp, Duration::from_secs(60));
+    let _ = sockopt::set_tcp_keepintvl(tcp, Duration::from_secs(10));
+    let _ = sockopt::set_tcp_keepcnt(tcp, 6);
+}
+
+/// Copies both ways until both are done; once one direction ends, the other gets
+/// [`CLOSE_GRACE`] to finish.
+async fn pump<A, B>(a: A, b: B) -> io::Result<()>
+where
+    A: AsyncRead + AsyncWrite,
+    B: AsyncRead + AsyncWrite,
+{
+    let (mut ar, mut aw) = tokio::io::split(a);
+    let (mut br, mut bw) = tokio::io::split(b);
+    let up = async {
+        let r = tokio::io::copy(&mut ar, &mut bw).await;
+        let _ = bw.shutdown().await;
+        r
+    };
+    let down = async {
+        let r = tokio::io::copy(&mut br, &mut aw).await;
+        let _ = aw.shutdown().await;
+        r
+    };
+    tokio::pin!(up, down);
+    let rest = tokio::select! {
+        r = &mut up => { r?; tokio::time::timeout(CLOSE_GRACE, &mut down).await }
+        r = &mut down => { r?; tokio::time::timeout(CLOSE_GRACE, &mut up).await }
+    };
+    match rest {
+        Ok(r) => r.map(drop),
+        Err(_) => Ok(()),
+    }
+}
+
+/// A client the daemon let in.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    pub fingerprint: Fingerprint,
+    /// Its name in `authorized_keys` (may be empty).
+    pub name: String,
+    pub addr: SocketAddr,
+}
+
+/// Runs one session: the protocol over the given stream, until the client hangs up.
+pub type Handler = Arc<dyn Fn(&Peer, UnixStream) + Send + Sync>;
+
+/// The TLS daemon.
+pub struct Daemon {
+    pub listener: std::net::TcpListener,
+    pub identity: Identity,
+    /// Read again for every connection, so edits apply at once.
+    pub authorized_keys: PathBuf,
+    /// Sessions at once; more are told the server is busy.
+    pub max_sessions: usize,
+}
+
+impl Daemon {
+    /// Accepts connections for ever, each session on a thread of its own.
+    pub fn run(self, handler: Handler) -> Result<(), NetError> {
+        let cfg = Arc::new(tls::server_config(&self.identity)?);
+        let rt = runtime().map_err(|e| NetError::link("network runtime".into(), e))?;
+        let keys = Arc::new(self.authorized_keys);
+        let slots = Arc::new(tokio::sync::Semaphore::new(self.max_sessions));
+        let listener = self.listener;
+        rt.block_on(async move {
+            listener
+                .set_nonblocking(true)
+                .map_err(|e| NetError::link("listen".into(), e))?;
+            let listener = tokio::net::TcpListener::from_std(listener)
+                .map_err(|e| NetError::link("listen".into(), e))?;
+            let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+            loop {
+                let (tcp, addr) = match listener.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Out of descriptors and the like: pause rather than spin.
+                        tracing::warn!("accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    }
+                };
+                tune(&tcp);
+                let slot = slots.clone().try_acquire_owned().ok();
+                tokio::spawn(session(
+                    acceptor.clone(),
+                    tcp,
+                    addr,
+                    keys.clone(),
+                    handler.clone(),
+                    slot,
+                ));
+            }
+        })
+    }
+}
+
+async fn session(
+    acceptor: tokio_rustls::TlsAcceptor,
+    tcp: tokio::net::TcpStream,
+    addr: SocketAddr,
+    keys: Arc<PathBuf>,
+    handler: Handler,
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+) {
+    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => return tracing::info!("{addr}: handshake failed: {e}"),
+        Err(_) => return tracing::info!("{addr}: handshake timed out"),
+    };
+    let Some(fp) = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| Fingerprint::of(c))
+    else {
+        return tracing::info!("{addr}: no client key");
+    };
+    let verdict = match (read_authorized(&keys), &slot) {
+        (Err(e), _) => {
+            tracing::error!("{e}");
+            Err((ErrorCode::Io, "the server cannot read its authorized keys".to_string()))
+        }
+        (Ok(list), Some(_)) => match list.into_iter().find(|k| k.fingerprint == fp) {
+            Some(k) => Ok(Peer {
+                fingerprint: fp,
+                name: k.name,
+                addr,
+            }),
+            None => Err((
+                ErrorCode::Permission,
+                format!(
+                    "this client's key {fp} is not authorized on the server; its owner can add it with `ferry key authorize {fp}` (or to {})",
+                    keys.display()
+                ),
+            )),
+        },
+        (Ok(_), None) => Err((ErrorCode::Io, "the server is busy; try again later".into())),
+    };
+    let (mine, theirs) = match UnixStream::pair() {
+        Ok(p) => p,
+        Err(e) => return tracing::error!("socket pair: {e}"),
+    };
+    let worker = std::thread::Builder::new()
+        .name("ferry-session".into())
+        .spawn(move || match verdict {
+            Ok(peer) => {
+                tracing::info!("{addr}: session for {} ({fp})", peer.name);
+                handler(&peer, mine)
+            }
+            Err((code, message)) => {
+                tracing::info!("{addr}: refused {fp}: {message}");
+                if let Ok(r) = mine.try_clone() {
+                    let _ = ferry_fs::refuse(r, &mine, code, &message);
+                }
+            }
+        });
+    if let Err(e) = worker {
+        return tracing::error!("cannot start a session thread: {e}");
+    }
+    let r = match theirs
+        .set_nonblocking(true)
+        .and_then(|_| tokio::net::UnixStream::from_std(theirs))
+    {
+        Ok(u) => pump(tls, u).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = r {
+        tracing::info!("{addr}: {e}");
+    }
+    drop(slot);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse() {
+        let e = Endpoint::parse("ferry://h/a/b/").unwrap().unwrap();
+        assert_eq!(
+            (e.host.as_str(), e.port, e.path.as_str()),
+            ("h", DEFAULT_PORT, "a/b")
+        );
+        let e = Endpoint::parse("ferry://h:99").unwrap().unwrap();
+        assert_eq!((e.port, e.path.as_str()), (99, ""));
+        let e = Endpoint::parse("ferry://[::1]:5/x").unwrap().unwrap();
+        assert_eq!((e.host.as_str(), e.port), ("::1", 5));
+        assert_eq!(e.host_port(), "[::1]:5");
+        assert!(Endpoint::parse("host:path").is_none());
+        for bad in [
+            "ferry://",
+            "ferry://:4/x",
+            "ferry://h:0/",
+            "ferry://h:x/",
+            "ferry://[::1/",
+        ] {
+            assert!(Endpoint::parse(bad).unwrap().is_err(), "{bad}");
+        }
+    }
+}
