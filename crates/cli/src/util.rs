@@ -46,10 +46,12 @@ pub fn init_logging(verbose: u8) {
 }
 
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<io::Error>()
-            .is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)
-    })
+    // A pipe to the far side breaking is the link failing, not a reader of our output leaving.
+    conn_error(e).is_none()
+        && e.chain().any(|c| {
+            c.downcast_ref::<io::Error>()
+                .is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)
+        })
 }
 
 /// Parses a size: `8192`, `8k`, `8KiB`, `4M`, `1MiB`.

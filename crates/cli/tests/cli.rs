@@ -574,6 +574,8 @@ impl TlsDaemon {
         let port = first.rsplit(':').next().unwrap().parse().unwrap();
         let second = lines.next().unwrap().unwrap();
         let fingerprint = second.rsplit(' ').next().unwrap().to_string();
+        let third = lines.next().unwrap().unwrap();
+        assert!(third.contains("authorized client key"), "{third}");
         assert!(fingerprint.starts_with("blake3:"), "{second}");
         TlsDaemon {
             child,
@@ -694,4 +696,49 @@ fn tls_daemon_serves_authorized_keys_and_pins_its_own() {
     assert!(have(&alice, true), "the uploader's own chunk");
     assert!(!have(&bob, false), "another client's upload is no oracle");
     assert!(have(&alice, false), "kept across sessions");
+}
+
+#[test]
+fn the_cache_stays_within_its_bound() {
+    let t = tempfile::tempdir().unwrap();
+    let rsh = t.path().join("fake-ssh");
+    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
+    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let srv = t.path().join("srv");
+    std::fs::create_dir(&srv).unwrap();
+    std::fs::write(srv.join("a"), data(3_000_000, 1)).unwrap();
+    std::fs::write(srv.join("b"), data(3_000_000, 2)).unwrap();
+    let cache = t.path().join("cache");
+    let get = |name: &str, dst: &str| -> serde_json::Value {
+        let remote = format!("h:{}", srv.join(name).display());
+        let dst = t.path().join(dst);
+        let args = [
+            "get",
+            "--json",
+            "-e",
+            s(&rsh),
+            "--remote-ferry",
+            env!("CARGO_BIN_EXE_ferry"),
+            "--cache",
+            s(&cache),
+            "--cache-size",
+            "4M",
+            &remote,
+            s(&dst),
+        ];
+        serde_json::from_str(ok(&args).trim()).unwrap()
+    };
+    let packs = || -> u64 {
+        std::fs::read_dir(cache.join("packs"))
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum()
+    };
+    get("a", "a1");
+    assert!(packs() > 2_900_000, "{}", packs());
+    get("b", "b1");
+    assert!(packs() <= 4 << 20, "{} bytes of packs", packs());
+    // The most recent file is the one kept.
+    assert_eq!(get("b", "b2")["chunks_from_server"], 0);
+    assert!(get("a", "a2")["chunks_from_server"].as_u64().unwrap() > 0);
 }

@@ -85,7 +85,7 @@ impl Session {
                 Err(match (e, status) {
                     // Reported as the link failing (so `--retry` tries again): ssh exits like this
                     // when the host is unreachable, as does a missing remote ferry.
-                    (ConnError::Closed, Some(st)) => ConnError::Io(io::Error::new(
+                    (ConnError::Closed, Some(st)) | (ConnError::Io(_), Some(st)) => ConnError::Io(io::Error::new(
                         io::ErrorKind::ConnectionAborted,
                         format!("the remote side exited ({st}) before the session began; is the host reachable and ferry installed there (--remote-ferry)?"),
                     )),

@@ -35,7 +35,7 @@ mod object;
 use ferry_format::{HashAlg, Id, Oid, Recipe};
 
 pub use error::StoreError;
-pub use local::{GcReport, LocalStore, Options, VerifyReport};
+pub use local::{GcReport, LocalStore, Options, TrimReport, VerifyReport};
 pub use mem::MemStore;
 pub use object::{read_object, store_object};
 

@@ -68,6 +68,55 @@ impl Mode {
     }
 }
 
+/// The client's persistent chunk cache (used when fetching).
+#[derive(clap::Args)]
+pub struct CacheArgs {
+    /// The cache directory [default: $XDG_CACHE_HOME/ferry/chunks or ~/.cache/ferry/chunks].
+    #[arg(long)]
+    cache: Option<PathBuf>,
+    /// Bound on the cache's size; the least recently used data goes first.
+    #[arg(long, value_name = "SIZE", default_value = "2G", value_parser = crate::util::parse_size)]
+    cache_size: usize,
+}
+
+impl CacheArgs {
+    fn open(&self) -> Result<LocalStore> {
+        let dir = self
+            .cache
+            .clone()
+            .unwrap_or_else(|| cache_root().join("chunks"));
+        LocalStore::open_or_create(&dir, cache_options())
+            .with_context(|| format!("cannot open the cache {}", dir.display()))
+    }
+
+    /// Evicts the least recently used data beyond `--cache-size`.
+    fn trim(&self, cache: &LocalStore) -> Result<()> {
+        let r = cache
+            .trim(self.cache_size as u64)
+            .with_context(|| format!("cannot trim the cache {}", cache.dir().display()))?;
+        if r.packs_evicted > 0 {
+            tracing::info!(
+                "cache: evicted {} chunks ({} bytes) to stay under {}",
+                r.chunks_removed,
+                r.chunk_bytes_removed,
+                human(self.cache_size as u64)
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Options for stores bounded by [`LocalStore::trim`] (the client cache, the server's staging
+/// stores). Eviction works a pack at a time: smaller packs than a store's, and each run's data
+/// in packs of its own.
+fn cache_options() -> Options {
+    Options {
+        pack_target: 16 << 20,
+        append_to_last_pack: false,
+        ..Options::default()
+    }
+}
+
 /// How to reach the remote side.
 #[derive(clap::Args)]
 pub struct Rsh {
@@ -126,9 +175,8 @@ pub struct LsArgs {
 pub struct GetArgs {
     #[command(flatten)]
     rsh: Rsh,
-    /// The persistent chunk cache [default: $XDG_CACHE_HOME/ferry/cache or ~/.cache/ferry/cache].
-    #[arg(long)]
-    cache: Option<PathBuf>,
+    #[command(flatten)]
+    cache: CacheArgs,
     /// Print a JSON summary.
     #[arg(long)]
     json: bool,
@@ -159,9 +207,8 @@ pub struct PutArgs {
 pub struct SyncArgs {
     #[command(flatten)]
     rsh: Rsh,
-    /// The persistent chunk cache, when fetching [default: as for `get`].
-    #[arg(long)]
-    cache: Option<PathBuf>,
+    #[command(flatten)]
+    cache: CacheArgs,
     /// Print a JSON summary.
     #[arg(long)]
     json: bool,
@@ -205,11 +252,12 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         bail!("{} is not a directory", a.dir.display());
     }
     let Some(listen) = a.listen else {
-        let (staging, _private) = open_staging(&default_cache().join("server-staging"))?;
-        let mut server = Server::new(export, ServerOptions::default(), staging);
+        let (staging, _private) = open_staging(&cache_root().join("server-staging"))?;
+        let mut server = Server::new(export, ServerOptions::default(), staging.clone());
         let stdin = io::stdin().lock();
         let stdout = BufWriter::with_capacity(256 * 1024, io::stdout().lock());
         ferry_fs::serve(&mut server, stdin, stdout)?;
+        staging.trim(STAGING_BYTES)?;
         return Ok(ExitCode::SUCCESS);
     };
     let addr = if listen.parse::<u16>().is_ok() {
@@ -225,22 +273,18 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         .authorized_keys
         .unwrap_or_else(|| data.join("authorized_keys"));
     let n = ferry_net::read_authorized(&keys)?.len();
-    println!(
-        "ferry: serving {} on {}",
+    // The banner is for whoever started the daemon; a closed standard output is no error.
+    let banner = format!(
+        "ferry: serving {} on {}\nferry: server key {}\nferry: {n} authorized client key(s) in {}{}\n",
         a.dir.display(),
-        listener.local_addr()?
-    );
-    println!("ferry: server key {}", identity.fingerprint());
-    println!(
-        "ferry: {n} authorized client key(s) in {}{}",
+        listener.local_addr()?,
+        identity.fingerprint(),
         keys.display(),
-        if n == 0 {
-            " (add one with `ferry key authorize FINGERPRINT`)"
-        } else {
-            ""
-        }
+        if n == 0 { " (add one with `ferry key authorize FINGERPRINT`)" } else { "" }
     );
-    io::stdout().flush()?;
+    let _ = io::stdout()
+        .write_all(banner.as_bytes())
+        .and_then(|_| io::stdout().flush());
     let dir = a.dir.clone();
     let handler: ferry_net::Handler = std::sync::Arc::new(move |peer, stream| {
         if let Err(e) = daemon_session(&dir, peer, stream) {
@@ -266,23 +310,28 @@ fn daemon_session(
 ) -> Result<()> {
     let export = Export::open(dir)?;
     let who = &peer.fingerprint.to_string()["blake3:".len()..][..32];
-    let (staging, _private) = open_staging(&default_cache().join("server-staging").join(who))?;
-    let mut server = Server::new(export, ServerOptions::default(), staging);
+    let (staging, _private) = open_staging(&cache_root().join("server-staging").join(who))?;
+    let mut server = Server::new(export, ServerOptions::default(), staging.clone());
     let input = stream.try_clone()?;
     let output = BufWriter::with_capacity(256 * 1024, stream);
     ferry_fs::serve(&mut server, input, output)?;
+    staging.trim(STAGING_BYTES)?;
     Ok(())
 }
+
+/// Bound on a staging store, trimmed (least recently used first) after each session: chunks
+/// wait there only until their commit, or for a cut upload to resume.
+const STAGING_BYTES: u64 = 1 << 30;
 
 /// Opens the staging store where chunks clients send wait for their commit (a cut upload
 /// resumes from them). A second session at the same time gets a private store for its
 /// lifetime, kept alive by the returned guard.
-fn open_staging(dir: &Path) -> Result<(ferry_fs::Staging, Option<tempfile::TempDir>)> {
-    match LocalStore::open_or_create(dir, Options::default()) {
+fn open_staging(dir: &Path) -> Result<(std::sync::Arc<LocalStore>, Option<tempfile::TempDir>)> {
+    match LocalStore::open_or_create(dir, cache_options()) {
         Ok(s) => Ok((std::sync::Arc::new(s), None)),
         Err(ferry_store::StoreError::Locked { .. }) => {
             let private = tempfile::tempdir()?;
-            let s = LocalStore::create(private.path().join("staging"), Options::default())?;
+            let s = LocalStore::create(private.path().join("staging"), cache_options())?;
             Ok((std::sync::Arc::new(s), Some(private)))
         }
         Err(e) => {
@@ -400,19 +449,19 @@ pub fn ls(a: LsArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn default_cache() -> PathBuf {
+/// `$XDG_CACHE_HOME/ferry`, else `~/.cache/ferry`: the client's chunk cache and the server's
+/// staging stores live under it.
+pub fn cache_root() -> PathBuf {
     std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
         .unwrap_or_else(|| PathBuf::from("."))
-        .join("ferry/cache")
+        .join("ferry")
 }
 
 pub fn get(a: GetArgs) -> Result<ExitCode> {
     let t = Instant::now();
-    let cache_dir = a.cache.clone().unwrap_or_else(default_cache);
-    let cache = LocalStore::open_or_create(&cache_dir, Options::default())
-        .with_context(|| format!("cannot open the cache {}", cache_dir.display()))?;
+    let cache = a.cache.open()?;
     let bar = a.mode.bar();
     let tick = |n: u64| bar.inc(n);
     let src = Sources {
@@ -432,6 +481,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
         Ok((stats, traffic))
     })?;
     bar.finish_and_clear();
+    a.cache.trim(&cache)?;
     let secs = t.elapsed().as_secs_f64();
     let mut out = io::stdout().lock();
     if !a.json {

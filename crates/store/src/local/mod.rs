@@ -69,6 +69,10 @@ pub struct Options {
     pub zstd_level: i32,
     /// Flush by itself after this many bytes were appended, bounding what a crash can lose.
     pub flush_every: u64,
+    /// Go on appending to the last pack when the store is opened again (fewer, fuller packs).
+    /// A cache turns this off: its packs are the unit [`LocalStore::trim`] evicts, so each
+    /// session's data should start a pack of its own.
+    pub append_to_last_pack: bool,
 }
 
 impl Default for Options {
@@ -79,6 +83,7 @@ impl Default for Options {
             pack_target: 64 << 20,
             zstd_level: 3,
             flush_every: 256 << 20,
+            append_to_last_pack: true,
         }
     }
 }
@@ -102,6 +107,16 @@ pub struct GcReport {
     pub chunks_removed: u64,
     pub chunk_bytes_removed: u64,
     pub packs_rewritten: u64,
+    pub pack_bytes_before: u64,
+    pub pack_bytes_after: u64,
+}
+
+/// What [`LocalStore::trim`] did.
+#[derive(Clone, Debug, Default)]
+pub struct TrimReport {
+    pub packs_evicted: u64,
+    pub chunks_removed: u64,
+    pub chunk_bytes_removed: u64,
     pub pack_bytes_before: u64,
     pub pack_bytes_after: u64,
 }
@@ -142,6 +157,9 @@ pub struct LocalStore {
     state: Mutex<State>,
     cache: Mutex<ByteLru>,
     readers: Mutex<HashMap<u32, Arc<File>>>,
+    /// When each pack's modification time (its last use, for [`LocalStore::trim`]) was last
+    /// refreshed by this process.
+    touched: Mutex<HashMap<u32, std::time::Instant>>,
     /// Read while reading a pack, written while deleting packs.
     packs_lock: RwLock<()>,
     /// A read snapshot of the chunk table, so lookups skip opening a transaction. Replaced after
@@ -226,6 +244,7 @@ impl LocalStore {
                 poisoned: false,
             }),
             readers: Mutex::new(HashMap::new()),
+            touched: Mutex::new(HashMap::new()),
             packs_lock: RwLock::new(()),
             chunk_table: Mutex::new(None),
             recovery: RebuildReport::default(),
@@ -345,6 +364,23 @@ impl LocalStore {
         match pack::decode_payload(&h, &buf[RECORD_HEADER_LEN..]) {
             Ok(data) => Ok((h.id, data)),
             Err(why) => Err((Some(h.id), why)),
+        }
+    }
+
+    /// Records a use of pack `num` in its modification time, at most once a minute.
+    fn touch(&self, num: u32) {
+        let now = std::time::Instant::now();
+        {
+            let mut t = self.touched.lock().unwrap();
+            if t.get(&num)
+                .is_some_and(|&last| now.duration_since(last) < std::time::Duration::from_secs(60))
+            {
+                return;
+            }
+            t.insert(num, now);
+        }
+        if let Ok(f) = self.reader(num) {
+            let _ = f.set_modified(std::time::SystemTime::now());
         }
     }
 
@@ -673,6 +709,7 @@ impl ChunkStore for LocalStore {
         };
         match self.read_chunk(id, loc) {
             Ok(data) => {
+                self.touch(loc.pack);
                 self.cache.lock().unwrap().insert(*id, data.clone());
                 Ok(Some(data))
             }
@@ -692,8 +729,11 @@ impl ChunkStore for LocalStore {
         let id = *chunk.id();
         self.check_alg(id.alg())?;
         let damaged = self.state.lock().unwrap().damaged.contains(&ckey(&id));
-        if !damaged && self.location(&id)?.is_some() {
-            return Ok(false);
+        if !damaged {
+            if let Some(loc) = self.location(&id)? {
+                self.touch(loc.pack);
+                return Ok(false);
+            }
         }
         // Compress before taking the lock, so other threads can append meanwhile.
         let rec = encode_record(Kind::Chunk, id, chunk.data(), self.opts.zstd_level);

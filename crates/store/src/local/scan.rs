@@ -346,9 +346,9 @@ impl LocalStore {
         let st = self.state.get_mut().unwrap();
         st.next_seq = next_seq;
         st.next_pack = max_num + 1;
-        if let Some((num, len)) =
-            resumable.filter(|&(n, l)| n == max_num && l < self.opts.pack_target)
-        {
+        if let Some((num, len)) = resumable.filter(|&(n, l)| {
+            self.opts.append_to_last_pack && n == max_num && l < self.opts.pack_target
+        }) {
             let path = self.packs_dir.join(pack_name(num));
             let file = OpenOptions::new()
                 .read(true)

@@ -324,3 +324,51 @@ fn nix_is_root() -> bool {
         .output()
         .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
 }
+
+#[test]
+fn trim_evicts_least_recently_used_packs_and_keeps_objects() {
+    let t = tempfile::tempdir().unwrap();
+    let s = new_local(t.path());
+    let object = bytes(40, 50_000);
+    let (oid, _, _) = store_object(&s, &object[..], &ChunkerSpec::default(), |_| {}).unwrap();
+    let chunks: Vec<Vec<u8>> = (0..12).map(|i| bytes(50 + i, 100_000)).collect();
+    for c in &chunks {
+        s.put(&VerifiedChunk::hash(HashAlg::Blake3, c)).unwrap();
+    }
+    s.flush().unwrap();
+    drop(s);
+    // Pack n was last used at n thousand seconds after the epoch.
+    let all = packs(t.path());
+    assert!(all.len() >= 5, "{all:?}");
+    for (i, p) in all.iter().enumerate() {
+        let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1000 * (i as u64 + 1));
+        fs::File::open(p).unwrap().set_modified(when).unwrap();
+    }
+    let s = reopen(t.path());
+    let id = |c: &Vec<u8>| *VerifiedChunk::hash(HashAlg::Blake3, c).id();
+    let where_ = |s: &LocalStore| -> Vec<bool> {
+        chunks.iter().map(|c| s.contains(&id(c)).unwrap()).collect()
+    };
+    // Reading the first chunk makes its pack the most recently used.
+    assert_eq!(s.get(&id(&chunks[0])).unwrap().unwrap(), chunks[0]);
+    let before: u64 = all.iter().map(|p| fs::metadata(p).unwrap().len()).sum();
+    let rep = s.trim(before / 2).unwrap();
+    assert!(rep.pack_bytes_after <= before / 2, "{rep:?}");
+    assert!(rep.packs_evicted >= 2 && rep.chunks_removed >= 4, "{rep:?}");
+    let kept = where_(&s);
+    assert!(kept[0], "the chunk just used stays: {kept:?}");
+    assert!(kept[11], "the newest chunks stay: {kept:?}");
+    assert!(!kept[2], "old, unused chunks go: {kept:?}");
+    assert_eq!(
+        read_back(&s, &oid).unwrap().unwrap(),
+        object,
+        "objects are kept"
+    );
+    assert!(s.verify(|_| {}).unwrap().damaged.is_empty());
+    drop(s);
+    let s = reopen(t.path());
+    assert_eq!(where_(&s), kept, "durable");
+    assert_eq!(read_back(&s, &oid).unwrap().unwrap(), object);
+    // Under the limit already: nothing to do.
+    assert_eq!(s.trim(u64::MAX).unwrap().packs_evicted, 0);
+}

@@ -24,6 +24,7 @@ pub fn small_opts() -> Options {
         pack_target: 256 << 10,
         zstd_level: 3,
         flush_every: 1 << 20,
+        append_to_last_pack: true,
     }
 }
 
