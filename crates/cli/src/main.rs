@@ -86,3 +86,33 @@ fn exit_code(e: &anyhow::Error) -> u8 {
         _ => 1,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::exit_code;
+    use anyhow::Context;
+    use ferry_fs::ConnError;
+    use ferry_proto::ErrorCode;
+
+    fn remote(code: ErrorCode) -> ConnError {
+        ConnError::Remote {
+            code,
+            message: "m".into(),
+        }
+    }
+
+    #[test]
+    fn exit_codes_follow_the_cause_through_context() {
+        let wrapped = |e: anyhow::Error| -> anyhow::Error {
+            Err::<(), _>(e).context("cannot put x").unwrap_err()
+        };
+        assert_eq!(exit_code(&wrapped(remote(ErrorCode::Conflict).into())), 3);
+        assert_eq!(exit_code(&wrapped(remote(ErrorCode::NoSpace).into())), 1);
+        assert_eq!(exit_code(&wrapped(ConnError::Closed.into())), 4);
+        let get = ferry_fs::GetError::Conn(remote(ErrorCode::Conflict));
+        assert_eq!(exit_code(&wrapped(get.into())), 3);
+        let net = ferry_net::NetError::Link(ConnError::Closed);
+        assert_eq!(exit_code(&wrapped(net.into())), 4);
+        assert_eq!(exit_code(&anyhow::anyhow!("bad input")), 1);
+    }
+}

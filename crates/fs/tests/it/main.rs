@@ -873,3 +873,84 @@ fn put_finds_chunks_of_the_replaced_version_and_the_trash() {
     );
     assert!(srv.join(".ferry-trash").is_dir());
 }
+
+/// A tmpfs of `size` mounted for the life of the guard (tests that need one run as root).
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Option<Tmpfs> {
+        let root = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+        if !root {
+            return None;
+        }
+        fs::create_dir_all(at).unwrap();
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs");
+        Some(Tmpfs(at.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_on_either_side_fails_cleanly_and_keeps_the_old_file() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(_srv_fs) = Tmpfs::mount(&t.path().join("srv"), "2m") else {
+        eprintln!("SKIPPED a_full_disk_on_either_side…: needs root to mount a tmpfs");
+        return;
+    };
+    let srv = t.path().join("srv");
+    let old = bytes(60, 500_000);
+    fs::write(srv.join("f"), &old).unwrap();
+    let src = t.path().join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("f"), bytes(61, 3_000_000)).unwrap();
+
+    // Server side: the commit cannot fit; the client hears "no space", the old file stays.
+    let mut c = connect(&srv);
+    match put(&mut c, &src.join("f"), "f") {
+        Err(GetError::Conn(ferry_fs::ConnError::Remote { code, message })) => {
+            assert_eq!(code, ErrorCode::NoSpace, "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(fs::read(srv.join("f")).unwrap(), old);
+    let left: Vec<_> = fs::read_dir(&srv)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        left,
+        vec![std::ffi::OsString::from("f")],
+        "no temporary left"
+    );
+    // The session is still usable.
+    fs::write(src.join("g"), b"small").unwrap();
+    put(&mut c, &src.join("g"), "g").unwrap();
+    assert_eq!(fs::read(srv.join("g")).unwrap(), b"small");
+
+    // Client side: fetching into a full disk fails with a clear error; the old copy stays.
+    let Some(_dst_fs) = Tmpfs::mount(&t.path().join("dst"), "1m") else {
+        unreachable!()
+    };
+    let dst = t.path().join("dst");
+    fs::write(srv.join("f"), bytes(62, 1_500_000)).unwrap();
+    let small_old = bytes(63, 100_000);
+    fs::write(dst.join("f"), &small_old).unwrap();
+    let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+    let mut c = connect(&srv);
+    let e = get(&mut c, "f", &dst.join("f"), &cache).unwrap_err();
+    assert!(e.to_string().contains("No space"), "{e}");
+    assert_eq!(fs::read(dst.join("f")).unwrap(), small_old);
+}
