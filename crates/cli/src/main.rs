@@ -27,6 +27,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// See the file service work on a built-in project: fetch, change, upload, re-sync.
+    Demo(cmd::demo::Args),
     /// Print the chunks (recipe) of files: offset, length and id of each chunk.
     Chunk(cmd::chunk::Args),
     /// How much of NEW is already in OLD, and what sending NEW would cost (LBFS Table 1).
@@ -54,6 +56,7 @@ fn main() -> ExitCode {
     util::init_logging(cli.verbose);
     let ui = util::Ui { quiet: cli.quiet };
     let result = match cli.command {
+        Command::Demo(a) => cmd::demo::run(a),
         Command::Chunk(a) => cmd::chunk::run(a),
         Command::Similarity(a) => cmd::similarity::run(a, &ui),
         Command::Store(a) => cmd::store::run(a, &ui),

@@ -61,15 +61,22 @@ impl Session {
         let prog = words
             .next()
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty --rsh command"))?;
-        let mut child = Command::new(prog)
-            .args(words)
+        let mut cmd = Command::new(prog);
+        cmd.args(words)
             .arg(&spec.host)
             .arg(remote_ferry)
             .args(["serve", "--stdio"])
-            .arg(&spec.path)
+            .arg(&spec.path);
+        Self::command(cmd)
+    }
+
+    /// Runs `cmd`, which must speak the protocol on its standard input and output (a server:
+    /// `ferry serve --stdio DIR`, however reached), and opens a session with it.
+    pub fn command(mut cmd: Command) -> Result<Session, ConnError> {
+        let prog = cmd.get_program().to_string_lossy().into_owned();
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
             .spawn()
             .map_err(|e| io::Error::new(e.kind(), format!("cannot run {prog}: {e}")))?;
         let stdin = child.stdin.take().expect("piped");
@@ -236,8 +243,18 @@ const CHUNKS_PER_REQUEST: usize = 256;
 const REQUESTS_IN_FLIGHT: usize = 4;
 /// Fetched chunk bytes between cache flushes (each flush is an fsync).
 const RESUME_FLUSH_BYTES: usize = 16 << 20;
+/// Files fetched together: their recipes are asked for at once, then all their missing chunks,
+/// so a batch costs about two round trips however many files it holds.
+const BATCH_FILES: usize = 1024;
+/// Bytes of files per batch (bounding the recipes held in memory at once).
+const BATCH_BYTES: u64 = 256 << 20;
 
 /// Fetches the file or tree at `remote` into `local`.
+///
+/// First a walk of the listings (prefetched a level ahead, so about one round trip per level)
+/// creates directories, applies `--delete` and notes which files differ; then the files are
+/// fetched in batches, each costing about two round trips (recipes, then the chunks not found
+/// locally); last, symlinks, and directories' modes and times.
 pub fn get<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     remote: &WirePath,
@@ -246,121 +263,190 @@ pub fn get<R: io::Read, W: Write>(
     stats: &mut GetStats,
 ) -> Result<(), GetError> {
     let attr = get_attr(conn, remote)?;
-    get_entry(conn, remote, &attr, local, src, stats, &mut HashMap::new())
+    let mut plan = Plan::default();
+    walk(conn, remote, &attr, local, src, stats, &mut plan)?;
+    let mut batch = vec![];
+    let mut bytes = 0;
+    for job in plan.files {
+        if !batch.is_empty() && (batch.len() >= BATCH_FILES || bytes + job.attr.size > BATCH_BYTES)
+        {
+            fetch_files(conn, std::mem::take(&mut batch), src, stats)?;
+            bytes = 0;
+        }
+        bytes += job.attr.size;
+        batch.push(job);
+    }
+    if !batch.is_empty() {
+        fetch_files(conn, batch, src, stats)?;
+    }
+    fetch_links(conn, plan.links, stats)?;
+    // Children before parents: a directory's mtime is set after its contents changed, and a
+    // read-only mode only once nothing more is written into it.
+    for (dir, attr) in plan.dirs.iter().rev() {
+        let d = File::open(dir).map_err(GetError::local("open", dir))?;
+        d.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
+            attr.mode & 0o7777,
+        ))
+        .map_err(GetError::local("chmod", dir))?;
+        d.set_modified(mtime(attr))
+            .map_err(GetError::local("set mtime of", dir))?;
+    }
+    Ok(())
 }
 
-/// Directory listings requested ahead of need, by path: a tree's listings then cost about one
-/// round trip per level instead of one per directory.
-type Prefetched = HashMap<WirePath, u32>;
+/// A remote file that differs from its local copy.
+struct FileJob {
+    remote: WirePath,
+    attr: Attr,
+    local: PathBuf,
+}
 
-/// Fetches `remote`, whose attributes the caller already has (from GetAttr or a listing).
-fn get_entry<R: io::Read, W: Write>(
+/// What the walk leaves to fetch.
+#[derive(Default)]
+struct Plan {
+    files: Vec<FileJob>,
+    links: Vec<(WirePath, PathBuf)>,
+    /// Directories, parents first, whose mode and mtime are set at the end.
+    dirs: Vec<(PathBuf, Attr)>,
+}
+
+/// Walks `remote`, whose attributes the caller already has, breadth first: every listing of a
+/// level is asked for before the first of them is waited on, so a tree's listings cost one
+/// round trip per level.
+fn walk<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     remote: &WirePath,
     attr: &Attr,
     local: &Path,
     src: &Sources<'_>,
     stats: &mut GetStats,
-    listings: &mut Prefetched,
+    plan: &mut Plan,
+) -> Result<(), GetError> {
+    if attr.kind != FileKind::Dir {
+        return note(remote, attr, local, src, stats, plan);
+    }
+    let first = conn.send(Request::ReadDir {
+        path: remote.clone(),
+    })?;
+    let mut queue = std::collections::VecDeque::from([(
+        remote.clone(),
+        attr.clone(),
+        local.to_path_buf(),
+        first,
+    )]);
+    while let Some((remote, attr, local, id)) = queue.pop_front() {
+        make_dir(&local, src, stats)?;
+        conn.flush()?;
+        let mut entries = vec![];
+        for r in conn.replies(id)? {
+            match r {
+                Reply::DirEntries(es) => entries.extend(es),
+                other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+            }
+        }
+        let mut keep = std::collections::HashSet::new();
+        for e in entries {
+            // One component: a name with `/` or `..` from the server is refused.
+            let child = remote.join(&e.name)?;
+            let dest = local.join(std::ffi::OsStr::from_bytes(&e.name));
+            if e.attr.kind == FileKind::Dir {
+                let id = conn.send(Request::ReadDir {
+                    path: child.clone(),
+                })?;
+                queue.push_back((child, e.attr, dest, id));
+            } else {
+                note(&child, &e.attr, &dest, src, stats, plan)?;
+            }
+            keep.insert(e.name);
+        }
+        if src.delete && local.is_dir() {
+            for e in fs::read_dir(&local).map_err(GetError::local("read directory", &local))? {
+                let e = e.map_err(GetError::local("read directory", &local))?;
+                if !keep.contains(e.file_name().as_bytes()) {
+                    let p = e.path();
+                    if src.dry_run {
+                        stats.planned.push(format!("delete {}", p.display()));
+                    } else {
+                        remove_local(&p).map_err(GetError::local("delete", &p))?;
+                    }
+                    stats.deleted += 1;
+                }
+            }
+        }
+        if !src.dry_run {
+            plan.dirs.push((local, attr));
+        }
+    }
+    Ok(())
+}
+
+/// Notes a file or symlink that the walk found.
+fn note(
+    remote: &WirePath,
+    attr: &Attr,
+    local: &Path,
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+    plan: &mut Plan,
 ) -> Result<(), GetError> {
     match attr.kind {
-        FileKind::File => get_file(conn, remote, attr, local, src, stats),
-        FileKind::Symlink if src.dry_run => {
-            stats.planned.push(format!("link {}", local.display()));
-            Ok(())
+        FileKind::File if unchanged(local, attr) => stats.unchanged += 1,
+        FileKind::File if src.dry_run => {
+            stats
+                .planned
+                .push(format!("fetch {} ({} bytes)", local.display(), attr.size));
+            stats.files += 1;
         }
-        FileKind::Symlink => get_symlink(conn, remote, local, stats),
-        FileKind::Dir => {
-            // Never write through a symlink at the destination, whoever made it (a hostile
-            // server can list a name twice: first as a symlink to /etc, then as a directory).
-            match fs::symlink_metadata(local) {
-                Ok(m) if m.file_type().is_symlink() => {
-                    return Err(GetError::Local {
-                        op: "refusing to write through the symlink",
-                        path: local.to_path_buf(),
-                        source: io::Error::from(io::ErrorKind::AlreadyExists),
-                    })
-                }
-                Ok(m) if !m.is_dir() => {
-                    return Err(GetError::Local {
-                        op: "a file is in the way of directory",
-                        path: local.to_path_buf(),
-                        source: io::Error::from(io::ErrorKind::AlreadyExists),
-                    })
-                }
-                Ok(_) => {}
-                Err(_) if src.dry_run => stats.planned.push(format!("mkdir {}", local.display())),
-                Err(_) => {
-                    fs::create_dir(local).map_err(GetError::local("create directory", local))?
-                }
-            }
-            let id = match listings.remove(remote) {
-                Some(id) => id,
-                None => conn.send(Request::ReadDir {
-                    path: remote.clone(),
-                })?,
-            };
-            conn.flush()?;
-            let mut entries = vec![];
-            for r in conn.replies(id)? {
-                match r {
-                    Reply::DirEntries(es) => entries.extend(es),
-                    other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
-                }
-            }
-            let mut children = Vec::with_capacity(entries.len());
-            for e in entries {
-                // One component: a name with `/` or `..` from the server is refused.
-                let child = remote.join(&e.name)?;
-                let name = WirePath::new(e.name.clone())?;
-                if e.attr.kind == FileKind::Dir && !listings.contains_key(&child) {
-                    listings.insert(
-                        child.clone(),
-                        conn.send(Request::ReadDir {
-                            path: child.clone(),
-                        })?,
-                    );
-                }
-                children.push((child, name, e.attr));
-            }
-            let keep: std::collections::HashSet<Vec<u8>> = children
-                .iter()
-                .map(|(_, name, _)| name.as_bytes().to_vec())
-                .collect();
-            for (child, name, attr) in children {
-                let dest = local.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
-                get_entry(conn, &child, &attr, &dest, src, stats, listings)?;
-            }
-            if src.delete && local.is_dir() {
-                for e in fs::read_dir(local).map_err(GetError::local("read directory", local))? {
-                    let e = e.map_err(GetError::local("read directory", local))?;
-                    if !keep.contains(e.file_name().as_bytes()) {
-                        let p = e.path();
-                        if src.dry_run {
-                            stats.planned.push(format!("delete {}", p.display()));
-                        } else {
-                            remove_local(&p).map_err(GetError::local("delete", &p))?;
-                        }
-                        stats.deleted += 1;
-                    }
-                }
-            }
-            if !src.dry_run {
-                let dir = File::open(local).map_err(GetError::local("open", local))?;
-                dir.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
-                    attr.mode & 0o7777,
-                ))
-                .map_err(GetError::local("chmod", local))?;
-                dir.set_modified(mtime(attr))
-                    .map_err(GetError::local("set mtime of", local))?;
-            }
-            Ok(())
+        FileKind::File => plan.files.push(FileJob {
+            remote: remote.clone(),
+            attr: attr.clone(),
+            local: local.to_path_buf(),
+        }),
+        FileKind::Symlink if src.dry_run => stats.planned.push(format!("link {}", local.display())),
+        FileKind::Symlink => plan.links.push((remote.clone(), local.to_path_buf())),
+        _ => {
+            return Err(ConnError::Unexpected(format!(
+                "{remote:?} has a kind this client does not know"
+            ))
+            .into())
         }
-        _ => Err(
-            ConnError::Unexpected(format!("{remote:?} has a kind this client does not know"))
-                .into(),
-        ),
     }
+    Ok(())
+}
+
+/// Makes sure `local` is a directory of ours to write into. Never through a symlink at the
+/// destination, whoever made it (a hostile server can list a name twice: first as a symlink
+/// to /etc, then as a directory).
+fn make_dir(local: &Path, src: &Sources<'_>, stats: &mut GetStats) -> Result<(), GetError> {
+    match fs::symlink_metadata(local) {
+        Ok(m) if m.file_type().is_symlink() => Err(GetError::Local {
+            op: "refusing to write through the symlink",
+            path: local.to_path_buf(),
+            error: io::Error::from(io::ErrorKind::AlreadyExists),
+        }),
+        Ok(m) if !m.is_dir() => Err(GetError::Local {
+            op: "a file is in the way of directory",
+            path: local.to_path_buf(),
+            error: io::Error::from(io::ErrorKind::AlreadyExists),
+        }),
+        Ok(_) => Ok(()),
+        Err(_) if src.dry_run => {
+            stats.planned.push(format!("mkdir {}", local.display()));
+            Ok(())
+        }
+        Err(_) => fs::create_dir(local).map_err(GetError::local("create directory", local)),
+    }
+}
+
+/// rsync's quick check: same size, modification time and mode means unchanged.
+fn unchanged(local: &Path, attr: &Attr) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    fs::symlink_metadata(local).is_ok_and(|m| {
+        m.is_file()
+            && m.len() == attr.size
+            && m.mtime() * 1_000_000_000 + m.mtime_nsec() == attr.mtime_ns
+            && m.mode() & 0o7777 == attr.mode & 0o7777
+    })
 }
 
 fn mtime(attr: &Attr) -> std::time::SystemTime {
@@ -371,23 +457,34 @@ fn mtime(attr: &Attr) -> std::time::SystemTime {
     }
 }
 
-/// Recreates a symlink as it is on the server. Its target is stored, never followed.
-fn get_symlink<R: io::Read, W: Write>(
+/// Recreates symlinks as they are on the server, all targets asked for at once. A target is
+/// stored, never followed.
+fn fetch_links<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
-    remote: &WirePath,
-    local: &Path,
+    links: Vec<(WirePath, PathBuf)>,
     stats: &mut GetStats,
 ) -> Result<(), GetError> {
-    let target = match conn
-        .call(Request::ReadLink {
-            path: remote.clone(),
-        })?
-        .pop()
-    {
-        Some(Reply::Link(t)) => t,
-        other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
-    };
-    let target = std::ffi::OsStr::from_bytes(&target);
+    for batch in links.chunks(BATCH_FILES) {
+        let mut ids = Vec::with_capacity(batch.len());
+        for (remote, _) in batch {
+            ids.push(conn.send(Request::ReadLink {
+                path: remote.clone(),
+            })?);
+        }
+        conn.flush()?;
+        for (id, (_, local)) in ids.into_iter().zip(batch) {
+            let target = match conn.replies(id)?.pop() {
+                Some(Reply::Link(t)) => t,
+                other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+            };
+            make_symlink(std::ffi::OsStr::from_bytes(&target), local)?;
+            stats.files += 1;
+        }
+    }
+    Ok(())
+}
+
+fn make_symlink(target: &std::ffi::OsStr, local: &Path) -> Result<(), GetError> {
     match fs::symlink_metadata(local) {
         Ok(m)
             if m.file_type().is_symlink()
@@ -399,7 +496,7 @@ fn get_symlink<R: io::Read, W: Write>(
             return Err(GetError::Local {
                 op: "a directory is in the way of symlink",
                 path: local.to_path_buf(),
-                source: io::Error::from(io::ErrorKind::AlreadyExists),
+                error: io::Error::from(io::ErrorKind::AlreadyExists),
             })
         }
         _ => {}
@@ -413,7 +510,6 @@ fn get_symlink<R: io::Read, W: Write>(
     let _ = fs::remove_file(&tmp);
     std::os::unix::fs::symlink(target, &tmp).map_err(GetError::local("create symlink", &tmp))?;
     fs::rename(&tmp, local).map_err(GetError::local("rename into", local))?;
-    stats.files += 1;
     Ok(())
 }
 
@@ -422,12 +518,12 @@ fn get_symlink<R: io::Read, W: Write>(
 pub enum GetError {
     #[error(transparent)]
     Conn(#[from] ConnError),
-    #[error("{op} {}: {source}", path.display())]
+    /// The OS error is part of the message (not a separate source, which would print twice).
+    #[error("{op} {}: {error}", path.display())]
     Local {
         op: &'static str,
         path: PathBuf,
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
     #[error(transparent)]
     Store(#[from] ferry_store::StoreError),
@@ -440,20 +536,15 @@ pub enum GetError {
 impl GetError {
     fn local(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> GetError {
         let path = path.to_path_buf();
-        move |source| GetError::Local { op, path, source }
+        move |error| GetError::Local { op, path, error }
     }
 }
 
-fn get_recipe<R: io::Read, W: Write>(
-    conn: &mut Connection<R, W>,
-    path: &WirePath,
-) -> Result<Recipe, GetError> {
+/// Puts the pages of a GetRecipe reply together.
+fn recipe_from(replies: Vec<Reply>) -> Result<Recipe, GetError> {
     let mut chunks: Vec<ChunkRef> = vec![];
     let mut alg = HashAlg::Blake3;
-    for r in conn.call(Request::GetRecipe {
-        path: path.clone(),
-        from: 0,
-    })? {
+    for r in replies {
         match r {
             Reply::Recipe(p) => {
                 if p.first != chunks.len() as u64 || p.total_chunks > (1 << 32) {
@@ -470,51 +561,52 @@ fn get_recipe<R: io::Read, W: Write>(
     Ok(Recipe::from_chunks(alg, chunks).map_err(ferry_proto::ProtoError::from)?)
 }
 
-fn get_file<R: io::Read, W: Write>(
+/// Fetches a batch of files: every recipe asked for at once, then every chunk that neither
+/// the cache nor the files already at the destination hold, then each file assembled.
+fn fetch_files<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
-    remote: &WirePath,
-    attr: &Attr,
-    local: &Path,
+    jobs: Vec<FileJob>,
     src: &Sources<'_>,
     stats: &mut GetStats,
 ) -> Result<(), GetError> {
-    // rsync's quick check: same size, modification time and mode means unchanged.
-    if let Ok(m) = fs::symlink_metadata(local) {
-        use std::os::unix::fs::MetadataExt;
-        if m.is_file()
-            && m.len() == attr.size
-            && m.mtime() * 1_000_000_000 + m.mtime_nsec() == attr.mtime_ns
-            && m.mode() & 0o7777 == attr.mode & 0o7777
-        {
-            stats.unchanged += 1;
-            return Ok(());
-        }
+    let mut ids = Vec::with_capacity(jobs.len());
+    for j in &jobs {
+        ids.push(conn.send(Request::GetRecipe {
+            path: j.remote.clone(),
+            from: 0,
+        })?);
     }
-    if src.dry_run {
-        stats
-            .planned
-            .push(format!("fetch {} ({} bytes)", local.display(), attr.size));
-        stats.files += 1;
-        return Ok(());
-    }
-    let recipe = get_recipe(conn, remote)?;
-    let alg = recipe.alg();
-    // The file already at the destination is a chunk source (rsync's basis file, generalised).
-    let here = index_local(local, &src.chunker, alg).map_err(GetError::local("read", local))?;
-    let existing = if here.is_empty() {
-        None
-    } else {
-        File::open(local).ok()
-    };
-
-    // What neither the cache nor the local file has comes from the server, pipelined.
+    conn.flush()?;
+    let mut recipes = Vec::with_capacity(jobs.len());
     let mut missing: Vec<Id> = vec![];
     let mut seen = std::collections::HashSet::new();
-    for c in recipe.chunks() {
-        if seen.insert(c.id) && !here.contains_key(&c.id) && !src.cache.contains(&c.id)? {
-            missing.push(c.id);
+    for (id, j) in ids.into_iter().zip(&jobs) {
+        let recipe = recipe_from(conn.replies(id)?)?;
+        // The file already at the destination is a chunk source (rsync's basis file,
+        // generalised).
+        let here = index_local(&j.local, &src.chunker, recipe.alg())
+            .map_err(GetError::local("read", &j.local))?;
+        for c in recipe.chunks() {
+            if seen.insert(c.id) && !here.contains_key(&c.id) && !src.cache.contains(&c.id)? {
+                missing.push(c.id);
+            }
         }
+        recipes.push((recipe, here));
     }
+    let fetched = fetch_chunks(conn, &missing, src, stats)?;
+    for (j, (recipe, here)) in jobs.iter().zip(recipes) {
+        assemble(j, &recipe, &here, &fetched, src, stats)?;
+    }
+    Ok(())
+}
+
+/// Fetches `missing` into the cache, pipelined; returns what arrived.
+fn fetch_chunks<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    missing: &[Id],
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+) -> Result<std::collections::HashSet<Id>, GetError> {
     let batches: Vec<&[Id]> = missing.chunks(CHUNKS_PER_REQUEST).collect();
     let mut next = 0;
     let mut waiting = std::collections::VecDeque::new();
@@ -556,16 +648,33 @@ fn get_file<R: io::Read, W: Write>(
             unflushed = 0;
         }
         if got < asked.len() {
-            // The server no longer has some chunk of the recipe it sent (the file changed).
-            return Err(ConnError::Unexpected(format!(
-                "{remote:?} changed on the server while it was fetched; run the command again"
-            ))
+            // The server no longer has some chunk of a recipe it sent (the file changed).
+            return Err(ConnError::Unexpected(
+                "a file changed on the server while it was fetched; run the command again".into(),
+            )
             .into());
         }
     }
     src.cache.flush()?;
+    Ok(fetched)
+}
 
-    // Assemble into a temporary file beside the destination, then rename over it.
+/// Writes a file from its recipe into a temporary file beside the destination, then renames it
+/// over the destination.
+fn assemble(
+    j: &FileJob,
+    recipe: &Recipe,
+    here: &HashMap<Id, (u64, u32)>,
+    fetched: &std::collections::HashSet<Id>,
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+) -> Result<(), GetError> {
+    let local = &j.local;
+    let existing = if here.is_empty() {
+        None
+    } else {
+        File::open(local).ok()
+    };
     let dir = local
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -609,18 +718,16 @@ fn get_file<R: io::Read, W: Write>(
     }
     let f = tmp.as_file();
     f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
-        attr.mode & 0o7777,
+        j.attr.mode & 0o7777,
     ))
     .map_err(GetError::local("chmod", local))?;
-    let mtime =
-        std::time::UNIX_EPOCH + std::time::Duration::from_nanos(attr.mtime_ns.max(0) as u64);
-    f.set_modified(mtime)
+    f.set_modified(mtime(&j.attr))
         .map_err(GetError::local("set mtime of", local))?;
     f.sync_all().map_err(GetError::local("fsync", local))?;
     tmp.persist(local).map_err(|e| GetError::Local {
         op: "rename into",
         path: local.to_path_buf(),
-        source: e.error,
+        error: e.error,
     })?;
     File::open(dir)
         .and_then(|d| d.sync_all())
@@ -891,7 +998,7 @@ fn put_file<R: io::Read, W: Write>(
                 return Err(GetError::Local {
                     op: "file changed while it was uploaded",
                     path: local.to_path_buf(),
-                    source: io::Error::from(io::ErrorKind::InvalidData),
+                    error: io::Error::from(io::ErrorKind::InvalidData),
                 });
             }
             stats.chunks_sent += 1;

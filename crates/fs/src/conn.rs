@@ -1,6 +1,6 @@
 //! Driving the protocol over byte streams: the server loop, and the client's connection.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 
 use ferry_proto::{
@@ -120,42 +120,89 @@ pub struct Traffic {
     pub bytes_sent: u64,
     pub bytes_received: u64,
     pub requests: u64,
-    /// Times the client had to wait on the network after sending: requests sent together
-    /// (pipelined) before waiting count once, as in LBFS's round-trip budget.
+    /// Round trips on the critical path: waiting for a reply costs one when its request was
+    /// sent after the last round trip began; requests sent together (pipelined) travel in the
+    /// same one, as in LBFS's round-trip budget. Deterministic: it depends on the order of
+    /// sends and waits, not on timing.
     pub round_trips: u64,
+}
+
+/// Sends frames from a thread of its own, so the caller can pipeline any number of requests
+/// and then read replies without either side ever blocking on a full pipe while the other
+/// waits for it (requests queue in memory: callers bound what they send before reading).
+struct FrameWriter {
+    tx: std::sync::mpsc::Sender<Vec<u8>>,
+    thread: Option<std::thread::JoinHandle<io::Result<()>>>,
+}
+
+impl FrameWriter {
+    fn new<W: Write + Send + 'static>(w: W) -> io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+        let thread = std::thread::Builder::new()
+            .name("ferry-send".into())
+            .spawn(move || {
+                let mut w = io::BufWriter::with_capacity(READ_BUF, w);
+                while let Ok(bytes) = rx.recv() {
+                    w.write_all(&bytes)?;
+                    // Everything queued goes out before a flush.
+                    while let Ok(more) = rx.try_recv() {
+                        w.write_all(&more)?;
+                    }
+                    w.flush()?;
+                }
+                Ok(())
+            })?;
+        Ok(FrameWriter {
+            tx,
+            thread: Some(thread),
+        })
+    }
+
+    fn send(&mut self, bytes: Vec<u8>) -> Result<(), ConnError> {
+        if self.tx.send(bytes).is_ok() {
+            return Ok(());
+        }
+        // The thread stopped: it failed to write.
+        let e = match self.thread.take().map(|t| t.join()) {
+            Some(Ok(Err(e))) => e,
+            _ => io::Error::from(io::ErrorKind::BrokenPipe),
+        };
+        Err(e.into())
+    }
 }
 
 /// The client end of a session.
 pub struct Connection<R, W> {
     reader: R,
-    writer: W,
+    writer: FrameWriter,
+    _writes_to: std::marker::PhantomData<fn(W)>,
     dec: FrameDecoder,
     buf: Vec<u8>,
     next_id: u32,
     /// Frames that arrived for requests other than the one being waited for.
     early: HashMap<u32, Vec<Frame>>,
-    /// Requests whose last reply frame has not arrived; a frame for any other id is a violation
-    /// (it would otherwise let a hostile server fill `early` without bound).
-    outstanding: HashSet<u32>,
-    sent_since_wait: bool,
+    /// Requests whose last reply frame has not arrived, with the round trip each was sent in; a
+    /// frame for any other id is a violation (it would otherwise let a hostile server fill
+    /// `early` without bound).
+    outstanding: HashMap<u32, u64>,
     pub traffic: Traffic,
     pub server: Option<Hello>,
     /// Paths whose leases the server broke (Invalidate), in arrival order, until taken.
     pub invalidated: Vec<ferry_proto::WirePath>,
 }
 
-impl<R: Read, W: Write> Connection<R, W> {
+impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
     /// Opens a session: sends Hello and waits for the server's.
     pub fn open(reader: R, writer: W) -> Result<Self, ConnError> {
         let mut c = Connection {
             reader,
-            writer,
+            writer: FrameWriter::new(writer)?,
+            _writes_to: std::marker::PhantomData,
             dec: FrameDecoder::new(),
             buf: vec![0u8; READ_BUF],
             next_id: 1,
             early: HashMap::new(),
-            outstanding: HashSet::from([0]),
-            sent_since_wait: false,
+            outstanding: HashMap::from([(0, 0)]),
             traffic: Traffic::default(),
             server: None,
             invalidated: vec![],
@@ -167,7 +214,6 @@ impl<R: Read, W: Write> Connection<R, W> {
             agent,
         });
         c.write(&hello.to_frame(0))?;
-        c.writer.flush()?;
         let f = c.wait(0)?;
         match Message::decode(&f)? {
             Message::Hello(h) if h.version == VERSION => c.server = Some(h),
@@ -184,32 +230,35 @@ impl<R: Read, W: Write> Connection<R, W> {
         }
         Ok(c)
     }
+}
 
+impl<R: Read, W> Connection<R, W> {
     fn write(&mut self, f: &Frame) -> Result<(), ConnError> {
         let bytes = f.encode(true)?;
         self.traffic.bytes_sent += bytes.len() as u64;
-        self.sent_since_wait = true;
-        self.writer.write_all(&bytes)?;
-        Ok(())
+        self.writer.send(bytes)
     }
 
-    /// Sends a request without waiting; returns its id. Call [`flush`](Self::flush) before
-    /// waiting for replies.
+    /// Sends a request without waiting (it is queued for the sending thread); returns its id.
     pub fn send(&mut self, r: Request) -> Result<u32, ConnError> {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
         self.write(&Message::Request(r).to_frame(id))?;
         self.traffic.requests += 1;
-        self.outstanding.insert(id);
+        self.outstanding.insert(id, self.traffic.round_trips);
         Ok(id)
     }
 
+    /// Requests go out as soon as they are sent; kept so callers can mark where a batch ends.
     pub fn flush(&mut self) -> Result<(), ConnError> {
-        Ok(self.writer.flush()?)
+        Ok(())
     }
 
     /// The next frame for request `id`.
     fn wait(&mut self, id: u32) -> Result<Frame, ConnError> {
+        if self.outstanding.get(&id) == Some(&self.traffic.round_trips) {
+            self.traffic.round_trips += 1;
+        }
         if let Some(q) = self.early.get_mut(&id) {
             if !q.is_empty() {
                 return Ok(q.remove(0));
@@ -217,7 +266,7 @@ impl<R: Read, W: Write> Connection<R, W> {
         }
         loop {
             if let Some(f) = self.dec.next_frame()? {
-                if !self.outstanding.contains(&f.request_id) {
+                if !self.outstanding.contains_key(&f.request_id) {
                     if f.request_id == 0 {
                         if let Message::Invalidate(p) = Message::decode(&f)? {
                             // Bounded: a flood from the server cannot grow it without limit.
@@ -240,10 +289,6 @@ impl<R: Read, W: Write> Connection<R, W> {
                 }
                 self.early.entry(f.request_id).or_default().push(f);
                 continue;
-            }
-            if self.sent_since_wait {
-                self.traffic.round_trips += 1;
-                self.sent_since_wait = false;
             }
             let n = self.reader.read(&mut self.buf)?;
             if n == 0 {

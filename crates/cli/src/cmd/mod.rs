@@ -1,4 +1,5 @@
 pub mod chunk;
+pub mod demo;
 pub mod key;
 pub mod remote;
 pub mod similarity;
