@@ -614,12 +614,16 @@ fn fetch_chunks<R: io::Read, W: Write>(
     let mut unflushed = 0usize;
     while next < batches.len() || !waiting.is_empty() {
         while next < batches.len() && waiting.len() < REQUESTS_IN_FLIGHT {
-            waiting.push_back((
-                conn.send(Request::GetChunks {
-                    ids: batches[next].to_vec(),
-                })?,
-                batches[next],
-            ));
+            let r = Request::GetChunks {
+                ids: batches[next].to_vec(),
+            };
+            // The first window costs a round trip; refills only keep the stream going.
+            let id = if next < REQUESTS_IN_FLIGHT {
+                conn.send(r)?
+            } else {
+                conn.send_paced(r)?
+            };
+            waiting.push_back((id, batches[next]));
             next += 1;
         }
         conn.flush()?;
@@ -755,8 +759,11 @@ pub struct PutStats {
 
 /// Files smaller than this travel whole with their commit, in one round trip (LBFS §3.3).
 const SMALL_FILE: u64 = 8 * 1024;
-/// Chunk bytes per PutChunks request.
+/// Chunk bytes per PutChunks request, and PutChunks requests kept in flight.
 const PUT_BATCH_BYTES: usize = 1 << 20;
+const PUTS_IN_FLIGHT: usize = 16;
+/// Bytes of files per upload batch (each batch is about two round trips).
+const PUT_BATCH_FILE_BYTES: u64 = 64 << 20;
 
 fn remote_attr<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
@@ -775,9 +782,32 @@ fn remote_attr<R: io::Read, W: Write>(
     }
 }
 
+/// A local file to upload, and what the server has at its path.
+struct PutJob {
+    local: PathBuf,
+    meta: fs::Metadata,
+    remote: WirePath,
+    current: Option<Attr>,
+}
+
+/// What the walk of an upload leaves to do.
+#[derive(Default)]
+struct PutPlan {
+    files: Vec<PutJob>,
+    /// Symlinks: the local target, the server path, what the server has there.
+    links: Vec<(Vec<u8>, WirePath, Option<Attr>)>,
+    deletes: Vec<(WirePath, FileKind)>,
+    /// Requests sent and not yet checked (Mkdir): their replies are read with the next batch.
+    pending: Vec<u32>,
+}
+
 /// Uploads the file or tree at `local` to `remote`, sending only chunks the server lacks, and
 /// committing each file atomically against the version it had when the upload began. With
 /// `delete`, entries of the server's directories that `local` lacks are removed.
+///
+/// A walk compares the local tree with the server's listings (breadth first, one round trip
+/// per level); then files go up in batches of about two round trips each (which chunks the
+/// server has; the missing chunks and the commits), files under 8 KiB in one.
 pub fn put<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     local: &Path,
@@ -786,251 +816,440 @@ pub fn put<R: io::Read, W: Write>(
     stats: &mut PutStats,
 ) -> Result<(), GetError> {
     let meta = fs::symlink_metadata(local).map_err(GetError::local("read", local))?;
-    let ft = meta.file_type();
-    if ft.is_dir() {
-        match remote_attr(conn, remote)? {
-            Some(a) if a.kind == FileKind::Dir => {}
-            Some(_) => {
-                return Err(ConnError::Unexpected(format!(
-                    "{remote:?} exists on the server and is not a directory"
-                ))
-                .into())
-            }
-            None => {
-                let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions());
-                if opts.dry_run {
-                    stats.planned.push(format!("mkdir {remote:?}"));
-                    return Ok(()); // nothing below it exists to compare with
-                }
-                conn.call(Request::Mkdir {
-                    path: remote.clone(),
-                    mode: mode & 0o7777,
-                })?;
-            }
-        }
-        let mut names: Vec<_> = fs::read_dir(local)
-            .map_err(GetError::local("read directory", local))?
-            .map(|e| e.map(|e| e.file_name()))
-            .collect::<Result<_, _>>()
-            .map_err(GetError::local("read directory", local))?;
-        names.sort();
-        for name in &names {
-            put(
+    let current = remote_attr(conn, remote)?;
+    let mut plan = PutPlan::default();
+    put_walk(conn, local, meta, remote, current, opts, stats, &mut plan)?;
+    let mut batch = vec![];
+    let mut bytes = 0;
+    for job in std::mem::take(&mut plan.files) {
+        if !batch.is_empty()
+            && (batch.len() >= BATCH_FILES || bytes + job.meta.len() > PUT_BATCH_FILE_BYTES)
+        {
+            put_files(
                 conn,
-                &local.join(name),
-                &remote.join(name.as_bytes())?,
+                std::mem::take(&mut batch),
+                &mut plan.pending,
                 opts,
                 stats,
             )?;
+            bytes = 0;
         }
-        if opts.delete {
-            let keep: std::collections::HashSet<&[u8]> =
-                names.iter().map(|n| n.as_bytes()).collect();
-            let mut extra = vec![];
-            for r in conn.call(Request::ReadDir {
-                path: remote.clone(),
-            })? {
-                if let Reply::DirEntries(es) = r {
-                    extra.extend(es.into_iter().filter(|e| !keep.contains(e.name.as_slice())));
-                }
-            }
-            for e in extra {
-                let path = remote.join(&e.name)?;
-                if opts.dry_run {
-                    stats.planned.push(format!("delete {path:?}"));
-                } else {
-                    remove_remote(conn, &path, e.attr.kind)?;
-                }
-                stats.deleted += 1;
-            }
+        bytes += job.meta.len();
+        batch.push(job);
+    }
+    if !batch.is_empty() {
+        put_files(conn, batch, &mut plan.pending, opts, stats)?;
+    }
+    put_links(
+        conn,
+        std::mem::take(&mut plan.links),
+        &mut plan.pending,
+        opts,
+        stats,
+    )?;
+    for (path, kind) in std::mem::take(&mut plan.deletes) {
+        if opts.dry_run {
+            stats.planned.push(format!("delete {path:?}"));
+        } else if kind == FileKind::Dir {
+            remove_remote(conn, &path, kind)?;
+        } else {
+            plan.pending.push(conn.send(Request::Unlink { path })?);
         }
-        Ok(())
-    } else if ft.is_symlink() {
-        let target = fs::read_link(local).map_err(GetError::local("read symlink", local))?;
-        let target = target.as_os_str().as_bytes().to_vec();
-        if let Some(a) = remote_attr(conn, remote)? {
-            if a.kind == FileKind::Symlink {
-                if let Some(Reply::Link(t)) = conn
-                    .call(Request::ReadLink {
-                        path: remote.clone(),
-                    })?
-                    .pop()
-                {
-                    if t == target {
-                        return Ok(());
-                    }
-                }
-            }
-            if a.kind == FileKind::Dir {
-                return Err(ConnError::Unexpected(format!(
-                    "a directory is in the way of symlink {remote:?}"
-                ))
-                .into());
-            }
-            if opts.dry_run {
-                stats.planned.push(format!("link {remote:?}"));
-                return Ok(());
-            }
-            conn.call(Request::Unlink {
+        stats.deleted += 1;
+    }
+    check(conn, &mut plan.pending)
+}
+
+/// Reads the replies of requests sent earlier; the first error wins.
+fn check<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    pending: &mut Vec<u32>,
+) -> Result<(), GetError> {
+    conn.flush()?;
+    for id in pending.drain(..) {
+        conn.replies(id)?;
+    }
+    Ok(())
+}
+
+/// Compares `local` with the server, breadth first, noting what to upload and delete.
+#[allow(clippy::too_many_arguments)]
+fn put_walk<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    local: &Path,
+    meta: fs::Metadata,
+    remote: &WirePath,
+    current: Option<Attr>,
+    opts: &PutOptions<'_>,
+    stats: &mut PutStats,
+    plan: &mut PutPlan,
+) -> Result<(), GetError> {
+    if !meta.is_dir() {
+        return put_note(local, meta, remote, current, opts, stats, plan);
+    }
+    // (local directory, server directory, its listing if it exists there)
+    let mut queue = std::collections::VecDeque::new();
+    match &current {
+        Some(a) if a.kind == FileKind::Dir => {
+            let id = conn.send(Request::ReadDir {
                 path: remote.clone(),
             })?;
+            queue.push_back((local.to_path_buf(), remote.clone(), Some(id)));
         }
-        if opts.dry_run {
-            stats.planned.push(format!("link {remote:?}"));
-            return Ok(());
+        Some(_) => {
+            return Err(ConnError::Unexpected(format!(
+                "{remote:?} exists on the server and is not a directory"
+            ))
+            .into())
         }
-        conn.call(Request::Symlink {
-            path: remote.clone(),
-            target,
-        })?;
-        stats.files += 1;
-        Ok(())
+        None => {
+            put_mkdir(conn, remote, &meta, opts, stats, plan)?;
+            queue.push_back((local.to_path_buf(), remote.clone(), None));
+        }
+    }
+    while let Some((local, remote, listing)) = queue.pop_front() {
+        let mut there: HashMap<Vec<u8>, Attr> = HashMap::new();
+        if let Some(id) = listing {
+            conn.flush()?;
+            for r in conn.replies(id)? {
+                match r {
+                    Reply::DirEntries(es) => there.extend(es.into_iter().map(|e| (e.name, e.attr))),
+                    other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+                }
+            }
+        }
+        let mut names: Vec<_> = fs::read_dir(&local)
+            .map_err(GetError::local("read directory", &local))?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<Result<_, _>>()
+            .map_err(GetError::local("read directory", &local))?;
+        names.sort();
+        for name in &names {
+            let (child_local, child) = (local.join(name), remote.join(name.as_bytes())?);
+            let m = fs::symlink_metadata(&child_local)
+                .map_err(GetError::local("read", &child_local))?;
+            let cur = there.remove(name.as_bytes());
+            if !m.is_dir() {
+                put_note(&child_local, m, &child, cur, opts, stats, plan)?;
+                continue;
+            }
+            match cur {
+                Some(a) if a.kind == FileKind::Dir => {
+                    let id = conn.send(Request::ReadDir {
+                        path: child.clone(),
+                    })?;
+                    queue.push_back((child_local, child, Some(id)));
+                }
+                Some(_) => {
+                    return Err(ConnError::Unexpected(format!(
+                        "{child:?} exists on the server and is not a directory"
+                    ))
+                    .into())
+                }
+                None => {
+                    put_mkdir(conn, &child, &m, opts, stats, plan)?;
+                    queue.push_back((child_local, child, None));
+                }
+            }
+        }
+        if opts.delete {
+            // What is left of the listing, the local tree lacks.
+            let mut extra: Vec<_> = there.into_iter().collect();
+            extra.sort_by(|a, b| a.0.cmp(&b.0));
+            for (name, attr) in extra {
+                plan.deletes.push((remote.join(&name)?, attr.kind));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn put_mkdir<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    remote: &WirePath,
+    meta: &fs::Metadata,
+    opts: &PutOptions<'_>,
+    stats: &mut PutStats,
+    plan: &mut PutPlan,
+) -> Result<(), GetError> {
+    if opts.dry_run {
+        stats.planned.push(format!("mkdir {remote:?}"));
+        return Ok(());
+    }
+    // Not waited for: the server handles requests in order, so what goes into the directory
+    // comes after it; the reply is checked with the next batch.
+    let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions());
+    plan.pending.push(conn.send(Request::Mkdir {
+        path: remote.clone(),
+        mode: mode & 0o7777,
+    })?);
+    Ok(())
+}
+
+/// Notes a file or symlink the walk found.
+fn put_note(
+    local: &Path,
+    meta: fs::Metadata,
+    remote: &WirePath,
+    current: Option<Attr>,
+    opts: &PutOptions<'_>,
+    stats: &mut PutStats,
+    plan: &mut PutPlan,
+) -> Result<(), GetError> {
+    use std::os::unix::fs::MetadataExt;
+    let ft = meta.file_type();
+    if ft.is_symlink() {
+        let target = fs::read_link(local).map_err(GetError::local("read symlink", local))?;
+        plan.links.push((
+            target.as_os_str().as_bytes().to_vec(),
+            remote.clone(),
+            current,
+        ));
     } else if ft.is_file() {
-        put_file(conn, local, &meta, remote, opts, stats)
+        let mtime_ns = meta.mtime() * 1_000_000_000 + meta.mtime_nsec();
+        // The quick check, as for get: same size, mtime and mode means unchanged.
+        if current.as_ref().is_some_and(|a| {
+            a.kind == FileKind::File
+                && a.size == meta.len()
+                && a.mtime_ns == mtime_ns
+                && a.mode & 0o7777 == meta.mode() & 0o7777
+        }) {
+            stats.unchanged += 1;
+        } else if current.as_ref().is_some_and(|a| a.kind == FileKind::Dir) {
+            return Err(
+                ConnError::Unexpected(format!("a directory is in the way of {remote:?}")).into(),
+            );
+        } else if opts.dry_run {
+            stats
+                .planned
+                .push(format!("send {} ({} bytes)", local.display(), meta.len()));
+            stats.files += 1;
+        } else {
+            plan.files.push(PutJob {
+                local: local.to_path_buf(),
+                meta,
+                remote: remote.clone(),
+                current,
+            });
+        }
     } else {
         tracing::warn!(
             "skipping {}: not a regular file, directory or symlink",
             local.display()
         );
-        Ok(())
     }
+    Ok(())
 }
 
-fn put_file<R: io::Read, W: Write>(
+/// Makes the server's symlinks match: targets of the ones there asked for at once, then the
+/// changes sent together.
+fn put_links<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
-    local: &Path,
-    meta: &fs::Metadata,
-    remote: &WirePath,
+    links: Vec<(Vec<u8>, WirePath, Option<Attr>)>,
+    pending: &mut Vec<u32>,
+    opts: &PutOptions<'_>,
+    stats: &mut PutStats,
+) -> Result<(), GetError> {
+    let mut asks = vec![];
+    for (_, remote, cur) in &links {
+        asks.push(match cur {
+            Some(a) if a.kind == FileKind::Symlink => Some(conn.send(Request::ReadLink {
+                path: remote.clone(),
+            })?),
+            _ => None,
+        });
+    }
+    conn.flush()?;
+    for ((target, remote, cur), ask) in links.into_iter().zip(asks) {
+        if let Some(id) = ask {
+            if let Some(Reply::Link(t)) = conn.replies(id)?.pop() {
+                if t == target {
+                    continue;
+                }
+            }
+        }
+        if cur.as_ref().is_some_and(|a| a.kind == FileKind::Dir) {
+            return Err(ConnError::Unexpected(format!(
+                "a directory is in the way of symlink {remote:?}"
+            ))
+            .into());
+        }
+        if opts.dry_run {
+            stats.planned.push(format!("link {remote:?}"));
+            continue;
+        }
+        if cur.is_some() {
+            pending.push(conn.send(Request::Unlink {
+                path: remote.clone(),
+            })?);
+        }
+        pending.push(conn.send(Request::Symlink {
+            path: remote,
+            target,
+        })?);
+        stats.files += 1;
+    }
+    Ok(())
+}
+
+/// A file of a batch, chunked.
+struct Chunked {
+    file: File,
+    recipe: Recipe,
+    /// A small file's chunks, sent whole with its commit.
+    small: Option<Vec<(Id, Vec<u8>)>>,
+    /// For a larger file: its distinct chunks (id, offset, length), and the request asking
+    /// which of them the server has.
+    unique: Vec<(Id, u64, u32)>,
+    have: Option<u32>,
+    old_recipe: Option<u32>,
+}
+
+/// Uploads a batch of files: one round trip asks which chunks the server lacks (for every
+/// file of 8 KiB or more at once), one sends those chunks and all the commits.
+fn put_files<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    jobs: Vec<PutJob>,
+    pending: &mut Vec<u32>,
     opts: &PutOptions<'_>,
     stats: &mut PutStats,
 ) -> Result<(), GetError> {
     use std::os::unix::fs::{FileExt, MetadataExt};
-    let current = remote_attr(conn, remote)?;
-    let mtime_ns = meta.mtime() * 1_000_000_000 + meta.mtime_nsec();
-    // The quick check, as for get: same size, mtime and mode means unchanged.
-    if current.as_ref().is_some_and(|a| {
-        a.kind == FileKind::File
-            && a.size == meta.len()
-            && a.mtime_ns == mtime_ns
-            && a.mode & 0o7777 == meta.mode() & 0o7777
-    }) {
-        stats.unchanged += 1;
-        return Ok(());
-    }
-    if opts.dry_run {
-        stats
-            .planned
-            .push(format!("send {} ({} bytes)", local.display(), meta.len()));
-        stats.files += 1;
-        return Ok(());
-    }
-    let chunker = &opts.chunker;
-    if current.as_ref().is_some_and(|a| a.kind == FileKind::Dir) {
-        return Err(
-            ConnError::Unexpected(format!("a directory is in the way of {remote:?}")).into(),
-        );
-    }
-    let file = File::open(local).map_err(GetError::local("open", local))?;
-    let small = meta.len() < SMALL_FILE;
-    let mut small_chunks = vec![];
-    let (recipe, _) = ferry_format::chunk_object(&file, chunker, HashAlg::Blake3, |c, data| {
-        if small {
-            small_chunks.push((c.id, data.to_vec()));
-        }
-        Ok::<_, io::Error>(())
-    })
-    .map_err(GetError::local("read", local))?;
-    let commit = Request::Commit {
-        path: remote.clone(),
-        if_version: current.as_ref().map(|a| a.version),
-        recipe: recipe.clone(),
-        mode: meta.mode() & 0o7777,
-        mtime_ns,
-    };
-    let mut puts = vec![];
-    if small {
-        // One round trip: the data and the commit together.
-        stats.chunks_sent += small_chunks.len() as u64;
-        stats.chunk_bytes_sent += small_chunks.iter().map(|c| c.1.len() as u64).sum::<u64>();
-        if !small_chunks.is_empty() {
-            puts.push(conn.send(Request::PutChunks {
-                chunks: small_chunks,
-            })?);
-        }
-    } else {
-        // CONDWRITE: which chunks does the server already have?
-        let mut unique: Vec<(Id, u64, u32)> = vec![];
-        let mut seen = std::collections::HashSet::new();
-        for (off, c) in recipe.with_offsets() {
-            if seen.insert(c.id) {
-                unique.push((c.id, off, c.len));
-            }
-        }
-        let ids: Vec<Id> = unique.iter().map(|u| u.0).collect();
-        // The version being replaced is the likeliest source: asking for its recipe first makes
-        // the server index it (and the trash keep it findable), in the same round trip as Have.
-        let old_recipe = match &current {
-            Some(_) => Some(conn.send(Request::GetRecipe {
-                path: remote.clone(),
-                from: 0,
-            })?),
-            None => None,
+    let mut chunked = Vec::with_capacity(jobs.len());
+    for j in &jobs {
+        let file = File::open(&j.local).map_err(GetError::local("open", &j.local))?;
+        let small = j.meta.len() < SMALL_FILE;
+        let mut small_chunks = vec![];
+        let (recipe, _) =
+            ferry_format::chunk_object(&file, &opts.chunker, HashAlg::Blake3, |c, data| {
+                if small {
+                    small_chunks.push((c.id, data.to_vec()));
+                }
+                Ok::<_, io::Error>(())
+            })
+            .map_err(GetError::local("read", &j.local))?;
+        let mut c = Chunked {
+            file,
+            small: small.then_some(small_chunks),
+            unique: vec![],
+            have: None,
+            old_recipe: None,
+            recipe,
         };
-        let have_id = conn.send(Request::Have { ids })?;
-        conn.flush()?;
-        if let Some(id) = old_recipe {
+        if !small {
+            // CONDWRITE: which chunks does the server already have?
+            let mut seen = std::collections::HashSet::new();
+            for (off, r) in c.recipe.with_offsets() {
+                if seen.insert(r.id) {
+                    c.unique.push((r.id, off, r.len));
+                }
+            }
+            // The version being replaced is the likeliest source: asking for its recipe first
+            // makes the server index it (and the trash keep it findable), in the same round
+            // trip as Have.
+            if j.current.is_some() {
+                c.old_recipe = Some(conn.send(Request::GetRecipe {
+                    path: j.remote.clone(),
+                    from: 0,
+                })?);
+            }
+            let ids = c.unique.iter().map(|u| u.0).collect();
+            c.have = Some(conn.send(Request::Have { ids })?);
+        }
+        chunked.push(c);
+    }
+    let mut sent = std::collections::HashSet::new();
+    let mut puts = std::collections::VecDeque::new();
+    let mut commits = vec![];
+    let mut batch = vec![];
+    let mut bytes = 0usize;
+    for (j, c) in jobs.iter().zip(&mut chunked) {
+        if let Some(id) = c.old_recipe {
             conn.replies(id)?;
         }
-        let have = match conn.replies(have_id)?.pop() {
-            Some(Reply::Have(flags)) if flags.len() == unique.len() => flags,
-            other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
-        };
-        let mut batch = vec![];
-        let mut bytes = 0usize;
-        for ((id, off, len), have) in unique.into_iter().zip(have) {
-            if have {
+        let mut missing = vec![];
+        if let Some(small) = c.small.take() {
+            missing = small;
+        } else if let Some(id) = c.have {
+            let have = match conn.replies(id)?.pop() {
+                Some(Reply::Have(flags)) if flags.len() == c.unique.len() => flags,
+                other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+            };
+            for (&(id, off, len), have) in c.unique.iter().zip(have) {
+                if have || sent.contains(&id) {
+                    continue;
+                }
+                let mut buf = vec![0u8; len as usize];
+                c.file
+                    .read_exact_at(&mut buf, off)
+                    .map_err(GetError::local("read", &j.local))?;
+                if !id.matches(&buf) {
+                    return Err(GetError::Local {
+                        op: "file changed while it was uploaded",
+                        path: j.local.clone(),
+                        error: io::Error::from(io::ErrorKind::InvalidData),
+                    });
+                }
+                missing.push((id, buf));
+            }
+        }
+        for (id, data) in missing {
+            if !sent.insert(id) {
                 continue;
             }
-            let mut buf = vec![0u8; len as usize];
-            file.read_exact_at(&mut buf, off)
-                .map_err(GetError::local("read", local))?;
-            if !id.matches(&buf) {
-                return Err(GetError::Local {
-                    op: "file changed while it was uploaded",
-                    path: local.to_path_buf(),
-                    error: io::Error::from(io::ErrorKind::InvalidData),
-                });
-            }
             stats.chunks_sent += 1;
-            stats.chunk_bytes_sent += len as u64;
-            bytes += buf.len();
-            batch.push((id, buf));
+            stats.chunk_bytes_sent += data.len() as u64;
+            bytes += data.len();
+            batch.push((id, data));
             if bytes >= PUT_BATCH_BYTES {
-                puts.push(conn.send(Request::PutChunks {
-                    chunks: std::mem::take(&mut batch),
-                })?);
+                send_chunks(conn, std::mem::take(&mut batch), &mut puts)?;
                 bytes = 0;
             }
         }
         if !batch.is_empty() {
-            puts.push(conn.send(Request::PutChunks { chunks: batch })?);
+            send_chunks(conn, std::mem::take(&mut batch), &mut puts)?;
+            bytes = 0;
         }
+        commits.push(conn.send(Request::Commit {
+            path: j.remote.clone(),
+            if_version: j.current.as_ref().map(|a| a.version),
+            recipe: c.recipe.clone(),
+            mode: j.meta.mode() & 0o7777,
+            mtime_ns: j.meta.mtime() * 1_000_000_000 + j.meta.mtime_nsec(),
+        })?);
     }
-    let commit_id = conn.send(commit)?;
-    conn.flush()?;
+    // Directories made earlier come first: a failed one explains the commits that follow.
+    check(conn, pending)?;
     for id in puts {
         conn.replies(id)?;
     }
-    match conn.replies(commit_id)?.pop() {
-        Some(Reply::Attr(_)) => {}
-        other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+    for (id, c) in commits.into_iter().zip(&chunked) {
+        match conn.replies(id)?.pop() {
+            Some(Reply::Attr(_)) => {}
+            other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+        }
+        stats.files += 1;
+        stats.bytes += c.recipe.total_len();
+        stats.chunks += c.recipe.len() as u64;
+        if let Some(p) = opts.progress {
+            p(c.recipe.total_len());
+        }
     }
-    stats.files += 1;
-    stats.bytes += recipe.total_len();
-    stats.chunks += recipe.len() as u64;
-    if let Some(p) = opts.progress {
-        p(recipe.total_len());
+    Ok(())
+}
+
+/// Sends one PutChunks, keeping at most [`PUTS_IN_FLIGHT`] unanswered: memory stays bounded
+/// however much is sent, and the link stays full.
+fn send_chunks<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    chunks: Vec<(Id, Vec<u8>)>,
+    puts: &mut std::collections::VecDeque<u32>,
+) -> Result<(), GetError> {
+    if puts.len() >= PUTS_IN_FLIGHT {
+        let oldest = puts.pop_front().expect("non-empty");
+        conn.replies(oldest)?;
     }
+    puts.push_back(conn.send_paced(Request::PutChunks { chunks })?);
     Ok(())
 }
 

@@ -249,6 +249,16 @@ impl<R: Read, W> Connection<R, W> {
         Ok(id)
     }
 
+    /// Sends a request that keeps a stream going (the next window of chunks while earlier ones
+    /// are still in flight): waiting for its reply paces the stream and is not counted as a
+    /// round trip, since with a window larger than the link's bandwidth-delay product the
+    /// link never idles.
+    pub fn send_paced(&mut self, r: Request) -> Result<u32, ConnError> {
+        let id = self.send(r)?;
+        self.outstanding.insert(id, u64::MAX);
+        Ok(id)
+    }
+
     /// Requests go out as soon as they are sent; kept so callers can mark where a batch ends.
     pub fn flush(&mut self) -> Result<(), ConnError> {
         Ok(())

@@ -197,7 +197,7 @@ impl Demo {
                        "verified": true})
             );
         } else {
-            let ratio = if wire > 0 {
+            let ratio = if wire > 0 && whole > 0 {
                 format!("{:.1}×", whole as f64 / wire as f64)
             } else {
                 "-".into()

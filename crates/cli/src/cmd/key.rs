@@ -28,7 +28,7 @@ enum Cmd {
     },
     /// Pin a daemon's key before the first connection (instead of trusting it on first use).
     Trust {
-        /// HOST[:PORT] as in ferry://HOST[:PORT]/…
+        /// `HOST[:PORT]`, as in `ferry://HOST[:PORT]/…`
         host: String,
         /// The key the daemon printed when it started.
         fingerprint: Fingerprint,

@@ -167,7 +167,7 @@ pub struct LsArgs {
     /// One JSON object per entry.
     #[arg(long)]
     json: bool,
-    /// HOST:PATH (over ssh) or ferry://HOST[:PORT]/PATH (the TLS daemon)
+    /// HOST:PATH (over ssh) or `ferry://HOST[:PORT]/PATH` (the TLS daemon)
     remote: String,
 }
 
@@ -182,7 +182,7 @@ pub struct GetArgs {
     json: bool,
     #[command(flatten)]
     mode: Mode,
-    /// HOST:PATH or ferry://HOST[:PORT]/PATH, a file or a directory.
+    /// HOST:PATH or `ferry://HOST[:PORT]/PATH`, a file or a directory.
     remote: String,
     /// Where to put it.
     local: PathBuf,
@@ -199,7 +199,7 @@ pub struct PutArgs {
     mode: Mode,
     /// A local file or directory.
     local: PathBuf,
-    /// HOST:PATH or ferry://HOST[:PORT]/PATH to create or update.
+    /// HOST:PATH or `ferry://HOST[:PORT]/PATH` to create or update.
     remote: String,
 }
 
@@ -214,7 +214,7 @@ pub struct SyncArgs {
     json: bool,
     #[command(flatten)]
     mode: Mode,
-    /// Source: HOST:PATH, ferry://HOST[:PORT]/PATH or a local path.
+    /// Source: HOST:PATH, `ferry://HOST[:PORT]/PATH` or a local path.
     src: String,
     /// Destination: a local path or a remote (exactly one side is remote).
     dst: String,
@@ -400,7 +400,7 @@ fn connect(remote: &str, rsh: &Rsh) -> Result<(Session, WirePath)> {
         return Ok((session, wire));
     }
     let Some(spec) = RemoteSpec::parse(remote) else {
-        bail!("{remote:?} is not a remote (write HOST:PATH or ferry://HOST[:PORT]/PATH)");
+        bail!("{remote:?} is not a remote (write HOST:PATH or `ferry://HOST[:PORT]/PATH`)");
     };
     let (root, wire) = split_remote(&spec)?;
     let session = Session::spawn(&rsh.rsh, &rsh.remote_ferry, &root)

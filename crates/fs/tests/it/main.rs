@@ -896,17 +896,24 @@ fn put_finds_chunks_of_the_replaced_version_and_the_trash() {
     let mut edited = v1.clone();
     edited[1_000_000..1_000_004].copy_from_slice(b"edit");
     fs::write(&local, &edited).unwrap();
+    // Both writes may fall in one clock tick: make sure the quick check sees a change.
+    let then = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    fs::File::open(&local).unwrap().set_modified(then).unwrap();
     let s1 = put(&mut connect(&srv), &local, "f").unwrap();
     assert!(s1.chunk_bytes_sent < 100_000, "{s1:?}");
-    assert_eq!(fs::read(srv.join("f")).unwrap(), edited);
+    assert!(fs::read(srv.join("f")).unwrap() == edited);
     // Replace with unrelated content, then go back: the old version comes from the trash.
     let mut c = connect(&srv);
     fs::write(&local, &v2).unwrap();
     put(&mut c, &local, "f").unwrap();
     fs::write(&local, &edited).unwrap();
+    fs::File::open(&local)
+        .unwrap()
+        .set_modified(then - std::time::Duration::from_secs(60))
+        .unwrap();
     let s3 = put(&mut c, &local, "f").unwrap();
     assert!(s3.chunk_bytes_sent < 100_000, "{s3:?}");
-    assert_eq!(fs::read(srv.join("f")).unwrap(), edited);
+    assert!(fs::read(srv.join("f")).unwrap() == edited);
     // The trash is hidden from listings.
     let (_, entries) = ferry_fs::list(&mut c, &WirePath::default()).unwrap();
     assert!(
