@@ -3,8 +3,12 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use ferry_proto::{
-    Frame, FrameDecoder, Hello, Message, ProtoError, Reply, Request, FEATURES, VERSION,
+    Frame, FrameDecoder, Hello, Inflow, Message, Outflow, ProtoError, Reply, Request, FEATURES,
+    FEATURE_ZSTD_STREAM, VERSION,
 };
 use thiserror::Error;
 
@@ -31,6 +35,10 @@ pub enum ConnError {
 
 const READ_BUF: usize = 256 * 1024;
 
+/// zstd level for the session stream when nobody says otherwise: a thin link is the
+/// bottleneck Ferry is built for, so spend CPU on bytes.
+pub const DEFAULT_ZSTD_LEVEL: i32 = 9;
+
 /// Serves one session: reads frames from `input`, writes replies to `output`, until the client
 /// hangs up. Framing errors end the session (the stream cannot be resynchronised); errors in a
 /// request are replied to and the session goes on.
@@ -40,14 +48,28 @@ pub fn serve(
     mut output: impl Write,
 ) -> Result<(), ConnError> {
     use rustix::event::{poll, PollFd, PollFlags};
-    let mut dec = FrameDecoder::new();
+    let mut inflow = Inflow::new();
+    let mut outflow = Outflow::plain();
+    let mut bytes = Vec::with_capacity(READ_BUF);
     let mut buf = vec![0u8; READ_BUF];
     loop {
-        while let Some(f) = dec.next_frame()? {
+        while let Some(f) = inflow.next_frame()? {
             for reply in server.handle(&f) {
-                output.write_all(&reply.encode(true)?)?;
+                outflow.push(&reply, &mut bytes)?;
+                if bytes.len() >= READ_BUF {
+                    output.write_all(&bytes)?;
+                    bytes.clear();
+                }
+            }
+            if let (Some(level), false) = (server.stream_level(), outflow.is_compressed()) {
+                // The Hello reply went out plain; everything after it is one zstd stream.
+                outflow.start_zstd(level)?;
+                inflow.start_zstd()?;
             }
         }
+        outflow.flush(&mut bytes)?;
+        output.write_all(&bytes)?;
+        bytes.clear();
         output.flush()?;
         // Wait for the client or for a change that breaks a lease, whichever comes first.
         loop {
@@ -69,8 +91,11 @@ pub fn serve(
             };
             if changed {
                 for f in server.invalidations() {
-                    output.write_all(&f.encode(false)?)?;
+                    outflow.push(&f, &mut bytes)?;
                 }
+                outflow.flush(&mut bytes)?;
+                output.write_all(&bytes)?;
+                bytes.clear();
                 output.flush()?;
             }
             if input_ready {
@@ -83,7 +108,7 @@ pub fn serve(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e.into()),
         };
-        dec.feed(&buf[..n]);
+        inflow.feed(&buf[..n]);
     }
 }
 
@@ -127,27 +152,53 @@ pub struct Traffic {
     pub round_trips: u64,
 }
 
+/// What the sending thread is asked to do.
+enum Outgoing {
+    Frame(Frame),
+    /// Compress everything after this point as one zstd stream at this level.
+    StartZstd(i32),
+}
+
 /// Sends frames from a thread of its own, so the caller can pipeline any number of requests
 /// and then read replies without either side ever blocking on a full pipe while the other
-/// waits for it (requests queue in memory: callers bound what they send before reading).
+/// waits for it (requests queue in memory: callers bound what they send before reading). The
+/// thread also compresses, so that work overlaps the caller's.
 struct FrameWriter {
-    tx: std::sync::mpsc::Sender<Vec<u8>>,
-    thread: Option<std::thread::JoinHandle<io::Result<()>>>,
+    tx: std::sync::mpsc::Sender<Outgoing>,
+    thread: Option<std::thread::JoinHandle<Result<(), ConnError>>>,
+    /// Bytes handed to the transport.
+    sent: Arc<AtomicU64>,
 }
 
 impl FrameWriter {
-    fn new<W: Write + Send + 'static>(w: W) -> io::Result<Self> {
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    fn new<W: Write + Send + 'static>(mut w: W) -> io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<Outgoing>();
+        let sent = Arc::new(AtomicU64::new(0));
+        let counter = sent.clone();
         let thread = std::thread::Builder::new()
             .name("ferry-send".into())
             .spawn(move || {
-                let mut w = io::BufWriter::with_capacity(READ_BUF, w);
-                while let Ok(bytes) = rx.recv() {
-                    w.write_all(&bytes)?;
+                let mut out = Outflow::plain();
+                let mut bytes = Vec::with_capacity(READ_BUF);
+                let push = |o: Outgoing, out: &mut Outflow, bytes: &mut Vec<u8>| match o {
+                    Outgoing::Frame(f) => out.push(&f, bytes),
+                    Outgoing::StartZstd(level) => out.start_zstd(level),
+                };
+                while let Ok(first) = rx.recv() {
+                    push(first, &mut out, &mut bytes)?;
                     // Everything queued goes out before a flush.
                     while let Ok(more) = rx.try_recv() {
-                        w.write_all(&more)?;
+                        push(more, &mut out, &mut bytes)?;
+                        if bytes.len() >= READ_BUF {
+                            w.write_all(&bytes)?;
+                            counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                            bytes.clear();
+                        }
                     }
+                    out.flush(&mut bytes)?;
+                    w.write_all(&bytes)?;
+                    counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    bytes.clear();
                     w.flush()?;
                 }
                 Ok(())
@@ -155,19 +206,19 @@ impl FrameWriter {
         Ok(FrameWriter {
             tx,
             thread: Some(thread),
+            sent,
         })
     }
 
-    fn send(&mut self, bytes: Vec<u8>) -> Result<(), ConnError> {
-        if self.tx.send(bytes).is_ok() {
+    fn send(&mut self, o: Outgoing) -> Result<(), ConnError> {
+        if self.tx.send(o).is_ok() {
             return Ok(());
         }
         // The thread stopped: it failed to write.
-        let e = match self.thread.take().map(|t| t.join()) {
-            Some(Ok(Err(e))) => e,
-            _ => io::Error::from(io::ErrorKind::BrokenPipe),
-        };
-        Err(e.into())
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(Err(e))) => Err(e),
+            _ => Err(io::Error::from(io::ErrorKind::BrokenPipe).into()),
+        }
     }
 }
 
@@ -176,7 +227,7 @@ pub struct Connection<R, W> {
     reader: R,
     writer: FrameWriter,
     _writes_to: std::marker::PhantomData<fn(W)>,
-    dec: FrameDecoder,
+    inflow: Inflow,
     buf: Vec<u8>,
     next_id: u32,
     /// Frames that arrived for requests other than the one being waited for.
@@ -185,7 +236,7 @@ pub struct Connection<R, W> {
     /// frame for any other id is a violation (it would otherwise let a hostile server fill
     /// `early` without bound).
     outstanding: HashMap<u32, u64>,
-    pub traffic: Traffic,
+    traffic: Traffic,
     pub server: Option<Hello>,
     /// Paths whose leases the server broke (Invalidate), in arrival order, until taken.
     pub invalidated: Vec<ferry_proto::WirePath>,
@@ -194,11 +245,17 @@ pub struct Connection<R, W> {
 impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
     /// Opens a session: sends Hello and waits for the server's.
     pub fn open(reader: R, writer: W) -> Result<Self, ConnError> {
+        Self::open_with(reader, writer, DEFAULT_ZSTD_LEVEL)
+    }
+
+    /// Like [`open`](Self::open), compressing what this side sends at `zstd_level` (when the
+    /// server speaks the zstd stream; 0 asks for no stream compression at all).
+    pub fn open_with(reader: R, writer: W, zstd_level: i32) -> Result<Self, ConnError> {
         let mut c = Connection {
             reader,
             writer: FrameWriter::new(writer)?,
             _writes_to: std::marker::PhantomData,
-            dec: FrameDecoder::new(),
+            inflow: Inflow::new(),
             buf: vec![0u8; READ_BUF],
             next_id: 1,
             early: HashMap::new(),
@@ -208,15 +265,26 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             invalidated: vec![],
         };
         let agent = format!("ferry {}", env!("CARGO_PKG_VERSION"));
+        let features = if zstd_level == 0 {
+            FEATURES & !FEATURE_ZSTD_STREAM
+        } else {
+            FEATURES
+        };
         let hello = Message::Hello(Hello {
             version: VERSION,
-            features: FEATURES,
+            features,
             agent,
         });
-        c.write(&hello.to_frame(0))?;
+        c.write(hello.to_frame(0))?;
         let f = c.wait(0)?;
         match Message::decode(&f)? {
-            Message::Hello(h) if h.version == VERSION => c.server = Some(h),
+            Message::Hello(h) if h.version == VERSION => {
+                if h.features & features & FEATURE_ZSTD_STREAM != 0 {
+                    c.inflow.start_zstd()?;
+                    c.writer.send(Outgoing::StartZstd(zstd_level))?;
+                }
+                c.server = Some(h);
+            }
             Message::Hello(h) => {
                 return Err(ConnError::Unexpected(format!(
                     "server speaks protocol {}, this client {VERSION}",
@@ -233,17 +301,23 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
 }
 
 impl<R: Read, W> Connection<R, W> {
-    fn write(&mut self, f: &Frame) -> Result<(), ConnError> {
-        let bytes = f.encode(true)?;
-        self.traffic.bytes_sent += bytes.len() as u64;
-        self.writer.send(bytes)
+    fn write(&mut self, f: Frame) -> Result<(), ConnError> {
+        self.writer.send(Outgoing::Frame(f))
+    }
+
+    /// Bytes, requests and round trips so far.
+    pub fn traffic(&self) -> Traffic {
+        Traffic {
+            bytes_sent: self.writer.sent.load(Ordering::Relaxed),
+            ..self.traffic.clone()
+        }
     }
 
     /// Sends a request without waiting (it is queued for the sending thread); returns its id.
     pub fn send(&mut self, r: Request) -> Result<u32, ConnError> {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
-        self.write(&Message::Request(r).to_frame(id))?;
+        self.write(Message::Request(r).to_frame(id))?;
         self.traffic.requests += 1;
         self.outstanding.insert(id, self.traffic.round_trips);
         Ok(id)
@@ -275,7 +349,7 @@ impl<R: Read, W> Connection<R, W> {
             }
         }
         loop {
-            if let Some(f) = self.dec.next_frame()? {
+            if let Some(f) = self.inflow.next_frame()? {
                 if !self.outstanding.contains_key(&f.request_id) {
                     if f.request_id == 0 {
                         if let Message::Invalidate(p) = Message::decode(&f)? {
@@ -305,7 +379,7 @@ impl<R: Read, W> Connection<R, W> {
                 return Err(ConnError::Closed);
             }
             self.traffic.bytes_received += n as u64;
-            self.dec.feed(&self.buf[..n]);
+            self.inflow.feed(&self.buf[..n]);
         }
     }
 

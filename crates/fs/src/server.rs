@@ -33,6 +33,8 @@ pub struct ServerOptions {
     pub lease_ms: u32,
     /// Bytes of replaced file versions kept in the trash as chunk sources (0: no trash).
     pub trash_bytes: u64,
+    /// zstd level of the session stream this side sends, when the client speaks it.
+    pub zstd_level: i32,
 }
 
 /// Where chunks a client sends (PutChunks) wait for the commit that uses them. A persistent
@@ -46,6 +48,7 @@ impl Default for ServerOptions {
             hash: HashAlg::Blake3,
             lease_ms: 60_000,
             trash_bytes: 256 << 20,
+            zstd_level: crate::conn::DEFAULT_ZSTD_LEVEL,
         }
     }
 }
@@ -66,6 +69,8 @@ pub struct Server {
     recipes: HashMap<FileId, (Recipe, Oid)>,
     hints: HashMap<Id, Hint>,
     greeted: bool,
+    /// Features both sides agreed on in the Hellos.
+    features: u64,
     tmp_counter: u64,
     /// `None` when change notification is unavailable: then no leases are granted.
     leases: Option<crate::leases::Leases>,
@@ -102,6 +107,7 @@ impl Server {
             recipes: HashMap::new(),
             hints: HashMap::new(),
             greeted: false,
+            features: 0,
             tmp_counter: 0,
             leases: match crate::leases::Leases::new() {
                 Ok(l) => Some(l),
@@ -111,6 +117,12 @@ impl Server {
                 }
             },
         }
+    }
+
+    /// The zstd level of the session stream once the Hellos agreed on one: from the reply to
+    /// the Hello on, both directions are one zstd stream each.
+    pub fn stream_level(&self) -> Option<i32> {
+        (self.features & ferry_proto::FEATURE_ZSTD_STREAM != 0).then_some(self.opts.zstd_level)
     }
 
     /// A descriptor that becomes readable when a leased path may have changed; then call
@@ -154,10 +166,11 @@ impl Server {
                     ));
                 }
                 self.greeted = true;
+                self.features = h.features & FEATURES;
                 let agent = format!("ferry {}", env!("CARGO_PKG_VERSION"));
                 vec![Message::Hello(Hello {
                     version: VERSION,
-                    features: h.features & FEATURES,
+                    features: self.features,
                     agent,
                 })
                 .to_frame(id)]

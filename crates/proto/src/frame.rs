@@ -91,6 +91,14 @@ impl FrameDecoder {
         self.buf.extend_from_slice(data);
     }
 
+    /// Takes the bytes fed but not yet returned as frames (when the stream changes encoding).
+    pub fn take_buffered(&mut self) -> Vec<u8> {
+        let rest = self.buf.split_off(self.start);
+        self.buf.clear();
+        self.start = 0;
+        rest
+    }
+
     /// Bytes fed but not yet returned as frames.
     pub fn buffered(&self) -> usize {
         self.buf.len() - self.start

@@ -36,6 +36,7 @@ mod codec;
 mod error;
 mod frame;
 mod message;
+mod stream;
 
 pub use error::ProtoError;
 pub use frame::{
@@ -45,3 +46,4 @@ pub use message::{
     Attr, DirEntry, ErrorCode, FileKind, Hello, Message, RecipePage, Reply, Request, WirePath,
     FEATURES, MAGIC, VERSION,
 };
+pub use stream::{Inflow, Outflow, FEATURE_ZSTD_STREAM, MAX_WINDOW_LOG};

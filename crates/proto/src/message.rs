@@ -10,8 +10,8 @@ use crate::{Frame, ProtoError};
 pub const MAGIC: &[u8; 5] = b"FERRY";
 /// The protocol version this build speaks.
 pub const VERSION: u16 = 1;
-/// Feature bits this build understands (none defined yet beyond the version-1 message set).
-pub const FEATURES: u64 = 0;
+/// Feature bits this build understands: [`FEATURE_ZSTD_STREAM`](crate::FEATURE_ZSTD_STREAM).
+pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM;
 /// Longest path on the wire, in bytes.
 const MAX_PATH: usize = 4096;
 

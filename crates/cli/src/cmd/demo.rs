@@ -160,7 +160,7 @@ impl Demo {
             &src,
             &mut stats,
         )?;
-        let t = s.conn.traffic.clone();
+        let t = s.conn.traffic();
         s.close()?;
         Ok(t)
     }
@@ -181,7 +181,7 @@ impl Demo {
             &opts,
             &mut stats,
         )?;
-        let t = s.conn.traffic.clone();
+        let t = s.conn.traffic();
         s.close()?;
         Ok(t)
     }

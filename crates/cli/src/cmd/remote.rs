@@ -476,7 +476,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
         let mut stats = ferry_fs::GetStats::default();
         ferry_fs::get(&mut s.conn, &wire, &a.local, &src, &mut stats)
             .with_context(|| format!("cannot get {} into {}", a.remote, a.local.display()))?;
-        let traffic = s.conn.traffic.clone();
+        let traffic = s.conn.traffic();
         s.close()?;
         Ok((stats, traffic))
     })?;
@@ -536,7 +536,7 @@ pub fn put(a: PutArgs) -> Result<ExitCode> {
         let mut stats = ferry_fs::PutStats::default();
         ferry_fs::put(&mut s.conn, &a.local, &wire, &opts, &mut stats)
             .with_context(|| format!("cannot put {} to {}", a.local.display(), a.remote))?;
-        let traffic = s.conn.traffic.clone();
+        let traffic = s.conn.traffic();
         s.close()?;
         Ok((stats, traffic))
     })?;
