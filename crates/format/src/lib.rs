@@ -33,4 +33,6 @@ mod varint;
 pub use diff::{DiffOp, RecipeDiff};
 pub use error::FormatError;
 pub use id::{HashAlg, Id, IdHasher, Oid, ID_BYTES, TAGGED_ID_BYTES};
-pub use recipe::{chunk_object, chunk_object_parallel, ChunkRef, Recipe};
+pub use recipe::{
+    chunk_object, chunk_object_parallel, page_key, pages, ChunkRef, Recipe, PAGE_DIVISOR, PAGE_MAX,
+};

@@ -86,6 +86,17 @@ impl Recipe {
         })
     }
 
+    /// The recipe's pages: content-defined runs of chunks ([`pages`]).
+    pub fn pages(&self) -> Vec<&[ChunkRef]> {
+        pages(&self.chunks)
+    }
+
+    /// BLAKE3 of [`encode`](Self::encode): what a receiver that rebuilt the recipe from pieces
+    /// checks it against.
+    pub fn check(&self) -> [u8; 32] {
+        *blake3::hash(&self.encode()).as_bytes()
+    }
+
     /// The binary encoding (`docs/formats.md`, "Recipe v1").
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(16 + self.chunks.len() * (ID_BYTES + 3));
@@ -285,6 +296,49 @@ where
     })
 }
 
+/// A page ends after a chunk whose digest's first two bytes (little endian) are 0 modulo this:
+/// 32 chunks a page on average.
+pub const PAGE_DIVISOR: u16 = 32;
+/// Longest page, in chunks.
+pub const PAGE_MAX: usize = 256;
+
+/// Splits a chunk list into pages at content-defined boundaries (`docs/formats.md`, "Recipe
+/// pages"): a page ends after a chunk whose digest starts with two bytes that are 0 modulo
+/// [`PAGE_DIVISOR`], or after [`PAGE_MAX`] chunks. Boundaries depend on the chunks alone, so an
+/// edit changes the pages around it and no others, and two sides holding versions of a file
+/// agree on the unchanged pages without sending them.
+pub fn pages(chunks: &[ChunkRef]) -> Vec<&[ChunkRef]> {
+    let mut out = vec![];
+    let mut start = 0;
+    for (i, c) in chunks.iter().enumerate() {
+        let d = c.id.digest();
+        let ends = u16::from_le_bytes([d[0], d[1]]) % PAGE_DIVISOR == 0;
+        if ends || i + 1 - start == PAGE_MAX {
+            out.push(&chunks[start..=i]);
+            start = i + 1;
+        }
+    }
+    if start < chunks.len() {
+        out.push(&chunks[start..]);
+    }
+    out
+}
+
+/// A page's key: the first 8 bytes (little endian) of BLAKE3 over, for each chunk, its length
+/// as a varint and its digest. A short key names a page the peer holds; whatever is rebuilt
+/// from keys is checked against the whole recipe's [`Recipe::check`] before use.
+pub fn page_key(page: &[ChunkRef]) -> u64 {
+    let mut h = blake3::Hasher::new();
+    let mut buf = Vec::with_capacity(48);
+    for c in page {
+        buf.clear();
+        varint::put(&mut buf, c.len as u64);
+        buf.extend_from_slice(c.id.digest());
+        h.update(&buf);
+    }
+    u64::from_le_bytes(h.finalize().as_bytes()[..8].try_into().unwrap())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -443,5 +497,27 @@ mod tests {
         );
         assert_eq!(r.unwrap_err().to_string(), "disk full");
         assert_eq!(calls, 3);
+    }
+
+    #[test]
+    fn pages_are_content_defined_and_keys_are_pinned() {
+        let chunk = |i: u32| ChunkRef {
+            id: Id::hash(HashAlg::Blake3, &i.to_le_bytes()),
+            len: 1000 + i,
+        };
+        let old: Vec<ChunkRef> = (0..2000).map(chunk).collect();
+        let old_pages = pages(&old);
+        assert_eq!(old_pages.concat(), old);
+        assert!(old_pages.iter().all(|p| p.len() <= PAGE_MAX));
+        assert!((40..=90).contains(&old_pages.len()), "{} pages", old_pages.len());
+        // Insert one chunk in the middle: every page but the one around it is unchanged.
+        let mut new = old.clone();
+        new.insert(1000, chunk(5000));
+        let keys: std::collections::HashSet<u64> =
+            old_pages.iter().map(|p| page_key(p)).collect();
+        let changed = pages(&new).iter().filter(|p| !keys.contains(&page_key(p))).count();
+        assert!(changed <= 2, "{changed} pages changed");
+        // The key's definition, pinned (recomputed independently with Python's blake3).
+        assert_eq!(page_key(&old[..3]), 0x68e4_c5c4_d20e_bbdd);
     }
 }

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 
 use ferry_chunk::{ChunkReader, ChunkerSpec};
 use ferry_format::{ChunkRef, HashAlg, Id, Recipe};
-use ferry_proto::{Attr, DirEntry, FileKind, Reply, Request, WirePath};
+use ferry_proto::{Attr, DirEntry, FileKind, RecipePart, Reply, Request, WirePath};
 use ferry_store::{ChunkStore, VerifiedChunk};
 
 use crate::conn::{ConnError, Connection};
@@ -208,13 +208,18 @@ fn remove_local(p: &Path) -> io::Result<()> {
     }
 }
 
-/// Chunks a local file as a source: id → (offset, length). A hint; verified before use.
-fn index_local(
-    path: &Path,
-    spec: &ChunkerSpec,
-    alg: HashAlg,
-) -> io::Result<std::collections::HashMap<Id, (u64, u32)>> {
-    let mut map = std::collections::HashMap::new();
+/// A local file chunked as a source.
+#[derive(Default)]
+struct LocalIndex {
+    /// Its chunks in order: the recipe of the old version, whose pages the server can refer to.
+    order: Vec<ChunkRef>,
+    /// id → (offset, length): hints, verified before use.
+    at: HashMap<Id, (u64, u32)>,
+}
+
+/// Chunks a local file as a source (nothing if it is not a regular file).
+fn index_local(path: &Path, spec: &ChunkerSpec, alg: HashAlg) -> io::Result<LocalIndex> {
+    let mut map = LocalIndex::default();
     // Only a regular file at the destination is a source: a symlink there is not followed.
     let f = match std::fs::OpenOptions::new()
         .read(true)
@@ -233,7 +238,10 @@ fn index_local(
     }
     let mut r = ChunkReader::new(f, spec.build());
     while let Some(c) = r.next_chunk()? {
-        map.insert(Id::hash(alg, c.data), (c.offset, c.data.len() as u32));
+        let id = Id::hash(alg, c.data);
+        let len = c.data.len() as u32;
+        map.order.push(ChunkRef { id, len });
+        map.at.insert(id, (c.offset, len));
     }
     Ok(map)
 }
@@ -531,6 +539,8 @@ pub enum GetError {
     Proto(#[from] ferry_proto::ProtoError),
     #[error("server sent chunk {0} that does not match its id, or a recipe it cannot serve")]
     BadData(Id),
+    #[error("a recipe rebuilt from the pages held here does not match the server's check")]
+    RecipeCheck,
 }
 
 impl GetError {
@@ -540,12 +550,34 @@ impl GetError {
     }
 }
 
-/// Puts the pages of a GetRecipe reply together.
-fn recipe_from(replies: Vec<Reply>) -> Result<Recipe, GetError> {
+/// Puts the pages of a GetRecipe or GetRecipeDelta reply together; `known` are the pages the
+/// delta may refer to. A recipe rebuilt from references must match the server's check.
+fn recipe_from(replies: Vec<Reply>, known: &[&[ChunkRef]]) -> Result<Recipe, GetError> {
     let mut chunks: Vec<ChunkRef> = vec![];
     let mut alg = HashAlg::Blake3;
+    let mut check = None;
     for r in replies {
         match r {
+            Reply::RecipeDelta(d) => {
+                if d.total_chunks > (1 << 32) {
+                    return Err(ConnError::Unexpected("a recipe of over 2^32 chunks".into()).into());
+                }
+                alg = d.alg;
+                check = Some(d.check);
+                for p in d.parts {
+                    match p {
+                        RecipePart::Known(i) => chunks.extend_from_slice(
+                            known.get(i as usize).ok_or_else(|| {
+                                ConnError::Unexpected(format!("recipe page {i} was never named"))
+                            })?,
+                        ),
+                        RecipePart::Chunks(cs) => chunks.extend(cs),
+                    }
+                    if chunks.len() as u64 > d.total_chunks {
+                        return Err(ConnError::Unexpected("recipe longer than announced".into()).into());
+                    }
+                }
+            }
             Reply::Recipe(p) => {
                 if p.first != chunks.len() as u64 || p.total_chunks > (1 << 32) {
                     return Err(ConnError::Unexpected("recipe pages out of order".into()).into());
@@ -558,7 +590,11 @@ fn recipe_from(replies: Vec<Reply>) -> Result<Recipe, GetError> {
             other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
         }
     }
-    Ok(Recipe::from_chunks(alg, chunks).map_err(ferry_proto::ProtoError::from)?)
+    let recipe = Recipe::from_chunks(alg, chunks).map_err(ferry_proto::ProtoError::from)?;
+    if check.is_some_and(|c| c != recipe.check()) {
+        return Err(GetError::RecipeCheck);
+    }
+    Ok(recipe)
 }
 
 /// Fetches a batch of files: every recipe asked for at once, then every chunk that neither
@@ -569,23 +605,48 @@ fn fetch_files<R: io::Read, W: Write>(
     src: &Sources<'_>,
     stats: &mut GetStats,
 ) -> Result<(), GetError> {
+    // The file already at the destination is a chunk source (rsync's basis file,
+    // generalised), and its recipe's pages let the server send only the pages that changed.
     let mut ids = Vec::with_capacity(jobs.len());
+    let mut olds = Vec::with_capacity(jobs.len());
     for j in &jobs {
-        ids.push(conn.send(Request::GetRecipe {
-            path: j.remote.clone(),
-            from: 0,
+        let old = index_local(&j.local, &src.chunker, HashAlg::Blake3)
+            .map_err(GetError::local("read", &j.local))?;
+        let pages = ferry_format::pages(&old.order);
+        let path = j.remote.clone();
+        ids.push(conn.send(if pages.len() >= 2 {
+            let known = pages.iter().map(|p| ferry_format::page_key(p)).collect();
+            Request::GetRecipeDelta { path, known }
+        } else {
+            Request::GetRecipe { path, from: 0 }
         })?);
+        olds.push(old);
     }
     conn.flush()?;
     let mut recipes = Vec::with_capacity(jobs.len());
     let mut missing: Vec<Id> = vec![];
     let mut seen = std::collections::HashSet::new();
-    for (id, j) in ids.into_iter().zip(&jobs) {
-        let recipe = recipe_from(conn.replies(id)?)?;
-        // The file already at the destination is a chunk source (rsync's basis file,
-        // generalised).
-        let here = index_local(&j.local, &src.chunker, recipe.alg())
-            .map_err(GetError::local("read", &j.local))?;
+    for ((id, j), old) in ids.into_iter().zip(&jobs).zip(olds) {
+        let replies = conn.replies(id)?;
+        let recipe = match recipe_from(replies, &ferry_format::pages(&old.order)) {
+            Err(GetError::RecipeCheck) => {
+                // Two pages with one key (a 2^-64 chance): the whole recipe, then.
+                tracing::warn!("{:?}: rebuilt recipe failed its check; fetching it whole", j.remote);
+                let r = conn.call(Request::GetRecipe {
+                    path: j.remote.clone(),
+                    from: 0,
+                })?;
+                recipe_from(r, &[])?
+            }
+            r => r?,
+        };
+        let here = if recipe.alg() == HashAlg::Blake3 {
+            old.at
+        } else {
+            index_local(&j.local, &src.chunker, recipe.alg())
+                .map_err(GetError::local("read", &j.local))?
+                .at
+        };
         for c in recipe.chunks() {
             if seen.insert(c.id) && !here.contains_key(&c.id) && !src.cache.contains(&c.id)? {
                 missing.push(c.id);

@@ -7,8 +7,8 @@ use std::os::unix::fs::FileExt;
 use ferry_chunk::ChunkerSpec;
 use ferry_format::{chunk_object, HashAlg, Id, Oid, Recipe};
 use ferry_proto::{
-    Attr, DirEntry, ErrorCode, FileKind, Frame, Hello, Message, RecipePage, Reply, Request,
-    WirePath, FEATURES, FLAG_MORE, VERSION,
+    Attr, DirEntry, ErrorCode, FileKind, Frame, Hello, Message, RecipeDelta, RecipePage,
+    RecipePart, Reply, Request, WirePath, FEATURES, FLAG_MORE, VERSION,
 };
 
 use crate::export::{os, stat_at, Export, FileId};
@@ -235,6 +235,10 @@ impl Server {
                         },
                     )
                 }
+                Err(e) => one(io_error(&path, &e)),
+            },
+            Request::GetRecipeDelta { path, known } => match self.recipe(&path) {
+                Ok((recipe, version)) => recipe_delta(id, &recipe, version, &known),
                 Err(e) => one(io_error(&path, &e)),
             },
             Request::GetChunks { ids } => {
@@ -625,6 +629,57 @@ fn trim_trash(trash: &OwnedFd, limit: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// A recipe as parts against the pages the client named: the pages it holds go as their
+/// index in `known`, the rest in full, at most [`RECIPE_PAGE`] chunks a frame.
+fn recipe_delta(id: u32, recipe: &Recipe, version: u64, known: &[u64]) -> Vec<Frame> {
+    let mut index = HashMap::with_capacity(known.len());
+    for (i, k) in known.iter().enumerate() {
+        index.entry(*k).or_insert(i as u32);
+    }
+    let mut frames: Vec<Vec<RecipePart>> = vec![vec![]];
+    let mut in_frame = 0;
+    for page in recipe.pages() {
+        if in_frame + page.len() > RECIPE_PAGE {
+            frames.push(vec![]);
+            in_frame = 0;
+        }
+        let parts = frames.last_mut().expect("non-empty");
+        in_frame += match index.get(&ferry_format::page_key(page)) {
+            Some(&i) => {
+                parts.push(RecipePart::Known(i));
+                1
+            }
+            None => {
+                match parts.last_mut() {
+                    Some(RecipePart::Chunks(cs)) => cs.extend_from_slice(page),
+                    _ => parts.push(RecipePart::Chunks(page.to_vec())),
+                }
+                page.len()
+            }
+        };
+    }
+    let check = recipe.check();
+    let n = frames.len();
+    frames
+        .into_iter()
+        .enumerate()
+        .map(|(i, parts)| {
+            let mut f = Message::Reply(Reply::RecipeDelta(RecipeDelta {
+                version,
+                total_chunks: recipe.len() as u64,
+                check,
+                alg: recipe.alg(),
+                parts,
+            }))
+            .to_frame(id);
+            if i + 1 < n {
+                f.flags |= FLAG_MORE;
+            }
+            f
+        })
+        .collect()
+}
+
 /// Splits `items` into reply frames of `page` items, all but the last flagged MORE.
 fn paged<T: Clone>(
     id: u32,
@@ -651,6 +706,7 @@ fn request_name(r: &Request) -> &'static str {
         Request::GetAttr { .. } => "GetAttr",
         Request::ReadDir { .. } => "ReadDir",
         Request::GetRecipe { .. } => "GetRecipe",
+        Request::GetRecipeDelta { .. } => "GetRecipeDelta",
         Request::GetChunks { .. } => "GetChunks",
         Request::Have { .. } => "Have",
         Request::PutChunks { .. } => "PutChunks",

@@ -43,7 +43,8 @@ pub use frame::{
     Frame, FrameDecoder, FLAG_COMPRESSED, FLAG_MORE, FRAME_HEADER_LEN, MAX_BODY, MAX_FRAME,
 };
 pub use message::{
-    Attr, DirEntry, ErrorCode, FileKind, Hello, Message, RecipePage, Reply, Request, WirePath,
+    Attr, DirEntry, ErrorCode, FileKind, Hello, Message, RecipeDelta, RecipePage, RecipePart, Reply,
+    Request, WirePath,
     FEATURES, MAGIC, VERSION,
 };
 pub use stream::{Inflow, Outflow, FEATURE_ZSTD_STREAM, MAX_WINDOW_LOG};

@@ -149,6 +149,28 @@ pub struct RecipePage {
     pub chunks: Vec<ChunkRef>,
 }
 
+/// A piece of a recipe sent against pages the client named (GetRecipeDelta).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecipePart {
+    /// The page at this index of the client's `known` list.
+    Known(u32),
+    /// Chunks given in full.
+    Chunks(Vec<ChunkRef>),
+}
+
+/// Part of a file's recipe, sent against pages the client already holds; the frame's MORE
+/// flag says whether parts follow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecipeDelta {
+    /// The version of the file the recipe describes.
+    pub version: u64,
+    pub total_chunks: u64,
+    /// `Recipe::check` of the whole recipe: what the client verifies its rebuilt copy against.
+    pub check: [u8; 32],
+    pub alg: HashAlg,
+    pub parts: Vec<RecipePart>,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ErrorCode {
@@ -211,6 +233,12 @@ pub enum Request {
         path: WirePath,
         from: u64,
     },
+    /// GETHASH against the recipe pages the client holds (`ferry_format::pages`), named by
+    /// their keys: pages the server's recipe shares with them come back as references.
+    GetRecipeDelta {
+        path: WirePath,
+        known: Vec<u64>,
+    },
     GetChunks {
         ids: Vec<Id>,
     },
@@ -268,6 +296,7 @@ pub enum Reply {
     /// One page of entries; the frame's MORE flag says whether pages follow.
     DirEntries(Vec<DirEntry>),
     Recipe(RecipePage),
+    RecipeDelta(RecipeDelta),
     /// Some of the chunks asked for; MORE says whether more follow. Absent ones are omitted.
     Chunks(Vec<(Id, Vec<u8>)>),
     /// One flag per id asked about, in order.
@@ -308,6 +337,7 @@ mod code {
     pub const SYMLINK: u8 = 0x1b;
     pub const SET_ATTR: u8 = 0x1c;
     pub const READ_LINK: u8 = 0x1d;
+    pub const GET_RECIPE_DELTA: u8 = 0x1e;
     pub const R_ATTR: u8 = 0x40;
     pub const R_DIR_ENTRIES: u8 = 0x41;
     pub const R_RECIPE: u8 = 0x42;
@@ -316,6 +346,7 @@ mod code {
     pub const R_OK: u8 = 0x45;
     pub const R_ERROR: u8 = 0x46;
     pub const R_LINK: u8 = 0x47;
+    pub const R_RECIPE_DELTA: u8 = 0x48;
     pub const INVALIDATE: u8 = 0x60;
 }
 
@@ -325,6 +356,36 @@ fn put_path(w: &mut Writer, p: &WirePath) {
 
 fn get_path(r: &mut Reader<'_>) -> Result<WirePath, ProtoError> {
     WirePath::new(r.bytes()?.to_vec())
+}
+
+/// count · (length varint · digest)*, as in a recipe page.
+fn put_chunk_refs(w: &mut Writer, cs: &[ChunkRef]) {
+    w.varint(cs.len() as u64);
+    for c in cs {
+        w.varint(c.len as u64);
+        w.0.extend_from_slice(c.id.digest());
+    }
+}
+
+fn get_chunk_refs(r: &mut Reader<'_>, alg: HashAlg) -> Result<Vec<ChunkRef>, ProtoError> {
+    let n = r.count(33)?;
+    let mut chunks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = r.varint()?;
+        if len == 0 || len > MAX_CHUNK_LIMIT as u64 {
+            return Err(ProtoError::Invalid {
+                what: "recipe page",
+                why: format!("chunk length {len}"),
+            });
+        }
+        let mut d = [0u8; 32];
+        d.copy_from_slice(r.take_exact(32)?);
+        chunks.push(ChunkRef {
+            id: Id::from_parts(alg, d),
+            len: len as u32,
+        });
+    }
+    Ok(chunks)
 }
 
 fn put_attr(w: &mut Writer, a: &Attr) {
@@ -439,6 +500,14 @@ impl Message {
                     w.varint(*from);
                     code::GET_RECIPE
                 }
+                Request::GetRecipeDelta { path, known } => {
+                    put_path(&mut w, path);
+                    w.varint(known.len() as u64);
+                    for k in known {
+                        w.u64(*k);
+                    }
+                    code::GET_RECIPE_DELTA
+                }
                 Request::GetChunks { ids } => {
                     put_ids(&mut w, ids);
                     code::GET_CHUNKS
@@ -524,12 +593,28 @@ impl Message {
                     w.u64(p.first);
                     let alg = p.chunks.first().map_or(HashAlg::Blake3, |c| c.id.alg());
                     w.u8(alg.tag());
-                    w.varint(p.chunks.len() as u64);
-                    for c in &p.chunks {
-                        w.varint(c.len as u64);
-                        w.0.extend_from_slice(c.id.digest());
-                    }
+                    put_chunk_refs(&mut w, &p.chunks);
                     code::R_RECIPE
+                }
+                Reply::RecipeDelta(d) => {
+                    w.u64(d.version);
+                    w.u64(d.total_chunks);
+                    w.0.extend_from_slice(&d.check);
+                    w.u8(d.alg.tag());
+                    w.varint(d.parts.len() as u64);
+                    for p in &d.parts {
+                        match p {
+                            RecipePart::Known(i) => {
+                                w.u8(0);
+                                w.varint(*i as u64);
+                            }
+                            RecipePart::Chunks(cs) => {
+                                w.u8(1);
+                                put_chunk_refs(&mut w, cs);
+                            }
+                        }
+                    }
+                    code::R_RECIPE_DELTA
                 }
                 Reply::Chunks(cs) => {
                     put_chunks(&mut w, cs);
@@ -600,6 +685,12 @@ impl Message {
                 path: get_path(&mut r)?,
                 from: r.varint()?,
             }),
+            code::GET_RECIPE_DELTA => {
+                let path = get_path(&mut r)?;
+                let n = r.count(8)?;
+                let known = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
+                Message::Request(Request::GetRecipeDelta { path, known })
+            }
             code::GET_CHUNKS => Message::Request(Request::GetChunks {
                 ids: get_ids(&mut r)?,
             }),
@@ -668,28 +759,43 @@ impl Message {
             code::R_RECIPE => {
                 let (version, total_chunks, first) = (r.u64()?, r.u64()?, r.u64()?);
                 let alg = HashAlg::from_tag(r.u8()?)?;
-                let n = r.count(33)?;
-                let mut chunks = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let len = r.varint()?;
-                    if len == 0 || len > MAX_CHUNK_LIMIT as u64 {
-                        return Err(ProtoError::Invalid {
-                            what: "recipe page",
-                            why: format!("chunk length {len}"),
-                        });
-                    }
-                    let mut d = [0u8; 32];
-                    d.copy_from_slice(r.take_exact(32)?);
-                    chunks.push(ChunkRef {
-                        id: Id::from_parts(alg, d),
-                        len: len as u32,
-                    });
-                }
+                let chunks = get_chunk_refs(&mut r, alg)?;
                 Message::Reply(Reply::Recipe(RecipePage {
                     version,
                     total_chunks,
                     first,
                     chunks,
+                }))
+            }
+            code::R_RECIPE_DELTA => {
+                let (version, total_chunks) = (r.u64()?, r.u64()?);
+                let check: [u8; 32] = r.take_exact(32)?.try_into().unwrap();
+                let alg = HashAlg::from_tag(r.u8()?)?;
+                let n = r.count(2)?;
+                let mut parts = Vec::with_capacity(n);
+                for _ in 0..n {
+                    parts.push(match r.u8()? {
+                        0 => RecipePart::Known(u32::try_from(r.varint()?).map_err(|_| {
+                            ProtoError::Invalid {
+                                what: "recipe delta",
+                                why: "page index over 2^32".into(),
+                            }
+                        })?),
+                        1 => RecipePart::Chunks(get_chunk_refs(&mut r, alg)?),
+                        t => {
+                            return Err(ProtoError::Invalid {
+                                what: "recipe delta",
+                                why: format!("unknown part {t}"),
+                            })
+                        }
+                    });
+                }
+                Message::Reply(Reply::RecipeDelta(RecipeDelta {
+                    version,
+                    total_chunks,
+                    check,
+                    alg,
+                    parts,
                 }))
             }
             code::R_CHUNKS => Message::Reply(Reply::Chunks(get_chunks(&mut r)?)),
@@ -768,6 +874,10 @@ mod tests {
                 path: "big.iso".into(),
                 from: 1000,
             }),
+            Message::Request(Request::GetRecipeDelta {
+                path: "big.iso".into(),
+                known: vec![1, u64::MAX],
+            }),
             Message::Request(Request::GetChunks {
                 ids: vec![id(1), id(2)],
             }),
@@ -829,6 +939,17 @@ mod tests {
                 total_chunks: 2,
                 first: 0,
                 chunks: recipe.chunks().to_vec(),
+            })),
+            Message::Reply(Reply::RecipeDelta(RecipeDelta {
+                version: 9,
+                total_chunks: 40,
+                check: [7; 32],
+                alg: HashAlg::Blake3,
+                parts: vec![
+                    RecipePart::Known(3),
+                    RecipePart::Chunks(recipe.chunks().to_vec()),
+                    RecipePart::Known(0),
+                ],
             })),
             Message::Reply(Reply::Chunks(vec![(id(1), vec![1, 2, 3])])),
             Message::Reply(Reply::Have(vec![
@@ -895,6 +1016,37 @@ mod tests {
         want.extend_from_slice(b"FERRY");
         want.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, b'x']);
         assert_eq!(b, want);
+        let b = Message::Request(Request::GetRecipeDelta {
+            path: "f".into(),
+            known: vec![0x0102],
+        })
+        .encode(2, false)
+        .unwrap();
+        assert_eq!(
+            b,
+            [17, 0, 0, 0, 0x1e, 0, 2, 0, 0, 0, 1, b'f', 1, 2, 1, 0, 0, 0, 0, 0, 0]
+        );
+        let b = Message::Reply(Reply::RecipeDelta(RecipeDelta {
+            version: 1,
+            total_chunks: 2,
+            check: [0xcc; 32],
+            alg: HashAlg::Blake3,
+            parts: vec![
+                RecipePart::Known(5),
+                RecipePart::Chunks(vec![ChunkRef {
+                    id: Id::from_parts(HashAlg::Blake3, [0xdd; 32]),
+                    len: 300,
+                }]),
+            ],
+        }))
+        .encode(2, false)
+        .unwrap();
+        let mut want = vec![94, 0, 0, 0, 0x48, 0, 2, 0, 0, 0];
+        want.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
+        want.extend_from_slice(&[0xcc; 32]);
+        want.extend_from_slice(&[HashAlg::Blake3.tag(), 2, 0, 5, 1, 1, 0xac, 0x02]);
+        want.extend_from_slice(&[0xdd; 32]);
+        assert_eq!(b, want);
     }
 
     #[test]
@@ -935,12 +1087,21 @@ mod tests {
 
     #[test]
     fn hostile_counts_do_not_allocate() {
-        for t in [0x13u8, 0x14, 0x15, 0x41, 0x42, 0x43, 0x44] {
+        for t in [0x13u8, 0x14, 0x15, 0x1e, 0x41, 0x42, 0x43, 0x44, 0x48] {
             let mut w = Writer::default();
             if t == 0x42 {
                 w.u64(0);
                 w.u64(0);
                 w.u64(0);
+                w.u8(1);
+            }
+            if t == 0x1e {
+                w.bytes(b"p");
+            }
+            if t == 0x48 {
+                w.u64(0);
+                w.u64(0);
+                w.0.extend_from_slice(&[0; 32]);
                 w.u8(1);
             }
             w.varint(u64::MAX >> 1);
