@@ -509,13 +509,19 @@ mod tests {
         let old_pages = pages(&old);
         assert_eq!(old_pages.concat(), old);
         assert!(old_pages.iter().all(|p| p.len() <= PAGE_MAX));
-        assert!((40..=90).contains(&old_pages.len()), "{} pages", old_pages.len());
+        assert!(
+            (40..=90).contains(&old_pages.len()),
+            "{} pages",
+            old_pages.len()
+        );
         // Insert one chunk in the middle: every page but the one around it is unchanged.
         let mut new = old.clone();
         new.insert(1000, chunk(5000));
-        let keys: std::collections::HashSet<u64> =
-            old_pages.iter().map(|p| page_key(p)).collect();
-        let changed = pages(&new).iter().filter(|p| !keys.contains(&page_key(p))).count();
+        let keys: std::collections::HashSet<u64> = old_pages.iter().map(|p| page_key(p)).collect();
+        let changed = pages(&new)
+            .iter()
+            .filter(|p| !keys.contains(&page_key(p)))
+            .count();
         assert!(changed <= 2, "{changed} pages changed");
         // The key's definition, pinned (recomputed independently with Python's blake3).
         assert_eq!(page_key(&old[..3]), 0x68e4_c5c4_d20e_bbdd);

@@ -271,8 +271,20 @@ pub fn get<R: io::Read, W: Write>(
     stats: &mut GetStats,
 ) -> Result<(), GetError> {
     let attr = get_attr(conn, remote)?;
+    // With tree digests from the server, every subtree already the same here is skipped.
+    let mut trees = LocalTrees::new();
+    if attr.oid.is_some() && fs::symlink_metadata(local).is_ok_and(|m| m.is_dir()) {
+        if let Err(e) = local_tree(local, &mut trees) {
+            tracing::debug!("no tree digests for {}: {e}", local.display());
+            trees.clear();
+        }
+    }
+    if let Some(files) = same_tree(local, &attr, &trees) {
+        stats.unchanged += files;
+        return Ok(());
+    }
     let mut plan = Plan::default();
-    walk(conn, remote, &attr, local, src, stats, &mut plan)?;
+    walk(conn, remote, &attr, local, src, &trees, stats, &mut plan)?;
     let mut batch = vec![];
     let mut bytes = 0;
     for job in plan.files {
@@ -321,12 +333,14 @@ struct Plan {
 /// Walks `remote`, whose attributes the caller already has, breadth first: every listing of a
 /// level is asked for before the first of them is waited on, so a tree's listings cost one
 /// round trip per level.
+#[allow(clippy::too_many_arguments)]
 fn walk<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     remote: &WirePath,
     attr: &Attr,
     local: &Path,
     src: &Sources<'_>,
+    trees: &LocalTrees,
     stats: &mut GetStats,
     plan: &mut Plan,
 ) -> Result<(), GetError> {
@@ -357,7 +371,9 @@ fn walk<R: io::Read, W: Write>(
             // One component: a name with `/` or `..` from the server is refused.
             let child = remote.join(&e.name)?;
             let dest = local.join(std::ffi::OsStr::from_bytes(&e.name));
-            if e.attr.kind == FileKind::Dir {
+            if let Some(files) = same_tree(&dest, &e.attr, trees) {
+                stats.unchanged += files;
+            } else if e.attr.kind == FileKind::Dir {
                 let id = conn.send(Request::ReadDir {
                     path: child.clone(),
                 })?;
@@ -386,6 +402,65 @@ fn walk<R: io::Read, W: Write>(
         }
     }
     Ok(())
+}
+
+/// Tree digests of local directories, with the files below each.
+type LocalTrees = HashMap<PathBuf, ([u8; 32], u64)>;
+
+/// `ferry_proto::tree_digest` of a local directory, remembering every subtree's in `trees`.
+/// Never follows a symlink.
+fn local_tree(dir: &Path, trees: &mut LocalTrees) -> io::Result<[u8; 32]> {
+    use ferry_proto::TreeItem;
+    use std::os::unix::ffi::OsStringExt;
+    use std::os::unix::fs::MetadataExt;
+    let mut items = vec![];
+    let mut files = 0;
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        let m = e.metadata()?;
+        let (mode, mtime_ns) = (
+            m.mode() & 0o7777,
+            m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+        );
+        let item = if m.is_dir() {
+            let digest = local_tree(&e.path(), trees)?;
+            files += trees.get(&e.path()).map_or(0, |t| t.1);
+            TreeItem::Dir {
+                mode,
+                mtime_ns,
+                digest,
+            }
+        } else if m.file_type().is_symlink() {
+            TreeItem::Symlink {
+                target: fs::read_link(e.path())?.into_os_string().into_vec(),
+            }
+        } else {
+            files += 1;
+            TreeItem::File {
+                mode,
+                size: m.len(),
+                mtime_ns,
+            }
+        };
+        items.push((e.file_name().into_vec(), item));
+    }
+    let d = ferry_proto::tree_digest(&mut items);
+    trees.insert(dir.to_path_buf(), (d, files));
+    Ok(d)
+}
+
+/// The number of files below `local` if it is a directory the same as the remote one `attr`
+/// describes: same tree digest, mode and modification time.
+fn same_tree(local: &Path, attr: &Attr, trees: &LocalTrees) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let remote = attr.oid.filter(|_| attr.kind == FileKind::Dir)?;
+    let (digest, files) = trees.get(local)?;
+    let m = fs::symlink_metadata(local).ok()?;
+    (remote.digest() == digest
+        && m.is_dir()
+        && m.mode() & 0o7777 == attr.mode & 0o7777
+        && m.mtime() * 1_000_000_000 + m.mtime_nsec() == attr.mtime_ns)
+        .then_some(*files)
 }
 
 /// Notes a file or symlink that the walk found.
@@ -566,15 +641,17 @@ fn recipe_from(replies: Vec<Reply>, known: &[&[ChunkRef]]) -> Result<Recipe, Get
                 check = Some(d.check);
                 for p in d.parts {
                     match p {
-                        RecipePart::Known(i) => chunks.extend_from_slice(
-                            known.get(i as usize).ok_or_else(|| {
+                        RecipePart::Known(i) => {
+                            chunks.extend_from_slice(known.get(i as usize).ok_or_else(|| {
                                 ConnError::Unexpected(format!("recipe page {i} was never named"))
-                            })?,
-                        ),
+                            })?)
+                        }
                         RecipePart::Chunks(cs) => chunks.extend(cs),
                     }
                     if chunks.len() as u64 > d.total_chunks {
-                        return Err(ConnError::Unexpected("recipe longer than announced".into()).into());
+                        return Err(
+                            ConnError::Unexpected("recipe longer than announced".into()).into()
+                        );
                     }
                 }
             }
@@ -631,7 +708,10 @@ fn fetch_files<R: io::Read, W: Write>(
         let recipe = match recipe_from(replies, &ferry_format::pages(&old.order)) {
             Err(GetError::RecipeCheck) => {
                 // Two pages with one key (a 2^-64 chance): the whole recipe, then.
-                tracing::warn!("{:?}: rebuilt recipe failed its check; fetching it whole", j.remote);
+                tracing::warn!(
+                    "{:?}: rebuilt recipe failed its check; fetching it whole",
+                    j.remote
+                );
                 let r = conn.call(Request::GetRecipe {
                     path: j.remote.clone(),
                     from: 0,

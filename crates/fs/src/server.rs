@@ -23,6 +23,11 @@ const DIR_PAGE: usize = 1024;
 const CHUNKS_FRAME_BYTES: usize = 1 << 20;
 /// Recipes kept in memory before the cache is cleared (each costs ~36 bytes per chunk).
 const RECIPE_CACHE_ENTRIES: usize = 100_000;
+/// How long a computed tree digest is reused: long enough for one walk of a tree over a slow
+/// link (a level's listings arrive together), short enough that a later command sees changes.
+const TREE_DIGEST_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+/// Tree digests remembered before the memo is cleared.
+const TREE_MEMO_ENTRIES: usize = 200_000;
 
 /// How the server behaves.
 #[derive(Clone, Debug)]
@@ -71,6 +76,8 @@ pub struct Server {
     greeted: bool,
     /// Features both sides agreed on in the Hellos.
     features: u64,
+    /// Tree digests of directories, with when they were computed.
+    trees: HashMap<WirePath, (std::time::Instant, [u8; 32])>,
     tmp_counter: u64,
     /// `None` when change notification is unavailable: then no leases are granted.
     leases: Option<crate::leases::Leases>,
@@ -108,6 +115,7 @@ impl Server {
             hints: HashMap::new(),
             greeted: false,
             features: 0,
+            trees: HashMap::new(),
             tmp_counter: 0,
             leases: match crate::leases::Leases::new() {
                 Ok(l) => Some(l),
@@ -125,6 +133,59 @@ impl Server {
         (self.features & ferry_proto::FEATURE_ZSTD_STREAM != 0).then_some(self.opts.zstd_level)
     }
 
+    /// The tree digest of the directory at `path` as an id, when the client asked for tree
+    /// digests and the whole subtree could be read.
+    fn tree_id(&mut self, path: &WirePath) -> Option<Id> {
+        if self.features & ferry_proto::FEATURE_TREE_DIGEST == 0 {
+            return None;
+        }
+        match self.tree_digest(path) {
+            Ok(d) => Some(Id::from_parts(HashAlg::Blake3, d)),
+            Err(e) => {
+                tracing::debug!("no tree digest for {path:?}: {e}");
+                None
+            }
+        }
+    }
+
+    /// `ferry_proto::tree_digest` of a directory, computed bottom-up, each subtree's digest
+    /// remembered for [`TREE_DIGEST_TTL`].
+    fn tree_digest(&mut self, path: &WirePath) -> io::Result<[u8; 32]> {
+        use ferry_proto::TreeItem;
+        if let Some((at, d)) = self.trees.get(path) {
+            if at.elapsed() < TREE_DIGEST_TTL {
+                return Ok(*d);
+            }
+        }
+        let mut items = vec![];
+        for (name, attr) in self.export.read_dir(path)? {
+            let child = path.join(&name).map_err(io::Error::other)?;
+            let item = match attr.kind {
+                FileKind::Symlink => TreeItem::Symlink {
+                    target: self.export.read_link(&child)?,
+                },
+                FileKind::Dir => TreeItem::Dir {
+                    mode: attr.mode,
+                    mtime_ns: attr.mtime_ns,
+                    digest: self.tree_digest(&child)?,
+                },
+                _ => TreeItem::File {
+                    mode: attr.mode,
+                    size: attr.size,
+                    mtime_ns: attr.mtime_ns,
+                },
+            };
+            items.push((name, item));
+        }
+        let d = ferry_proto::tree_digest(&mut items);
+        if self.trees.len() >= TREE_MEMO_ENTRIES {
+            self.trees.clear();
+        }
+        self.trees
+            .insert(path.clone(), (std::time::Instant::now(), d));
+        Ok(d)
+    }
+
     /// A descriptor that becomes readable when a leased path may have changed; then call
     /// [`invalidations`](Self::invalidations).
     pub fn watch_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
@@ -136,7 +197,11 @@ impl Server {
         let Some(l) = self.leases.as_mut() else {
             return vec![];
         };
-        l.broken()
+        let broken = l.broken();
+        if !broken.is_empty() {
+            self.trees.clear();
+        }
+        broken
             .into_iter()
             .map(|p| Message::Invalidate(p).to_frame(0))
             .collect()
@@ -185,11 +250,27 @@ impl Server {
 
     fn request(&mut self, id: u32, r: Request) -> Vec<Frame> {
         let one = |r: Reply| vec![Message::Reply(r).to_frame(id)];
+        if matches!(
+            r,
+            Request::Commit { .. }
+                | Request::Mkdir { .. }
+                | Request::Unlink { .. }
+                | Request::Rmdir { .. }
+                | Request::Rename { .. }
+                | Request::Symlink { .. }
+                | Request::SetAttr { .. }
+        ) {
+            // The tree changes: digests computed before no longer hold.
+            self.trees.clear();
+        }
         match r {
             Request::GetAttr { path } => match self.export.stat(&path) {
                 Ok((mut attr, fid)) => {
                     attr.lease_ms = self.lease(&path, false);
-                    attr.oid = self.recipes.get(&fid).map(|(_, o)| o.id());
+                    attr.oid = match attr.kind {
+                        FileKind::Dir => self.tree_id(&path),
+                        _ => self.recipes.get(&fid).map(|(_, o)| o.id()),
+                    };
                     one(Reply::Attr(attr))
                 }
                 Err(e) => one(io_error(&path, &e)),
@@ -200,13 +281,22 @@ impl Server {
                     let entries: Vec<DirEntry> = entries
                         .into_iter()
                         .map(|(name, attr)| {
-                            let lease_ms = match path.join(&name) {
-                                Ok(child) if listing_lease > 0 => self.lease(&child, false),
+                            let child = path.join(&name).ok();
+                            let lease_ms = match &child {
+                                Some(child) if listing_lease > 0 => self.lease(child, false),
                                 _ => 0,
+                            };
+                            let oid = match &child {
+                                Some(child) if attr.kind == FileKind::Dir => self.tree_id(child),
+                                _ => attr.oid,
                             };
                             DirEntry {
                                 name,
-                                attr: Attr { lease_ms, ..attr },
+                                attr: Attr {
+                                    lease_ms,
+                                    oid,
+                                    ..attr
+                                },
                             }
                         })
                         .collect();

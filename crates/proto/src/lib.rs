@@ -37,14 +37,15 @@ mod error;
 mod frame;
 mod message;
 mod stream;
+mod tree;
 
 pub use error::ProtoError;
 pub use frame::{
     Frame, FrameDecoder, FLAG_COMPRESSED, FLAG_MORE, FRAME_HEADER_LEN, MAX_BODY, MAX_FRAME,
 };
 pub use message::{
-    Attr, DirEntry, ErrorCode, FileKind, Hello, Message, RecipeDelta, RecipePage, RecipePart, Reply,
-    Request, WirePath,
-    FEATURES, MAGIC, VERSION,
+    Attr, DirEntry, ErrorCode, FileKind, Hello, Message, RecipeDelta, RecipePage, RecipePart,
+    Reply, Request, WirePath, FEATURES, MAGIC, VERSION,
 };
 pub use stream::{Inflow, Outflow, FEATURE_ZSTD_STREAM, MAX_WINDOW_LOG};
+pub use tree::{tree_digest, TreeItem, FEATURE_TREE_DIGEST};

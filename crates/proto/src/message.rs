@@ -10,8 +10,9 @@ use crate::{Frame, ProtoError};
 pub const MAGIC: &[u8; 5] = b"FERRY";
 /// The protocol version this build speaks.
 pub const VERSION: u16 = 1;
-/// Feature bits this build understands: [`FEATURE_ZSTD_STREAM`](crate::FEATURE_ZSTD_STREAM).
-pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM;
+/// Feature bits this build understands: [`FEATURE_ZSTD_STREAM`](crate::FEATURE_ZSTD_STREAM)
+/// and [`FEATURE_TREE_DIGEST`](crate::FEATURE_TREE_DIGEST).
+pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM | crate::FEATURE_TREE_DIGEST;
 /// Longest path on the wire, in bytes.
 const MAX_PATH: usize = 4096;
 

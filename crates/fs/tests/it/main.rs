@@ -231,6 +231,46 @@ fn a_tree_costs_round_trips_per_level_not_per_file() {
 }
 
 #[test]
+fn an_unchanged_subtree_costs_nothing_beyond_its_digest() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    wide_tree(&srv.join("up"));
+    let down = t.path().join("down");
+    let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+    let mut c = connect(&srv);
+    get(&mut c, "up", &down, &cache).unwrap();
+    // Again, nothing changed: one GetAttr, whose digest covers all 300 files and 3 links.
+    let before = c.traffic();
+    let stats = get(&mut c, "up", &down, &cache).unwrap();
+    let after = c.traffic();
+    assert_eq!(after.requests - before.requests, 1);
+    assert_eq!(after.round_trips - before.round_trips, 1);
+    assert!(after.bytes_received - before.bytes_received < 200);
+    assert_eq!(stats.unchanged, 300);
+    // One file changes two levels down: only the directories on its path are listed, not
+    // their unchanged siblings.
+    fs::write(srv.join("up/d1/sub/f7"), b"changed").unwrap();
+    let before = c.traffic();
+    let stats = get(&mut c, "up", &down, &cache).unwrap();
+    let after = c.traffic();
+    // The file, and the symlink beside its directory (links are always read again).
+    assert_eq!((stats.chunks, stats.bytes), (1, 7), "{stats:?}");
+    assert_eq!(fs::read(down.join("d1/sub/f7")).unwrap(), b"changed");
+    // GetAttr; ReadDir of up, d1 and d1/sub (not of d0, d2 and their subs); the file's recipe
+    // and chunk; d1/link's target.
+    assert!(
+        after.requests - before.requests <= 7,
+        "{} requests",
+        after.requests - before.requests
+    );
+    same_tree(&srv.join("up"), &down);
+    // A local change the server lacks: that subtree is walked again, and mended.
+    fs::write(down.join("d2/g3"), b"local edit").unwrap();
+    get(&mut c, "up", &down, &cache).unwrap();
+    same_tree(&srv.join("up"), &down);
+}
+
+#[test]
 fn no_path_leaves_the_export() {
     let t = tempfile::tempdir().unwrap();
     let srv = t.path().join("srv");
