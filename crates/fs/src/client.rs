@@ -173,6 +173,8 @@ pub struct GetStats {
     pub from_local: u64,
     pub from_server: u64,
     pub bytes_from_server: u64,
+    /// Of the chunks from the server, those sent compressed against the old local file.
+    pub against_old: u64,
 }
 
 /// Chunk sources on the receiving side, tried before the server.
@@ -703,6 +705,7 @@ fn fetch_files<R: io::Read, W: Write>(
     let mut recipes = Vec::with_capacity(jobs.len());
     let mut missing: Vec<Id> = vec![];
     let mut seen = std::collections::HashSet::new();
+    let mut against = vec![];
     for ((id, j), old) in ids.into_iter().zip(&jobs).zip(olds) {
         let replies = conn.replies(id)?;
         let recipe = match recipe_from(replies, &ferry_format::pages(&old.order)) {
@@ -720,25 +723,195 @@ fn fetch_files<R: io::Read, W: Write>(
             }
             r => r?,
         };
-        let here = if recipe.alg() == HashAlg::Blake3 {
-            old.at
+        let old = if recipe.alg() == HashAlg::Blake3 {
+            old
         } else {
             index_local(&j.local, &src.chunker, recipe.alg())
                 .map_err(GetError::local("read", &j.local))?
-                .at
         };
+        let mut file_missing = vec![];
         for c in recipe.chunks() {
-            if seen.insert(c.id) && !here.contains_key(&c.id) && !src.cache.contains(&c.id)? {
-                missing.push(c.id);
+            if seen.insert(c.id) && !old.at.contains_key(&c.id) && !src.cache.contains(&c.id)? {
+                file_missing.push(*c);
             }
         }
-        recipes.push((recipe, here));
+        match AgainstOld::new(&j.local, &old, &recipe, &file_missing) {
+            Some(a) => against.push((a, file_missing)),
+            None => missing.extend(file_missing.iter().map(|c| c.id)),
+        }
+        recipes.push((recipe, old.at));
     }
-    let fetched = fetch_chunks(conn, &missing, src, stats)?;
+    let mut fetched = std::collections::HashSet::new();
+    missing.extend(fetch_against(conn, against, src, stats, &mut fetched)?);
+    fetched.extend(fetch_chunks(conn, &missing, src, stats)?);
     for (j, (recipe, here)) in jobs.iter().zip(recipes) {
         assemble(j, &recipe, &here, &fetched, src, stats)?;
     }
     Ok(())
+}
+
+/// The old version of a file at the destination, cut into pieces that new chunks can be
+/// compressed against (`crate::delta`): the parts of it the new recipe no longer uses.
+struct AgainstOld {
+    file: File,
+    path: PathBuf,
+    /// (offset, length) of each piece a key names.
+    pieces: Vec<(u64, u32)>,
+    keys: Vec<u64>,
+}
+
+impl AgainstOld {
+    /// `None` when there is nothing old to compress against, or when naming the pieces in
+    /// every request would cost more than it could save.
+    fn new(path: &Path, old: &LocalIndex, recipe: &Recipe, missing: &[ChunkRef]) -> Option<Self> {
+        use std::os::unix::fs::FileExt;
+        if missing.is_empty() || old.order.is_empty() {
+            return None;
+        }
+        let used: std::collections::HashSet<Id> = recipe.chunks().iter().map(|c| c.id).collect();
+        let file = File::open(path).ok()?;
+        let mut a = AgainstOld {
+            file,
+            path: path.to_path_buf(),
+            pieces: vec![],
+            keys: vec![],
+        };
+        // Each old chunk is cut on its own, as the server cuts each new one.
+        let mut offset = 0u64;
+        let mut buf = vec![];
+        for c in &old.order {
+            if !used.contains(&c.id) {
+                buf.resize(c.len as usize, 0);
+                a.file.read_exact_at(&mut buf, offset).ok()?;
+                for r in crate::delta::pieces(&buf) {
+                    a.keys.push(crate::delta::piece_key(&buf[r.clone()]));
+                    a.pieces.push((offset + r.start as u64, r.len() as u32));
+                }
+            }
+            offset += c.len as u64;
+        }
+        let bytes: u64 = missing.iter().map(|c| c.len as u64).sum();
+        let requests = bytes.div_ceil(crate::delta::MAX_DATA as u64);
+        (!a.keys.is_empty() && a.keys.len() as u64 * 8 * requests <= bytes / 16).then_some(a)
+    }
+
+    /// The pieces `refs` names, concatenated: the prefix the server compressed against.
+    fn prefix(&self, refs: &[u32]) -> io::Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let mut out = vec![];
+        for &i in refs {
+            let &(off, len) = self
+                .pieces
+                .get(i as usize)
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no such piece"))?;
+            let at = out.len();
+            out.resize(at + len as usize, 0);
+            self.file.read_exact_at(&mut out[at..], off)?;
+        }
+        Ok(out)
+    }
+}
+
+/// Splits `chunks` into runs of at most `max` bytes (or one chunk).
+fn groups(chunks: &[ChunkRef], max: usize) -> Vec<&[ChunkRef]> {
+    let mut out = vec![];
+    let (mut start, mut bytes) = (0, 0);
+    for (i, c) in chunks.iter().enumerate() {
+        if i > start && bytes + c.len as usize > max {
+            out.push(&chunks[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += c.len as usize;
+    }
+    if start < chunks.len() {
+        out.push(&chunks[start..]);
+    }
+    out
+}
+
+/// Fetches the missing chunks of files with an old version here, compressed against it, all
+/// requests of the batch at once. Returns the chunks that did not arrive that way (to fetch
+/// plainly): none, unless the server lacked some or a piece's key collided.
+fn fetch_against<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    files: Vec<(AgainstOld, Vec<ChunkRef>)>,
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+    fetched: &mut std::collections::HashSet<Id>,
+) -> Result<Vec<Id>, GetError> {
+    let mut sent = vec![];
+    for (i, (a, missing)) in files.iter().enumerate() {
+        for group in groups(missing, crate::delta::MAX_DATA) {
+            let id = conn.send(Request::GetChunksAgainst {
+                ids: group.iter().map(|c| c.id).collect(),
+                keys: a.keys.clone(),
+            })?;
+            sent.push((id, i, group));
+        }
+    }
+    conn.flush()?;
+    let mut plain = vec![];
+    for (id, i, asked) in sent {
+        let a = &files[i].0;
+        let mut stored = std::collections::HashSet::new();
+        let mut store = |cid: Id, bytes: &[u8], against: bool| -> Result<(), GetError> {
+            // A chunk the server did not ask about is a lie; wrong bytes from a collided
+            // piece key are not (those chunks are fetched plainly).
+            if !asked.iter().any(|c| c.id == cid) {
+                return Err(GetError::BadData(cid));
+            }
+            if let Ok(v) = VerifiedChunk::check(cid, bytes) {
+                src.cache.put(&v)?;
+                stored.insert(cid);
+                fetched.insert(cid);
+                stats.from_server += 1;
+                stats.against_old += against as u64;
+                stats.bytes_from_server += bytes.len() as u64;
+            }
+            Ok(())
+        };
+        match conn.replies(id)?.pop() {
+            // Nothing old worth compressing against, says the server: plain chunks.
+            Some(Reply::Chunks(cs)) => {
+                for (cid, data) in cs {
+                    store(cid, &data, false)?;
+                }
+            }
+            Some(Reply::ChunksAgainst { ids, refs, data }) => {
+                let lens: Vec<usize> = ids
+                    .iter()
+                    .map(|cid| {
+                        asked
+                            .iter()
+                            .find(|c| c.id == *cid)
+                            .map(|c| c.len as usize)
+                            .ok_or(GetError::BadData(*cid))
+                    })
+                    .collect::<Result<_, _>>()?;
+                let total = lens.iter().sum();
+                match a
+                    .prefix(&refs)
+                    .and_then(|prefix| crate::delta::decode(&data, &prefix, total))
+                {
+                    Ok(data) => {
+                        let mut at = 0;
+                        for (cid, len) in ids.into_iter().zip(lens) {
+                            store(cid, &data[at..at + len], true)?;
+                            at += len;
+                        }
+                    }
+                    Err(e) => tracing::warn!(
+                        "chunks of {} compressed against the old file: {e}; fetching them plainly",
+                        a.path.display()
+                    ),
+                }
+            }
+            other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+        }
+        plain.extend(asked.iter().map(|c| c.id).filter(|c| !stored.contains(c)));
+    }
+    src.cache.flush()?;
+    Ok(plain)
 }
 
 /// Fetches `missing` into the cache, pipelined; returns what arrived.

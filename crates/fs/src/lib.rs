@@ -10,12 +10,13 @@
 //! - [`client`]: `ls`, `get` and `put` over a remote shell (`ssh host ferry serve --stdio DIR`),
 //!   with the persistent cache, the destination's existing files, the server's files and its
 //!   trash as chunk sources; `--delete` and dry runs.
+//! - [`delta`]: new chunks compressed against pieces of the old data the receiver holds.
 //!
-//! Status (see the file-service issue): everything above works end to end over stdio; the TLS
-//! daemon is next.
+//! The transports (stdio under a remote shell, the TLS daemon of `ferry-net`) only carry bytes.
 
 pub mod client;
 pub mod conn;
+pub mod delta;
 pub mod export;
 mod leases;
 pub mod server;

@@ -351,6 +351,49 @@ impl Server {
                 frames.push(Message::Reply(Reply::Chunks(batch)).to_frame(id));
                 frames
             }
+            Request::GetChunksAgainst { ids, keys } => {
+                let mut found = vec![];
+                let mut bytes = 0;
+                for cid in ids {
+                    if let Some(d) = self.chunk(&cid) {
+                        if !found.is_empty() && bytes + d.len() > crate::delta::MAX_REPLY_DATA {
+                            break;
+                        }
+                        bytes += d.len();
+                        found.push((cid, d));
+                    }
+                }
+                let data: Vec<u8> = found.iter().flat_map(|(_, d)| d.iter().copied()).collect();
+                let mut index = HashMap::with_capacity(keys.len());
+                for (i, k) in keys.iter().enumerate() {
+                    index.entry(*k).or_insert(i as u32);
+                }
+                let (refs, prefix) = crate::delta::find(found.iter().map(|(_, d)| &d[..]), &index);
+                let level = self.opts.zstd_level.max(crate::delta::MIN_LEVEL);
+                let against = match crate::delta::encode(&data, &prefix, level) {
+                    Ok(f) => f,
+                    Err(e) => return one(error(ErrorCode::Io, format!("compressing: {e}"))),
+                };
+                // Plain chunks compress in the session's stream with the context of all sent
+                // before (other files like this one): when they compress at all, send them so
+                // unless the old data is clearly worth more, judged against compressing them
+                // alone.
+                let alone = crate::delta::encode(&data, &[], level).map_or(usize::MAX, |f| f.len());
+                let compressible = alone * 10 < data.len() * 9;
+                let worth = if compressible {
+                    against.len() * 10 < alone * 9
+                } else {
+                    against.len() < alone
+                };
+                if prefix.is_empty() || !worth {
+                    return one(Reply::Chunks(found));
+                }
+                one(Reply::ChunksAgainst {
+                    ids: found.into_iter().map(|(id, _)| id).collect(),
+                    refs,
+                    data: against,
+                })
+            }
             Request::Have { ids } => {
                 let flags = ids
                     .iter()
@@ -798,6 +841,7 @@ fn request_name(r: &Request) -> &'static str {
         Request::GetRecipe { .. } => "GetRecipe",
         Request::GetRecipeDelta { .. } => "GetRecipeDelta",
         Request::GetChunks { .. } => "GetChunks",
+        Request::GetChunksAgainst { .. } => "GetChunksAgainst",
         Request::Have { .. } => "Have",
         Request::PutChunks { .. } => "PutChunks",
         Request::Commit { .. } => "Commit",

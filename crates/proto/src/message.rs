@@ -243,6 +243,13 @@ pub enum Request {
     GetChunks {
         ids: Vec<Id>,
     },
+    /// READ, compressed against data the client holds: `keys` name the pieces of the client's
+    /// old data (`ferry_fs` cuts them: content-defined, ~1 KiB); the server compresses the
+    /// chunks `ids` together with the pieces it finds among them as a zstd prefix.
+    GetChunksAgainst {
+        ids: Vec<Id>,
+        keys: Vec<u64>,
+    },
     /// CONDWRITE: which of these can the server use (answered only from data this client may read)?
     Have {
         ids: Vec<Id>,
@@ -302,6 +309,14 @@ pub enum Reply {
     Chunks(Vec<(Id, Vec<u8>)>),
     /// One flag per id asked about, in order.
     Have(Vec<bool>),
+    /// The chunks `ids` (those found, in the order asked), concatenated and compressed as one
+    /// zstd frame whose prefix is the client's pieces `refs` (indices into its `keys`)
+    /// concatenated in this order.
+    ChunksAgainst {
+        ids: Vec<Id>,
+        refs: Vec<u32>,
+        data: Vec<u8>,
+    },
     Ok,
     Error {
         code: ErrorCode,
@@ -339,6 +354,7 @@ mod code {
     pub const SET_ATTR: u8 = 0x1c;
     pub const READ_LINK: u8 = 0x1d;
     pub const GET_RECIPE_DELTA: u8 = 0x1e;
+    pub const GET_CHUNKS_AGAINST: u8 = 0x1f;
     pub const R_ATTR: u8 = 0x40;
     pub const R_DIR_ENTRIES: u8 = 0x41;
     pub const R_RECIPE: u8 = 0x42;
@@ -348,6 +364,7 @@ mod code {
     pub const R_ERROR: u8 = 0x46;
     pub const R_LINK: u8 = 0x47;
     pub const R_RECIPE_DELTA: u8 = 0x48;
+    pub const R_CHUNKS_AGAINST: u8 = 0x49;
     pub const INVALIDATE: u8 = 0x60;
 }
 
@@ -513,6 +530,14 @@ impl Message {
                     put_ids(&mut w, ids);
                     code::GET_CHUNKS
                 }
+                Request::GetChunksAgainst { ids, keys } => {
+                    put_ids(&mut w, ids);
+                    w.varint(keys.len() as u64);
+                    for k in keys {
+                        w.u64(*k);
+                    }
+                    code::GET_CHUNKS_AGAINST
+                }
                 Request::Have { ids } => {
                     put_ids(&mut w, ids);
                     code::HAVE
@@ -621,6 +646,15 @@ impl Message {
                     put_chunks(&mut w, cs);
                     code::R_CHUNKS
                 }
+                Reply::ChunksAgainst { ids, refs, data } => {
+                    put_ids(&mut w, ids);
+                    w.varint(refs.len() as u64);
+                    for r in refs {
+                        w.varint(*r as u64);
+                    }
+                    w.bytes(data);
+                    code::R_CHUNKS_AGAINST
+                }
                 Reply::Have(flags) => {
                     w.varint(flags.len() as u64);
                     let mut bits = vec![0u8; flags.len().div_ceil(8)];
@@ -695,6 +729,12 @@ impl Message {
             code::GET_CHUNKS => Message::Request(Request::GetChunks {
                 ids: get_ids(&mut r)?,
             }),
+            code::GET_CHUNKS_AGAINST => {
+                let ids = get_ids(&mut r)?;
+                let n = r.count(8)?;
+                let keys = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
+                Message::Request(Request::GetChunksAgainst { ids, keys })
+            }
             code::HAVE => Message::Request(Request::Have {
                 ids: get_ids(&mut r)?,
             }),
@@ -800,6 +840,20 @@ impl Message {
                 }))
             }
             code::R_CHUNKS => Message::Reply(Reply::Chunks(get_chunks(&mut r)?)),
+            code::R_CHUNKS_AGAINST => {
+                let ids = get_ids(&mut r)?;
+                let n = r.count(1)?;
+                let refs = (0..n)
+                    .map(|_| {
+                        u32::try_from(r.varint()?).map_err(|_| ProtoError::Invalid {
+                            what: "chunks against",
+                            why: "piece index over 2^32".into(),
+                        })
+                    })
+                    .collect::<Result<_, _>>()?;
+                let data = r.bytes()?.to_vec();
+                Message::Reply(Reply::ChunksAgainst { ids, refs, data })
+            }
             code::R_HAVE => {
                 let n = r.varint()?;
                 if n > r.rest_len() as u64 * 8 {
@@ -953,6 +1007,15 @@ mod tests {
                 ],
             })),
             Message::Reply(Reply::Chunks(vec![(id(1), vec![1, 2, 3])])),
+            Message::Request(Request::GetChunksAgainst {
+                ids: vec![id(1), id(2)],
+                keys: vec![0, 1 << 63],
+            }),
+            Message::Reply(Reply::ChunksAgainst {
+                ids: vec![id(2)],
+                refs: vec![1, 0, 300],
+                data: vec![0x28, 0xb5, 0x2f, 0xfd],
+            }),
             Message::Reply(Reply::Have(vec![
                 true, false, true, true, false, false, false, false, true,
             ])),
@@ -1088,7 +1151,9 @@ mod tests {
 
     #[test]
     fn hostile_counts_do_not_allocate() {
-        for t in [0x13u8, 0x14, 0x15, 0x1e, 0x41, 0x42, 0x43, 0x44, 0x48] {
+        for t in [
+            0x13u8, 0x14, 0x15, 0x1e, 0x1f, 0x41, 0x42, 0x43, 0x44, 0x48, 0x49,
+        ] {
             let mut w = Writer::default();
             if t == 0x42 {
                 w.u64(0);

@@ -495,6 +495,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
             "{}",
             json!({"dry_run": a.mode.dry_run, "planned": stats.planned, "files": stats.files, "unchanged": stats.unchanged, "deleted": stats.deleted, "bytes": stats.bytes, "chunks": stats.chunks,
                    "chunks_from_cache": stats.from_cache, "chunks_from_local": stats.from_local,
+                   "chunks_against_old": stats.against_old,
                    "chunks_from_server": stats.from_server, "chunk_bytes_from_server": stats.bytes_from_server,
                    "bytes_sent": traffic.bytes_sent, "bytes_received": traffic.bytes_received,
                    "requests": traffic.requests, "round_trips": traffic.round_trips, "seconds": secs})

@@ -173,6 +173,40 @@ fn the_old_local_file_is_a_chunk_source() {
 }
 
 #[test]
+fn changed_chunks_travel_compressed_against_the_old_file() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir(&srv).unwrap();
+    // Incompressible data: whatever is saved comes from the old file alone.
+    let old = bytes(11, 400_000);
+    fs::write(t.path().join("local"), &old).unwrap();
+    // Same size: only a different mtime tells rsync's quick check that it changed.
+    let yesterday = std::time::SystemTime::now() - std::time::Duration::from_secs(86_400);
+    fs::File::options()
+        .write(true)
+        .open(t.path().join("local"))
+        .unwrap()
+        .set_modified(yesterday)
+        .unwrap();
+    let mut new = old.clone();
+    for at in (10_000..400_000).step_by(20_000) {
+        new[at] ^= 0xff;
+    }
+    fs::write(srv.join("f"), &new).unwrap();
+    let mut c = connect(&srv);
+    let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+    let before = c.traffic();
+    let s = get(&mut c, "f", &t.path().join("local"), &cache).unwrap();
+    let received = c.traffic().bytes_received - before.bytes_received;
+    assert_eq!(fs::read(t.path().join("local")).unwrap(), new);
+    // About 20 chunks changed, a byte each: their 8 KiB apiece do not travel, only what
+    // differs from the pieces of the old chunks they replaced.
+    assert!(s.against_old >= 15, "{s:?}");
+    assert!(s.bytes_from_server > 100_000, "{s:?}");
+    assert!(received < 40_000, "{received} bytes received; {s:?}");
+}
+
+#[test]
 fn round_trips_of_a_small_file() {
     let t = tempfile::tempdir().unwrap();
     let srv = t.path().join("srv");

@@ -1,0 +1,183 @@
+//! Compressing new chunks against old data the receiver holds (GetChunksAgainst).
+//!
+//! A chunk that changed is mostly the old chunk it replaced: a line edited, a field bumped.
+//! The receiver cuts the old chunks that the new recipe no longer uses into small
+//! content-defined pieces (~1 KiB) and names each by a key; the sender cuts the new chunks the
+//! same way, finds the pieces whose keys the receiver named, and compresses the new chunks as
+//! one zstd frame with those pieces, concatenated, as the prefix. Each side holds the prefix's
+//! bytes, so the frame carries little more than what is really new, compressed with the
+//! context of the old text around it. The receiver verifies every chunk by its id: a key that
+//! collided (2^-64 per pair) gives a chunk that fails verification and is fetched plainly.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::ops::Range;
+
+use ferry_chunk::ChunkerSpec;
+use zstd::zstd_safe::{CCtx, CParameter, DCtx, DParameter};
+
+/// Largest window (prefix and data together) a frame may need: 2^25 bytes.
+const MAX_WINDOW_LOG: u32 = 25;
+/// Chunk bytes per request, and the most a server puts in one reply (the compressed frame of
+/// incompressible data must still fit in a frame body).
+pub const MAX_DATA: usize = 2 << 20;
+pub const MAX_REPLY_DATA: usize = 3 << 20;
+/// Level at least used for a frame against old data: these frames are small and the link is
+/// the bottleneck.
+pub const MIN_LEVEL: i32 = 19;
+/// Prefix bytes at most (the window bounds it anyway).
+const MAX_PREFIX: usize = 16 << 20;
+
+/// How both sides cut pieces: FastCDC, 256 B / 1 KiB / 8 KiB.
+pub fn piece_spec() -> ChunkerSpec {
+    ChunkerSpec::fastcdc(256, 1024, 8192)
+}
+
+/// A piece's key: the first 8 bytes (little endian) of its BLAKE3 hash.
+pub fn piece_key(piece: &[u8]) -> u64 {
+    u64::from_le_bytes(blake3::hash(piece).as_bytes()[..8].try_into().unwrap())
+}
+
+/// The pieces of `data`, as ranges.
+pub fn pieces(data: &[u8]) -> Vec<Range<usize>> {
+    let mut cutter = piece_spec().build();
+    let mut at = 0;
+    ferry_chunk::cut_lengths(cutter.as_mut(), data)
+        .into_iter()
+        .map(|n| {
+            at += n;
+            at - n..at
+        })
+        .collect()
+}
+
+fn zerr(code: usize) -> io::Error {
+    io::Error::other(format!("zstd: {}", zstd::zstd_safe::get_error_name(code)))
+}
+
+fn window_log(bytes: usize) -> u32 {
+    (usize::BITS - bytes.max(1024).leading_zeros()).min(MAX_WINDOW_LOG)
+}
+
+/// The receiver's pieces (`keys`, by index) found in `chunks` (each cut on its own, as the
+/// receiver cuts each old chunk, so an edit's neighbours cut alike): their indices, in the
+/// order found, and their bytes concatenated (the prefix).
+pub fn find<'a>(
+    chunks: impl IntoIterator<Item = &'a [u8]>,
+    keys: &HashMap<u64, u32>,
+) -> (Vec<u32>, Vec<u8>) {
+    let mut refs = vec![];
+    let mut prefix = vec![];
+    let mut used = HashSet::new();
+    let all = chunks
+        .into_iter()
+        .flat_map(|c| pieces(c).into_iter().map(move |r| &c[r]));
+    for piece in all {
+        if prefix.len() + piece.len() > MAX_PREFIX {
+            break;
+        }
+        if let Some(&i) = keys.get(&piece_key(piece)) {
+            if used.insert(i) {
+                refs.push(i);
+                prefix.extend_from_slice(piece);
+            }
+        }
+    }
+    (refs, prefix)
+}
+
+/// Sender: compresses `data` as one zstd frame against `prefix`.
+pub fn encode(data: &[u8], prefix: &[u8], level: i32) -> io::Result<Vec<u8>> {
+    let mut c = CCtx::create();
+    c.set_parameter(CParameter::CompressionLevel(level))
+        .map_err(zerr)?;
+    c.set_parameter(CParameter::WindowLog(window_log(prefix.len() + data.len())))
+        .map_err(zerr)?;
+    c.ref_prefix(prefix).map_err(zerr)?;
+    let mut out = Vec::with_capacity(zstd::zstd_safe::compress_bound(data.len()));
+    c.compress2(&mut out, data).map_err(zerr)?;
+    Ok(out)
+}
+
+/// Receiver: the chunk bytes of `frame`, which must be exactly `len` bytes, decompressed
+/// against `prefix` (its pieces named by the reply's refs, concatenated).
+pub fn decode(frame: &[u8], prefix: &[u8], len: usize) -> io::Result<Vec<u8>> {
+    let mut d = DCtx::create();
+    d.set_parameter(DParameter::WindowLogMax(MAX_WINDOW_LOG))
+        .map_err(zerr)?;
+    d.ref_prefix(prefix).map_err(zerr)?;
+    // One byte more than expected, so a frame that would produce more is caught.
+    let mut out = Vec::with_capacity(len + 1);
+    let n = d.decompress(&mut out, frame).map_err(zerr)?;
+    if n != len {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{n} bytes where {len} were expected"),
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(seed: u64, n: usize) -> Vec<u8> {
+        let words = [
+            "ferry ", "chunk ", "link ", "slow ", "byte ", "delta\n", "store ",
+        ];
+        let mut x = seed;
+        let mut out = vec![];
+        while out.len() < n {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            out.extend_from_slice(words[(x >> 33) as usize % words.len()].as_bytes());
+            out.extend_from_slice(format!("{} ", x >> 50).as_bytes());
+        }
+        out.truncate(n);
+        out
+    }
+
+    #[test]
+    fn an_edit_costs_about_the_edit() {
+        let old = text(1, 64 << 10);
+        let mut new = old.clone();
+        new.splice(
+            30_000..30_000,
+            b"an inserted line of new text\n".iter().copied(),
+        );
+        new[50_000] ^= 0x20;
+        // Receiver: keys of its old data's pieces.
+        let ranges = pieces(&old);
+        let keys: HashMap<u64, u32> = ranges
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (piece_key(&old[r.clone()]), i as u32))
+            .collect();
+        let (refs, prefix) = find([&new[..]], &keys);
+        let frame = encode(&new, &prefix, 19).unwrap();
+        let alone = zstd::bulk::compress(&new, 19).unwrap();
+        assert!(
+            frame.len() * 20 < alone.len(),
+            "{} bytes against old data, {} alone",
+            frame.len(),
+            alone.len()
+        );
+        let from_old: Vec<u8> = refs
+            .iter()
+            .flat_map(|&i| old[ranges[i as usize].clone()].to_vec())
+            .collect();
+        assert_eq!(from_old, prefix);
+        assert_eq!(decode(&frame, &prefix, new.len()).unwrap(), new);
+        // The wrong prefix, or the wrong length, is an error or different bytes, never a panic.
+        assert!(decode(&frame, &prefix, new.len() - 1).is_err());
+        let wrong = vec![b'x'; prefix.len()];
+        assert!(decode(&frame, &wrong, new.len()).map_or(true, |d| d != new));
+        // Nothing in common: plain compression.
+        let (refs, prefix) = find([&new[..]], &HashMap::new());
+        assert!(refs.is_empty() && prefix.is_empty());
+        let frame = encode(&new, &prefix, 3).unwrap();
+        assert_eq!(decode(&frame, &[], new.len()).unwrap(), new);
+    }
+}
