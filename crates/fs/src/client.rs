@@ -776,19 +776,26 @@ impl AgainstOld {
             pieces: vec![],
             keys: vec![],
         };
-        // Each old chunk is cut on its own, as the server cuts each new one.
+        // Each run of old chunks is cut on its own, as the server cuts each run of new ones.
+        let mut runs: Vec<(u64, u64)> = vec![];
         let mut offset = 0u64;
-        let mut buf = vec![];
         for c in &old.order {
             if !used.contains(&c.id) {
-                buf.resize(c.len as usize, 0);
-                a.file.read_exact_at(&mut buf, offset).ok()?;
-                for r in crate::delta::pieces(&buf) {
-                    a.keys.push(crate::delta::piece_key(&buf[r.clone()]));
-                    a.pieces.push((offset + r.start as u64, r.len() as u32));
+                match runs.last_mut() {
+                    Some(r) if r.1 == offset => r.1 += c.len as u64,
+                    _ => runs.push((offset, offset + c.len as u64)),
                 }
             }
             offset += c.len as u64;
+        }
+        let mut buf = vec![];
+        for (start, end) in runs {
+            buf.resize((end - start) as usize, 0);
+            a.file.read_exact_at(&mut buf, start).ok()?;
+            for r in crate::delta::pieces(&buf) {
+                a.keys.push(crate::delta::piece_key(&buf[r.clone()]));
+                a.pieces.push((start + r.start as u64, r.len() as u32));
+            }
         }
         let bytes: u64 = missing.iter().map(|c| c.len as u64).sum();
         let requests = bytes.div_ceil(crate::delta::MAX_DATA as u64);

@@ -59,17 +59,17 @@ fn window_log(bytes: usize) -> u32 {
     (usize::BITS - bytes.max(1024).leading_zeros()).min(MAX_WINDOW_LOG)
 }
 
-/// The receiver's pieces (`keys`, by index) found in `chunks` (each cut on its own, as the
-/// receiver cuts each old chunk, so an edit's neighbours cut alike): their indices, in the
-/// order found, and their bytes concatenated (the prefix).
+/// The receiver's pieces (`keys`, by index) found in `runs` (each run of adjacent chunks cut
+/// on its own, as the receiver cuts each run of old chunks): their indices, in the order
+/// found, and their bytes concatenated (the prefix).
 pub fn find<'a>(
-    chunks: impl IntoIterator<Item = &'a [u8]>,
+    runs: impl IntoIterator<Item = &'a [u8]>,
     keys: &HashMap<u64, u32>,
 ) -> (Vec<u32>, Vec<u8>) {
     let mut refs = vec![];
     let mut prefix = vec![];
     let mut used = HashSet::new();
-    let all = chunks
+    let all = runs
         .into_iter()
         .flat_map(|c| pieces(c).into_iter().map(move |r| &c[r]));
     for piece in all {

@@ -368,7 +368,10 @@ impl Server {
                 for (i, k) in keys.iter().enumerate() {
                     index.entry(*k).or_insert(i as u32);
                 }
-                let (refs, prefix) = crate::delta::find(found.iter().map(|(_, d)| &d[..]), &index);
+                // Cut as one run: the client asks for a file's missing chunks in file order,
+                // mostly side by side, and measured on the public workloads one run matches
+                // more than cutting each chunk alone.
+                let (refs, prefix) = crate::delta::find([&data[..]], &index);
                 let level = self.opts.zstd_level.max(crate::delta::MIN_LEVEL);
                 let against = match crate::delta::encode(&data, &prefix, level) {
                     Ok(f) => f,
