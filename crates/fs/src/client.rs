@@ -797,9 +797,9 @@ impl AgainstOld {
                 a.pieces.push((start + r.start as u64, r.len() as u32));
             }
         }
+        // Keys cost 6 bytes a piece, once: worth it unless the old data dwarfs the new.
         let bytes: u64 = missing.iter().map(|c| c.len as u64).sum();
-        let requests = bytes.div_ceil(crate::delta::MAX_DATA as u64);
-        (!a.keys.is_empty() && a.keys.len() as u64 * 8 * requests <= bytes / 16).then_some(a)
+        (!a.keys.is_empty() && a.keys.len() as u64 * 6 <= bytes / 16).then_some(a)
     }
 
     /// The pieces `refs` names, concatenated: the prefix the server compressed against.
@@ -848,10 +848,12 @@ fn fetch_against<R: io::Read, W: Write>(
 ) -> Result<Vec<Id>, GetError> {
     let mut sent = vec![];
     for (i, (a, missing)) in files.iter().enumerate() {
-        for group in groups(missing, crate::delta::MAX_DATA) {
+        for (n, group) in groups(missing, crate::delta::MAX_DATA).into_iter().enumerate() {
+            // A file's keys travel once: the server keeps them for the requests that follow.
+            let keys = if n == 0 { a.keys.clone() } else { vec![] };
             let id = conn.send(Request::GetChunksAgainst {
                 ids: group.iter().map(|c| c.id).collect(),
-                keys: a.keys.clone(),
+                keys,
             })?;
             sent.push((id, i, group));
         }

@@ -76,6 +76,8 @@ pub struct Server {
     greeted: bool,
     /// Features both sides agreed on in the Hellos.
     features: u64,
+    /// The client's piece keys (GetChunksAgainst), by index, kept for the requests after.
+    piece_keys: HashMap<u64, u32>,
     /// Tree digests of directories, with when they were computed.
     trees: HashMap<WirePath, (std::time::Instant, [u8; 32])>,
     tmp_counter: u64,
@@ -116,6 +118,7 @@ impl Server {
             greeted: false,
             features: 0,
             trees: HashMap::new(),
+            piece_keys: HashMap::new(),
             tmp_counter: 0,
             leases: match crate::leases::Leases::new() {
                 Ok(l) => Some(l),
@@ -364,14 +367,18 @@ impl Server {
                     }
                 }
                 let data: Vec<u8> = found.iter().flat_map(|(_, d)| d.iter().copied()).collect();
-                let mut index = HashMap::with_capacity(keys.len());
-                for (i, k) in keys.iter().enumerate() {
-                    index.entry(*k).or_insert(i as u32);
+                if !keys.is_empty() {
+                    // New keys; none means those of the previous request.
+                    self.piece_keys.clear();
+                    for (i, k) in keys.iter().enumerate() {
+                        self.piece_keys.entry(*k).or_insert(i as u32);
+                    }
                 }
+                let index = &self.piece_keys;
                 // Cut as one run: the client asks for a file's missing chunks in file order,
                 // mostly side by side, and measured on the public workloads one run matches
                 // more than cutting each chunk alone.
-                let (refs, prefix) = crate::delta::find([&data[..]], &index);
+                let (refs, prefix) = crate::delta::find([&data[..]], index);
                 let level = self.opts.zstd_level.max(crate::delta::MIN_LEVEL);
                 let against = match crate::delta::encode(&data, &prefix, level) {
                     Ok(f) => f,

@@ -244,8 +244,9 @@ pub enum Request {
         ids: Vec<Id>,
     },
     /// READ, compressed against data the client holds: `keys` name the pieces of the client's
-    /// old data (`ferry_fs` cuts them: content-defined, ~1 KiB); the server compresses the
-    /// chunks `ids` together with the pieces it finds among them as a zstd prefix.
+    /// old data (`ferry_fs` cuts them: content-defined, ~1 KiB) by 48-bit keys; the server
+    /// compresses the chunks `ids` together with the pieces it finds among them as a zstd
+    /// prefix. No keys means the keys of the previous GetChunksAgainst of the session.
     GetChunksAgainst {
         ids: Vec<Id>,
         keys: Vec<u64>,
@@ -534,7 +535,7 @@ impl Message {
                     put_ids(&mut w, ids);
                     w.varint(keys.len() as u64);
                     for k in keys {
-                        w.u64(*k);
+                        w.0.extend_from_slice(&k.to_le_bytes()[..6]);
                     }
                     code::GET_CHUNKS_AGAINST
                 }
@@ -731,8 +732,14 @@ impl Message {
             }),
             code::GET_CHUNKS_AGAINST => {
                 let ids = get_ids(&mut r)?;
-                let n = r.count(8)?;
-                let keys = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
+                let n = r.count(6)?;
+                let keys = (0..n)
+                    .map(|_| {
+                        let mut k = [0u8; 8];
+                        k[..6].copy_from_slice(r.take_exact(6)?);
+                        Ok(u64::from_le_bytes(k))
+                    })
+                    .collect::<Result<_, ProtoError>>()?;
                 Message::Request(Request::GetChunksAgainst { ids, keys })
             }
             code::HAVE => Message::Request(Request::Have {
@@ -1009,7 +1016,7 @@ mod tests {
             Message::Reply(Reply::Chunks(vec![(id(1), vec![1, 2, 3])])),
             Message::Request(Request::GetChunksAgainst {
                 ids: vec![id(1), id(2)],
-                keys: vec![0, 1 << 63],
+                keys: vec![0, (1 << 48) - 1],
             }),
             Message::Reply(Reply::ChunksAgainst {
                 ids: vec![id(2)],
