@@ -55,8 +55,14 @@ pub struct Session {
 
 impl Session {
     /// Runs `RSH HOST REMOTE_FERRY serve --stdio PATH` (the `-e` convention of rsync: RSH is
-    /// split on white space) and opens a session over its standard input and output.
-    pub fn spawn(rsh: &str, remote_ferry: &str, spec: &RemoteSpec) -> Result<Session, ConnError> {
+    /// split on white space) and opens a session over its standard input and output. With a
+    /// zstd level, both sides compress at it (`serve --zstd-level`).
+    pub fn spawn(
+        rsh: &str,
+        remote_ferry: &str,
+        spec: &RemoteSpec,
+        zstd_level: Option<i32>,
+    ) -> Result<Session, ConnError> {
         let mut words = rsh.split_whitespace();
         let prog = words
             .next()
@@ -65,14 +71,22 @@ impl Session {
         cmd.args(words)
             .arg(&spec.host)
             .arg(remote_ferry)
-            .args(["serve", "--stdio"])
-            .arg(&spec.path);
-        Self::command(cmd)
+            .args(["serve", "--stdio"]);
+        if let Some(level) = zstd_level {
+            cmd.arg(format!("--zstd-level={level}"));
+        }
+        cmd.arg(&spec.path);
+        Self::command_with(cmd, zstd_level.unwrap_or(crate::conn::DEFAULT_ZSTD_LEVEL))
     }
 
     /// Runs `cmd`, which must speak the protocol on its standard input and output (a server:
     /// `ferry serve --stdio DIR`, however reached), and opens a session with it.
-    pub fn command(mut cmd: Command) -> Result<Session, ConnError> {
+    pub fn command(cmd: Command) -> Result<Session, ConnError> {
+        Self::command_with(cmd, crate::conn::DEFAULT_ZSTD_LEVEL)
+    }
+
+    /// Like [`command`](Self::command), sending at `zstd_level`.
+    pub fn command_with(mut cmd: Command, zstd_level: i32) -> Result<Session, ConnError> {
         let prog = cmd.get_program().to_string_lossy().into_owned();
         let mut child = cmd
             .stdin(Stdio::piped())
@@ -82,7 +96,7 @@ impl Session {
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
         let writer: LinkWriter = Box::new(stdin);
-        match Connection::open(link_reader(Box::new(stdout)), writer) {
+        match Connection::open_with(link_reader(Box::new(stdout)), writer, zstd_level) {
             Ok(conn) => Ok(Session {
                 conn,
                 finish: Box::new(move || child.wait().map(drop)),

@@ -25,6 +25,6 @@ pub use client::{
     get, list, put, GetError, GetStats, LinkReader, LinkWriter, PutOptions, PutStats, RemoteSpec,
     Session, Sources,
 };
-pub use conn::{refuse, serve, ConnError, Connection, Traffic};
+pub use conn::{refuse, serve, ConnError, Connection, Traffic, DEFAULT_ZSTD_LEVEL};
 pub use export::Export;
 pub use server::{Server, ServerOptions, Staging};

@@ -31,6 +31,11 @@ pub struct ServeArgs {
     /// Daemon sessions at once; more clients are told the server is busy.
     #[arg(long, default_value_t = 64)]
     max_sessions: usize,
+    /// zstd level of what the server sends (1-22): higher spends CPU to save bytes on slow
+    /// links (19 is about `zstd -19`, a few MB/s).
+    #[arg(long, value_name = "LEVEL", default_value_t = ferry_fs::DEFAULT_ZSTD_LEVEL,
+          value_parser = clap::value_parser!(i32).range(1..=22))]
+    zstd_level: i32,
     /// The directory to export.
     dir: PathBuf,
 }
@@ -130,6 +135,10 @@ pub struct Rsh {
     /// up to 30 s). What arrived before a failure is kept either way.
     #[arg(long, default_value_t = 0, value_name = "N")]
     retry: u32,
+    /// zstd level of the session, both ways (1-22; passed to the far side's `serve` over a
+    /// remote shell): 19 for thin links with CPU to spare [default: 9].
+    #[arg(long, value_name = "LEVEL", value_parser = clap::value_parser!(i32).range(1..=22))]
+    zstd_level: Option<i32>,
 }
 
 /// Whether `e` is the link failing (worth reconnecting), not a refusal or a local problem.
@@ -251,9 +260,13 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
     if !std::fs::metadata(&a.dir)?.is_dir() {
         bail!("{} is not a directory", a.dir.display());
     }
+    let opts = ServerOptions {
+        zstd_level: a.zstd_level,
+        ..ServerOptions::default()
+    };
     let Some(listen) = a.listen else {
         let (staging, _private) = open_staging(&cache_root().join("server-staging"))?;
-        let mut server = Server::new(export, ServerOptions::default(), staging.clone());
+        let mut server = Server::new(export, opts, staging.clone());
         let stdin = io::stdin().lock();
         let stdout = BufWriter::with_capacity(256 * 1024, io::stdout().lock());
         ferry_fs::serve(&mut server, stdin, stdout)?;
@@ -287,7 +300,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         .and_then(|_| io::stdout().flush());
     let dir = a.dir.clone();
     let handler: ferry_net::Handler = std::sync::Arc::new(move |peer, stream| {
-        if let Err(e) = daemon_session(&dir, peer, stream) {
+        if let Err(e) = daemon_session(&dir, &opts, peer, stream) {
             tracing::warn!("session for {} ({}): {e:#}", peer.name, peer.fingerprint);
         }
     });
@@ -305,13 +318,14 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
 /// "have you got this chunk?" never answers from another client's uploads.
 fn daemon_session(
     dir: &Path,
+    opts: &ServerOptions,
     peer: &ferry_net::Peer,
     stream: std::os::unix::net::UnixStream,
 ) -> Result<()> {
     let export = Export::open(dir)?;
     let who = &peer.fingerprint.to_string()["blake3:".len()..][..32];
     let (staging, _private) = open_staging(&cache_root().join("server-staging").join(who))?;
-    let mut server = Server::new(export, ServerOptions::default(), staging.clone());
+    let mut server = Server::new(export, opts.clone(), staging.clone());
     let input = stream.try_clone()?;
     let output = BufWriter::with_capacity(256 * 1024, stream);
     ferry_fs::serve(&mut server, input, output)?;
@@ -403,7 +417,7 @@ fn connect(remote: &str, rsh: &Rsh) -> Result<(Session, WirePath)> {
         bail!("{remote:?} is not a remote (write HOST:PATH or `ferry://HOST[:PORT]/PATH`)");
     };
     let (root, wire) = split_remote(&spec)?;
-    let session = Session::spawn(&rsh.rsh, &rsh.remote_ferry, &root)
+    let session = Session::spawn(&rsh.rsh, &rsh.remote_ferry, &root, rsh.zstd_level)
         .with_context(|| format!("cannot start a session with {}", spec.host))?;
     Ok((session, wire))
 }
