@@ -862,7 +862,10 @@ fn fetch_against<R: io::Read, W: Write>(
 ) -> Result<Vec<Id>, GetError> {
     let mut sent = vec![];
     for (i, (a, missing)) in files.iter().enumerate() {
-        for (n, group) in groups(missing, crate::delta::MAX_DATA).into_iter().enumerate() {
+        for (n, group) in groups(missing, crate::delta::MAX_DATA)
+            .into_iter()
+            .enumerate()
+        {
             // A file's keys travel once: the server keeps them for the requests that follow.
             let keys = if n == 0 { a.keys.clone() } else { vec![] };
             let id = conn.send(Request::GetChunksAgainst {
@@ -1136,6 +1139,8 @@ struct PutPlan {
     deletes: Vec<(WirePath, FileKind)>,
     /// Requests sent and not yet checked (Mkdir): their replies are read with the next batch.
     pending: Vec<u32>,
+    /// Directories walked, parents first: their modes and times are set on the server last.
+    dirs: Vec<(PathBuf, WirePath)>,
 }
 
 /// Uploads the file or tree at `local` to `remote`, sending only chunks the server lacks, and
@@ -1154,8 +1159,25 @@ pub fn put<R: io::Read, W: Write>(
 ) -> Result<(), GetError> {
     let meta = fs::symlink_metadata(local).map_err(GetError::local("read", local))?;
     let current = remote_attr(conn, remote)?;
+    // With tree digests from the server, every subtree already the same there is skipped.
+    let mut trees = LocalTrees::new();
+    if let Some(cur) = current
+        .as_ref()
+        .filter(|a| a.oid.is_some() && meta.is_dir())
+    {
+        if let Err(e) = local_tree(local, &mut trees) {
+            tracing::debug!("no tree digests for {}: {e}", local.display());
+            trees.clear();
+        }
+        if let Some(files) = same_tree(local, cur, &trees) {
+            stats.unchanged += files;
+            return Ok(());
+        }
+    }
     let mut plan = PutPlan::default();
-    put_walk(conn, local, meta, remote, current, opts, stats, &mut plan)?;
+    put_walk(
+        conn, local, meta, remote, current, &trees, opts, stats, &mut plan,
+    )?;
     let mut batch = vec![];
     let mut bytes = 0;
     for job in std::mem::take(&mut plan.files) {
@@ -1194,6 +1216,20 @@ pub fn put<R: io::Read, W: Write>(
         }
         stats.deleted += 1;
     }
+    // Children before parents, after everything that changes them: directories end with the
+    // local modes and times, so the next sync finds their digests equal.
+    if !opts.dry_run {
+        for (local, remote) in plan.dirs.iter().rev() {
+            use std::os::unix::fs::MetadataExt;
+            let m = fs::symlink_metadata(local).map_err(GetError::local("read", local))?;
+            plan.pending.push(conn.send(Request::SetAttr {
+                path: remote.clone(),
+                mode: Some(m.mode() & 0o7777),
+                mtime_ns: Some(m.mtime() * 1_000_000_000 + m.mtime_nsec()),
+                size: None,
+            })?);
+        }
+    }
     check(conn, &mut plan.pending)
 }
 
@@ -1217,6 +1253,7 @@ fn put_walk<R: io::Read, W: Write>(
     meta: fs::Metadata,
     remote: &WirePath,
     current: Option<Attr>,
+    trees: &LocalTrees,
     opts: &PutOptions<'_>,
     stats: &mut PutStats,
     plan: &mut PutPlan,
@@ -1245,6 +1282,7 @@ fn put_walk<R: io::Read, W: Write>(
         }
     }
     while let Some((local, remote, listing)) = queue.pop_front() {
+        plan.dirs.push((local.clone(), remote.clone()));
         let mut there: HashMap<Vec<u8>, Attr> = HashMap::new();
         if let Some(id) = listing {
             conn.flush()?;
@@ -1272,6 +1310,10 @@ fn put_walk<R: io::Read, W: Write>(
             }
             match cur {
                 Some(a) if a.kind == FileKind::Dir => {
+                    if let Some(files) = same_tree(&child_local, &a, trees) {
+                        stats.unchanged += files;
+                        continue;
+                    }
                     let id = conn.send(Request::ReadDir {
                         path: child.clone(),
                     })?;

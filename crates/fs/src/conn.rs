@@ -44,6 +44,25 @@ pub const DEFAULT_ZSTD_LEVEL: i32 = 9;
 /// request are replied to and the session goes on.
 pub fn serve(
     server: &mut Server,
+    input: impl Read + std::os::fd::AsFd,
+    output: impl Write,
+) -> Result<(), ConnError> {
+    match serve_until_closed(server, input, output) {
+        // The client hung up while replies or invalidations were on their way: its choice.
+        Err(ConnError::Io(e))
+            if matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            ) =>
+        {
+            Ok(())
+        }
+        r => r,
+    }
+}
+
+fn serve_until_closed(
+    server: &mut Server,
     mut input: impl Read + std::os::fd::AsFd,
     mut output: impl Write,
 ) -> Result<(), ConnError> {

@@ -134,6 +134,41 @@ impl Export {
         )?)
     }
 
+    /// Sets the mode and modification time of the file or directory `p` (never through a
+    /// symlink: one there is an error). Not fsynced: an attribute lost in a crash costs a
+    /// later sync a second look, nothing more.
+    pub fn set_attr(
+        &self,
+        p: &WirePath,
+        mode: Option<u32>,
+        mtime_ns: Option<i64>,
+    ) -> io::Result<()> {
+        let fd = openat2(
+            &self.root,
+            wire_to_rel(p),
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+            beneath(),
+        )?;
+        if let Some(mode) = mode {
+            rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o7777))?;
+        }
+        if let Some(ns) = mtime_ns {
+            let t = rustix::fs::Timespec {
+                tv_sec: ns.div_euclid(1_000_000_000),
+                tv_nsec: ns.rem_euclid(1_000_000_000) as _,
+            };
+            rustix::fs::futimens(
+                &fd,
+                &rustix::fs::Timestamps {
+                    last_access: t,
+                    last_modification: t,
+                },
+            )?;
+        }
+        Ok(())
+    }
+
     /// Attributes of `p` itself (a symlink is reported as a symlink, not followed).
     pub fn stat(&self, p: &WirePath) -> io::Result<(Attr, FileId)> {
         let fd = openat2(

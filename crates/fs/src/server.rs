@@ -473,17 +473,26 @@ impl Server {
                     Err(e) => io_error(&from, &e),
                 })
             }
+            Request::SetAttr {
+                path,
+                mode,
+                mtime_ns,
+                size,
+            } => one(if size.is_some() {
+                error(
+                    ErrorCode::Unsupported,
+                    "SetAttr does not change sizes: commit a new version",
+                )
+            } else {
+                match self.export.set_attr(&path, mode, mtime_ns) {
+                    Ok(()) => Reply::Ok,
+                    Err(e) => io_error(&path, &e),
+                }
+            }),
             Request::ReadLink { path } => match self.export.read_link(&path) {
                 Ok(target) => one(Reply::Link(target)),
                 Err(e) => one(io_error(&path, &e)),
             },
-            other => one(error(
-                ErrorCode::Unsupported,
-                format!(
-                    "{} is not implemented by this server yet",
-                    request_name(&other)
-                ),
-            )),
         }
     }
 
@@ -842,25 +851,4 @@ fn paged<T: Clone>(
         f.flags |= FLAG_MORE;
     }
     frames
-}
-
-fn request_name(r: &Request) -> &'static str {
-    match r {
-        Request::GetAttr { .. } => "GetAttr",
-        Request::ReadDir { .. } => "ReadDir",
-        Request::GetRecipe { .. } => "GetRecipe",
-        Request::GetRecipeDelta { .. } => "GetRecipeDelta",
-        Request::GetChunks { .. } => "GetChunks",
-        Request::GetChunksAgainst { .. } => "GetChunksAgainst",
-        Request::Have { .. } => "Have",
-        Request::PutChunks { .. } => "PutChunks",
-        Request::Commit { .. } => "Commit",
-        Request::Mkdir { .. } => "Mkdir",
-        Request::Rename { .. } => "Rename",
-        Request::Unlink { .. } => "Unlink",
-        Request::Rmdir { .. } => "Rmdir",
-        Request::Symlink { .. } => "Symlink",
-        Request::SetAttr { .. } => "SetAttr",
-        Request::ReadLink { .. } => "ReadLink",
-    }
 }

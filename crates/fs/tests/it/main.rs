@@ -310,6 +310,36 @@ fn an_unchanged_subtree_costs_nothing_beyond_its_digest() {
 }
 
 #[test]
+fn an_upload_skips_unchanged_subtrees_and_leaves_directory_times_equal() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, srv) = (t.path().join("src"), t.path().join("srv"));
+    fs::create_dir(&srv).unwrap();
+    wide_tree(&src);
+    let mut c = connect(&srv);
+    put(&mut c, &src, "up").unwrap();
+    // The server's directories took the local modes and times, so nothing differs now.
+    let m = |p: &Path| fs::metadata(p).unwrap().modified().unwrap();
+    assert_eq!(m(&src.join("d1/sub")), m(&srv.join("up/d1/sub")));
+    assert_eq!(m(&src), m(&srv.join("up")));
+    let before = c.traffic();
+    let s = put(&mut c, &src, "up").unwrap();
+    assert_eq!(c.traffic().requests - before.requests, 1, "{s:?}");
+    assert_eq!(s.unchanged, 300);
+    // One local edit: the directories on its path are compared, not their siblings.
+    fs::write(src.join("d0/sub/f9"), b"edited").unwrap();
+    let before = c.traffic();
+    put(&mut c, &src, "up").unwrap();
+    let requests = c.traffic().requests - before.requests;
+    // GetAttr; ReadDir of up, d0, d0/sub; the small file's chunk and commit; d0/link's target;
+    // SetAttr of the three directories (not the 7 listings and 300 files of a full walk).
+    assert!(requests <= 10, "{requests} requests");
+    same_tree(&src, &srv.join("up"));
+    let before = c.traffic();
+    put(&mut c, &src, "up").unwrap();
+    assert_eq!(c.traffic().requests - before.requests, 1);
+}
+
+#[test]
 fn no_path_leaves_the_export() {
     let t = tempfile::tempdir().unwrap();
     let srv = t.path().join("srv");
