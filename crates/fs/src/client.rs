@@ -200,6 +200,8 @@ pub struct Sources<'a> {
     pub delete: bool,
     /// Change nothing locally: list what would be fetched and deleted in `GetStats::planned`.
     pub dry_run: bool,
+    /// The cache held nothing when the transfer began: small new files are read whole.
+    pub cold: bool,
     /// Told the bytes of each chunk written (for progress bars).
     pub progress: Option<&'a dyn Fn(u64)>,
 }
@@ -702,17 +704,30 @@ fn fetch_files<R: io::Read, W: Write>(
     // generalised), and its recipe's pages let the server send only the pages that changed.
     let mut ids = Vec::with_capacity(jobs.len());
     let mut olds = Vec::with_capacity(jobs.len());
+    // A receiver with nothing cached reads small new files whole: their recipes and chunk ids
+    // would only add to the bytes. With a cache, recipes let it find what it already holds.
+    let read_file = conn
+        .server
+        .as_ref()
+        .is_some_and(|h| h.features & ferry_proto::FEATURE_READ_FILE != 0)
+        && src.cold;
     for j in &jobs {
         let old = index_local(&j.local, &src.chunker, HashAlg::Blake3)
             .map_err(GetError::local("read", &j.local))?;
         let pages = ferry_format::pages(&old.order);
         let path = j.remote.clone();
-        ids.push(conn.send(if pages.len() >= 2 {
-            let known = pages.iter().map(|p| ferry_format::page_key(p)).collect();
-            Request::GetRecipeDelta { path, known }
-        } else {
-            Request::GetRecipe { path, from: 0 }
-        })?);
+        ids.push(conn.send(
+            if read_file && old.order.is_empty() && j.attr.size <= WHOLE_FILE {
+                // Nothing old here to build on: a small file's bytes cost less than its recipe
+                // and chunk ids would.
+                Request::ReadFile { path }
+            } else if pages.len() >= 2 {
+                let known = pages.iter().map(|p| ferry_format::page_key(p)).collect();
+                Request::GetRecipeDelta { path, known }
+            } else {
+                Request::GetRecipe { path, from: 0 }
+            },
+        )?);
         olds.push(old);
     }
     conn.flush()?;
@@ -720,8 +735,15 @@ fn fetch_files<R: io::Read, W: Write>(
     let mut missing: Vec<Id> = vec![];
     let mut seen = std::collections::HashSet::new();
     let mut against = vec![];
+    let mut fetched = std::collections::HashSet::new();
     for ((id, j), old) in ids.into_iter().zip(&jobs).zip(olds) {
-        let replies = conn.replies(id)?;
+        let mut replies = conn.replies(id)?;
+        if let [Reply::Data(data)] = &mut replies[..] {
+            let data = std::mem::take(data);
+            let recipe = whole_file(&data, src, stats, &mut fetched)?;
+            recipes.push((recipe, old.at));
+            continue;
+        }
         let recipe = match recipe_from(replies, &ferry_format::pages(&old.order)) {
             Err(GetError::RecipeCheck) => {
                 // Two pages with one key (a 2^-64 chance): the whole recipe, then.
@@ -755,13 +777,40 @@ fn fetch_files<R: io::Read, W: Write>(
         }
         recipes.push((recipe, old.at));
     }
-    let mut fetched = std::collections::HashSet::new();
     missing.extend(fetch_against(conn, against, src, stats, &mut fetched)?);
     fetched.extend(fetch_chunks(conn, &missing, src, stats)?);
     for (j, (recipe, here)) in jobs.iter().zip(recipes) {
         assemble(j, &recipe, &here, &fetched, src, stats)?;
     }
     Ok(())
+}
+
+/// Files at most this large, with no old version at the destination, are read whole.
+const WHOLE_FILE: u64 = 16 << 10;
+
+/// A file read whole (ReadFile): its chunks go into the cache like fetched ones; returns its
+/// recipe.
+fn whole_file(
+    data: &[u8],
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+    fetched: &mut std::collections::HashSet<Id>,
+) -> Result<Recipe, GetError> {
+    let mut chunks = vec![];
+    let (recipe, _) = ferry_format::chunk_object(data, &src.chunker, HashAlg::Blake3, |c, b| {
+        chunks.push((c.id, b.to_vec()));
+        Ok::<_, io::Error>(())
+    })
+    .map_err(ConnError::Io)?;
+    for (id, bytes) in chunks {
+        let v = VerifiedChunk::check(id, &bytes).map_err(|_| GetError::BadData(id))?;
+        src.cache.put(&v)?;
+        if fetched.insert(id) {
+            stats.from_server += 1;
+            stats.bytes_from_server += bytes.len() as u64;
+        }
+    }
+    Ok(recipe)
 }
 
 /// The old version of a file at the destination, cut into pieces that new chunks can be

@@ -489,6 +489,10 @@ impl Server {
                     Err(e) => io_error(&path, &e),
                 }
             }),
+            Request::ReadFile { path } => one(match self.read_small(&path) {
+                Ok(data) => Reply::Data(data),
+                Err(e) => io_error(&path, &e),
+            }),
             Request::ReadLink { path } => match self.export.read_link(&path) {
                 Ok(target) => one(Reply::Link(target)),
                 Err(e) => one(io_error(&path, &e)),
@@ -735,6 +739,26 @@ impl Server {
             return Ok((recipe, attr.version));
         }
         Err(io::Error::other("the file keeps changing while it is read"))
+    }
+
+    /// A small file's bytes, whole (ReadFile): at most [`ferry_proto::MAX_READ_FILE`].
+    fn read_small(&self, path: &WirePath) -> io::Result<Vec<u8>> {
+        use std::io::Read;
+        let file = self.export.open_file(path)?;
+        let st = rustix::fs::fstat(&file)?;
+        if crate::export::attr_of(&st).0.kind != FileKind::File {
+            return Err(io::Error::from(io::ErrorKind::IsADirectory));
+        }
+        let limit = ferry_proto::MAX_READ_FILE as u64;
+        let mut data = Vec::with_capacity((st.st_size as u64).min(limit) as usize);
+        file.take(limit + 1).read_to_end(&mut data)?;
+        if data.len() as u64 > limit {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("over {limit} bytes: fetch it by recipe"),
+            ));
+        }
+        Ok(data)
     }
 
     /// A chunk's bytes from wherever it was seen, verified; `None` if no valid copy is known.

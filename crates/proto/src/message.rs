@@ -10,9 +10,14 @@ use crate::{Frame, ProtoError};
 pub const MAGIC: &[u8; 5] = b"FERRY";
 /// The protocol version this build speaks.
 pub const VERSION: u16 = 1;
-/// Feature bits this build understands: [`FEATURE_ZSTD_STREAM`](crate::FEATURE_ZSTD_STREAM)
-/// and [`FEATURE_TREE_DIGEST`](crate::FEATURE_TREE_DIGEST).
-pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM | crate::FEATURE_TREE_DIGEST;
+/// Feature bits this build understands: [`FEATURE_ZSTD_STREAM`](crate::FEATURE_ZSTD_STREAM),
+/// [`FEATURE_TREE_DIGEST`](crate::FEATURE_TREE_DIGEST) and [`FEATURE_READ_FILE`].
+pub const FEATURES: u64 =
+    crate::FEATURE_ZSTD_STREAM | crate::FEATURE_TREE_DIGEST | FEATURE_READ_FILE;
+/// Hello feature bit: the server answers ReadFile.
+pub const FEATURE_READ_FILE: u64 = 4;
+/// Largest file ReadFile returns whole.
+pub const MAX_READ_FILE: usize = 64 << 10;
 /// Longest path on the wire, in bytes.
 const MAX_PATH: usize = 4096;
 
@@ -296,6 +301,11 @@ pub enum Request {
     ReadLink {
         path: WirePath,
     },
+    /// A small file's bytes, whole (at most 64 KiB): for a receiver with no old version of it,
+    /// where a recipe and chunk ids would only add to the bytes.
+    ReadFile {
+        path: WirePath,
+    },
 }
 
 /// Replies, from the server.
@@ -326,6 +336,8 @@ pub enum Reply {
     /// A symlink's target, as stored (bytes; may be absolute or contain `..`: the receiver must
     /// never write through it).
     Link(Vec<u8>),
+    /// A file's bytes (ReadFile).
+    Data(Vec<u8>),
 }
 
 /// Everything that travels in a frame.
@@ -356,6 +368,7 @@ mod code {
     pub const READ_LINK: u8 = 0x1d;
     pub const GET_RECIPE_DELTA: u8 = 0x1e;
     pub const GET_CHUNKS_AGAINST: u8 = 0x1f;
+    pub const READ_FILE: u8 = 0x20;
     pub const R_ATTR: u8 = 0x40;
     pub const R_DIR_ENTRIES: u8 = 0x41;
     pub const R_RECIPE: u8 = 0x42;
@@ -366,6 +379,7 @@ mod code {
     pub const R_LINK: u8 = 0x47;
     pub const R_RECIPE_DELTA: u8 = 0x48;
     pub const R_CHUNKS_AGAINST: u8 = 0x49;
+    pub const R_DATA: u8 = 0x4a;
     pub const INVALIDATE: u8 = 0x60;
 }
 
@@ -600,6 +614,10 @@ impl Message {
                     put_path(&mut w, path);
                     code::READ_LINK
                 }
+                Request::ReadFile { path } => {
+                    put_path(&mut w, path);
+                    code::READ_FILE
+                }
             },
             Message::Reply(r) => match r {
                 Reply::Attr(a) => {
@@ -676,6 +694,10 @@ impl Message {
                 Reply::Link(target) => {
                     w.bytes(target);
                     code::R_LINK
+                }
+                Reply::Data(d) => {
+                    w.bytes(d);
+                    code::R_DATA
                 }
             },
         };
@@ -790,6 +812,10 @@ impl Message {
                 path: get_path(&mut r)?,
             }),
             code::R_LINK => Message::Reply(Reply::Link(r.bytes()?.to_vec())),
+            code::R_DATA => Message::Reply(Reply::Data(r.bytes()?.to_vec())),
+            code::READ_FILE => Message::Request(Request::ReadFile {
+                path: get_path(&mut r)?,
+            }),
             code::R_ATTR => Message::Reply(Reply::Attr(get_attr(&mut r)?)),
             code::R_DIR_ENTRIES => {
                 // An entry is at least a name length byte and 34 bytes of attributes.
@@ -1029,6 +1055,8 @@ mod tests {
             Message::Reply(Reply::Ok),
             Message::Request(Request::ReadLink { path: "l".into() }),
             Message::Reply(Reply::Link(b"../target".to_vec())),
+            Message::Request(Request::ReadFile { path: "s".into() }),
+            Message::Reply(Reply::Data(b"small".to_vec())),
             Message::Reply(Reply::Error {
                 code: ErrorCode::Conflict,
                 message: "changed since version 3".into(),

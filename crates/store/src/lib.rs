@@ -152,4 +152,9 @@ pub trait ChunkStore: Send + Sync {
 
     /// Counts (may scan the whole index).
     fn stats(&self) -> Result<StoreStats, StoreError>;
+
+    /// Whether the store holds no chunk at all (stores override the scan with something cheap).
+    fn is_empty(&self) -> Result<bool, StoreError> {
+        Ok(self.stats()?.chunks == 0)
+    }
 }

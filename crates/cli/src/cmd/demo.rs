@@ -151,6 +151,7 @@ impl Demo {
             delete: true,
             dry_run: false,
             progress: None,
+            cold: ferry_store::ChunkStore::is_empty(&self.cache)?,
         };
         let mut stats = ferry_fs::GetStats::default();
         ferry_fs::get(

@@ -484,6 +484,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
         delete: a.mode.delete,
         dry_run: a.mode.dry_run,
         progress: Some(&tick),
+        cold: ferry_store::ChunkStore::is_empty(&cache)?,
     };
     let (stats, traffic) = with_retries(a.rsh.retry, || {
         let (mut s, wire) = connect(&a.remote, &a.rsh)?;

@@ -112,6 +112,7 @@ fn get(
         delete: false,
         dry_run: false,
         progress: None,
+        cold: cache.is_empty().unwrap(),
     };
     ferry_fs::get(
         conn,
@@ -226,8 +227,16 @@ fn round_trips_of_a_small_file() {
         &MemStore::new(ferry_format::HashAlg::Blake3),
     )
     .unwrap();
-    // GetAttr, GetRecipe, GetChunks.
-    assert_eq!(c.traffic().round_trips - hello_trips, 3);
+    // GetAttr, ReadFile: nothing cached, so the small file comes whole.
+    assert_eq!(c.traffic().round_trips - hello_trips, 2);
+    // With a cache to look in: GetAttr, GetRecipe, GetChunks.
+    let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+    let other = ferry_store::VerifiedChunk::hash(ferry_format::HashAlg::Blake3, b"other");
+    ferry_store::ChunkStore::put(&cache, &other).unwrap();
+    let before = c.traffic().round_trips;
+    get(&mut c, "f", &t.path().join("out2"), &cache).unwrap();
+    assert_eq!(c.traffic().round_trips - before, 3);
+    assert_eq!(fs::read(t.path().join("out2")).unwrap(), b"hello");
 }
 
 /// A tree of 300 files in 3 levels of directories, and links.
@@ -848,6 +857,7 @@ fn delete_mirrors_both_ways_without_following_symlinks() {
         delete: true,
         dry_run: false,
         progress: None,
+        cold: false,
     };
     ferry_fs::get(&mut c, &WirePath::default(), &dst, &src, &mut stats).unwrap();
     assert_eq!(stats.deleted, 3, "{stats:?}");
@@ -888,6 +898,7 @@ fn dry_run_changes_nothing_and_says_what_it_would_do() {
         delete: true,
         dry_run: true,
         progress: None,
+        cold: false,
     };
     let mut stats = GetStats::default();
     ferry_fs::get(&mut c, &WirePath::default(), &dst, &src, &mut stats).unwrap();

@@ -856,6 +856,16 @@ impl ChunkStore for LocalStore {
         Ok(all.into_iter().collect())
     }
 
+    fn is_empty(&self) -> Result<bool, StoreError> {
+        if !self.state.lock().unwrap().pending.is_empty() {
+            return Ok(false);
+        }
+        let p = &self.index_path;
+        let tx = self.db.begin_read().map_err(db_err(p))?;
+        let chunks = tx.open_table(CHUNKS).map_err(db_err(p))?;
+        chunks.is_empty().map_err(db_err(p))
+    }
+
     fn stats(&self) -> Result<StoreStats, StoreError> {
         let p = &self.index_path;
         let mut s = StoreStats::default();

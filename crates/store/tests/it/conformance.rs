@@ -8,6 +8,15 @@ use crate::{bytes, new_local};
 
 fn suite(store: &dyn ChunkStore) {
     let alg = store.hash_alg();
+    assert!(store.is_empty().unwrap(), "a new store is empty");
+    let probe = VerifiedChunk::hash(alg, b"is_empty probe");
+    store.put(&probe).unwrap();
+    assert!(
+        !store.is_empty().unwrap(),
+        "not empty once a chunk is put, before a flush"
+    );
+    store.flush().unwrap();
+    assert!(!store.is_empty().unwrap(), "nor after");
     // Interesting sizes: empty, one byte, around one chunk, many chunks.
     for (i, len) in [0usize, 1, 2047, 8192, 65535, 65536, 65537, 1_000_003]
         .into_iter()
