@@ -645,15 +645,21 @@ impl GetError {
 
 /// Puts the pages of a GetRecipe or GetRecipeDelta reply together; `known` are the pages the
 /// delta may refer to. A recipe rebuilt from references must match the server's check.
-fn recipe_from(replies: Vec<Reply>, known: &[&[ChunkRef]]) -> Result<Recipe, GetError> {
+/// `size` is the file's size as listed: a recipe of more chunks than a file of (at least
+/// 64 MiB, or) that size could have is refused, so page references cannot blow up memory.
+fn recipe_from(replies: Vec<Reply>, known: &[&[ChunkRef]], size: u64) -> Result<Recipe, GetError> {
+    let max_chunks = size.max(64 << 20) / ferry_chunk::MIN_CHUNK_LIMIT as u64;
     let mut chunks: Vec<ChunkRef> = vec![];
     let mut alg = HashAlg::Blake3;
     let mut check = None;
     for r in replies {
         match r {
             Reply::RecipeDelta(d) => {
-                if d.total_chunks > (1 << 32) {
-                    return Err(ConnError::Unexpected("a recipe of over 2^32 chunks".into()).into());
+                if d.total_chunks > max_chunks {
+                    return Err(ConnError::Unexpected(
+                        "a recipe of more chunks than the file's size allows".into(),
+                    )
+                    .into());
                 }
                 alg = d.alg;
                 check = Some(d.check);
@@ -674,13 +680,16 @@ fn recipe_from(replies: Vec<Reply>, known: &[&[ChunkRef]]) -> Result<Recipe, Get
                 }
             }
             Reply::Recipe(p) => {
-                if p.first != chunks.len() as u64 || p.total_chunks > (1 << 32) {
+                if p.first != chunks.len() as u64 || p.total_chunks > max_chunks {
                     return Err(ConnError::Unexpected("recipe pages out of order".into()).into());
                 }
                 if let Some(c) = p.chunks.first() {
                     alg = c.id.alg();
                 }
                 chunks.extend(p.chunks);
+                if chunks.len() as u64 > p.total_chunks {
+                    return Err(ConnError::Unexpected("recipe longer than announced".into()).into());
+                }
             }
             other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
         }
@@ -744,7 +753,7 @@ fn fetch_files<R: io::Read, W: Write>(
             recipes.push((recipe, old.at));
             continue;
         }
-        let recipe = match recipe_from(replies, &ferry_format::pages(&old.order)) {
+        let recipe = match recipe_from(replies, &ferry_format::pages(&old.order), j.attr.size) {
             Err(GetError::RecipeCheck) => {
                 // Two pages with one key (a 2^-64 chance): the whole recipe, then.
                 tracing::warn!(
@@ -755,7 +764,7 @@ fn fetch_files<R: io::Read, W: Write>(
                     path: j.remote.clone(),
                     from: 0,
                 })?;
-                recipe_from(r, &[])?
+                recipe_from(r, &[], j.attr.size)?
             }
             r => r?,
         };
@@ -875,6 +884,13 @@ impl AgainstOld {
                 .get(i as usize)
                 .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no such piece"))?;
             let at = out.len();
+            // A server naming pieces over and over cannot make this grow without bound.
+            if at + len as usize > crate::delta::MAX_PREFIX {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "prefix too long",
+                ));
+            }
             out.resize(at + len as usize, 0);
             self.file.read_exact_at(&mut out[at..], off)?;
         }
@@ -953,6 +969,12 @@ fn fetch_against<R: io::Read, W: Write>(
                 }
             }
             Some(Reply::ChunksAgainst { ids, refs, data }) => {
+                // Each chunk asked for at most once: what is decompressed stays within what
+                // was asked (a request's worth).
+                let distinct: std::collections::HashSet<&Id> = ids.iter().collect();
+                if distinct.len() != ids.len() {
+                    return Err(GetError::BadData(ids[0]));
+                }
                 let lens: Vec<usize> = ids
                     .iter()
                     .map(|cid| {
@@ -1702,4 +1724,26 @@ fn remove_remote<R: io::Read, W: Write>(
         conn.call(Request::Unlink { path: path.clone() })?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_of_repeated_pieces_is_bounded() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("old");
+        fs::write(&path, vec![7u8; 8192]).unwrap();
+        let a = AgainstOld {
+            file: File::open(&path).unwrap(),
+            path,
+            pieces: vec![(0, 8192)],
+            keys: vec![1],
+        };
+        assert_eq!(a.prefix(&[0, 0]).unwrap().len(), 16384);
+        // A million references to one 8 KiB piece would be 8 GiB: refused instead.
+        assert!(a.prefix(&vec![0; 1 << 20]).is_err());
+        assert!(a.prefix(&[1]).is_err(), "no such piece");
+    }
 }

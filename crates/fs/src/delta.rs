@@ -26,7 +26,7 @@ pub const MAX_REPLY_DATA: usize = 3 << 20;
 /// the bottleneck.
 pub const MIN_LEVEL: i32 = 19;
 /// Prefix bytes at most (the window bounds it anyway).
-const MAX_PREFIX: usize = 16 << 20;
+pub const MAX_PREFIX: usize = 16 << 20;
 
 /// How both sides cut pieces: FastCDC, 256 B / 1 KiB / 8 KiB.
 pub fn piece_spec() -> ChunkerSpec {

@@ -486,6 +486,37 @@ fn attr(kind: ferry_proto::FileKind, size: u64) -> ferry_proto::Attr {
 
 /// A server that lies: its chunk does not match the id in its recipe.
 #[test]
+fn page_references_cannot_blow_up_a_recipe() {
+    let t = tempfile::tempdir().unwrap();
+    let dest = t.path().join("f");
+    // An old version of many pages at the destination, so the client names its pages.
+    fs::write(&dest, bytes(3, 4 << 20)).unwrap();
+    let mut c = fake_server(move |q| match q {
+        Request::GetAttr { .. } => Reply::Attr(attr(ferry_proto::FileKind::File, 100)),
+        // 300,000 references to one page: tens of millions of chunks from a 600 KB reply.
+        Request::GetRecipeDelta { .. } => Reply::RecipeDelta(ferry_proto::RecipeDelta {
+            version: 1,
+            total_chunks: 1 << 32,
+            check: [0; 32],
+            alg: ferry_format::HashAlg::Blake3,
+            parts: vec![ferry_proto::RecipePart::Known(0); 300_000],
+        }),
+        _ => Reply::Ok,
+    });
+    let err = get(
+        &mut c,
+        "f",
+        &dest,
+        &MemStore::new(ferry_format::HashAlg::Blake3),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("than the file's size allows"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_lying_server_cannot_plant_data() {
     let t = tempfile::tempdir().unwrap();
     let good = b"the real content".to_vec();
