@@ -54,14 +54,15 @@ pub struct Session {
 }
 
 impl Session {
-    /// Runs `RSH HOST REMOTE_FERRY serve --stdio PATH` (the `-e` convention of rsync: RSH is
-    /// split on white space) and opens a session over its standard input and output. With a
-    /// zstd level, both sides compress at it (`serve --zstd-level`).
+    /// Runs `RSH HOST REMOTE_FERRY serve --stdio [SERVE_ARGS] PATH` (the `-e` convention of
+    /// rsync: RSH is split on white space) and opens a session over its standard input and
+    /// output, sending at `zstd_level`.
     pub fn spawn(
         rsh: &str,
         remote_ferry: &str,
         spec: &RemoteSpec,
-        zstd_level: Option<i32>,
+        serve_args: &[String],
+        zstd_level: i32,
     ) -> Result<Session, ConnError> {
         let mut words = rsh.split_whitespace();
         let prog = words
@@ -71,12 +72,10 @@ impl Session {
         cmd.args(words)
             .arg(&spec.host)
             .arg(remote_ferry)
-            .args(["serve", "--stdio"]);
-        if let Some(level) = zstd_level {
-            cmd.arg(format!("--zstd-level={level}"));
-        }
-        cmd.arg(&spec.path);
-        Self::command_with(cmd, zstd_level.unwrap_or(crate::conn::DEFAULT_ZSTD_LEVEL))
+            .args(["serve", "--stdio"])
+            .args(serve_args)
+            .arg(&spec.path);
+        Self::command_with(cmd, zstd_level)
     }
 
     /// Runs `cmd`, which must speak the protocol on its standard input and output (a server:

@@ -31,6 +31,8 @@ pub struct ServeArgs {
     /// Daemon sessions at once; more clients are told the server is busy.
     #[arg(long, default_value_t = 64)]
     max_sessions: usize,
+    #[command(flatten)]
+    chunking: Chunking,
     /// zstd level of what the server sends (1-22): higher spends CPU to save bytes on slow
     /// links (19 is about `zstd -19`, a few MB/s).
     #[arg(long, value_name = "LEVEL", default_value_t = ferry_fs::DEFAULT_ZSTD_LEVEL,
@@ -139,6 +141,48 @@ pub struct Rsh {
     /// remote shell): 19 for thin links with CPU to spare [default: 9].
     #[arg(long, value_name = "LEVEL", value_parser = clap::value_parser!(i32).range(1..=22))]
     zstd_level: Option<i32>,
+    #[command(flatten)]
+    chunking: Chunking,
+}
+
+impl Rsh {
+    /// What the far side's `serve` is told, so both sides work alike.
+    fn serve_args(&self) -> Vec<String> {
+        let mut args = vec![];
+        if let Some(level) = self.zstd_level {
+            args.push(format!("--zstd-level={level}"));
+        }
+        if let Some(avg) = self.chunking.chunk_size {
+            args.push(format!("--chunk-size={avg}"));
+        }
+        args
+    }
+}
+
+/// How files are cut into chunks; both sides must agree for chunks to be shared.
+#[derive(clap::Args, Clone, Copy)]
+pub struct Chunking {
+    /// Average chunk size in bytes (FastCDC; minimum a quarter, maximum eight times; passed to
+    /// the far side) [default: 8192].
+    #[arg(long, value_name = "BYTES", value_parser = chunk_size)]
+    chunk_size: Option<usize>,
+}
+
+impl Chunking {
+    fn spec(&self) -> ChunkerSpec {
+        match self.chunk_size {
+            Some(avg) => ChunkerSpec::fastcdc(avg / 4, avg, avg * 8),
+            None => ChunkerSpec::default(),
+        }
+    }
+}
+
+fn chunk_size(s: &str) -> Result<usize, String> {
+    let avg: usize = s.parse().map_err(|e| format!("{e}"))?;
+    ChunkerSpec::fastcdc(avg / 4, avg, avg * 8)
+        .validate()
+        .map_err(|e| e.to_string())?;
+    Ok(avg)
 }
 
 /// Whether `e` is the link failing (worth reconnecting), not a refusal or a local problem.
@@ -262,6 +306,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
     }
     let opts = ServerOptions {
         zstd_level: a.zstd_level,
+        chunker: a.chunking.spec(),
         ..ServerOptions::default()
     };
     let Some(listen) = a.listen else {
@@ -417,8 +462,14 @@ fn connect(remote: &str, rsh: &Rsh) -> Result<(Session, WirePath)> {
         bail!("{remote:?} is not a remote (write HOST:PATH or `ferry://HOST[:PORT]/PATH`)");
     };
     let (root, wire) = split_remote(&spec)?;
-    let session = Session::spawn(&rsh.rsh, &rsh.remote_ferry, &root, rsh.zstd_level)
-        .with_context(|| format!("cannot start a session with {}", spec.host))?;
+    let session = Session::spawn(
+        &rsh.rsh,
+        &rsh.remote_ferry,
+        &root,
+        &rsh.serve_args(),
+        rsh.zstd_level.unwrap_or(ferry_fs::DEFAULT_ZSTD_LEVEL),
+    )
+    .with_context(|| format!("cannot start a session with {}", spec.host))?;
     Ok((session, wire))
 }
 
@@ -480,7 +531,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
     let tick = |n: u64| bar.inc(n);
     let src = Sources {
         cache: &cache,
-        chunker: ChunkerSpec::default(),
+        chunker: a.rsh.chunking.spec(),
         delete: a.mode.delete,
         dry_run: a.mode.dry_run,
         progress: Some(&tick),
@@ -542,7 +593,7 @@ pub fn put(a: PutArgs) -> Result<ExitCode> {
     let bar = a.mode.bar();
     let tick = |n: u64| bar.inc(n);
     let opts = ferry_fs::PutOptions {
-        chunker: ChunkerSpec::default(),
+        chunker: a.rsh.chunking.spec(),
         delete: a.mode.delete,
         dry_run: a.mode.dry_run,
         progress: Some(&tick),
