@@ -27,12 +27,17 @@ const DEFLATE_STEP: usize = 128 << 10;
 /// The sending half: frames in, bytes for the transport out.
 pub struct Outflow {
     z: Option<Encoder<'static>>,
+    /// Compressed output before it is appended (kept: frames are many and often small).
+    scratch: Vec<u8>,
 }
 
 impl Outflow {
     /// Frames travel as they are (before the Hellos, or when the peer lacks the feature).
     pub fn plain() -> Self {
-        Outflow { z: None }
+        Outflow {
+            z: None,
+            scratch: vec![],
+        }
     }
 
     /// From now on, frames travel in one zstd stream compressed at `level`.
@@ -43,6 +48,7 @@ impl Outflow {
         e.set_parameter(CParameter::WindowLog(window_log(level)))
             .map_err(bad)?;
         self.z = Some(e);
+        self.scratch = vec![0u8; DEFLATE_STEP];
         Ok(())
     }
 
@@ -64,9 +70,8 @@ impl Outflow {
             return Ok(());
         };
         let mut input = InBuffer::around(bytes);
-        let mut scratch = vec![0u8; DEFLATE_STEP];
         while input.pos < bytes.len() {
-            let mut o = OutBuffer::around(&mut scratch[..]);
+            let mut o = OutBuffer::around(&mut self.scratch[..]);
             z.run(&mut input, &mut o).map_err(compress_failed)?;
             out.extend_from_slice(o.as_slice());
         }
@@ -78,9 +83,8 @@ impl Outflow {
         let Some(z) = self.z.as_mut() else {
             return Ok(());
         };
-        let mut scratch = vec![0u8; DEFLATE_STEP];
         loop {
-            let mut o = OutBuffer::around(&mut scratch[..]);
+            let mut o = OutBuffer::around(&mut self.scratch[..]);
             let left = z.flush(&mut o).map_err(compress_failed)?;
             out.extend_from_slice(o.as_slice());
             if left == 0 {
@@ -114,6 +118,8 @@ pub struct Inflow {
     used: usize,
     /// The decoder filled its output last time, so it may hold more without further input.
     full: bool,
+    /// Decompressed output before it is fed to the frame decoder (kept between steps).
+    plain: Vec<u8>,
 }
 
 impl Inflow {
@@ -141,6 +147,7 @@ impl Inflow {
         self.pending = self.frames.take_buffered();
         self.used = 0;
         self.full = false;
+        self.plain = vec![0u8; INFLATE_STEP];
         self.z = Some(d);
         Ok(())
     }
@@ -157,15 +164,14 @@ impl Inflow {
             if self.used == self.pending.len() && !self.full {
                 return Ok(None);
             }
-            let mut plain = vec![0u8; INFLATE_STEP];
             let mut input = InBuffer::around(&self.pending[self.used..]);
-            let mut o = OutBuffer::around(&mut plain[..]);
+            let mut o = OutBuffer::around(&mut self.plain[..]);
             z.run(&mut input, &mut o)
                 .map_err(|_| ProtoError::BadCompression { max: MAX_BODY })?;
             let (consumed, produced) = (input.pos, o.pos());
             self.used += consumed;
             self.full = produced == INFLATE_STEP;
-            self.frames.feed(&plain[..produced]);
+            self.frames.feed(&self.plain[..produced]);
             if consumed == 0 && produced == 0 {
                 return Ok(None);
             }
