@@ -7,8 +7,14 @@ fn ferry(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ferry"))
         .args(args)
         .env_remove("FERRY_STORE")
+        .env("XDG_CACHE_HOME", test_cache())
         .output()
         .unwrap()
+}
+
+/// Where the servers these tests start keep their staging and history: not the user's cache.
+fn test_cache() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("ferry-cli-tests-{}", std::process::id()))
 }
 
 fn ok(args: &[&str]) -> String {

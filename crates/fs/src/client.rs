@@ -719,6 +719,10 @@ fn fetch_files<R: io::Read, W: Write>(
         .as_ref()
         .is_some_and(|h| h.features & ferry_proto::FEATURE_READ_FILE != 0)
         && src.cold;
+    let history = conn
+        .server
+        .as_ref()
+        .is_some_and(|h| h.features & ferry_proto::FEATURE_HISTORY != 0);
     for j in &jobs {
         let old = index_local(&j.local, &src.chunker, HashAlg::Blake3)
             .map_err(GetError::local("read", &j.local))?;
@@ -779,7 +783,8 @@ fn fetch_files<R: io::Read, W: Write>(
                 file_missing.push(*c);
             }
         }
-        match AgainstOld::new(&j.local, &old, &recipe, &file_missing) {
+        let history = history.then_some(src.cache);
+        match AgainstOld::new(&j.local, &old, &recipe, &file_missing, history) {
             Some(a) => against.push((a, file_missing)),
             None => missing.extend(file_missing.iter().map(|c| c.id)),
         }
@@ -829,12 +834,20 @@ struct AgainstOld {
     /// (offset, length) of each piece a key names.
     pieces: Vec<(u64, u32)>,
     keys: Vec<u64>,
+    /// The old chunks the new recipe dropped, in file order, with their offsets.
+    olds: Vec<(ChunkRef, u64)>,
 }
 
 impl AgainstOld {
     /// `None` when there is nothing old to compress against, or when naming the pieces in
     /// every request would cost more than it could save.
-    fn new(path: &Path, old: &LocalIndex, recipe: &Recipe, missing: &[ChunkRef]) -> Option<Self> {
+    fn new(
+        path: &Path,
+        old: &LocalIndex,
+        recipe: &Recipe,
+        missing: &[ChunkRef],
+        history: Option<&dyn ChunkStore>,
+    ) -> Option<Self> {
         use std::os::unix::fs::FileExt;
         if missing.is_empty() || old.order.is_empty() {
             return None;
@@ -846,15 +859,22 @@ impl AgainstOld {
             path: path.to_path_buf(),
             pieces: vec![],
             keys: vec![],
+            olds: vec![],
         };
-        // Each run of old chunks is cut on its own, as the server cuts each run of new ones.
+        // Old chunks this client fetched (they are in its cache) are in the server's history
+        // unless it was trimmed since: those are named by id. The rest are cut into pieces,
+        // each run of adjacent ones on its own, as the server cuts each run of new ones.
         let mut runs: Vec<(u64, u64)> = vec![];
         let mut offset = 0u64;
         for c in &old.order {
             if !used.contains(&c.id) {
-                match runs.last_mut() {
-                    Some(r) if r.1 == offset => r.1 += c.len as u64,
-                    _ => runs.push((offset, offset + c.len as u64)),
+                if history.is_some_and(|cache| cache.contains(&c.id).unwrap_or(false)) {
+                    a.olds.push((*c, offset));
+                } else {
+                    match runs.last_mut() {
+                        Some(r) if r.1 == offset => r.1 += c.len as u64,
+                        _ => runs.push((offset, offset + c.len as u64)),
+                    }
                 }
             }
             offset += c.len as u64;
@@ -868,20 +888,61 @@ impl AgainstOld {
                 a.pieces.push((start + r.start as u64, r.len() as u32));
             }
         }
-        // Keys cost 6 bytes a piece, once: worth it unless the old data dwarfs the new.
+        // Keys cost 6 bytes a piece and old ids 33 bytes a chunk, once: worth it unless the old
+        // data dwarfs the new.
         let bytes: u64 = missing.iter().map(|c| c.len as u64).sum();
-        (!a.keys.is_empty() && a.keys.len() as u64 * 6 <= bytes / 16).then_some(a)
+        let cost = a.keys.len() as u64 * 6 + a.olds.len() as u64 * 33;
+        (!(a.keys.is_empty() && a.olds.is_empty()) && cost <= bytes / 16).then_some(a)
     }
 
-    /// The pieces `refs` names, concatenated: the prefix the server compressed against.
-    fn prefix(&self, refs: &[u32]) -> io::Result<Vec<u8>> {
+    /// The old chunks to name with the request for `group` (the missing chunks from index
+    /// `at` on): those around the same place in the old file, at most `OLDS_BYTES` of them
+    /// (all of them for most files).
+    fn olds_for(&self, missing: &[ChunkRef], at: usize, group: usize) -> &[(ChunkRef, u64)] {
+        const OLDS_BYTES: u64 = 8 << 20;
+        let total: u64 = self.olds.iter().map(|(c, _)| c.len as u64).sum();
+        if total <= OLDS_BYTES {
+            return &self.olds;
+        }
+        let before: u64 = missing[..at].iter().map(|c| c.len as u64).sum();
+        let new_total: u64 = missing.iter().map(|c| c.len as u64).sum::<u64>().max(1);
+        let middle = before + missing[at..at + group].iter().map(|c| c.len as u64).sum::<u64>() / 2;
+        // The same fraction of the way through the old data, with OLDS_BYTES around it.
+        let centre = (middle as u128 * total as u128 / new_total as u128) as u64;
+        let lo = centre.saturating_sub(OLDS_BYTES / 2).min(total - OLDS_BYTES);
+        let (mut start, mut end, mut acc) = (self.olds.len(), self.olds.len(), 0u64);
+        for (i, (c, _)) in self.olds.iter().enumerate() {
+            if acc >= lo && start == self.olds.len() {
+                start = i;
+            }
+            acc += c.len as u64;
+            if acc > lo + OLDS_BYTES {
+                end = i;
+                break;
+            }
+        }
+        &self.olds[start.min(end)..end]
+    }
+
+    /// The old chunks `olds` names (indices into `sent`) followed by the pieces `refs` names,
+    /// concatenated: the prefix the server compressed against.
+    fn prefix(&self, sent: &[(ChunkRef, u64)], olds: &[u32], refs: &[u32]) -> io::Result<Vec<u8>> {
         use std::os::unix::fs::FileExt;
-        let mut out = vec![];
-        for &i in refs {
-            let &(off, len) = self
-                .pieces
+        let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+        let olds = olds.iter().map(|&i| {
+            sent.get(i as usize)
+                .map(|(c, off)| (*off, c.len))
+                .ok_or_else(|| bad("no such old chunk"))
+        });
+        let pieces = refs.iter().map(|&i| {
+            self.pieces
                 .get(i as usize)
-                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no such piece"))?;
+                .copied()
+                .ok_or_else(|| bad("no such piece"))
+        });
+        let mut out = vec![];
+        for range in olds.chain(pieces) {
+            let (off, len) = range?;
             let at = out.len();
             // A server naming pieces over and over cannot make this grow without bound.
             if at + len as usize > crate::delta::MAX_PREFIX {
@@ -926,22 +987,26 @@ fn fetch_against<R: io::Read, W: Write>(
 ) -> Result<Vec<Id>, GetError> {
     let mut sent = vec![];
     for (i, (a, missing)) in files.iter().enumerate() {
+        let mut at = 0;
         for (n, group) in groups(missing, crate::delta::MAX_DATA)
             .into_iter()
             .enumerate()
         {
             // A file's keys travel once: the server keeps them for the requests that follow.
-            let keys = if n == 0 { a.keys.clone() } else { vec![] };
+            let keys = (n == 0).then(|| a.keys.clone());
+            let olds = a.olds_for(missing, at, group.len());
+            at += group.len();
             let id = conn.send(Request::GetChunksAgainst {
                 ids: group.iter().map(|c| c.id).collect(),
                 keys,
+                olds: (!a.olds.is_empty()).then(|| olds.iter().map(|(c, _)| c.id).collect()),
             })?;
-            sent.push((id, i, group));
+            sent.push((id, i, group, olds));
         }
     }
     conn.flush()?;
     let mut plain = vec![];
-    for (id, i, asked) in sent {
+    for (id, i, asked, sent_olds) in sent {
         let a = &files[i].0;
         let mut stored = std::collections::HashSet::new();
         let mut store = |cid: Id, bytes: &[u8], against: bool| -> Result<(), GetError> {
@@ -967,7 +1032,12 @@ fn fetch_against<R: io::Read, W: Write>(
                     store(cid, &data, false)?;
                 }
             }
-            Some(Reply::ChunksAgainst { ids, refs, data }) => {
+            Some(Reply::ChunksAgainst {
+                ids,
+                olds,
+                refs,
+                data,
+            }) => {
                 // Each chunk asked for at most once: what is decompressed stays within what
                 // was asked (a request's worth).
                 let distinct: std::collections::HashSet<&Id> = ids.iter().collect();
@@ -986,7 +1056,7 @@ fn fetch_against<R: io::Read, W: Write>(
                     .collect::<Result<_, _>>()?;
                 let total = lens.iter().sum();
                 match a
-                    .prefix(&refs)
+                    .prefix(sent_olds, &olds, &refs)
                     .and_then(|prefix| crate::delta::decode(&data, &prefix, total))
                 {
                     Ok(data) => {
@@ -1739,10 +1809,19 @@ mod tests {
             path,
             pieces: vec![(0, 8192)],
             keys: vec![1],
+            olds: vec![],
         };
-        assert_eq!(a.prefix(&[0, 0]).unwrap().len(), 16384);
+        assert_eq!(a.prefix(&[], &[], &[0, 0]).unwrap().len(), 16384);
         // A million references to one 8 KiB piece would be 8 GiB: refused instead.
-        assert!(a.prefix(&vec![0; 1 << 20]).is_err());
-        assert!(a.prefix(&[1]).is_err(), "no such piece");
+        assert!(a.prefix(&[], &[], &vec![0; 1 << 20]).is_err());
+        assert!(a.prefix(&[], &[], &[1]).is_err(), "no such piece");
+        // Likewise old chunks named over and over, or ones never sent.
+        let old = ChunkRef {
+            id: Id::from_parts(HashAlg::Blake3, [1; 32]),
+            len: 8192,
+        };
+        assert_eq!(a.prefix(&[(old, 0)], &[0], &[0]).unwrap().len(), 16384);
+        assert!(a.prefix(&[(old, 0)], &vec![0; 1 << 20], &[]).is_err());
+        assert!(a.prefix(&[(old, 0)], &[1], &[]).is_err(), "no such old chunk");
     }
 }

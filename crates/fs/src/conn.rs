@@ -408,6 +408,7 @@ impl<R: Read, W> Connection<R, W> {
         let mut out = vec![];
         loop {
             let f = self.wait(id)?;
+            tracing::trace!(target: "ferry::sizes", "reply {:#04x} {}", f.msg_type, f.body.len());
             let more = f.more();
             match Message::decode(&f)? {
                 Message::Reply(Reply::Error { code, message }) => {

@@ -78,6 +78,11 @@ pub struct Server {
     features: u64,
     /// The client's piece keys (GetChunksAgainst), by index, kept for the requests after.
     piece_keys: HashMap<u64, u32>,
+    /// The old chunks the client last named (GetChunksAgainst), kept likewise.
+    olds: Vec<Id>,
+    /// Every chunk this server has cut, kept (bounded) as what clients may hold old versions
+    /// of: the whole old version becomes the prefix of a delta.
+    history: Option<Staging>,
     /// Tree digests of directories, with when they were computed.
     trees: HashMap<WirePath, (std::time::Instant, [u8; 32])>,
     tmp_counter: u64,
@@ -119,6 +124,8 @@ impl Server {
             features: 0,
             trees: HashMap::new(),
             piece_keys: HashMap::new(),
+            olds: vec![],
+            history: None,
             tmp_counter: 0,
             leases: match crate::leases::Leases::new() {
                 Ok(l) => Some(l),
@@ -128,6 +135,13 @@ impl Server {
                 }
             },
         }
+    }
+
+    /// Keeps every chunk this server cuts in `history`, and offers the client to compress
+    /// against old chunks found there (FEATURE_HISTORY).
+    pub fn with_history(mut self, history: Staging) -> Self {
+        self.history = Some(history);
+        self
     }
 
     /// The zstd level of the session stream once the Hellos agreed on one: from the reply to
@@ -235,6 +249,9 @@ impl Server {
                 }
                 self.greeted = true;
                 self.features = h.features & FEATURES;
+                if self.history.is_none() {
+                    self.features &= !ferry_proto::FEATURE_HISTORY;
+                }
                 let agent = format!("ferry {}", env!("CARGO_PKG_VERSION"));
                 vec![Message::Hello(Hello {
                     version: VERSION,
@@ -354,7 +371,7 @@ impl Server {
                 frames.push(Message::Reply(Reply::Chunks(batch)).to_frame(id));
                 frames
             }
-            Request::GetChunksAgainst { ids, keys } => {
+            Request::GetChunksAgainst { ids, keys, olds } => {
                 let mut found = vec![];
                 let mut bytes = 0;
                 for cid in ids {
@@ -367,18 +384,42 @@ impl Server {
                     }
                 }
                 let data: Vec<u8> = found.iter().flat_map(|(_, d)| d.iter().copied()).collect();
-                if !keys.is_empty() {
-                    // New keys; none means those of the previous request.
+                // Each list, when sent, replaces the one kept from the previous request.
+                if let Some(keys) = keys {
                     self.piece_keys.clear();
                     for (i, k) in keys.iter().enumerate() {
                         self.piece_keys.entry(*k).or_insert(i as u32);
                     }
                 }
-                let index = &self.piece_keys;
-                // Cut as one run: the client asks for a file's missing chunks in file order,
-                // mostly side by side, and measured on the public workloads one run matches
-                // more than cutting each chunk alone.
-                let (refs, prefix) = crate::delta::find([&data[..]], index);
+                if let Some(olds) = olds {
+                    self.olds = olds;
+                }
+                // The old chunks the history still holds, whole, head the prefix.
+                let (mut old_refs, mut prefix) = (vec![], vec![]);
+                let mut every_old = false;
+                if let Some(h) = &self.history {
+                    every_old = !self.olds.is_empty();
+                    for (i, oid) in self.olds.iter().enumerate() {
+                        match h.get(oid) {
+                            Ok(Some(d)) if prefix.len() + d.len() <= crate::delta::MAX_PREFIX => {
+                                old_refs.push(i as u32);
+                                prefix.extend_from_slice(&d);
+                            }
+                            _ => every_old = false,
+                        }
+                    }
+                }
+                // Pieces of what the history lacks. Cut as one run: the client asks for a
+                // file's missing chunks in file order, mostly side by side, and measured on the
+                // public workloads one run matches more than cutting each chunk alone.
+                let mut refs = vec![];
+                if !every_old && !self.piece_keys.is_empty() {
+                    let (r, pieces) = crate::delta::find([&data[..]], &self.piece_keys);
+                    if prefix.len() + pieces.len() <= crate::delta::MAX_PREFIX {
+                        refs = r;
+                        prefix.extend_from_slice(&pieces);
+                    }
+                }
                 let level = self.opts.zstd_level.max(crate::delta::MIN_LEVEL);
                 let against = match crate::delta::encode(&data, &prefix, level) {
                     Ok(f) => f,
@@ -400,6 +441,7 @@ impl Server {
                 }
                 one(Reply::ChunksAgainst {
                     ids: found.into_iter().map(|(id, _)| id).collect(),
+                    olds: old_refs,
                     refs,
                     data: against,
                 })
@@ -727,7 +769,9 @@ impl Server {
             if let Some((r, _)) = self.recipes.get(&fid) {
                 return Ok((r.clone(), attr.version));
             }
-            let (recipe, oid) = chunk_object(&file, &self.opts.chunker, self.opts.hash, |_, _| {
+            let history = self.history.clone();
+            let (recipe, oid) = chunk_object(&file, &self.opts.chunker, self.opts.hash, |c, d| {
+                keep(&history, c.id, d);
                 Ok::<_, io::Error>(())
             })?;
             // A file that changed while it was read gives a recipe of neither version: again.
@@ -758,6 +802,13 @@ impl Server {
                 format!("over {limit} bytes: fetch it by recipe"),
             ));
         }
+        if self.history.is_some() {
+            // The client will hold this version: cut it as a recipe would.
+            chunk_object(&data[..], &self.opts.chunker, self.opts.hash, |c, d| {
+                keep(&self.history, c.id, d);
+                Ok::<_, io::Error>(())
+            })?;
+        }
         Ok(data)
     }
 
@@ -777,6 +828,16 @@ impl Server {
                 self.hints.remove(id);
                 None
             }
+        }
+    }
+}
+
+/// Puts a chunk just cut (and hashed) into the history, if there is one. A history that cannot
+/// grow costs deltas later, not the answer now.
+fn keep(history: &Option<Staging>, id: Id, data: &[u8]) {
+    if let Some(h) = history {
+        if let Err(e) = h.put(&VerifiedChunk::assume_verified(id, data)) {
+            tracing::debug!("history: {e}");
         }
     }
 }

@@ -11,11 +11,18 @@ pub const MAGIC: &[u8; 5] = b"FERRY";
 /// The protocol version this build speaks.
 pub const VERSION: u16 = 1;
 /// Feature bits this build understands: [`FEATURE_ZSTD_STREAM`](crate::FEATURE_ZSTD_STREAM),
-/// [`FEATURE_TREE_DIGEST`](crate::FEATURE_TREE_DIGEST) and [`FEATURE_READ_FILE`].
-pub const FEATURES: u64 =
-    crate::FEATURE_ZSTD_STREAM | crate::FEATURE_TREE_DIGEST | FEATURE_READ_FILE;
+/// [`FEATURE_TREE_DIGEST`](crate::FEATURE_TREE_DIGEST), [`FEATURE_READ_FILE`] and
+/// [`FEATURE_HISTORY`].
+pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
+    | crate::FEATURE_TREE_DIGEST
+    | FEATURE_READ_FILE
+    | FEATURE_HISTORY;
 /// Hello feature bit: the server answers ReadFile.
 pub const FEATURE_READ_FILE: u64 = 4;
+/// The server keeps a history of the data it has served (chunks by id): a client names the
+/// old chunks it holds in GetChunksAgainst (`olds`), and those the server still has become the
+/// prefix whole. Offered by a server only when it has a history.
+pub const FEATURE_HISTORY: u64 = 8;
 /// Largest file ReadFile returns whole.
 pub const MAX_READ_FILE: usize = 64 << 10;
 /// Longest path on the wire, in bytes.
@@ -251,10 +258,13 @@ pub enum Request {
     /// READ, compressed against data the client holds: `keys` name the pieces of the client's
     /// old data (`ferry_fs` cuts them: content-defined, ~1 KiB) by 48-bit keys; the server
     /// compresses the chunks `ids` together with the pieces it finds among them as a zstd
-    /// prefix. No keys means the keys of the previous GetChunksAgainst of the session.
+    /// prefix. `olds` (with [`FEATURE_HISTORY`]) name old chunks the client holds whole: those
+    /// in the server's history head the prefix. A list left out (`None`) is the one of the
+    /// previous GetChunksAgainst of the session.
     GetChunksAgainst {
         ids: Vec<Id>,
-        keys: Vec<u64>,
+        keys: Option<Vec<u64>>,
+        olds: Option<Vec<Id>>,
     },
     /// CONDWRITE: which of these can the server use (answered only from data this client may read)?
     Have {
@@ -321,10 +331,11 @@ pub enum Reply {
     /// One flag per id asked about, in order.
     Have(Vec<bool>),
     /// The chunks `ids` (those found, in the order asked), concatenated and compressed as one
-    /// zstd frame whose prefix is the client's pieces `refs` (indices into its `keys`)
-    /// concatenated in this order.
+    /// zstd frame whose prefix is the client's old chunks `olds` (indices into its `olds`)
+    /// followed by its pieces `refs` (indices into its `keys`), each list concatenated in order.
     ChunksAgainst {
         ids: Vec<Id>,
+        olds: Vec<u32>,
         refs: Vec<u32>,
         data: Vec<u8>,
     },
@@ -545,12 +556,15 @@ impl Message {
                     put_ids(&mut w, ids);
                     code::GET_CHUNKS
                 }
-                Request::GetChunksAgainst { ids, keys } => {
+                Request::GetChunksAgainst { ids, keys, olds } => {
                     put_ids(&mut w, ids);
-                    w.varint(keys.len() as u64);
-                    for k in keys {
-                        w.0.extend_from_slice(&k.to_le_bytes()[..6]);
-                    }
+                    put_opt(&mut w, keys.as_ref(), |w, keys| {
+                        w.varint(keys.len() as u64);
+                        for k in keys {
+                            w.0.extend_from_slice(&k.to_le_bytes()[..6]);
+                        }
+                    });
+                    put_opt(&mut w, olds.as_ref(), |w, olds| put_ids(w, olds));
                     code::GET_CHUNKS_AGAINST
                 }
                 Request::Have { ids } => {
@@ -665,11 +679,18 @@ impl Message {
                     put_chunks(&mut w, cs);
                     code::R_CHUNKS
                 }
-                Reply::ChunksAgainst { ids, refs, data } => {
+                Reply::ChunksAgainst {
+                    ids,
+                    olds,
+                    refs,
+                    data,
+                } => {
                     put_ids(&mut w, ids);
-                    w.varint(refs.len() as u64);
-                    for r in refs {
-                        w.varint(*r as u64);
+                    for list in [olds, refs] {
+                        w.varint(list.len() as u64);
+                        for r in list {
+                            w.varint(*r as u64);
+                        }
                     }
                     w.bytes(data);
                     code::R_CHUNKS_AGAINST
@@ -754,15 +775,18 @@ impl Message {
             }),
             code::GET_CHUNKS_AGAINST => {
                 let ids = get_ids(&mut r)?;
-                let n = r.count(6)?;
-                let keys = (0..n)
-                    .map(|_| {
-                        let mut k = [0u8; 8];
-                        k[..6].copy_from_slice(r.take_exact(6)?);
-                        Ok(u64::from_le_bytes(k))
-                    })
-                    .collect::<Result<_, ProtoError>>()?;
-                Message::Request(Request::GetChunksAgainst { ids, keys })
+                let keys = get_opt(&mut r, |r| {
+                    let n = r.count(6)?;
+                    (0..n)
+                        .map(|_| {
+                            let mut k = [0u8; 8];
+                            k[..6].copy_from_slice(r.take_exact(6)?);
+                            Ok(u64::from_le_bytes(k))
+                        })
+                        .collect::<Result<_, ProtoError>>()
+                })?;
+                let olds = get_opt(&mut r, get_ids)?;
+                Message::Request(Request::GetChunksAgainst { ids, keys, olds })
             }
             code::HAVE => Message::Request(Request::Have {
                 ids: get_ids(&mut r)?,
@@ -875,17 +899,26 @@ impl Message {
             code::R_CHUNKS => Message::Reply(Reply::Chunks(get_chunks(&mut r)?)),
             code::R_CHUNKS_AGAINST => {
                 let ids = get_ids(&mut r)?;
-                let n = r.count(1)?;
-                let refs = (0..n)
-                    .map(|_| {
-                        u32::try_from(r.varint()?).map_err(|_| ProtoError::Invalid {
-                            what: "chunks against",
-                            why: "piece index over 2^32".into(),
+                let mut indices = || -> Result<Vec<u32>, ProtoError> {
+                    let n = r.count(1)?;
+                    (0..n)
+                        .map(|_| {
+                            u32::try_from(r.varint()?).map_err(|_| ProtoError::Invalid {
+                                what: "chunks against",
+                                why: "index over 2^32".into(),
+                            })
                         })
-                    })
-                    .collect::<Result<_, _>>()?;
+                        .collect()
+                };
+                let olds = indices()?;
+                let refs = indices()?;
                 let data = r.bytes()?.to_vec();
-                Message::Reply(Reply::ChunksAgainst { ids, refs, data })
+                Message::Reply(Reply::ChunksAgainst {
+                    ids,
+                    olds,
+                    refs,
+                    data,
+                })
             }
             code::R_HAVE => {
                 let n = r.varint()?;
@@ -1042,10 +1075,17 @@ mod tests {
             Message::Reply(Reply::Chunks(vec![(id(1), vec![1, 2, 3])])),
             Message::Request(Request::GetChunksAgainst {
                 ids: vec![id(1), id(2)],
-                keys: vec![0, (1 << 48) - 1],
+                keys: Some(vec![0, (1 << 48) - 1]),
+                olds: None,
+            }),
+            Message::Request(Request::GetChunksAgainst {
+                ids: vec![id(1)],
+                keys: Some(vec![]),
+                olds: Some(vec![id(3)]),
             }),
             Message::Reply(Reply::ChunksAgainst {
                 ids: vec![id(2)],
+                olds: vec![0],
                 refs: vec![1, 0, 300],
                 data: vec![0x28, 0xb5, 0x2f, 0xfd],
             }),
@@ -1145,6 +1185,31 @@ mod tests {
         want.extend_from_slice(&[0xcc; 32]);
         want.extend_from_slice(&[HashAlg::Blake3.tag(), 2, 0, 5, 1, 1, 0xac, 0x02]);
         want.extend_from_slice(&[0xdd; 32]);
+        assert_eq!(b, want);
+        let id = |b| Id::from_parts(HashAlg::Blake3, [b; 32]);
+        let b = Message::Request(Request::GetChunksAgainst {
+            ids: vec![id(0xaa)],
+            keys: Some(vec![0x0605_0403_0201]),
+            olds: Some(vec![id(0xbb)]),
+        })
+        .encode(3, false)
+        .unwrap();
+        let mut want = vec![83, 0, 0, 0, 0x1f, 0, 3, 0, 0, 0, 1, HashAlg::Blake3.tag()];
+        want.extend_from_slice(&[0xaa; 32]);
+        want.extend_from_slice(&[1, 1, 1, 2, 3, 4, 5, 6, 1, 1, HashAlg::Blake3.tag()]);
+        want.extend_from_slice(&[0xbb; 32]);
+        assert_eq!(b, want);
+        let b = Message::Reply(Reply::ChunksAgainst {
+            ids: vec![id(0xaa)],
+            olds: vec![0],
+            refs: vec![300],
+            data: vec![9],
+        })
+        .encode(3, false)
+        .unwrap();
+        let mut want = vec![47, 0, 0, 0, 0x49, 0, 3, 0, 0, 0, 1, HashAlg::Blake3.tag()];
+        want.extend_from_slice(&[0xaa; 32]);
+        want.extend_from_slice(&[1, 0, 1, 0xac, 0x02, 1, 9]);
         assert_eq!(b, want);
     }
 

@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use ferry_chunk::ChunkerSpec;
 use ferry_fs::{Export, RemoteSpec, Server, ServerOptions, Session, Sources};
 use ferry_proto::{FileKind, WirePath};
+use ferry_format::{HashAlg, Id};
 use ferry_store::{LocalStore, Options};
 use serde_json::json;
 
@@ -38,6 +39,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "LEVEL", default_value_t = ferry_fs::DEFAULT_ZSTD_LEVEL,
           value_parser = clap::value_parser!(i32).range(1..=22))]
     zstd_level: i32,
+    /// Bound on the history of served data (every chunk the server has cut, kept so that a
+    /// client's old version can be the reference of a delta); 0 keeps none.
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = crate::util::parse_size)]
+    history_size: usize,
     /// The directory to export.
     dir: PathBuf,
 }
@@ -310,12 +315,21 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         ..ServerOptions::default()
     };
     let Some(listen) = a.listen else {
+        let history = History {
+            dir: cache_root().join("server-history"),
+            bytes: a.history_size as u64,
+        };
         let (staging, _private) = open_staging(&cache_root().join("server-staging"))?;
         let mut server = Server::new(export, opts, staging.clone());
+        let kept = history.open();
+        if let Some(h) = &kept {
+            server = server.with_history(h.clone());
+        }
         let stdin = io::stdin().lock();
         let stdout = BufWriter::with_capacity(256 * 1024, io::stdout().lock());
         ferry_fs::serve(&mut server, stdin, stdout)?;
         staging.trim(STAGING_BYTES)?;
+        history.trim(kept)?;
         return Ok(ExitCode::SUCCESS);
     };
     let addr = if listen.parse::<u16>().is_ok() {
@@ -343,9 +357,13 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
     let _ = io::stdout()
         .write_all(banner.as_bytes())
         .and_then(|_| io::stdout().flush());
+    let history = History {
+        dir: history_dir(&a.dir)?,
+        bytes: a.history_size as u64,
+    };
     let dir = a.dir.clone();
     let handler: ferry_net::Handler = std::sync::Arc::new(move |peer, stream| {
-        if let Err(e) = daemon_session(&dir, &opts, peer, stream) {
+        if let Err(e) = daemon_session(&dir, &opts, &history, peer, stream) {
             tracing::warn!("session for {} ({}): {e:#}", peer.name, peer.fingerprint);
         }
     });
@@ -364,6 +382,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
 fn daemon_session(
     dir: &Path,
     opts: &ServerOptions,
+    history: &History,
     peer: &ferry_net::Peer,
     stream: std::os::unix::net::UnixStream,
 ) -> Result<()> {
@@ -371,11 +390,63 @@ fn daemon_session(
     let who = &peer.fingerprint.to_string()["blake3:".len()..][..32];
     let (staging, _private) = open_staging(&cache_root().join("server-staging").join(who))?;
     let mut server = Server::new(export, opts.clone(), staging.clone());
+    let kept = history.open();
+    if let Some(h) = &kept {
+        server = server.with_history(h.clone());
+    }
     let input = stream.try_clone()?;
     let output = BufWriter::with_capacity(256 * 1024, stream);
     ferry_fs::serve(&mut server, input, output)?;
     staging.trim(STAGING_BYTES)?;
+    history.trim(kept)?;
     Ok(())
+}
+
+/// The history of data served: over a remote shell, one store for all the user's sessions (they
+/// all run as the user); a daemon, one store for its export. Sessions use it one at a time (a
+/// session that finds it busy goes without).
+struct History {
+    dir: PathBuf,
+    bytes: u64,
+}
+
+impl History {
+    fn open(&self) -> Option<std::sync::Arc<LocalStore>> {
+        if self.bytes == 0 {
+            return None;
+        }
+        match LocalStore::open_or_create(&self.dir, cache_options()) {
+            Ok(s) => Some(std::sync::Arc::new(s)),
+            Err(e) => {
+                tracing::info!("no history this session ({}): {e}", self.dir.display());
+                None
+            }
+        }
+    }
+
+    /// Evicts the least recently used data beyond the bound.
+    fn trim(&self, store: Option<std::sync::Arc<LocalStore>>) -> Result<()> {
+        if let Some(s) = store {
+            ferry_store::ChunkStore::flush(&*s)?;
+            s.trim(self.bytes)
+                .with_context(|| format!("cannot trim the history {}", self.dir.display()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Where a daemon keeps the history of the export `dir`: named by a hash of its canonical path.
+fn history_dir(dir: &Path) -> Result<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let canonical = dir
+        .canonicalize()
+        .with_context(|| format!("cannot export {}", dir.display()))?;
+    let id = Id::hash(HashAlg::Blake3, canonical.as_os_str().as_bytes());
+    let name: String = id.digest()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok(cache_root().join("daemon-history").join(name))
 }
 
 /// Bound on a staging store, trimmed (least recently used first) after each session: chunks

@@ -21,10 +21,21 @@ fn bytes(seed: u64, len: usize) -> Vec<u8> {
 
 /// A server on a thread, serving `root`, and a connected client.
 fn connect(root: &Path) -> Connection<UnixStream, UnixStream> {
+    connect_with(root, None)
+}
+
+/// Likewise, with the server keeping a history of what it cuts in `history`.
+fn connect_with(
+    root: &Path,
+    history: Option<ferry_fs::Staging>,
+) -> Connection<UnixStream, UnixStream> {
     let (a, b) = UnixStream::pair().unwrap();
     let export = Export::open(root).unwrap();
     std::thread::spawn(move || {
         let mut server = Server::new(export, ServerOptions::default(), staging());
+        if let Some(h) = history {
+            server = server.with_history(h);
+        }
         let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
     });
     Connection::open(b.try_clone().unwrap(), b).unwrap()
@@ -171,6 +182,42 @@ fn the_old_local_file_is_a_chunk_source() {
     assert_eq!(fs::read(t.path().join("local")).unwrap(), old);
     assert!(s.from_local > 150, "{s:?}");
     assert!(s.bytes_from_server < 40_000, "{s:?}");
+}
+
+#[test]
+fn a_server_that_served_the_old_version_sends_about_the_edit() {
+    // Bytes received to bring `local` from the old version to the new, with and without a
+    // history on the server, which served the old version in an earlier session.
+    let received = |history: Option<ferry_fs::Staging>| {
+        let t = tempfile::tempdir().unwrap();
+        let srv = t.path().join("srv");
+        fs::create_dir(&srv).unwrap();
+        let old = bytes(12, 300_000);
+        fs::write(srv.join("f"), &old).unwrap();
+        let local = t.path().join("local");
+        let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+        get(&mut connect_with(&srv, history.clone()), "f", &local, &cache).unwrap();
+        // A byte changed every 500 in 60 KB: no ~1 KiB piece of those chunks survives.
+        let mut new = old.clone();
+        for at in (100_000..160_000).step_by(500) {
+            new[at] ^= 0xff;
+        }
+        fs::write(srv.join("f"), &new).unwrap();
+        // The same client, its cache holding what it fetched: it names those old chunks.
+        let mut c = connect_with(&srv, history);
+        let s = get(&mut c, "f", &local, &cache).unwrap();
+        assert_eq!(fs::read(&local).unwrap(), new);
+        (c.traffic().bytes_received, s)
+    };
+    let (without, _) = received(None);
+    let history: ferry_fs::Staging =
+        std::sync::Arc::new(MemStore::new(ferry_format::HashAlg::Blake3));
+    let (with, s) = received(Some(history));
+    // Random data: without the old chunks, the changed ones (~70 KB) travel whole.
+    assert!(without > 60_000, "{without} bytes without a history");
+    // With them as the prefix, 120 one-byte edits cost a few bytes each.
+    assert!(with < 4_000, "{with} bytes with a history; {s:?}");
+    assert!(s.against_old >= 6, "{s:?}");
 }
 
 #[test]
