@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 
 use ferry_chunk::{ChunkReader, ChunkerSpec};
 use ferry_format::{ChunkRef, HashAlg, Id, Recipe};
-use ferry_proto::{Attr, DirEntry, FileKind, RecipePart, Reply, Request, WirePath};
+use ferry_proto::{Attr, DirEntry, FileKind, RecipePart, Reply, Request, TreeItem, WirePath};
 use ferry_store::{ChunkStore, VerifiedChunk};
 
 use crate::conn::{ConnError, Connection};
@@ -364,26 +364,29 @@ fn walk<R: io::Read, W: Write>(
     if attr.kind != FileKind::Dir {
         return note(remote, attr, local, src, stats, plan);
     }
-    let first = conn.send(Request::ReadDir {
-        path: remote.clone(),
-    })?;
+    let first = ask_listing(conn, remote, attr, local, trees)?;
     let mut queue = std::collections::VecDeque::from([(
         remote.clone(),
         attr.clone(),
         local.to_path_buf(),
         first,
     )]);
-    while let Some((remote, attr, local, id)) = queue.pop_front() {
+    while let Some((remote, attr, local, asked)) = queue.pop_front() {
         make_dir(&local, src, stats)?;
         conn.flush()?;
-        let mut entries = vec![];
-        for r in conn.replies(id)? {
-            match r {
-                Reply::DirEntries(es) => entries.extend(es),
-                other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
-            }
-        }
+        let (entries, known) = take_listing(conn, &remote, &attr, asked)?;
         let mut keep = std::collections::HashSet::new();
+        // Entries the server has exactly as they are here.
+        for (name, item) in known {
+            stats.unchanged += match item {
+                TreeItem::File { .. } => 1,
+                TreeItem::Dir { .. } => trees
+                    .get(&local.join(std::ffi::OsStr::from_bytes(&name)))
+                    .map_or(0, |t| t.1),
+                TreeItem::Symlink { .. } => 0,
+            };
+            keep.insert(name);
+        }
         for e in entries {
             // One component: a name with `/` or `..` from the server is refused.
             let child = remote.join(&e.name)?;
@@ -391,10 +394,8 @@ fn walk<R: io::Read, W: Write>(
             if let Some(files) = same_tree(&dest, &e.attr, trees) {
                 stats.unchanged += files;
             } else if e.attr.kind == FileKind::Dir {
-                let id = conn.send(Request::ReadDir {
-                    path: child.clone(),
-                })?;
-                queue.push_back((child, e.attr, dest, id));
+                let asked = ask_listing(conn, &child, &e.attr, &dest, trees)?;
+                queue.push_back((child, e.attr, dest, asked));
             } else {
                 note(&child, &e.attr, &dest, src, stats, plan)?;
             }
@@ -427,11 +428,34 @@ type LocalTrees = HashMap<PathBuf, ([u8; 32], u64)>;
 /// `ferry_proto::tree_digest` of a local directory, remembering every subtree's in `trees`.
 /// Never follows a symlink.
 fn local_tree(dir: &Path, trees: &mut LocalTrees) -> io::Result<[u8; 32]> {
-    use ferry_proto::TreeItem;
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_type()?.is_dir() {
+            local_tree(&e.path(), trees)?;
+        }
+    }
+    let mut items = local_items(dir, trees)?;
+    let files = items
+        .iter()
+        .map(|(name, item)| match item {
+            TreeItem::File { .. } => 1,
+            TreeItem::Dir { .. } => trees
+                .get(&dir.join(std::ffi::OsStr::from_bytes(name)))
+                .map_or(0, |t| t.1),
+            TreeItem::Symlink { .. } => 0,
+        })
+        .sum();
+    let d = ferry_proto::tree_digest(&mut items);
+    trees.insert(dir.to_path_buf(), (d, files));
+    Ok(d)
+}
+
+/// What the tree digest records of each entry of a local directory, sorted by name; the
+/// digests of subdirectories come from `trees`.
+fn local_items(dir: &Path, trees: &LocalTrees) -> io::Result<Items> {
     use std::os::unix::ffi::OsStringExt;
     use std::os::unix::fs::MetadataExt;
     let mut items = vec![];
-    let mut files = 0;
     for e in fs::read_dir(dir)? {
         let e = e?;
         let m = e.metadata()?;
@@ -440,8 +464,10 @@ fn local_tree(dir: &Path, trees: &mut LocalTrees) -> io::Result<[u8; 32]> {
             m.mtime() * 1_000_000_000 + m.mtime_nsec(),
         );
         let item = if m.is_dir() {
-            let digest = local_tree(&e.path(), trees)?;
-            files += trees.get(&e.path()).map_or(0, |t| t.1);
+            let digest = trees
+                .get(&e.path())
+                .ok_or_else(|| io::Error::other("a directory appeared during the walk"))?
+                .0;
             TreeItem::Dir {
                 mode,
                 mtime_ns,
@@ -452,7 +478,6 @@ fn local_tree(dir: &Path, trees: &mut LocalTrees) -> io::Result<[u8; 32]> {
                 target: fs::read_link(e.path())?.into_os_string().into_vec(),
             }
         } else {
-            files += 1;
             TreeItem::File {
                 mode,
                 size: m.len(),
@@ -461,9 +486,128 @@ fn local_tree(dir: &Path, trees: &mut LocalTrees) -> io::Result<[u8; 32]> {
         };
         items.push((e.file_name().into_vec(), item));
     }
-    let d = ferry_proto::tree_digest(&mut items);
-    trees.insert(dir.to_path_buf(), (d, files));
-    Ok(d)
+    items.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(items)
+}
+
+/// What a remote entry records in its directory's tree digest; `None` for a symlink (its
+/// target is not in its attributes) or a directory without a digest.
+fn remote_item(attr: &Attr) -> Option<TreeItem> {
+    match attr.kind {
+        FileKind::Dir => Some(TreeItem::Dir {
+            mode: attr.mode,
+            mtime_ns: attr.mtime_ns,
+            digest: *attr.oid?.digest(),
+        }),
+        FileKind::Symlink => None,
+        _ => Some(TreeItem::File {
+            mode: attr.mode,
+            size: attr.size,
+            mtime_ns: attr.mtime_ns,
+        }),
+    }
+}
+
+/// Entries of a local directory as its tree digest records them, sorted by name.
+type Items = Vec<(Vec<u8>, TreeItem)>;
+
+/// Asks for the listing of `remote`: against the entries of `local` when both sides have tree
+/// digests (only what differs travels), else whole. Returns the request and, for the former,
+/// the local entries named.
+fn ask_listing<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    remote: &WirePath,
+    attr: &Attr,
+    local: &Path,
+    trees: &LocalTrees,
+) -> Result<(u32, Option<Items>), GetError> {
+    let items = attr
+        .oid
+        .filter(|_| trees.contains_key(local))
+        .and_then(|_| local_items(local, trees).ok())
+        .filter(|items| !items.is_empty());
+    let r = match &items {
+        Some(items) => Request::ReadDirAgainst {
+            path: remote.clone(),
+            keys: items
+                .iter()
+                .map(|(n, i)| ferry_proto::entry_key(n, i))
+                .collect(),
+        },
+        None => Request::ReadDir {
+            path: remote.clone(),
+        },
+    };
+    Ok((conn.send(r)?, items))
+}
+
+/// A listing asked for by [`ask_listing`]: the entries that differ from the local ones, and
+/// the local entries the server has too (exactly: checked against the directory's tree
+/// digest, with a whole listing asked for when the check fails).
+fn take_listing<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    remote: &WirePath,
+    attr: &Attr,
+    (id, items): (u32, Option<Items>),
+) -> Result<(Vec<DirEntry>, Items), GetError> {
+    let mut entries = vec![];
+    let mut present = None;
+    for r in conn.replies(id)? {
+        match r {
+            Reply::DirEntries(es) => entries.extend(es),
+            Reply::DirDelta {
+                present: p,
+                entries: es,
+            } if items.is_some() => {
+                present.get_or_insert(p);
+                entries.extend(es);
+            }
+            other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+        }
+    }
+    let (Some(items), Some(present)) = (items, present) else {
+        return Ok((entries, vec![]));
+    };
+    if present.len() != items.len() {
+        return Err(ConnError::Unexpected("a listing delta of the wrong length".into()).into());
+    }
+    let known: Vec<_> = items
+        .into_iter()
+        .zip(present)
+        .filter_map(|(item, p)| p.then_some(item))
+        .collect();
+    if known.is_empty() {
+        return Ok((entries, known));
+    }
+    let mut all: Items = known.clone();
+    let mut complete = true;
+    for e in &entries {
+        match remote_item(&e.attr) {
+            Some(i) => all.push((e.name.clone(), i)),
+            None => complete = false,
+        }
+    }
+    let names: std::collections::HashSet<&[u8]> = all.iter().map(|(n, _)| &n[..]).collect();
+    if complete
+        && names.len() == all.len()
+        && attr
+            .oid
+            .is_some_and(|d| *d.digest() == ferry_proto::tree_digest(&mut all))
+    {
+        return Ok((entries, known));
+    }
+    // Two entries with one key: what was rebuilt is not the server's directory.
+    tracing::debug!("listing delta of {remote:?} does not add up; asking for all of it");
+    let mut entries = vec![];
+    for r in conn.call(Request::ReadDir {
+        path: remote.clone(),
+    })? {
+        match r {
+            Reply::DirEntries(es) => entries.extend(es),
+            other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+        }
+    }
+    Ok((entries, vec![]))
 }
 
 /// The number of files below `local` if it is a directory the same as the remote one `attr`
@@ -906,10 +1050,17 @@ impl AgainstOld {
         }
         let before: u64 = missing[..at].iter().map(|c| c.len as u64).sum();
         let new_total: u64 = missing.iter().map(|c| c.len as u64).sum::<u64>().max(1);
-        let middle = before + missing[at..at + group].iter().map(|c| c.len as u64).sum::<u64>() / 2;
+        let middle = before
+            + missing[at..at + group]
+                .iter()
+                .map(|c| c.len as u64)
+                .sum::<u64>()
+                / 2;
         // The same fraction of the way through the old data, with OLDS_BYTES around it.
         let centre = (middle as u128 * total as u128 / new_total as u128) as u64;
-        let lo = centre.saturating_sub(OLDS_BYTES / 2).min(total - OLDS_BYTES);
+        let lo = centre
+            .saturating_sub(OLDS_BYTES / 2)
+            .min(total - OLDS_BYTES);
         let (mut start, mut end, mut acc) = (self.olds.len(), self.olds.len(), 0u64);
         for (i, (c, _)) in self.olds.iter().enumerate() {
             if acc >= lo && start == self.olds.len() {
@@ -1822,6 +1973,9 @@ mod tests {
         };
         assert_eq!(a.prefix(&[(old, 0)], &[0], &[0]).unwrap().len(), 16384);
         assert!(a.prefix(&[(old, 0)], &vec![0; 1 << 20], &[]).is_err());
-        assert!(a.prefix(&[(old, 0)], &[1], &[]).is_err(), "no such old chunk");
+        assert!(
+            a.prefix(&[(old, 0)], &[1], &[]).is_err(),
+            "no such old chunk"
+        );
     }
 }

@@ -150,6 +150,57 @@ impl Server {
         (self.features & ferry_proto::FEATURE_ZSTD_STREAM != 0).then_some(self.opts.zstd_level)
     }
 
+    /// The entries of the directory at `path`, with leases and (for directories) tree digests.
+    fn listing(&mut self, path: &WirePath) -> io::Result<Vec<DirEntry>> {
+        let entries = self.export.read_dir(path)?;
+        let listing_lease = self.lease(path, true);
+        Ok(entries
+            .into_iter()
+            .map(|(name, attr)| {
+                let child = path.join(&name).ok();
+                let lease_ms = match &child {
+                    Some(child) if listing_lease > 0 => self.lease(child, false),
+                    _ => 0,
+                };
+                let oid = match &child {
+                    Some(child) if attr.kind == FileKind::Dir => self.tree_id(child),
+                    _ => attr.oid,
+                };
+                DirEntry {
+                    name,
+                    attr: Attr {
+                        lease_ms,
+                        oid,
+                        ..attr
+                    },
+                }
+            })
+            .collect())
+    }
+
+    /// An entry's key (`ferry_proto::entry_key`), when it can be computed: a directory needs
+    /// its tree digest, a symlink its target.
+    fn entry_key(&self, dir: &WirePath, e: &DirEntry) -> Option<u32> {
+        use ferry_proto::TreeItem;
+        let a = &e.attr;
+        let item = match a.kind {
+            FileKind::Dir => TreeItem::Dir {
+                mode: a.mode,
+                mtime_ns: a.mtime_ns,
+                digest: *a.oid?.digest(),
+            },
+            FileKind::Symlink => TreeItem::Symlink {
+                target: self.export.read_link(&dir.join(&e.name).ok()?).ok()?,
+            },
+            _ => TreeItem::File {
+                mode: a.mode,
+                size: a.size,
+                mtime_ns: a.mtime_ns,
+            },
+        };
+        Some(ferry_proto::entry_key(&e.name, &item))
+    }
+
     /// The tree digest of the directory at `path` as an id, when the client asked for tree
     /// digests and the whole subtree could be read.
     fn tree_id(&mut self, path: &WirePath) -> Option<Id> {
@@ -295,32 +346,39 @@ impl Server {
                 }
                 Err(e) => one(io_error(&path, &e)),
             },
-            Request::ReadDir { path } => match self.export.read_dir(&path) {
+            Request::ReadDir { path } => match self.listing(&path) {
+                Ok(entries) => paged(id, entries, DIR_PAGE, Reply::DirEntries),
+                Err(e) => one(io_error(&path, &e)),
+            },
+            Request::ReadDirAgainst { path, keys } => match self.listing(&path) {
                 Ok(entries) => {
-                    let listing_lease = self.lease(&path, true);
-                    let entries: Vec<DirEntry> = entries
-                        .into_iter()
-                        .map(|(name, attr)| {
-                            let child = path.join(&name).ok();
-                            let lease_ms = match &child {
-                                Some(child) if listing_lease > 0 => self.lease(child, false),
-                                _ => 0,
-                            };
-                            let oid = match &child {
-                                Some(child) if attr.kind == FileKind::Dir => self.tree_id(child),
-                                _ => attr.oid,
-                            };
-                            DirEntry {
-                                name,
-                                attr: Attr {
-                                    lease_ms,
-                                    oid,
-                                    ..attr
-                                },
+                    let named: std::collections::HashSet<u32> = keys.iter().copied().collect();
+                    let mut here = std::collections::HashSet::new();
+                    let mut send = vec![];
+                    let mut unkeyed = false;
+                    for e in &entries {
+                        match self.entry_key(&path, e) {
+                            Some(k) if named.contains(&k) => {
+                                here.insert(k);
                             }
-                        })
-                        .collect();
-                    paged(id, entries, DIR_PAGE, Reply::DirEntries)
+                            k => {
+                                // The client checks what it rebuilt against the tree digest,
+                                // which it cannot compute over a symlink it has not read.
+                                unkeyed |= k.is_none() || e.attr.kind == FileKind::Symlink;
+                                send.push(e.clone());
+                            }
+                        }
+                    }
+                    if unkeyed {
+                        // Then the whole listing, none of the client's entries taken as known.
+                        here.clear();
+                        send = entries;
+                    }
+                    let mut present = Some(keys.iter().map(|k| here.contains(k)).collect());
+                    paged(id, send, DIR_PAGE, |entries| Reply::DirDelta {
+                        present: present.take().unwrap_or_default(),
+                        entries,
+                    })
                 }
                 Err(e) => one(io_error(&path, &e)),
             },

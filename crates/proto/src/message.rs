@@ -13,10 +13,8 @@ pub const VERSION: u16 = 1;
 /// Feature bits this build understands: [`FEATURE_ZSTD_STREAM`](crate::FEATURE_ZSTD_STREAM),
 /// [`FEATURE_TREE_DIGEST`](crate::FEATURE_TREE_DIGEST), [`FEATURE_READ_FILE`] and
 /// [`FEATURE_HISTORY`].
-pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
-    | crate::FEATURE_TREE_DIGEST
-    | FEATURE_READ_FILE
-    | FEATURE_HISTORY;
+pub const FEATURES: u64 =
+    crate::FEATURE_ZSTD_STREAM | crate::FEATURE_TREE_DIGEST | FEATURE_READ_FILE | FEATURE_HISTORY;
 /// Hello feature bit: the server answers ReadFile.
 pub const FEATURE_READ_FILE: u64 = 4;
 /// The server keeps a history of the data it has served (chunks by id): a client names the
@@ -316,6 +314,12 @@ pub enum Request {
     ReadFile {
         path: WirePath,
     },
+    /// READDIR against the entries the client holds, named by their 24-bit keys
+    /// (`entry_key`): the server sends only the entries whose keys were not named.
+    ReadDirAgainst {
+        path: WirePath,
+        keys: Vec<u32>,
+    },
 }
 
 /// Replies, from the server.
@@ -349,6 +353,13 @@ pub enum Reply {
     Link(Vec<u8>),
     /// A file's bytes (ReadFile).
     Data(Vec<u8>),
+    /// A listing against the client's entries (ReadDirAgainst): which of the keys named are
+    /// keys of entries here (one flag per key, in the first frame only; empty in the rest),
+    /// and the entries whose keys were not named. MORE says whether frames follow.
+    DirDelta {
+        present: Vec<bool>,
+        entries: Vec<DirEntry>,
+    },
 }
 
 /// Everything that travels in a frame.
@@ -380,6 +391,7 @@ mod code {
     pub const GET_RECIPE_DELTA: u8 = 0x1e;
     pub const GET_CHUNKS_AGAINST: u8 = 0x1f;
     pub const READ_FILE: u8 = 0x20;
+    pub const READ_DIR_AGAINST: u8 = 0x21;
     pub const R_ATTR: u8 = 0x40;
     pub const R_DIR_ENTRIES: u8 = 0x41;
     pub const R_RECIPE: u8 = 0x42;
@@ -391,6 +403,7 @@ mod code {
     pub const R_RECIPE_DELTA: u8 = 0x48;
     pub const R_CHUNKS_AGAINST: u8 = 0x49;
     pub const R_DATA: u8 = 0x4a;
+    pub const R_DIR_DELTA: u8 = 0x4b;
     pub const INVALIDATE: u8 = 0x60;
 }
 
@@ -488,6 +501,53 @@ fn put_chunks(w: &mut Writer, cs: &[(Id, Vec<u8>)]) {
 fn get_chunks(r: &mut Reader<'_>) -> Result<Vec<(Id, Vec<u8>)>, ProtoError> {
     let n = r.count(ferry_format::TAGGED_ID_BYTES + 1)?;
     (0..n).map(|_| Ok((r.id()?, r.bytes()?.to_vec()))).collect()
+}
+
+/// count varint · bitmap, bit i of byte i/8 for flag i.
+fn put_bits(w: &mut Writer, flags: &[bool]) {
+    w.varint(flags.len() as u64);
+    let mut bits = vec![0u8; flags.len().div_ceil(8)];
+    for (i, &f) in flags.iter().enumerate() {
+        if f {
+            bits[i / 8] |= 1 << (i % 8);
+        }
+    }
+    w.0.extend_from_slice(&bits);
+}
+
+fn get_bits(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<bool>, ProtoError> {
+    let n = r.varint()?;
+    if n > r.rest_len() as u64 * 8 {
+        return Err(ProtoError::CountTooLarge {
+            what,
+            count: n,
+            available: r.rest_len(),
+        });
+    }
+    let n = n as usize;
+    let bits = r.take_exact(n.div_ceil(8))?;
+    Ok((0..n).map(|i| bits[i / 8] >> (i % 8) & 1 == 1).collect())
+}
+
+fn put_entries(w: &mut Writer, es: &[DirEntry]) {
+    w.varint(es.len() as u64);
+    for e in es {
+        w.bytes(&e.name);
+        put_attr(w, &e.attr);
+    }
+}
+
+fn get_entries(r: &mut Reader<'_>) -> Result<Vec<DirEntry>, ProtoError> {
+    // An entry is at least a name length byte and 34 bytes of attributes.
+    let n = r.count(35)?;
+    (0..n)
+        .map(|_| {
+            Ok(DirEntry {
+                name: r.bytes()?.to_vec(),
+                attr: get_attr(r)?,
+            })
+        })
+        .collect()
 }
 
 fn put_opt<T>(w: &mut Writer, v: Option<T>, f: impl FnOnce(&mut Writer, T)) {
@@ -632,6 +692,14 @@ impl Message {
                     put_path(&mut w, path);
                     code::READ_FILE
                 }
+                Request::ReadDirAgainst { path, keys } => {
+                    put_path(&mut w, path);
+                    w.varint(keys.len() as u64);
+                    for k in keys {
+                        w.0.extend_from_slice(&k.to_le_bytes()[..3]);
+                    }
+                    code::READ_DIR_AGAINST
+                }
             },
             Message::Reply(r) => match r {
                 Reply::Attr(a) => {
@@ -639,11 +707,7 @@ impl Message {
                     code::R_ATTR
                 }
                 Reply::DirEntries(es) => {
-                    w.varint(es.len() as u64);
-                    for e in es {
-                        w.bytes(&e.name);
-                        put_attr(&mut w, &e.attr);
-                    }
+                    put_entries(&mut w, es);
                     code::R_DIR_ENTRIES
                 }
                 Reply::Recipe(p) => {
@@ -696,15 +760,13 @@ impl Message {
                     code::R_CHUNKS_AGAINST
                 }
                 Reply::Have(flags) => {
-                    w.varint(flags.len() as u64);
-                    let mut bits = vec![0u8; flags.len().div_ceil(8)];
-                    for (i, &f) in flags.iter().enumerate() {
-                        if f {
-                            bits[i / 8] |= 1 << (i % 8);
-                        }
-                    }
-                    w.0.extend_from_slice(&bits);
+                    put_bits(&mut w, flags);
                     code::R_HAVE
+                }
+                Reply::DirDelta { present, entries } => {
+                    put_bits(&mut w, present);
+                    put_entries(&mut w, entries);
+                    code::R_DIR_DELTA
                 }
                 Reply::Ok => code::R_OK,
                 Reply::Error { code: c, message } => {
@@ -841,18 +903,21 @@ impl Message {
                 path: get_path(&mut r)?,
             }),
             code::R_ATTR => Message::Reply(Reply::Attr(get_attr(&mut r)?)),
-            code::R_DIR_ENTRIES => {
-                // An entry is at least a name length byte and 34 bytes of attributes.
-                let n = r.count(35)?;
-                let es = (0..n)
+            code::R_DIR_ENTRIES => Message::Reply(Reply::DirEntries(get_entries(&mut r)?)),
+            code::R_DIR_DELTA => Message::Reply(Reply::DirDelta {
+                present: get_bits(&mut r, "dir delta")?,
+                entries: get_entries(&mut r)?,
+            }),
+            code::READ_DIR_AGAINST => {
+                let path = get_path(&mut r)?;
+                let n = r.count(3)?;
+                let keys = (0..n)
                     .map(|_| {
-                        Ok(DirEntry {
-                            name: r.bytes()?.to_vec(),
-                            attr: get_attr(&mut r)?,
-                        })
+                        let k = r.take_exact(3)?;
+                        Ok(u32::from_le_bytes([k[0], k[1], k[2], 0]))
                     })
                     .collect::<Result<_, ProtoError>>()?;
-                Message::Reply(Reply::DirEntries(es))
+                Message::Request(Request::ReadDirAgainst { path, keys })
             }
             code::R_RECIPE => {
                 let (version, total_chunks, first) = (r.u64()?, r.u64()?, r.u64()?);
@@ -920,21 +985,7 @@ impl Message {
                     data,
                 })
             }
-            code::R_HAVE => {
-                let n = r.varint()?;
-                if n > r.rest_len() as u64 * 8 {
-                    return Err(ProtoError::CountTooLarge {
-                        what: "have reply",
-                        count: n,
-                        available: r.rest_len(),
-                    });
-                }
-                let n = n as usize;
-                let bits = r.take_exact(n.div_ceil(8))?;
-                Message::Reply(Reply::Have(
-                    (0..n).map(|i| bits[i / 8] >> (i % 8) & 1 == 1).collect(),
-                ))
-            }
+            code::R_HAVE => Message::Reply(Reply::Have(get_bits(&mut r, "have reply")?)),
             code::R_OK => Message::Reply(Reply::Ok),
             code::R_ERROR => Message::Reply(Reply::Error {
                 code: ErrorCode::from_u16(r.u16()?)?,
@@ -1096,6 +1147,14 @@ mod tests {
             Message::Request(Request::ReadLink { path: "l".into() }),
             Message::Reply(Reply::Link(b"../target".to_vec())),
             Message::Request(Request::ReadFile { path: "s".into() }),
+            Message::Request(Request::ReadDirAgainst {
+                path: "d".into(),
+                keys: vec![0, 0xff_ffff, 0x12_3456],
+            }),
+            Message::Reply(Reply::DirDelta {
+                present: vec![true, false, true],
+                entries: vec![],
+            }),
             Message::Reply(Reply::Data(b"small".to_vec())),
             Message::Reply(Reply::Error {
                 code: ErrorCode::Conflict,
@@ -1211,6 +1270,20 @@ mod tests {
         want.extend_from_slice(&[0xaa; 32]);
         want.extend_from_slice(&[1, 0, 1, 0xac, 0x02, 1, 9]);
         assert_eq!(b, want);
+        let b = Message::Request(Request::ReadDirAgainst {
+            path: "d".into(),
+            keys: vec![0x03_0201],
+        })
+        .encode(4, false)
+        .unwrap();
+        assert_eq!(b, [12, 0, 0, 0, 0x21, 0, 4, 0, 0, 0, 1, b'd', 1, 1, 2, 3]);
+        let b = Message::Reply(Reply::DirDelta {
+            present: vec![false, true],
+            entries: vec![],
+        })
+        .encode(4, false)
+        .unwrap();
+        assert_eq!(b, [9, 0, 0, 0, 0x4b, 0, 4, 0, 0, 0, 2, 0b10, 0]);
     }
 
     #[test]

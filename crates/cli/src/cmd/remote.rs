@@ -7,9 +7,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use ferry_chunk::ChunkerSpec;
+use ferry_format::{HashAlg, Id};
 use ferry_fs::{Export, RemoteSpec, Server, ServerOptions, Session, Sources};
 use ferry_proto::{FileKind, WirePath};
-use ferry_format::{HashAlg, Id};
 use ferry_store::{LocalStore, Options};
 use serde_json::json;
 

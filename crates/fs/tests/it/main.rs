@@ -196,7 +196,13 @@ fn a_server_that_served_the_old_version_sends_about_the_edit() {
         fs::write(srv.join("f"), &old).unwrap();
         let local = t.path().join("local");
         let cache = MemStore::new(ferry_format::HashAlg::Blake3);
-        get(&mut connect_with(&srv, history.clone()), "f", &local, &cache).unwrap();
+        get(
+            &mut connect_with(&srv, history.clone()),
+            "f",
+            &local,
+            &cache,
+        )
+        .unwrap();
         // A byte changed every 500 in 60 KB: no ~1 KiB piece of those chunks survives.
         let mut new = old.clone();
         for at in (100_000..160_000).step_by(500) {
@@ -1201,4 +1207,109 @@ fn a_full_disk_on_either_side_fails_cleanly_and_keeps_the_old_file() {
     let e = get(&mut c, "f", &dst.join("f"), &cache).unwrap_err();
     assert!(e.to_string().contains("No space"), "{e}");
     assert_eq!(fs::read(dst.join("f")).unwrap(), small_old);
+}
+
+#[test]
+fn a_changed_directory_costs_its_changed_entries() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir_all(srv.join("d")).unwrap();
+    // 2,000 files with names that do not compress: a whole listing is over 50 KB.
+    for i in 0..2000u64 {
+        let name = blake3::hash(&i.to_le_bytes()).to_hex()[..16].to_string();
+        fs::write(srv.join("d").join(name), i.to_le_bytes()).unwrap();
+    }
+    let dest = t.path().join("dest");
+    let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+    get(&mut connect(&srv), "d", &dest, &cache).unwrap();
+    fs::write(srv.join("d/new"), b"one new file").unwrap();
+    let mut c = connect(&srv);
+    let s = get(&mut c, "d", &dest, &cache).unwrap();
+    same_tree(&srv.join("d"), &dest);
+    assert_eq!(s.unchanged, 2000, "{s:?}");
+    let tr = c.traffic();
+    // Keys of 3 bytes go up; only the new entry comes down.
+    assert!(tr.bytes_sent < 8_000, "{tr:?}");
+    assert!(tr.bytes_received < 2_000, "{tr:?}");
+}
+
+/// Entry keys are short and may collide: a listing delta that does not add up to the
+/// directory's tree digest is not trusted, the whole listing is asked for instead.
+#[test]
+fn a_listing_delta_that_does_not_add_up_is_not_trusted() {
+    use ferry_proto::{DirEntry, FileKind, TreeItem};
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::{Arc, Mutex};
+    let t = tempfile::tempdir().unwrap();
+    let dest = t.path().join("dest");
+    fs::create_dir(&dest).unwrap();
+    let mut entries = vec![];
+    for name in ["a", "b"] {
+        fs::write(dest.join(name), name).unwrap();
+        let m = fs::metadata(dest.join(name)).unwrap();
+        entries.push(DirEntry {
+            name: name.as_bytes().to_vec(),
+            attr: ferry_proto::Attr {
+                mode: m.mode() & 0o7777,
+                mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+                ..attr(FileKind::File, 1)
+            },
+        });
+    }
+    // The server also has an empty file `c`, which its delta leaves out.
+    entries.push(DirEntry {
+        name: b"c".to_vec(),
+        attr: attr(FileKind::File, 0),
+    });
+    let mut items: Vec<_> = entries
+        .iter()
+        .map(|e| {
+            let item = TreeItem::File {
+                mode: e.attr.mode,
+                size: e.attr.size,
+                mtime_ns: e.attr.mtime_ns,
+            };
+            (e.name.clone(), item)
+        })
+        .collect();
+    let digest = ferry_proto::tree_digest(&mut items);
+    let asked = Arc::new(Mutex::new(vec![]));
+    let log = asked.clone();
+    let mut c = fake_server(move |q| {
+        log.lock().unwrap().push(format!("{q:?}")[..12].to_string());
+        match q {
+            Request::GetAttr { .. } => Reply::Attr(ferry_proto::Attr {
+                oid: Some(ferry_format::Id::from_parts(
+                    ferry_format::HashAlg::Blake3,
+                    digest,
+                )),
+                ..attr(FileKind::Dir, 0)
+            }),
+            Request::ReadDirAgainst { keys, .. } => Reply::DirDelta {
+                present: vec![true; keys.len()],
+                entries: vec![],
+            },
+            Request::ReadDir { .. } => Reply::DirEntries(entries.clone()),
+            Request::GetRecipe { .. } => Reply::Recipe(ferry_proto::RecipePage {
+                version: 1,
+                total_chunks: 0,
+                first: 0,
+                chunks: vec![],
+            }),
+            _ => Reply::Ok,
+        }
+    });
+    let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+    let s = get(&mut c, "d", &dest, &cache).unwrap();
+    let asked = asked.lock().unwrap().clone();
+    assert!(
+        asked.iter().any(|q| q.starts_with("ReadDirAgai")),
+        "{asked:?}"
+    );
+    assert!(
+        asked.iter().any(|q| q.starts_with("ReadDir {")),
+        "{asked:?}"
+    );
+    assert!(dest.join("c").is_file(), "the entry the delta left out");
+    assert_eq!(s.unchanged, 2, "{s:?}");
 }
