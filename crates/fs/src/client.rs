@@ -867,36 +867,98 @@ fn fetch_files<R: io::Read, W: Write>(
         .server
         .as_ref()
         .is_some_and(|h| h.features & ferry_proto::FEATURE_HISTORY != 0);
-    for j in &jobs {
+    // Files that come whole against their old versions, in batches: (job indices, new bytes).
+    let mut batches: Vec<(Vec<usize>, u64)> = vec![];
+    for (i, j) in jobs.iter().enumerate() {
         let old = index_local(&j.local, &src.chunker, HashAlg::Blake3)
             .map_err(GetError::local("read", &j.local))?;
-        let pages = ferry_format::pages(&old.order);
         let path = j.remote.clone();
-        ids.push(conn.send(
-            if read_file && old.order.is_empty() && j.attr.size <= WHOLE_FILE {
+        // An old version this client fetched (its chunks are in the cache) is in the server's
+        // history: a small file comes whole against it, with no recipe or chunk ids.
+        let against = history
+            && !old.order.is_empty()
+            && j.attr.size <= FILE_AGAINST
+            && old.order.iter().map(|c| c.len as u64).sum::<u64>() <= FILE_AGAINST
+            && old
+                .order
+                .iter()
+                .all(|c| src.cache.contains(&c.id).unwrap_or(false));
+        let pages = ferry_format::pages(&old.order).len();
+        olds.push(old);
+        if against {
+            match batches.last_mut() {
+                Some((b, bytes)) if *bytes + j.attr.size <= FILES_AGAINST_BATCH => {
+                    b.push(i);
+                    *bytes += j.attr.size;
+                }
+                _ => batches.push((vec![i], j.attr.size)),
+            }
+            ids.push(None);
+            continue;
+        }
+        ids.push(Some(conn.send(
+            if read_file && olds[i].order.is_empty() && j.attr.size <= WHOLE_FILE {
                 // Nothing old here to build on: a small file's bytes cost less than its recipe
                 // and chunk ids would.
                 Request::ReadFile { path }
-            } else if pages.len() >= 2 {
-                let known = pages.iter().map(|p| ferry_format::page_key(p)).collect();
+            } else if pages >= 2 {
+                let known = ferry_format::pages(&olds[i].order)
+                    .iter()
+                    .map(|p| ferry_format::page_key(p))
+                    .collect();
                 Request::GetRecipeDelta { path, known }
             } else {
                 Request::GetRecipe { path, from: 0 }
             },
-        )?);
-        olds.push(old);
+        )?));
+    }
+    let batches: Vec<_> = batches
+        .into_iter()
+        .map(|(b, _)| {
+            let files = b
+                .iter()
+                .map(|&i| {
+                    let olds = olds[i].order.iter().map(|c| c.id).collect();
+                    (jobs[i].remote.clone(), olds)
+                })
+                .collect();
+            Ok((conn.send(Request::GetFilesAgainst { files })?, b))
+        })
+        .collect::<Result<_, GetError>>()?;
+    conn.flush()?;
+    let mut fetched = std::collections::HashSet::new();
+    let mut whole: HashMap<usize, Recipe> = HashMap::new();
+    for (id, b) in batches {
+        for (i, recipe) in files_against(conn, id, &b, &jobs, &olds, src, stats, &mut fetched)? {
+            match recipe {
+                Some(r) => {
+                    whole.insert(i, r);
+                }
+                // Not sent, or not what the server named (the old version here changed
+                // meanwhile, say): by recipe, then.
+                None => {
+                    ids[i] = Some(conn.send(Request::GetRecipe {
+                        path: jobs[i].remote.clone(),
+                        from: 0,
+                    })?)
+                }
+            }
+        }
     }
     conn.flush()?;
     let mut recipes = Vec::with_capacity(jobs.len());
     let mut missing: Vec<Id> = vec![];
     let mut seen = std::collections::HashSet::new();
     let mut against = vec![];
-    let mut fetched = std::collections::HashSet::new();
-    for ((id, j), old) in ids.into_iter().zip(&jobs).zip(olds) {
-        let mut replies = conn.replies(id)?;
+    for (i, ((id, j), old)) in ids.into_iter().zip(&jobs).zip(olds).enumerate() {
+        if let Some(recipe) = whole.remove(&i) {
+            recipes.push((recipe, old.at));
+            continue;
+        }
+        let mut replies = conn.replies(id.expect("asked"))?;
         if let [Reply::Data(data)] = &mut replies[..] {
             let data = std::mem::take(data);
-            let recipe = whole_file(&data, src, stats, &mut fetched)?;
+            let (recipe, _) = whole_file(&data, src, stats, &mut fetched)?;
             recipes.push((recipe, old.at));
             continue;
         }
@@ -945,16 +1007,114 @@ fn fetch_files<R: io::Read, W: Write>(
 /// Files at most this large, with no old version at the destination, are read whole.
 const WHOLE_FILE: u64 = 16 << 10;
 
-/// A file read whole (ReadFile): its chunks go into the cache like fetched ones; returns its
-/// recipe.
+/// Files at most this large, with an old version here that came from the server, come whole
+/// against it (GetFilesAgainst), as many together as fit in [`FILES_AGAINST_BATCH`] bytes.
+const FILE_AGAINST: u64 = 256 << 10;
+const FILES_AGAINST_BATCH: u64 = 2 << 20;
+
+/// The reply to GetFilesAgainst `id` for the jobs `batch`: each job's recipe, or `None` for
+/// those to fetch by recipe instead. The files sent go into the cache like fetched chunks.
+#[allow(clippy::too_many_arguments)]
+fn files_against<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    id: u32,
+    batch: &[usize],
+    jobs: &[FileJob],
+    olds: &[LocalIndex],
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+    fetched: &mut std::collections::HashSet<Id>,
+) -> Result<Vec<(usize, Option<Recipe>)>, GetError> {
+    let none = || batch.iter().map(|&i| (i, None)).collect();
+    let (files, used, data) = match conn.replies(id)?.pop() {
+        Some(Reply::FilesAgainst { files, olds, data }) if files.len() == batch.len() => {
+            (files, olds, data)
+        }
+        other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+    };
+    let total: u64 = files.iter().flatten().map(|(len, _)| len).sum();
+    if total > ferry_proto::MAX_FILES_AGAINST {
+        return Err(ConnError::Unexpected("more file bytes than a reply may carry".into()).into());
+    }
+    let decoded = prefix_of(batch, jobs, olds, &used)
+        .and_then(|prefix| crate::delta::decode(&data, &prefix, total as usize));
+    let decoded = match decoded {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!("files against their old versions: {e}; fetching them by recipe");
+            return Ok(none());
+        }
+    };
+    let mut out = vec![];
+    let mut at = 0;
+    for (&i, f) in batch.iter().zip(files) {
+        let Some((len, oid)) = f else {
+            out.push((i, None));
+            continue;
+        };
+        let bytes = &decoded[at..at + len as usize];
+        at += len as usize;
+        let (recipe, got) = whole_file(bytes, src, stats, fetched)?;
+        if got.id() == oid {
+            stats.against_old += recipe.len() as u64;
+            out.push((i, Some(recipe)));
+        } else {
+            tracing::warn!("{:?}: not the file the server named", jobs[i].remote);
+            out.push((i, None));
+        }
+    }
+    Ok(out)
+}
+
+/// The old chunks `used` names (indices into the batch's old chunk lists, concatenated), read
+/// from the old files at the destination and concatenated: the prefix the server used.
+fn prefix_of(
+    batch: &[usize],
+    jobs: &[FileJob],
+    olds: &[LocalIndex],
+    used: &[u32],
+) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+    // (job, offset, length) of each old chunk, in the order the request named them.
+    let mut all = vec![];
+    for &i in batch {
+        let mut at = 0u64;
+        for c in &olds[i].order {
+            all.push((i, at, c.len));
+            at += c.len as u64;
+        }
+    }
+    let mut open: HashMap<usize, File> = HashMap::new();
+    let mut prefix = vec![];
+    for &u in used {
+        let &(i, off, n) = all
+            .get(u as usize)
+            .ok_or_else(|| bad("no such old chunk"))?;
+        if prefix.len() + n as usize > crate::delta::MAX_PREFIX {
+            return Err(bad("prefix too long"));
+        }
+        let file = match open.entry(i) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(File::open(&jobs[i].local)?),
+        };
+        let start = prefix.len();
+        prefix.resize(start + n as usize, 0);
+        file.read_exact_at(&mut prefix[start..], off)?;
+    }
+    Ok(prefix)
+}
+
+/// A file read whole (ReadFile, GetFileAgainst): its chunks go into the cache like fetched
+/// ones; returns its recipe and object id.
 fn whole_file(
     data: &[u8],
     src: &Sources<'_>,
     stats: &mut GetStats,
     fetched: &mut std::collections::HashSet<Id>,
-) -> Result<Recipe, GetError> {
+) -> Result<(Recipe, ferry_format::Oid), GetError> {
     let mut chunks = vec![];
-    let (recipe, _) = ferry_format::chunk_object(data, &src.chunker, HashAlg::Blake3, |c, b| {
+    let (recipe, oid) = ferry_format::chunk_object(data, &src.chunker, HashAlg::Blake3, |c, b| {
         chunks.push((c.id, b.to_vec()));
         Ok::<_, io::Error>(())
     })
@@ -967,7 +1127,7 @@ fn whole_file(
             stats.bytes_from_server += bytes.len() as u64;
         }
     }
-    Ok(recipe)
+    Ok((recipe, oid))
 }
 
 /// The old version of a file at the destination, cut into pieces that new chunks can be

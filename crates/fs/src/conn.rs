@@ -336,7 +336,9 @@ impl<R: Read, W> Connection<R, W> {
     pub fn send(&mut self, r: Request) -> Result<u32, ConnError> {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
-        self.write(Message::Request(r).to_frame(id))?;
+        let f = Message::Request(r).to_frame(id);
+        tracing::trace!(target: "ferry::sizes", "request {:#04x} {}", f.msg_type, f.body.len());
+        self.write(f)?;
         self.traffic.requests += 1;
         self.outstanding.insert(id, self.traffic.round_trips);
         Ok(id)

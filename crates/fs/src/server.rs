@@ -593,6 +593,10 @@ impl Server {
                 Ok(data) => Reply::Data(data),
                 Err(e) => io_error(&path, &e),
             }),
+            Request::GetFilesAgainst { files } => match self.files_against(files) {
+                Ok(r) => one(r),
+                Err(e) => one(error(ErrorCode::Io, format!("compressing: {e}"))),
+            },
             Request::ReadLink { path } => match self.export.read_link(&path) {
                 Ok(target) => one(Reply::Link(target)),
                 Err(e) => one(io_error(&path, &e)),
@@ -843,15 +847,72 @@ impl Server {
         Err(io::Error::other("the file keeps changing while it is read"))
     }
 
+    /// Files whole (GetFilesAgainst), compressed together against the old chunks the
+    /// history holds; each file is cut (and kept in the history) so its id goes along. A file
+    /// that cannot be read, or would pass the reply's bound, is left out (`None`).
+    fn files_against(&mut self, files: Vec<(WirePath, Vec<Id>)>) -> io::Result<Reply> {
+        let mut sent = Vec::with_capacity(files.len());
+        let mut data = vec![];
+        let history = self.history.clone();
+        for (path, _) in &files {
+            let left = ferry_proto::MAX_FILES_AGAINST - data.len() as u64;
+            let Ok(bytes) = self.read_whole(path, left) else {
+                sent.push(None);
+                continue;
+            };
+            let (_, oid) = chunk_object(&bytes[..], &self.opts.chunker, self.opts.hash, |c, d| {
+                keep(&history, c.id, d);
+                Ok::<_, io::Error>(())
+            })?;
+            sent.push(Some((bytes.len() as u64, oid.id())));
+            data.extend_from_slice(&bytes);
+        }
+        let (mut used, mut prefix) = (vec![], vec![]);
+        let mut seen = std::collections::HashSet::new();
+        if let Some(h) = &history {
+            let olds = files.iter().flat_map(|(_, olds)| olds);
+            for (i, old) in olds.enumerate() {
+                if !seen.insert(*old) {
+                    continue;
+                }
+                if let Ok(Some(d)) = h.get(old) {
+                    if prefix.len() + d.len() > crate::delta::MAX_PREFIX {
+                        break;
+                    }
+                    used.push(i as u32);
+                    prefix.extend_from_slice(&d);
+                }
+            }
+        }
+        let level = self.opts.zstd_level.max(crate::delta::MIN_LEVEL);
+        Ok(Reply::FilesAgainst {
+            files: sent,
+            olds: used,
+            data: crate::delta::encode(&data, &prefix, level)?,
+        })
+    }
+
     /// A small file's bytes, whole (ReadFile): at most [`ferry_proto::MAX_READ_FILE`].
     fn read_small(&self, path: &WirePath) -> io::Result<Vec<u8>> {
+        let data = self.read_whole(path, ferry_proto::MAX_READ_FILE as u64)?;
+        if self.history.is_some() {
+            // The client will hold this version: cut it as a recipe would.
+            chunk_object(&data[..], &self.opts.chunker, self.opts.hash, |c, d| {
+                keep(&self.history, c.id, d);
+                Ok::<_, io::Error>(())
+            })?;
+        }
+        Ok(data)
+    }
+
+    /// A regular file's bytes, whole, if it is at most `limit` bytes long.
+    fn read_whole(&self, path: &WirePath, limit: u64) -> io::Result<Vec<u8>> {
         use std::io::Read;
         let file = self.export.open_file(path)?;
         let st = rustix::fs::fstat(&file)?;
         if crate::export::attr_of(&st).0.kind != FileKind::File {
             return Err(io::Error::from(io::ErrorKind::IsADirectory));
         }
-        let limit = ferry_proto::MAX_READ_FILE as u64;
         let mut data = Vec::with_capacity((st.st_size as u64).min(limit) as usize);
         file.take(limit + 1).read_to_end(&mut data)?;
         if data.len() as u64 > limit {
@@ -859,13 +920,6 @@ impl Server {
                 io::ErrorKind::InvalidInput,
                 format!("over {limit} bytes: fetch it by recipe"),
             ));
-        }
-        if self.history.is_some() {
-            // The client will hold this version: cut it as a recipe would.
-            chunk_object(&data[..], &self.opts.chunker, self.opts.hash, |c, d| {
-                keep(&self.history, c.id, d);
-                Ok::<_, io::Error>(())
-            })?;
         }
         Ok(data)
     }

@@ -23,6 +23,8 @@ pub const FEATURE_READ_FILE: u64 = 4;
 pub const FEATURE_HISTORY: u64 = 8;
 /// Largest file ReadFile returns whole.
 pub const MAX_READ_FILE: usize = 64 << 10;
+/// The most file bytes one FilesAgainst reply carries.
+pub const MAX_FILES_AGAINST: u64 = 4 << 20;
 /// Longest path on the wire, in bytes.
 const MAX_PATH: usize = 4096;
 
@@ -320,6 +322,12 @@ pub enum Request {
         path: WirePath,
         keys: Vec<u32>,
     },
+    /// Files, whole, compressed together against the client's old versions of them, each
+    /// named by its chunks (with [`FEATURE_HISTORY`]: those the server's history holds become
+    /// the prefix). No recipes and no chunk ids travel.
+    GetFilesAgainst {
+        files: Vec<(WirePath, Vec<Id>)>,
+    },
 }
 
 /// Replies, from the server.
@@ -360,6 +368,15 @@ pub enum Reply {
         present: Vec<bool>,
         entries: Vec<DirEntry>,
     },
+    /// Files (GetFilesAgainst): for each file asked for, its length and object id, or `None`
+    /// (not sent: fetch it by recipe); then the files sent, concatenated, as one zstd frame
+    /// whose prefix is the client's old chunks `olds` (indices into all the files' lists of
+    /// old chunks, concatenated in order) concatenated.
+    FilesAgainst {
+        files: Vec<Option<(u64, Id)>>,
+        olds: Vec<u32>,
+        data: Vec<u8>,
+    },
 }
 
 /// Everything that travels in a frame.
@@ -392,6 +409,7 @@ mod code {
     pub const GET_CHUNKS_AGAINST: u8 = 0x1f;
     pub const READ_FILE: u8 = 0x20;
     pub const READ_DIR_AGAINST: u8 = 0x21;
+    pub const GET_FILES_AGAINST: u8 = 0x22;
     pub const R_ATTR: u8 = 0x40;
     pub const R_DIR_ENTRIES: u8 = 0x41;
     pub const R_RECIPE: u8 = 0x42;
@@ -404,6 +422,7 @@ mod code {
     pub const R_CHUNKS_AGAINST: u8 = 0x49;
     pub const R_DATA: u8 = 0x4a;
     pub const R_DIR_DELTA: u8 = 0x4b;
+    pub const R_FILES_AGAINST: u8 = 0x4c;
     pub const INVALIDATE: u8 = 0x60;
 }
 
@@ -501,6 +520,26 @@ fn put_chunks(w: &mut Writer, cs: &[(Id, Vec<u8>)]) {
 fn get_chunks(r: &mut Reader<'_>) -> Result<Vec<(Id, Vec<u8>)>, ProtoError> {
     let n = r.count(ferry_format::TAGGED_ID_BYTES + 1)?;
     (0..n).map(|_| Ok((r.id()?, r.bytes()?.to_vec()))).collect()
+}
+
+/// count varint · index varint × count.
+fn put_indices(w: &mut Writer, list: &[u32]) {
+    w.varint(list.len() as u64);
+    for i in list {
+        w.varint(*i as u64);
+    }
+}
+
+fn get_indices(r: &mut Reader<'_>) -> Result<Vec<u32>, ProtoError> {
+    let n = r.count(1)?;
+    (0..n)
+        .map(|_| {
+            u32::try_from(r.varint()?).map_err(|_| ProtoError::Invalid {
+                what: "index list",
+                why: "index over 2^32".into(),
+            })
+        })
+        .collect()
 }
 
 /// count varint · bitmap, bit i of byte i/8 for flag i.
@@ -700,6 +739,14 @@ impl Message {
                     }
                     code::READ_DIR_AGAINST
                 }
+                Request::GetFilesAgainst { files } => {
+                    w.varint(files.len() as u64);
+                    for (path, olds) in files {
+                        put_path(&mut w, path);
+                        put_ids(&mut w, olds);
+                    }
+                    code::GET_FILES_AGAINST
+                }
             },
             Message::Reply(r) => match r {
                 Reply::Attr(a) => {
@@ -750,12 +797,8 @@ impl Message {
                     data,
                 } => {
                     put_ids(&mut w, ids);
-                    for list in [olds, refs] {
-                        w.varint(list.len() as u64);
-                        for r in list {
-                            w.varint(*r as u64);
-                        }
-                    }
+                    put_indices(&mut w, olds);
+                    put_indices(&mut w, refs);
                     w.bytes(data);
                     code::R_CHUNKS_AGAINST
                 }
@@ -767,6 +810,18 @@ impl Message {
                     put_bits(&mut w, present);
                     put_entries(&mut w, entries);
                     code::R_DIR_DELTA
+                }
+                Reply::FilesAgainst { files, olds, data } => {
+                    w.varint(files.len() as u64);
+                    for f in files {
+                        put_opt(&mut w, f.as_ref(), |w, (len, oid)| {
+                            w.u64(*len);
+                            w.id(oid);
+                        });
+                    }
+                    put_indices(&mut w, olds);
+                    w.bytes(data);
+                    code::R_FILES_AGAINST
                 }
                 Reply::Ok => code::R_OK,
                 Reply::Error { code: c, message } => {
@@ -908,6 +963,25 @@ impl Message {
                 present: get_bits(&mut r, "dir delta")?,
                 entries: get_entries(&mut r)?,
             }),
+            code::GET_FILES_AGAINST => {
+                // A file is at least a path length byte and an id count byte.
+                let n = r.count(2)?;
+                let files = (0..n)
+                    .map(|_| Ok((get_path(&mut r)?, get_ids(&mut r)?)))
+                    .collect::<Result<_, ProtoError>>()?;
+                Message::Request(Request::GetFilesAgainst { files })
+            }
+            code::R_FILES_AGAINST => {
+                let n = r.count(1)?;
+                let files = (0..n)
+                    .map(|_| get_opt(&mut r, |r| Ok((r.u64()?, r.id()?))))
+                    .collect::<Result<_, ProtoError>>()?;
+                Message::Reply(Reply::FilesAgainst {
+                    files,
+                    olds: get_indices(&mut r)?,
+                    data: r.bytes()?.to_vec(),
+                })
+            }
             code::READ_DIR_AGAINST => {
                 let path = get_path(&mut r)?;
                 let n = r.count(3)?;
@@ -964,19 +1038,8 @@ impl Message {
             code::R_CHUNKS => Message::Reply(Reply::Chunks(get_chunks(&mut r)?)),
             code::R_CHUNKS_AGAINST => {
                 let ids = get_ids(&mut r)?;
-                let mut indices = || -> Result<Vec<u32>, ProtoError> {
-                    let n = r.count(1)?;
-                    (0..n)
-                        .map(|_| {
-                            u32::try_from(r.varint()?).map_err(|_| ProtoError::Invalid {
-                                what: "chunks against",
-                                why: "index over 2^32".into(),
-                            })
-                        })
-                        .collect()
-                };
-                let olds = indices()?;
-                let refs = indices()?;
+                let olds = get_indices(&mut r)?;
+                let refs = get_indices(&mut r)?;
                 let data = r.bytes()?.to_vec();
                 Message::Reply(Reply::ChunksAgainst {
                     ids,
@@ -1155,6 +1218,14 @@ mod tests {
                 present: vec![true, false, true],
                 entries: vec![],
             }),
+            Message::Request(Request::GetFilesAgainst {
+                files: vec![("f".into(), vec![id(1)]), ("g".into(), vec![])],
+            }),
+            Message::Reply(Reply::FilesAgainst {
+                files: vec![Some((5, id(2))), None],
+                olds: vec![0, 2],
+                data: vec![0x28, 0xb5, 0x2f, 0xfd],
+            }),
             Message::Reply(Reply::Data(b"small".to_vec())),
             Message::Reply(Reply::Error {
                 code: ErrorCode::Conflict,
@@ -1284,6 +1355,29 @@ mod tests {
         .encode(4, false)
         .unwrap();
         assert_eq!(b, [9, 0, 0, 0, 0x4b, 0, 4, 0, 0, 0, 2, 0b10, 0]);
+        let b = Message::Request(Request::GetFilesAgainst {
+            files: vec![("f".into(), vec![id(0xbb)])],
+        })
+        .encode(5, false)
+        .unwrap();
+        let mut want = vec![43, 0, 0, 0, 0x22, 0, 5, 0, 0, 0, 1, 1, b'f', 1];
+        want.push(HashAlg::Blake3.tag());
+        want.extend_from_slice(&[0xbb; 32]);
+        assert_eq!(b, want);
+        let b = Message::Reply(Reply::FilesAgainst {
+            files: vec![Some((2, id(0xcc))), None],
+            olds: vec![1],
+            data: vec![7],
+        })
+        .encode(5, false)
+        .unwrap();
+        let mut want = vec![
+            54, 0, 0, 0, 0x4c, 0, 5, 0, 0, 0, 2, 1, 2, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        want.push(HashAlg::Blake3.tag());
+        want.extend_from_slice(&[0xcc; 32]);
+        want.extend_from_slice(&[0, 1, 1, 1, 7]);
+        assert_eq!(b, want);
     }
 
     #[test]

@@ -1313,3 +1313,46 @@ fn a_listing_delta_that_does_not_add_up_is_not_trusted() {
     assert!(dest.join("c").is_file(), "the entry the delta left out");
     assert_eq!(s.unchanged, 2, "{s:?}");
 }
+
+/// Small files with an old version that came from the server come whole, together, against
+/// it: no recipes, no chunk ids. A server whose history lost them still sends them right.
+#[test]
+fn small_files_come_together_against_their_old_versions() {
+    let run = |same_history: bool| {
+        let t = tempfile::tempdir().unwrap();
+        let srv = t.path().join("srv");
+        fs::create_dir(&srv).unwrap();
+        for i in 0..20u64 {
+            fs::write(srv.join(format!("f{i}")), bytes(100 + i, 10_000)).unwrap();
+        }
+        let history = || -> ferry_fs::Staging {
+            std::sync::Arc::new(MemStore::new(ferry_format::HashAlg::Blake3))
+        };
+        let first = history();
+        let dest = t.path().join("dest");
+        let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+        get(
+            &mut connect_with(&srv, Some(first.clone())),
+            "",
+            &dest,
+            &cache,
+        )
+        .unwrap();
+        for i in 0..20u64 {
+            let mut d = fs::read(srv.join(format!("f{i}"))).unwrap();
+            d[5_000] ^= 1;
+            fs::write(srv.join(format!("f{i}")), d).unwrap();
+        }
+        let h = if same_history { first } else { history() };
+        let mut c = connect_with(&srv, Some(h));
+        let s = get(&mut c, "", &dest, &cache).unwrap();
+        same_tree(&srv, &dest);
+        (c.traffic(), s)
+    };
+    let (tr, s) = run(true);
+    // 20 one-byte edits; the files are random, so without their old versions 200 KB.
+    assert!(tr.bytes_received < 3_000, "{tr:?} {s:?}");
+    assert_eq!(s.against_old, s.from_server, "{s:?}");
+    let (tr, s) = run(false);
+    assert!(tr.bytes_received > 150_000, "{tr:?} {s:?}");
+}
