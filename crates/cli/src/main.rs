@@ -49,6 +49,9 @@ enum Command {
     Put(cmd::remote::PutArgs),
     /// Mirror a tree in either direction (SRC or DST is HOST:PATH); `--delete` for an exact copy.
     Sync(cmd::remote::SyncArgs),
+    /// Ferry against rsync, rsync -z, scp and the near-ideal delta over emulated slow links:
+    /// bytes counted at the link, time, tables and charts.
+    Lab(cmd::lab::Args),
 }
 
 fn main() -> ExitCode {
@@ -66,6 +69,7 @@ fn main() -> ExitCode {
         Command::Get(a) => cmd::remote::get(a),
         Command::Put(a) => cmd::remote::put(a),
         Command::Sync(a) => cmd::remote::sync(a),
+        Command::Lab(a) => cmd::lab::run(a),
     };
     match result {
         Ok(code) => code,

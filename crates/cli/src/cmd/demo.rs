@@ -37,10 +37,10 @@ const WORDS: &[&str] = &[
     "value", "window", "writer",
 ];
 
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -52,7 +52,7 @@ impl Rng {
 }
 
 /// A source file's worth of plausible code, about `lines` lines.
-fn source(rng: &mut Rng, lines: usize) -> String {
+pub(crate) fn source(rng: &mut Rng, lines: usize) -> String {
     let mut s = String::new();
     for i in 0..lines {
         match i % 6 {
@@ -78,7 +78,7 @@ fn source(rng: &mut Rng, lines: usize) -> String {
 }
 
 /// The built-in project: 240 source files in 12 directories (about 2.5 MB).
-fn make_project(root: &Path) -> Result<()> {
+pub(crate) fn make_project(root: &Path) -> Result<()> {
     let mut rng = Rng(0x5eed_f022);
     for d in 0..12 {
         let dir = root.join(format!("src/module{d:02}"));
@@ -93,7 +93,7 @@ fn make_project(root: &Path) -> Result<()> {
 }
 
 /// Inserts a line in the middle of a file.
-fn edit(path: &Path, line: &str) -> Result<u64> {
+pub(crate) fn edit(path: &Path, line: &str) -> Result<u64> {
     let mut text = fs::read_to_string(path)?;
     let mid = text[..text.len() / 2].rfind('\n').map_or(0, |i| i + 1);
     text.insert_str(mid, line);
@@ -103,7 +103,7 @@ fn edit(path: &Path, line: &str) -> Result<u64> {
 
 /// Every regular file under `root`, by relative path, with its bytes (not the server's own
 /// `.ferry-trash`).
-fn snapshot(root: &Path) -> Result<BTreeMap<PathBuf, Vec<u8>>> {
+pub(crate) fn snapshot(root: &Path) -> Result<BTreeMap<PathBuf, Vec<u8>>> {
     let mut out = BTreeMap::new();
     let walk = walkdir::WalkDir::new(root).into_iter();
     for e in walk.filter_entry(|e| e.file_name() != ".ferry-trash") {

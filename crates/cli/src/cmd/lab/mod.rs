@@ -1,0 +1,637 @@
+//! `ferry lab`: Ferry against rsync (with and without -z), scp and the near-ideal delta, on
+//! the same workloads over the same emulated link, in one run; bytes counted at the link.
+//!
+//! Every contender reaches a throwaway sshd on loopback through a relay that shapes the link
+//! ([`link`]): rate each way and round-trip time from the profiles of DESIGN.md. The relay
+//! counts what crosses it in each direction, so no tool's own report is taken. Results go to
+//! `results.json`, `results.md` and, with gnuplot, PNG charts.
+
+mod chart;
+mod link;
+mod sshd;
+mod workloads;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use crate::util::human;
+use link::{Relay, Shape};
+use workloads::Workload;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// One workload (project-edit) over one profile (cable): a few minutes.
+    #[arg(long)]
+    quick: bool,
+    /// Link profiles to run (cellular, modem, cable, dsl, t1, lan) [default: lan, dsl, cable,
+    /// t1, and cable at 10, 100 and 300 ms round trips; with --quick, cable].
+    #[arg(long = "profile", value_name = "NAME")]
+    profiles: Vec<String>,
+    /// A custom link instead: downstream rate (bits per second: 384k, 1.5M).
+    #[arg(long, value_parser = parse_rate, requires_all = ["up", "rtt"])]
+    down: Option<u64>,
+    /// Upstream rate of the custom link.
+    #[arg(long, value_parser = parse_rate)]
+    up: Option<u64>,
+    /// Round-trip time of the custom link, in milliseconds.
+    #[arg(long, value_name = "MS")]
+    rtt: Option<f64>,
+    /// Directory of `<name>/{old,new}` workloads (as built by lab/workloads.sh), run besides
+    /// the built-in ones.
+    #[arg(long, value_name = "DIR")]
+    workloads: Option<PathBuf>,
+    /// Only these workloads (by name).
+    #[arg(long = "workload", value_name = "NAME")]
+    only: Vec<String>,
+    /// Contenders [default: all of ferry, rsync, rsync-z, scp].
+    #[arg(long = "tool", value_name = "NAME")]
+    tools: Vec<String>,
+    /// Skip a whole-file copy expected to take longer than this on a profile (seconds).
+    #[arg(long, default_value_t = 120.0, value_name = "SECONDS")]
+    max_whole: f64,
+    /// Where results go.
+    #[arg(long, default_value = "lab-results", value_name = "DIR")]
+    out: PathBuf,
+    /// Print the results as JSON too.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_rate(s: &str) -> Result<u64, String> {
+    let (num, mul) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1e3),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1e6),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1e9),
+        _ => (s, 1.0),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: a rate such as 384k or 1.5M (bits per second)"))?;
+    if v.is_nan() || v <= 0.0 {
+        return Err(format!("{s:?}: a rate must be positive"));
+    }
+    Ok((v * mul) as u64)
+}
+
+/// A named link shape.
+#[derive(Clone, Debug, Serialize)]
+struct Profile {
+    name: String,
+    down_bps: u64,
+    up_bps: u64,
+    rtt_ms: f64,
+    /// Bytes (up, down) of an ssh session that does nothing, measured on this link.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ssh_session: Option<(u64, u64)>,
+}
+
+impl Profile {
+    fn shape(&self) -> Shape {
+        Shape {
+            down_bps: self.down_bps,
+            up_bps: self.up_bps,
+            rtt: Duration::from_secs_f64(self.rtt_ms / 1000.0),
+        }
+    }
+}
+
+/// The profiles of DESIGN.md: (name, down, up, round trip in ms).
+const PROFILES: &[(&str, u64, u64, f64)] = &[
+    ("cellular", 10_000, 10_000, 100.0),
+    ("modem", 56_000, 56_000, 100.0),
+    ("cable", 1_500_000, 384_000, 30.0),
+    ("dsl", 4_000_000, 2_000_000, 30.0),
+    ("t1", 1_500_000, 1_500_000, 10.0),
+    ("lan", 100_000_000, 100_000_000, 0.2),
+];
+
+fn profile(name: &str) -> Result<Profile> {
+    // `cable@100` is cable with a 100 ms round trip.
+    let (base, rtt) = match name.split_once('@') {
+        Some((b, r)) => (
+            b,
+            Some(r.parse::<f64>().context("a round trip in ms after @")?),
+        ),
+        None => (name, None),
+    };
+    let Some(&(n, down, up, r)) = PROFILES.iter().find(|p| p.0 == base) else {
+        let names: Vec<_> = PROFILES.iter().map(|p| p.0).collect();
+        bail!("no profile {name:?} (profiles: {})", names.join(", "));
+    };
+    Ok(Profile {
+        name: match rtt {
+            Some(r) => format!("{n}@{r}ms"),
+            None => n.into(),
+        },
+        down_bps: down,
+        up_bps: up,
+        rtt_ms: rtt.unwrap_or(r),
+        ssh_session: None,
+    })
+}
+
+const TOOLS: &[&str] = &["ferry", "rsync", "rsync-z", "scp"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_and_profiles_parse() {
+        assert_eq!(parse_rate("384k"), Ok(384_000));
+        assert_eq!(parse_rate("1.5M"), Ok(1_500_000));
+        assert_eq!(parse_rate("100"), Ok(100));
+        assert!(parse_rate("fast").is_err());
+        assert!(parse_rate("-1k").is_err());
+        let p = profile("cable@100").unwrap();
+        assert_eq!(
+            (p.down_bps, p.up_bps, p.rtt_ms),
+            (1_500_000, 384_000, 100.0)
+        );
+        assert_eq!(p.name, "cable@100ms");
+        assert!(profile("carrier-pigeon").is_err());
+    }
+}
+
+/// One contender's run of one workload over one profile.
+#[derive(Clone, Debug, Serialize)]
+struct Run {
+    profile: String,
+    workload: String,
+    tool: String,
+    bytes_up: u64,
+    bytes_down: u64,
+    seconds: f64,
+    /// "ok", "skipped: …" or "failed: …".
+    status: String,
+}
+
+#[derive(Debug, Serialize)]
+struct WorkloadInfo {
+    name: String,
+    old_bytes: u64,
+    new_bytes: u64,
+    /// `zstd -19 --long=27 --patch-from=old.tar new.tar`: the near-ideal delta.
+    ideal_bytes: u64,
+}
+
+/// Everything a contender needs.
+struct Lab {
+    work: PathBuf,
+    sshd: sshd::Sshd,
+    ferry: PathBuf,
+}
+
+impl Lab {
+    /// Runs `tool` on `w` through `relay`; the destination starts as a copy of `old` (empty
+    /// for scp, a whole copy).
+    /// The bytes of an ssh session that does nothing (`ssh host true`): the floor under every
+    /// contender, none of which the near-ideal delta counts.
+    fn ssh_floor(&self, relay: &Relay) -> Result<(u64, u64)> {
+        let mut c = Command::new("ssh");
+        c.args(["-F", "/dev/null"])
+            .args(self.sshd.options("-p", relay.port))
+            .arg(self.sshd.host())
+            .arg("true");
+        relay.take();
+        if let Err(e) = run_bounded(&mut c, Duration::from_secs(300))? {
+            bail!("ssh through the emulated link failed: {e}");
+        }
+        Ok(relay.take())
+    }
+
+    fn run(&self, tool: &str, w: &Workload, relay: &Relay, p: &Profile) -> Result<Run> {
+        let dst = self.work.join("dst");
+        let _ = fs::remove_dir_all(&dst);
+        if tool != "scp" {
+            workloads::copy_tree(&w.old, &dst)?;
+        }
+        let src = format!("{}:{}", self.sshd.host(), w.new.display());
+        let rsh = self.sshd.rsh(relay.port);
+        let mut cmd = match tool {
+            "ferry" => {
+                // A server that never saw the old version (as rsync's), and an empty cache.
+                let state = self.work.join("ferry-state");
+                let _ = fs::remove_dir_all(&state);
+                let mut c = Command::new(&self.ferry);
+                c.args(["-q", "get", "-e", &rsh, "--remote-ferry"])
+                    .arg(format!(
+                        "env XDG_CACHE_HOME={} {}",
+                        state.join("server").display(),
+                        self.ferry.display()
+                    ))
+                    .arg("--cache")
+                    .arg(state.join("cache"))
+                    .arg(&src)
+                    .arg(&dst);
+                c
+            }
+            "rsync" | "rsync-z" => {
+                let mut c = Command::new("rsync");
+                c.args(["-a", "--delete"]);
+                if tool == "rsync-z" {
+                    c.arg("-z");
+                }
+                c.args(["-e", &rsh])
+                    .arg(format!("{src}/"))
+                    .arg(format!("{}/", dst.display()));
+                c
+            }
+            "scp" => {
+                let mut c = Command::new("scp");
+                c.args(["-q", "-r", "-F", "/dev/null"])
+                    .args(self.sshd.options("-P", relay.port))
+                    .arg(&src)
+                    .arg(&dst);
+                c
+            }
+            _ => bail!("no tool {tool:?} (tools: {})", TOOLS.join(", ")),
+        };
+        relay.take();
+        let t = Instant::now();
+        let status = run_bounded(&mut cmd, Duration::from_secs(1800))?;
+        let seconds = t.elapsed().as_secs_f64();
+        let (bytes_up, bytes_down) = relay.take();
+        let status = match status {
+            Ok(()) => match same_files(&w.new, &dst) {
+                Ok(()) => "ok".into(),
+                Err(e) => format!("failed: {e}"),
+            },
+            Err(e) => format!("failed: {e}"),
+        };
+        Ok(Run {
+            profile: p.name.clone(),
+            workload: w.name.clone(),
+            tool: tool.into(),
+            bytes_up,
+            bytes_down,
+            seconds,
+            status,
+        })
+    }
+}
+
+/// Runs `cmd` with output captured, killing it after `limit`; `Err(message)` when it failed.
+fn run_bounded(cmd: &mut Command, limit: Duration) -> Result<Result<(), String>> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+    let mut err = child.stderr.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut err, &mut s);
+        s
+    });
+    let start = Instant::now();
+    let st = loop {
+        if let Some(st) = child.try_wait()? {
+            break Some(st);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let stderr = reader.join().unwrap_or_default();
+    Ok(match st {
+        Some(st) if st.success() => Ok(()),
+        Some(st) => Err(format!("{st}: {}", stderr.trim())),
+        None => Err(format!("no result after {} s", limit.as_secs())),
+    })
+}
+
+/// Every regular file and symlink under `want` is at `got` with the same content.
+fn same_files(want: &Path, got: &Path) -> Result<()> {
+    for e in walkdir::WalkDir::new(want) {
+        let e = e?;
+        let rel = e.path().strip_prefix(want)?;
+        let other = got.join(rel);
+        if e.file_type().is_file() {
+            if fs::read(e.path())? != fs::read(&other).unwrap_or_default() {
+                bail!("{} differs", rel.display());
+            }
+        } else if e.file_type().is_symlink() && fs::read_link(e.path())? != fs::read_link(&other)? {
+            bail!("symlink {} differs", rel.display());
+        }
+    }
+    Ok(())
+}
+
+/// The near-ideal delta's size: `zstd -19 --long=27 --patch-from=old.tar new.tar`.
+fn ideal(w: &Workload, work: &Path) -> Result<u64> {
+    let tar = |dir: &Path, out: &Path| -> Result<()> {
+        let st = Command::new("tar")
+            .args([
+                "--sort=name",
+                "--owner=0",
+                "--group=0",
+                "--numeric-owner",
+                "-C",
+            ])
+            .arg(dir)
+            .arg("-cf")
+            .arg(out)
+            .arg(".")
+            .status()?;
+        if !st.success() {
+            bail!("tar of {} failed", dir.display());
+        }
+        Ok(())
+    };
+    let (old, new) = (work.join("old.tar"), work.join("new.tar"));
+    tar(&w.old, &old)?;
+    tar(&w.new, &new)?;
+    let o = Command::new("zstd")
+        .args(["-q", "-19", "--long=27", "-c"])
+        .arg(format!("--patch-from={}", old.display()))
+        .arg(&new)
+        .output()
+        .context("cannot run zstd (apt-get install zstd)")?;
+    if !o.status.success() {
+        bail!(
+            "zstd --patch-from failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let _ = (fs::remove_file(old), fs::remove_file(new));
+    Ok(o.stdout.len() as u64)
+}
+
+fn check_tools(tools: &[String]) -> Result<()> {
+    let mut missing = vec![];
+    for (prog, pkg) in [
+        ("ssh", "openssh-client"),
+        ("ssh-keygen", "openssh-client"),
+        ("zstd", "zstd"),
+        ("tar", "tar"),
+    ]
+    .into_iter()
+    .chain(
+        tools
+            .iter()
+            .any(|t| t.starts_with("rsync"))
+            .then_some(("rsync", "rsync")),
+    ) {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {prog}")])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            missing.push(pkg);
+        }
+    }
+    missing.dedup();
+    if !missing.is_empty() {
+        bail!("the lab needs: apt-get install {}", missing.join(" "));
+    }
+    Ok(())
+}
+
+pub fn run(a: Args) -> Result<ExitCode> {
+    let tools: Vec<String> = if a.tools.is_empty() {
+        TOOLS.iter().map(|t| t.to_string()).collect()
+    } else {
+        a.tools.clone()
+    };
+    if let Some(t) = tools.iter().find(|t| !TOOLS.contains(&t.as_str())) {
+        bail!("no tool {t:?} (tools: {})", TOOLS.join(", "));
+    }
+    let mut profiles: Vec<Profile> =
+        if let (Some(down), Some(up), Some(rtt)) = (a.down, a.up, a.rtt) {
+            vec![Profile {
+                name: format!("custom {}/{} {rtt} ms", rate(down), rate(up)),
+                down_bps: down,
+                up_bps: up,
+                rtt_ms: rtt,
+                ssh_session: None,
+            }]
+        } else if !a.profiles.is_empty() {
+            a.profiles
+                .iter()
+                .map(|p| profile(p))
+                .collect::<Result<_>>()?
+        } else if a.quick {
+            vec![profile("cable")?]
+        } else {
+            [
+                "lan",
+                "dsl",
+                "cable",
+                "t1",
+                "cable@10",
+                "cable@100",
+                "cable@300",
+            ]
+            .iter()
+            .map(|p| profile(p))
+            .collect::<Result<_>>()?
+        };
+    check_tools(&tools)?;
+    let work = tempfile::Builder::new().prefix("ferry-lab-").tempdir()?;
+    let mut wls = vec![];
+    let builtin: &[&str] = if a.quick {
+        &["project-edit"]
+    } else {
+        workloads::BUILTIN
+    };
+    for name in builtin {
+        wls.push(workloads::builtin(&work.path().join("builtin"), name)?);
+    }
+    if let Some(dir) = &a.workloads {
+        wls.extend(workloads::from_dir(dir)?);
+    }
+    if !a.only.is_empty() {
+        wls.retain(|w| a.only.contains(&w.name));
+        if wls.is_empty() {
+            bail!("none of the workloads {:?} exist", a.only);
+        }
+    }
+    let lab = Lab {
+        work: work.path().to_path_buf(),
+        sshd: sshd::Sshd::start(&fs::canonicalize(work.path())?)?,
+        ferry: std::env::current_exe()?,
+    };
+    let mut infos = vec![];
+    for w in &wls {
+        infos.push(WorkloadInfo {
+            name: w.name.clone(),
+            old_bytes: workloads::size(&w.old),
+            new_bytes: workloads::size(&w.new),
+            ideal_bytes: ideal(w, work.path())?,
+        });
+    }
+    let started = Instant::now();
+    let mut runs = vec![];
+    for p in &mut profiles {
+        let relay = Relay::start(p.shape(), lab.sshd.addr)?;
+        p.ssh_session = Some(lab.ssh_floor(&relay)?);
+        let p = &*p;
+        // The RTT sweep runs the first workload only (it is about latency, not data).
+        let sweep = p.name.contains('@');
+        for (w, info) in wls
+            .iter()
+            .zip(&infos)
+            .take(if sweep { 1 } else { wls.len() })
+        {
+            for tool in &tools {
+                let whole_secs = info.new_bytes as f64 * 8.0 / p.down_bps as f64;
+                let r = if tool == "scp" && whole_secs > a.max_whole {
+                    Run {
+                        profile: p.name.clone(),
+                        workload: w.name.clone(),
+                        tool: tool.clone(),
+                        bytes_up: 0,
+                        bytes_down: 0,
+                        seconds: 0.0,
+                        status: format!("skipped: about {whole_secs:.0} s (--max-whole)"),
+                    }
+                } else {
+                    lab.run(tool, w, &relay, p)?
+                };
+                eprintln!(
+                    "lab: {:<10} {:<16} {:<8} {:>10} down {:>9} up {:>7.1} s  {}",
+                    r.profile,
+                    r.workload,
+                    r.tool,
+                    human(r.bytes_down),
+                    human(r.bytes_up),
+                    r.seconds,
+                    r.status
+                );
+                runs.push(r);
+            }
+        }
+    }
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let report = serde_json::json!({
+        "command": command,
+        "machine": machine(),
+        "seconds": started.elapsed().as_secs_f64(),
+        "profiles": profiles,
+        "workloads": infos,
+        "runs": runs,
+    });
+    fs::create_dir_all(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
+    fs::write(
+        a.out.join("results.json"),
+        serde_json::to_string_pretty(&report)? + "\n",
+    )?;
+    let md = markdown(&command, &profiles, &infos, &runs);
+    fs::write(a.out.join("results.md"), &md)?;
+    let charts = chart::draw(&a.out, &profiles, &infos, &runs)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{md}");
+    }
+    eprintln!(
+        "lab: results in {} (results.md, results.json{})",
+        a.out.display(),
+        if charts.is_empty() {
+            ", no charts: gnuplot not found".to_string()
+        } else {
+            format!(", {}", charts.join(", "))
+        }
+    );
+    let failed = runs
+        .iter()
+        .filter(|r| r.status.starts_with("failed"))
+        .count();
+    if failed > 0 {
+        eprintln!("lab: {failed} run(s) failed");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// 1.5M, 384k.
+fn rate(bps: u64) -> String {
+    if bps >= 1_000_000 {
+        format!("{}M", bps as f64 / 1e6)
+    } else {
+        format!("{}k", bps as f64 / 1e3)
+    }
+}
+
+/// What the numbers were measured on.
+fn machine() -> serde_json::Value {
+    let cpu = fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_default();
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    serde_json::json!({
+        "cpu": cpu,
+        "cpus": std::thread::available_parallelism().map_or(1, |n| n.get()),
+        "kernel": kernel.trim(),
+        "ferry": env!("CARGO_PKG_VERSION"),
+    })
+}
+
+/// The results as markdown: one table per profile.
+fn markdown(command: &str, profiles: &[Profile], infos: &[WorkloadInfo], runs: &[Run]) -> String {
+    let mut s =
+        format!("Measured by `{command}`; bytes counted at the emulated link, both ways.\n");
+    for p in profiles {
+        s += &format!(
+            "\n### {} ({} down, {} up, {} ms round trip)\n\n",
+            p.name,
+            rate(p.down_bps),
+            rate(p.up_bps),
+            p.rtt_ms
+        );
+        if let Some((up, down)) = p.ssh_session {
+            s += &format!(
+                "An ssh session that does nothing costs {} bytes here ({down} down, {up} up): \
+                 every contender pays it, the near-ideal delta does not.\n\n",
+                up + down
+            );
+        }
+        s += "| workload | new size | near-ideal | tool | down | up | total | ÷ near-ideal | seconds |\n";
+        s += "|---|---:|---:|---|---:|---:|---:|---:|---:|\n";
+        for info in infos {
+            for r in runs
+                .iter()
+                .filter(|r| r.profile == p.name && r.workload == info.name)
+            {
+                let total = r.bytes_up + r.bytes_down;
+                if r.status != "ok" {
+                    s += &format!(
+                        "| {} | {} | {} | {} | | | | | {} |\n",
+                        info.name, info.new_bytes, info.ideal_bytes, r.tool, r.status
+                    );
+                    continue;
+                }
+                s += &format!(
+                    "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} |\n",
+                    info.name,
+                    info.new_bytes,
+                    info.ideal_bytes,
+                    r.tool,
+                    r.bytes_down,
+                    r.bytes_up,
+                    total,
+                    total as f64 / info.ideal_bytes.max(1) as f64,
+                    r.seconds
+                );
+            }
+        }
+    }
+    s
+}
