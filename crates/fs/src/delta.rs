@@ -28,17 +28,19 @@ pub const MIN_LEVEL: i32 = 19;
 /// Prefix bytes at most (the window bounds it anyway).
 pub const MAX_PREFIX: usize = 16 << 20;
 
-/// How both sides cut pieces: FastCDC, 256 B / 1 KiB / 8 KiB.
+/// How both sides cut pieces: FastCDC, 64 B / 256 B / 2 KiB (measured on the public
+/// workloads: 1 KiB pieces cost crates-vendor 23 % more bytes, 512 B 5 % more).
 pub fn piece_spec() -> ChunkerSpec {
-    ChunkerSpec::fastcdc(256, 1024, 8192)
+    ChunkerSpec::fastcdc(64, 256, 2048)
 }
 
-/// A piece's key: the first 6 bytes of its BLAKE3 hash, as a little-endian number (48 bits:
-/// with 10^4 pieces on each side a false match has odds of about 1 in 3 million, and costs
-/// only a plain refetch).
+/// A piece's key: the first 5 bytes of its BLAKE3 hash, as a little-endian number (40 bits:
+/// with 10^4 pieces on each side a false match has odds of about 1 in 10,000, and costs only
+/// a plain refetch of the chunks concerned).
 pub fn piece_key(piece: &[u8]) -> u64 {
     let mut k = [0u8; 8];
-    k[..6].copy_from_slice(&blake3::hash(piece).as_bytes()[..6]);
+    let n = ferry_proto::PIECE_KEY_BYTES;
+    k[..n].copy_from_slice(&blake3::hash(piece).as_bytes()[..n]);
     u64::from_le_bytes(k)
 }
 

@@ -23,6 +23,8 @@ pub const FEATURE_READ_FILE: u64 = 4;
 pub const FEATURE_HISTORY: u64 = 8;
 /// Largest file ReadFile returns whole.
 pub const MAX_READ_FILE: usize = 64 << 10;
+/// Bytes of a piece key on the wire (GetChunksAgainst): keys are 40-bit numbers.
+pub const PIECE_KEY_BYTES: usize = 5;
 /// The most file bytes one FilesAgainst reply carries.
 pub const MAX_FILES_AGAINST: u64 = 4 << 20;
 /// Longest path on the wire, in bytes.
@@ -256,7 +258,7 @@ pub enum Request {
         ids: Vec<Id>,
     },
     /// READ, compressed against data the client holds: `keys` name the pieces of the client's
-    /// old data (`ferry_fs` cuts them: content-defined, ~1 KiB) by 48-bit keys; the server
+    /// old data (`ferry_fs` cuts them: content-defined, ~256 bytes) by 40-bit keys; the server
     /// compresses the chunks `ids` together with the pieces it finds among them as a zstd
     /// prefix. `olds` (with [`FEATURE_HISTORY`]) name old chunks the client holds whole: those
     /// in the server's history head the prefix. A list left out (`None`) is the one of the
@@ -660,7 +662,7 @@ impl Message {
                     put_opt(&mut w, keys.as_ref(), |w, keys| {
                         w.varint(keys.len() as u64);
                         for k in keys {
-                            w.0.extend_from_slice(&k.to_le_bytes()[..6]);
+                            w.0.extend_from_slice(&k.to_le_bytes()[..PIECE_KEY_BYTES]);
                         }
                     });
                     put_opt(&mut w, olds.as_ref(), |w, olds| put_ids(w, olds));
@@ -893,11 +895,11 @@ impl Message {
             code::GET_CHUNKS_AGAINST => {
                 let ids = get_ids(&mut r)?;
                 let keys = get_opt(&mut r, |r| {
-                    let n = r.count(6)?;
+                    let n = r.count(PIECE_KEY_BYTES)?;
                     (0..n)
                         .map(|_| {
                             let mut k = [0u8; 8];
-                            k[..6].copy_from_slice(r.take_exact(6)?);
+                            k[..PIECE_KEY_BYTES].copy_from_slice(r.take_exact(PIECE_KEY_BYTES)?);
                             Ok(u64::from_le_bytes(k))
                         })
                         .collect::<Result<_, ProtoError>>()
@@ -1189,7 +1191,7 @@ mod tests {
             Message::Reply(Reply::Chunks(vec![(id(1), vec![1, 2, 3])])),
             Message::Request(Request::GetChunksAgainst {
                 ids: vec![id(1), id(2)],
-                keys: Some(vec![0, (1 << 48) - 1]),
+                keys: Some(vec![0, (1 << 40) - 1]),
                 olds: None,
             }),
             Message::Request(Request::GetChunksAgainst {
@@ -1319,14 +1321,14 @@ mod tests {
         let id = |b| Id::from_parts(HashAlg::Blake3, [b; 32]);
         let b = Message::Request(Request::GetChunksAgainst {
             ids: vec![id(0xaa)],
-            keys: Some(vec![0x0605_0403_0201]),
+            keys: Some(vec![0x05_0403_0201]),
             olds: Some(vec![id(0xbb)]),
         })
         .encode(3, false)
         .unwrap();
-        let mut want = vec![83, 0, 0, 0, 0x1f, 0, 3, 0, 0, 0, 1, HashAlg::Blake3.tag()];
+        let mut want = vec![82, 0, 0, 0, 0x1f, 0, 3, 0, 0, 0, 1, HashAlg::Blake3.tag()];
         want.extend_from_slice(&[0xaa; 32]);
-        want.extend_from_slice(&[1, 1, 1, 2, 3, 4, 5, 6, 1, 1, HashAlg::Blake3.tag()]);
+        want.extend_from_slice(&[1, 1, 1, 2, 3, 4, 5, 1, 1, HashAlg::Blake3.tag()]);
         want.extend_from_slice(&[0xbb; 32]);
         assert_eq!(b, want);
         let b = Message::Reply(Reply::ChunksAgainst {

@@ -203,7 +203,7 @@ fn a_server_that_served_the_old_version_sends_about_the_edit() {
             &cache,
         )
         .unwrap();
-        // A byte changed every 500 in 60 KB: no ~1 KiB piece of those chunks survives.
+        // A byte changed every 500 in 60 KB: few ~256-byte pieces of those chunks survive.
         let mut new = old.clone();
         for at in (100_000..160_000).step_by(500) {
             new[at] ^= 0xff;
@@ -219,8 +219,8 @@ fn a_server_that_served_the_old_version_sends_about_the_edit() {
     let history: ferry_fs::Staging =
         std::sync::Arc::new(MemStore::new(ferry_format::HashAlg::Blake3));
     let (with, s) = received(Some(history));
-    // Random data: without the old chunks, the changed ones (~70 KB) travel whole.
-    assert!(without > 60_000, "{without} bytes without a history");
+    // Random data: without the old chunks, most of the changed ones (~70 KB) travel.
+    assert!(without > 40_000, "{without} bytes without a history");
     // With them as the prefix, 120 one-byte edits cost a few bytes each.
     assert!(with < 4_000, "{with} bytes with a history; {s:?}");
     assert!(s.against_old >= 6, "{s:?}");
