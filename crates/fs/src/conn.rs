@@ -176,6 +176,8 @@ enum Outgoing {
     Frame(Frame),
     /// Compress everything after this point as one zstd stream at this level.
     StartZstd(i32),
+    /// Send what is queued now: the caller is about to wait for a reply.
+    Flush,
 }
 
 /// Sends frames from a thread of its own, so the caller can pipeline any number of requests
@@ -199,28 +201,40 @@ impl FrameWriter {
             .spawn(move || {
                 let mut out = Outflow::plain();
                 let mut bytes = Vec::with_capacity(READ_BUF);
-                let push = |o: Outgoing, out: &mut Outflow, bytes: &mut Vec<u8>| match o {
-                    Outgoing::Frame(f) => out.push(&f, bytes),
-                    Outgoing::StartZstd(level) => out.start_zstd(level),
-                };
-                while let Ok(first) = rx.recv() {
-                    push(first, &mut out, &mut bytes)?;
-                    // Everything queued goes out before a flush.
-                    while let Ok(more) = rx.try_recv() {
-                        push(more, &mut out, &mut bytes)?;
-                        if bytes.len() >= READ_BUF {
-                            w.write_all(&bytes)?;
-                            counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                            bytes.clear();
+                // Frames gather until the caller waits for a reply (or the end): a batch of
+                // requests leaves as one write, in as few packets as the link's layers allow.
+                loop {
+                    let (flush, end) = match rx.recv() {
+                        Ok(Outgoing::Frame(f)) => {
+                            out.push(&f, &mut bytes)?;
+                            (false, false)
                         }
+                        Ok(Outgoing::StartZstd(level)) => {
+                            out.start_zstd(level)?;
+                            (false, false)
+                        }
+                        Ok(Outgoing::Flush) => {
+                            out.flush(&mut bytes)?;
+                            (true, false)
+                        }
+                        // The connection is gone: what is queued still goes out.
+                        Err(_) => {
+                            out.flush(&mut bytes)?;
+                            (true, true)
+                        }
+                    };
+                    if flush || bytes.len() >= READ_BUF {
+                        w.write_all(&bytes)?;
+                        counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                        bytes.clear();
                     }
-                    out.flush(&mut bytes)?;
-                    w.write_all(&bytes)?;
-                    counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                    bytes.clear();
-                    w.flush()?;
+                    if flush {
+                        w.flush()?;
+                    }
+                    if end {
+                        return Ok(());
+                    }
                 }
-                Ok(())
             })?;
         Ok(FrameWriter {
             tx,
@@ -256,6 +270,8 @@ pub struct Connection<R, W> {
     /// `early` without bound).
     outstanding: HashMap<u32, u64>,
     traffic: Traffic,
+    /// Frames queued since the last flush.
+    unflushed: bool,
     pub server: Option<Hello>,
     /// Paths whose leases the server broke (Invalidate), in arrival order, until taken.
     pub invalidated: Vec<ferry_proto::WirePath>,
@@ -280,6 +296,7 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             early: HashMap::new(),
             outstanding: HashMap::from([(0, 0)]),
             traffic: Traffic::default(),
+            unflushed: false,
             server: None,
             invalidated: vec![],
         };
@@ -321,6 +338,7 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
 
 impl<R: Read, W> Connection<R, W> {
     fn write(&mut self, f: Frame) -> Result<(), ConnError> {
+        self.unflushed = true;
         self.writer.send(Outgoing::Frame(f))
     }
 
@@ -354,13 +372,17 @@ impl<R: Read, W> Connection<R, W> {
         Ok(id)
     }
 
-    /// Requests go out as soon as they are sent; kept so callers can mark where a batch ends.
+    /// Sends the requests queued so far; waiting for a reply does it too.
     pub fn flush(&mut self) -> Result<(), ConnError> {
+        if std::mem::take(&mut self.unflushed) {
+            self.writer.send(Outgoing::Flush)?;
+        }
         Ok(())
     }
 
     /// The next frame for request `id`.
     fn wait(&mut self, id: u32) -> Result<Frame, ConnError> {
+        self.flush()?;
         if self.outstanding.get(&id) == Some(&self.traffic.round_trips) {
             self.traffic.round_trips += 1;
         }
