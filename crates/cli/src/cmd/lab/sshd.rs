@@ -73,7 +73,22 @@ impl Sshd {
         // Privilege separation wants this directory (run as root).
         let _ = std::fs::create_dir_all("/run/sshd");
         let log = std::fs::File::create(dir.join("sshd.log"))?;
-        let child = Command::new(&program)
+        // The server should die with the lab, even one killed by a signal: util-linux's
+        // setpriv sets that up before starting it, when it is there.
+        let mut cmd = if Command::new("setpriv")
+            .arg("--help")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            let mut c = Command::new("setpriv");
+            c.args(["--pdeathsig", "KILL"]).arg(&program);
+            c
+        } else {
+            Command::new(&program)
+        };
+        let child = cmd
             .args(["-D", "-e", "-f"])
             .arg(&config)
             .stdin(Stdio::null())
