@@ -62,13 +62,13 @@ pub fn draw(
         .or(plain.first())
         .copied();
     if let Some(p) = main {
-        let mut data = String::from("workload ferry rsync-z rsync scp near-ideal\n");
+        let mut data = String::from("workload ferry ferry-warm rsync-z rsync scp near-ideal\n");
         for w in infos {
             let whole = ok(runs, &p.name, &w.name, "scp")
                 .map_or(w.new_bytes, |r| r.bytes_up + r.bytes_down)
                 .max(1) as f64;
             let _ = write!(data, "{}", w.name);
-            for tool in ["ferry", "rsync-z", "rsync", "scp"] {
+            for tool in ["ferry", "ferry-warm", "rsync-z", "rsync", "scp"] {
                 match ok(runs, &p.name, &w.name, tool) {
                     Some(r) => {
                         let _ = write!(data, " {:.5}", (r.bytes_up + r.bytes_down) as f64 / whole);
@@ -84,7 +84,7 @@ pub fn draw(
              set style fill solid 0.8 border -1\nset logscale y\nset yrange [*:2]\n\
              set ylabel 'bytes / whole copy (log)'\nset xtics rotate by -20\nset key top left\n\
              set grid ytics\n\
-             plot for [i=2:6] 'bytes.dat' using i:xtic(1) title columnheader(i)\n",
+             plot for [i=2:7] 'bytes.dat' using i:xtic(1) title columnheader(i)\n",
             p.name
         );
         pngs.push(plot(out, "bytes", &script, &data)?);
@@ -122,7 +122,7 @@ pub fn draw(
             "set title 'Time to bring {} up to date, by downstream bandwidth'\n\
              set logscale xy\nset xlabel 'Mbit/s down'\nset ylabel 'seconds (log)'\n\
              set grid\nset key top right\n\
-             plot for [i=2:5] 'time-vs-bandwidth.dat' using 1:i with linespoints lw 2 title columnheader(i)\n",
+             plot for [i=2:6] 'time-vs-bandwidth.dat' using 1:i with linespoints lw 2 title columnheader(i)\n",
             w.name
         );
         pngs.push(plot(out, "time-vs-bandwidth", &script, &data)?);
@@ -136,7 +136,7 @@ pub fn draw(
         let script = format!(
             "set title 'Time to bring {} up to date over cable, by round-trip time'\n\
              set xlabel 'round trip (ms)'\nset ylabel 'seconds'\nset grid\nset key top left\n\
-             plot for [i=2:5] 'time-vs-rtt.dat' using 1:i with linespoints lw 2 title columnheader(i)\n",
+             plot for [i=2:6] 'time-vs-rtt.dat' using 1:i with linespoints lw 2 title columnheader(i)\n",
             w.name
         );
         pngs.push(plot(out, "time-vs-rtt", &script, &data)?);
