@@ -27,6 +27,18 @@ fn ok<'a>(runs: &'a [Run], profile: &str, workload: &str, tool: &str) -> Option<
     })
 }
 
+/// The tools with a successful run on one of `profiles`, in the usual order.
+fn present<'a>(runs: &[Run], profiles: &[&str]) -> Vec<&'a str> {
+    TOOLS
+        .iter()
+        .copied()
+        .filter(|t| {
+            runs.iter()
+                .any(|r| r.tool == *t && r.status == "ok" && profiles.contains(&r.profile.as_str()))
+        })
+        .collect()
+}
+
 fn plot(out: &Path, name: &str, script: &str, data: &str) -> Result<String> {
     let png = format!("{name}.png");
     fs::write(out.join(format!("{name}.dat")), data)?;
@@ -62,13 +74,14 @@ pub fn draw(
         .or(plain.first())
         .copied();
     if let Some(p) = main {
-        let mut data = String::from("workload ferry ferry-warm rsync-z rsync scp near-ideal\n");
+        let tools = present(runs, &[&p.name]);
+        let mut data = format!("workload {} near-ideal\n", tools.join(" "));
         for w in infos {
             let whole = ok(runs, &p.name, &w.name, "scp")
                 .map_or(w.new_bytes, |r| r.bytes_up + r.bytes_down)
                 .max(1) as f64;
             let _ = write!(data, "{}", w.name);
-            for tool in ["ferry", "ferry-warm", "rsync-z", "rsync", "scp"] {
+            for tool in &tools {
                 match ok(runs, &p.name, &w.name, tool) {
                     Some(r) => {
                         let _ = write!(data, " {:.5}", (r.bytes_up + r.bytes_down) as f64 / whole);
@@ -84,8 +97,9 @@ pub fn draw(
              set style fill solid 0.8 border -1\nset logscale y\nset yrange [*:2]\n\
              set ylabel 'bytes / whole copy (log)'\nset xtics rotate by -20\nset key top left\n\
              set grid ytics\n\
-             plot for [i=2:7] 'bytes.dat' using i:xtic(1) title columnheader(i)\n",
-            p.name
+             plot for [i=2:{}] 'bytes.dat' using i:xtic(1) title columnheader(i)\n",
+            p.name,
+            tools.len() + 2
         );
         pngs.push(plot(out, "bytes", &script, &data)?);
     }
@@ -94,12 +108,14 @@ pub fn draw(
         return Ok(pngs);
     };
     let series = |ps: &[&Profile], x: &dyn Fn(&Profile) -> f64| {
-        let mut data = format!("x {}\n", TOOLS.join(" "));
+        let names: Vec<&str> = ps.iter().map(|p| p.name.as_str()).collect();
+        let tools = present(runs, &names);
+        let mut data = format!("x {}\n", tools.join(" "));
         let mut rows: Vec<(f64, String)> = ps
             .iter()
             .map(|p| {
                 let mut row = String::new();
-                for tool in TOOLS {
+                for tool in &tools {
                     match ok(runs, &p.name, &w.name, tool) {
                         Some(r) => {
                             let _ = write!(row, " {:.3}", r.seconds);
@@ -114,15 +130,15 @@ pub fn draw(
         for (x, row) in rows {
             let _ = writeln!(data, "{x}{row}");
         }
-        data
+        (data, tools.len() + 1)
     };
     if plain.len() >= 2 {
-        let data = series(&plain, &|p| p.down_bps as f64 / 1e6);
+        let (data, last) = series(&plain, &|p| p.down_bps as f64 / 1e6);
         let script = format!(
             "set title 'Time to bring {} up to date, by downstream bandwidth'\n\
              set logscale xy\nset xlabel 'Mbit/s down'\nset ylabel 'seconds (log)'\n\
              set grid\nset key top right\n\
-             plot for [i=2:6] 'time-vs-bandwidth.dat' using 1:i with linespoints lw 2 title columnheader(i)\n",
+             plot for [i=2:{last}] 'time-vs-bandwidth.dat' using 1:i with linespoints lw 2 title columnheader(i)\n",
             w.name
         );
         pngs.push(plot(out, "time-vs-bandwidth", &script, &data)?);
@@ -132,11 +148,11 @@ pub fn draw(
         .filter(|p| p.name == "cable" || p.name.starts_with("cable@"))
         .collect();
     if cable.len() >= 2 {
-        let data = series(&cable, &|p| p.rtt_ms);
+        let (data, last) = series(&cable, &|p| p.rtt_ms);
         let script = format!(
             "set title 'Time to bring {} up to date over cable, by round-trip time'\n\
              set xlabel 'round trip (ms)'\nset ylabel 'seconds'\nset grid\nset key top left\n\
-             plot for [i=2:6] 'time-vs-rtt.dat' using 1:i with linespoints lw 2 title columnheader(i)\n",
+             plot for [i=2:{last}] 'time-vs-rtt.dat' using 1:i with linespoints lw 2 title columnheader(i)\n",
             w.name
         );
         pngs.push(plot(out, "time-vs-rtt", &script, &data)?);

@@ -17,7 +17,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::util::human;
 use link::{Relay, Shape};
@@ -63,6 +63,9 @@ pub struct Args {
     /// Print the results as JSON too.
     #[arg(long)]
     json: bool,
+    /// Run nothing: write the tables and charts of an earlier run's results.json into --out.
+    #[arg(long, value_name = "FILE")]
+    from_json: Option<PathBuf>,
 }
 
 fn parse_rate(s: &str) -> Result<u64, String> {
@@ -82,7 +85,7 @@ fn parse_rate(s: &str) -> Result<u64, String> {
 }
 
 /// A named link shape.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 struct Profile {
     name: String,
     down_bps: u64,
@@ -162,7 +165,7 @@ mod tests {
 }
 
 /// One contender's run of one workload over one profile.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 struct Run {
     profile: String,
     workload: String,
@@ -174,7 +177,7 @@ struct Run {
     status: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 struct WorkloadInfo {
     name: String,
     old_bytes: u64,
@@ -412,7 +415,35 @@ fn check_tools(tools: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// What a run wrote to results.json, read back.
+#[derive(Deserialize)]
+struct Report {
+    command: String,
+    profiles: Vec<Profile>,
+    workloads: Vec<WorkloadInfo>,
+    runs: Vec<Run>,
+}
+
+/// Writes results.md and the charts of `r` into `out`; returns the chart files.
+fn render(out: &Path, r: &Report) -> Result<(String, Vec<String>)> {
+    fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let md = markdown(&r.command, &r.profiles, &r.workloads, &r.runs);
+    fs::write(out.join("results.md"), &md)?;
+    let charts = chart::draw(out, &r.profiles, &r.workloads, &r.runs)?;
+    Ok((md, charts))
+}
+
 pub fn run(a: Args) -> Result<ExitCode> {
+    if let Some(file) = &a.from_json {
+        let text =
+            fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+        let r: Report = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a lab's results.json", file.display()))?;
+        let (md, charts) = render(&a.out, &r)?;
+        print!("{md}");
+        eprintln!("lab: wrote {} ({})", a.out.display(), charts.join(", "));
+        return Ok(ExitCode::SUCCESS);
+    }
     let tools: Vec<String> = if a.tools.is_empty() {
         TOOLS.iter().map(|t| t.to_string()).collect()
     } else {
@@ -541,9 +572,19 @@ pub fn run(a: Args) -> Result<ExitCode> {
         a.out.join("results.json"),
         serde_json::to_string_pretty(&report)? + "\n",
     )?;
-    let md = markdown(&command, &profiles, &infos, &runs);
-    fs::write(a.out.join("results.md"), &md)?;
-    let charts = chart::draw(&a.out, &profiles, &infos, &runs)?;
+    let failed = runs
+        .iter()
+        .filter(|r| r.status.starts_with("failed"))
+        .count();
+    let (md, charts) = render(
+        &a.out,
+        &Report {
+            command,
+            profiles,
+            workloads: infos,
+            runs,
+        },
+    )?;
     if a.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -558,10 +599,6 @@ pub fn run(a: Args) -> Result<ExitCode> {
             format!(", {}", charts.join(", "))
         }
     );
-    let failed = runs
-        .iter()
-        .filter(|r| r.status.starts_with("failed"))
-        .count();
     if failed > 0 {
         eprintln!("lab: {failed} run(s) failed");
         return Ok(ExitCode::from(1));
@@ -598,11 +635,23 @@ fn machine() -> serde_json::Value {
     })
 }
 
-/// The results as markdown: one table per profile.
+/// The results as markdown: one table per profile, a column per tool (total bytes both ways,
+/// then seconds), and each tool's geometric mean of bytes over the near-ideal delta.
 fn markdown(command: &str, profiles: &[Profile], infos: &[WorkloadInfo], runs: &[Run]) -> String {
-    let mut s =
-        format!("Measured by `{command}`; bytes counted at the emulated link, both ways.\n");
+    let tools: Vec<&str> = TOOLS
+        .iter()
+        .copied()
+        .filter(|t| runs.iter().any(|r| r.tool == *t))
+        .collect();
+    let mut s = format!(
+        "Measured by `{command}`. Bytes are counted at the emulated link, both ways, ssh \
+         included; each cell is total bytes · seconds.\n"
+    );
     for p in profiles {
+        let here: Vec<&Run> = runs.iter().filter(|r| r.profile == p.name).collect();
+        if here.is_empty() {
+            continue;
+        }
         s += &format!(
             "\n### {} ({} down, {} up, {} ms round trip)\n\n",
             p.name,
@@ -617,35 +666,51 @@ fn markdown(command: &str, profiles: &[Profile], infos: &[WorkloadInfo], runs: &
                 up + down
             );
         }
-        s += "| workload | new size | near-ideal | tool | down | up | total | ÷ near-ideal | seconds |\n";
-        s += "|---|---:|---:|---|---:|---:|---:|---:|---:|\n";
+        s += &format!(
+            "| workload | new size | near-ideal | {} |\n",
+            tools.join(" | ")
+        );
+        s += &format!("|---|---:|---:|{}\n", "---:|".repeat(tools.len()));
+        let mut logs = vec![(0.0f64, 0usize); tools.len()];
         for info in infos {
-            for r in runs
-                .iter()
-                .filter(|r| r.profile == p.name && r.workload == info.name)
-            {
-                let total = r.bytes_up + r.bytes_down;
-                if r.status != "ok" {
-                    s += &format!(
-                        "| {} | {} | {} | {} | | | | | {} |\n",
-                        info.name, info.new_bytes, info.ideal_bytes, r.tool, r.status
-                    );
-                    continue;
+            let mut row = format!(
+                "| {} | {} | {} |",
+                info.name, info.new_bytes, info.ideal_bytes
+            );
+            let mut any = false;
+            for (i, tool) in tools.iter().enumerate() {
+                match here
+                    .iter()
+                    .find(|r| r.workload == info.name && r.tool == *tool)
+                {
+                    Some(r) if r.status == "ok" => {
+                        let total = r.bytes_up + r.bytes_down;
+                        row += &format!(" {} · {:.1} s |", total, r.seconds);
+                        logs[i].0 += (total as f64 / info.ideal_bytes.max(1) as f64).ln();
+                        logs[i].1 += 1;
+                        any = true;
+                    }
+                    Some(r) => {
+                        row += &format!(" {} |", r.status);
+                        any = true;
+                    }
+                    None => row += " |",
                 }
-                s += &format!(
-                    "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} |\n",
-                    info.name,
-                    info.new_bytes,
-                    info.ideal_bytes,
-                    r.tool,
-                    r.bytes_down,
-                    r.bytes_up,
-                    total,
-                    total as f64 / info.ideal_bytes.max(1) as f64,
-                    r.seconds
-                );
+            }
+            if any {
+                s += &row;
+                s += "\n";
             }
         }
+        s += "| geometric mean ÷ near-ideal | | |";
+        for (sum, n) in logs {
+            if n > 0 {
+                s += &format!(" {:.2} (of {n}) |", (sum / n as f64).exp());
+            } else {
+                s += " |";
+            }
+        }
+        s += "\n";
     }
     s
 }
