@@ -55,7 +55,7 @@ pub struct Args {
     #[arg(long = "tool", value_name = "NAME")]
     tools: Vec<String>,
     /// Skip a whole-file copy expected to take longer than this on a profile (seconds).
-    #[arg(long, default_value_t = 120.0, value_name = "SECONDS")]
+    #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
     max_whole: f64,
     /// Where results go.
     #[arg(long, default_value = "lab-results", value_name = "DIR")]
