@@ -54,7 +54,8 @@ pub struct Args {
     /// never saw the old version, as rsync's.
     #[arg(long = "tool", value_name = "NAME")]
     tools: Vec<String>,
-    /// Skip a whole-file copy expected to take longer than this on a profile (seconds).
+    /// Skip a whole-file copy expected to take longer than this on a profile (seconds: its
+    /// bytes at the downstream rate plus four round trips a file).
     #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
     max_whole: f64,
     /// Where results go.
@@ -182,6 +183,8 @@ struct WorkloadInfo {
     name: String,
     old_bytes: u64,
     new_bytes: u64,
+    #[serde(default)]
+    new_files: u64,
     /// `zstd -19 --long=27 --patch-from=old.tar new.tar`: the near-ideal delta.
     ideal_bytes: u64,
 }
@@ -511,8 +514,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
     for w in &wls {
         infos.push(WorkloadInfo {
             name: w.name.clone(),
-            old_bytes: workloads::size(&w.old),
-            new_bytes: workloads::size(&w.new),
+            old_bytes: workloads::size(&w.old).0,
+            new_bytes: workloads::size(&w.new).0,
+            new_files: workloads::size(&w.new).1,
             ideal_bytes: ideal(w, work.path())?,
         });
     }
@@ -530,7 +534,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
             .take(if sweep { 1 } else { wls.len() })
         {
             for tool in &tools {
-                let whole_secs = info.new_bytes as f64 * 8.0 / p.down_bps as f64;
+                // scp (SFTP) pays a few round trips a file besides the bytes.
+                let whole_secs = info.new_bytes as f64 * 8.0 / p.down_bps as f64
+                    + info.new_files as f64 * 4.0 * p.rtt_ms / 1000.0;
                 let r = if tool == "scp" && whole_secs > a.max_whole {
                     Run {
                         profile: p.name.clone(),

@@ -120,13 +120,12 @@ pub fn copy_tree(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Bytes in the regular files under `dir`.
-pub fn size(dir: &Path) -> u64 {
+/// Bytes in the regular files under `dir`, and how many files.
+pub fn size(dir: &Path) -> (u64, u64) {
     walkdir::WalkDir::new(dir)
         .into_iter()
         .filter_map(|e| e.ok())
         .filter(|e| e.file_type().is_file())
         .filter_map(|e| e.metadata().ok())
-        .map(|m| m.len())
-        .sum()
+        .fold((0, 0), |(b, n), m| (b + m.len(), n + 1))
 }
