@@ -453,20 +453,7 @@ impl Server {
                     self.olds = olds;
                 }
                 // The old chunks the history still holds, whole, head the prefix.
-                let (mut old_refs, mut prefix) = (vec![], vec![]);
-                let mut every_old = false;
-                if let Some(h) = &self.history {
-                    every_old = !self.olds.is_empty();
-                    for (i, oid) in self.olds.iter().enumerate() {
-                        match h.get(oid) {
-                            Ok(Some(d)) if prefix.len() + d.len() <= crate::delta::MAX_PREFIX => {
-                                old_refs.push(i as u32);
-                                prefix.extend_from_slice(&d);
-                            }
-                            _ => every_old = false,
-                        }
-                    }
-                }
+                let (old_refs, mut prefix, every_old) = self.from_history(&self.olds);
                 // Pieces of what the history lacks. Cut as one run: the client asks for a
                 // file's missing chunks in file order, mostly side by side, and measured on the
                 // public workloads one run matches more than cutting each chunk alone.
@@ -867,29 +854,39 @@ impl Server {
             sent.push(Some((bytes.len() as u64, oid.id())));
             data.extend_from_slice(&bytes);
         }
-        let (mut used, mut prefix) = (vec![], vec![]);
-        let mut seen = std::collections::HashSet::new();
-        if let Some(h) = &history {
-            let olds = files.iter().flat_map(|(_, olds)| olds);
-            for (i, old) in olds.enumerate() {
-                if !seen.insert(*old) {
-                    continue;
-                }
-                if let Ok(Some(d)) = h.get(old) {
-                    if prefix.len() + d.len() > crate::delta::MAX_PREFIX {
-                        break;
-                    }
-                    used.push(i as u32);
-                    prefix.extend_from_slice(&d);
-                }
-            }
-        }
+        let olds: Vec<Id> = files.into_iter().flat_map(|(_, olds)| olds).collect();
+        let (used, prefix, _) = self.from_history(&olds);
         let level = self.opts.zstd_level.max(crate::delta::MIN_LEVEL);
         Ok(Reply::FilesAgainst {
             files: sent,
             olds: used,
             data: crate::delta::encode(&data, &prefix, level)?,
         })
+    }
+
+    /// The old chunks `olds` that the history holds (each once, at most
+    /// [`crate::delta::MAX_PREFIX`] bytes in all): their indices, their bytes concatenated,
+    /// and whether that is every one of them.
+    fn from_history(&self, olds: &[Id]) -> (Vec<u32>, Vec<u8>, bool) {
+        let (mut used, mut prefix) = (vec![], vec![]);
+        let Some(h) = &self.history else {
+            return (used, prefix, false);
+        };
+        let mut every = !olds.is_empty();
+        let mut seen = std::collections::HashSet::new();
+        for (i, old) in olds.iter().enumerate() {
+            if !seen.insert(*old) {
+                continue;
+            }
+            match h.get(old) {
+                Ok(Some(d)) if prefix.len() + d.len() <= crate::delta::MAX_PREFIX => {
+                    used.push(i as u32);
+                    prefix.extend_from_slice(&d);
+                }
+                _ => every = false,
+            }
+        }
+        (used, prefix, every)
     }
 
     /// A small file's bytes, whole (ReadFile): at most [`ferry_proto::MAX_READ_FILE`].
