@@ -453,7 +453,7 @@ impl Server {
                     self.olds = olds;
                 }
                 // The old chunks the history still holds, whole, head the prefix.
-                let (old_refs, mut prefix, every_old) = self.from_history(&self.olds);
+                let (old_refs, mut prefix, every_old) = self.olds_in_history(&self.olds);
                 // Pieces of what the history lacks. Cut as one run: the client asks for a
                 // file's missing chunks in file order, mostly side by side, and measured on the
                 // public workloads one run matches more than cutting each chunk alone.
@@ -855,7 +855,7 @@ impl Server {
             data.extend_from_slice(&bytes);
         }
         let olds: Vec<Id> = files.into_iter().flat_map(|(_, olds)| olds).collect();
-        let (used, prefix, _) = self.from_history(&olds);
+        let (used, prefix, _) = self.olds_in_history(&olds);
         let level = self.opts.zstd_level.max(crate::delta::MIN_LEVEL);
         Ok(Reply::FilesAgainst {
             files: sent,
@@ -867,7 +867,7 @@ impl Server {
     /// The old chunks `olds` that the history holds (each once, at most
     /// [`crate::delta::MAX_PREFIX`] bytes in all): their indices, their bytes concatenated,
     /// and whether that is every one of them.
-    fn from_history(&self, olds: &[Id]) -> (Vec<u32>, Vec<u8>, bool) {
+    fn olds_in_history(&self, olds: &[Id]) -> (Vec<u32>, Vec<u8>, bool) {
         let (mut used, mut prefix) = (vec![], vec![]);
         let Some(h) = &self.history else {
             return (used, prefix, false);
