@@ -2,11 +2,10 @@
 
 use std::collections::HashMap;
 use std::fs::{self, File};
-use std::io::{self, BufReader, BufWriter, Write};
+use std::io::{self, BufWriter, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use ferry_chunk::{ChunkReader, ChunkerSpec};
 use ferry_format::{ChunkRef, HashAlg, Id, Recipe};
@@ -38,103 +37,6 @@ impl RemoteSpec {
             },
         })
     }
-}
-
-/// The reading half of a session's byte stream.
-pub type LinkReader = BufReader<Box<dyn io::Read + Send>>;
-/// The writing half of a session's byte stream.
-pub type LinkWriter = Box<dyn Write + Send>;
-
-/// A session with a server: over a remote shell's standard input and output, or over any other
-/// byte stream (the TLS daemon's, see `ferry-net`).
-pub struct Session {
-    pub conn: Connection<LinkReader, LinkWriter>,
-    /// Run after hanging up: waits for the remote shell, or for the thread carrying the stream.
-    finish: Box<dyn FnOnce() -> io::Result<()> + Send>,
-}
-
-impl Session {
-    /// Runs `RSH HOST REMOTE_FERRY serve --stdio [SERVE_ARGS] PATH` (the `-e` convention of
-    /// rsync: RSH is split on white space) and opens a session over its standard input and
-    /// output, sending at `zstd_level`.
-    pub fn spawn(
-        rsh: &str,
-        remote_ferry: &str,
-        spec: &RemoteSpec,
-        serve_args: &[String],
-        zstd_level: i32,
-    ) -> Result<Session, ConnError> {
-        let mut words = rsh.split_whitespace();
-        let prog = words
-            .next()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty --rsh command"))?;
-        let mut cmd = Command::new(prog);
-        cmd.args(words)
-            .arg(&spec.host)
-            .arg(remote_ferry)
-            .args(["serve", "--stdio"])
-            .args(serve_args)
-            .arg(&spec.path);
-        Self::command_with(cmd, zstd_level)
-    }
-
-    /// Runs `cmd`, which must speak the protocol on its standard input and output (a server:
-    /// `ferry serve --stdio DIR`, however reached), and opens a session with it.
-    pub fn command(cmd: Command) -> Result<Session, ConnError> {
-        Self::command_with(cmd, crate::conn::DEFAULT_ZSTD_LEVEL)
-    }
-
-    /// Like [`command`](Self::command), sending at `zstd_level`.
-    pub fn command_with(mut cmd: Command, zstd_level: i32) -> Result<Session, ConnError> {
-        let prog = cmd.get_program().to_string_lossy().into_owned();
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| io::Error::new(e.kind(), format!("cannot run {prog}: {e}")))?;
-        let stdin = child.stdin.take().expect("piped");
-        let stdout = child.stdout.take().expect("piped");
-        let writer: LinkWriter = Box::new(stdin);
-        match Connection::open_with(link_reader(Box::new(stdout)), writer, zstd_level) {
-            Ok(conn) => Ok(Session {
-                conn,
-                finish: Box::new(move || child.wait().map(drop)),
-            }),
-            Err(e) => {
-                let status = child.wait().ok();
-                Err(match (e, status) {
-                    // Reported as the link failing (so `--retry` tries again): ssh exits like this
-                    // when the host is unreachable, as does a missing remote ferry.
-                    (ConnError::Closed, Some(st)) | (ConnError::Io(_), Some(st)) => ConnError::Io(io::Error::new(
-                        io::ErrorKind::ConnectionAborted,
-                        format!("the remote side exited ({st}) before the session began; is the host reachable and ferry installed there (--remote-ferry)?"),
-                    )),
-                    (e, _) => e,
-                })
-            }
-        }
-    }
-
-    /// Opens a session over an already connected byte stream; `finish` runs after hanging up.
-    pub fn over(
-        reader: Box<dyn io::Read + Send>,
-        writer: LinkWriter,
-        finish: Box<dyn FnOnce() -> io::Result<()> + Send>,
-    ) -> Result<Session, ConnError> {
-        let conn = Connection::open(link_reader(reader), writer)?;
-        Ok(Session { conn, finish })
-    }
-
-    /// Hangs up and waits for the remote side.
-    pub fn close(self) -> io::Result<()> {
-        let Session { conn, finish } = self;
-        drop(conn);
-        finish()
-    }
-}
-
-fn link_reader(r: Box<dyn io::Read + Send>) -> LinkReader {
-    BufReader::with_capacity(256 * 1024, r)
 }
 
 /// One `ls` entry.
@@ -329,6 +231,26 @@ pub fn get<R: io::Read, W: Write>(
             .map_err(GetError::local("set mtime of", dir))?;
     }
     Ok(())
+}
+
+/// Fetches the file at `remote`, whose attributes the caller already has, into `local`: the
+/// version already there (if any) is a chunk source and the base the server sends changes
+/// against; the new version replaces it atomically. Costs about two round trips (the recipe,
+/// then the chunks not found locally).
+pub fn fetch_file<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    remote: &WirePath,
+    attr: &Attr,
+    local: &Path,
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+) -> Result<(), GetError> {
+    let job = FileJob {
+        remote: remote.clone(),
+        attr: attr.clone(),
+        local: local.to_path_buf(),
+    };
+    fetch_files(conn, vec![job], src, stats)
 }
 
 /// A remote file that differs from its local copy.
@@ -1577,6 +1499,8 @@ fn remote_attr<R: io::Read, W: Write>(
 struct PutJob {
     local: PathBuf,
     meta: fs::Metadata,
+    /// The permission bits to give the file on the server.
+    mode: u32,
     remote: WirePath,
     current: Option<Attr>,
 }
@@ -1682,6 +1606,33 @@ pub fn put<R: io::Read, W: Write>(
         }
     }
     check(conn, &mut plan.pending)
+}
+
+/// Uploads the local file `local` to `remote` as one new version, committed against `current`
+/// (the server refuses it with a conflict if the file is no longer at that version; `None`:
+/// if anything is there), with permission bits `mode`. Only the chunks the server lacks
+/// travel. Returns the server's attributes of the new version.
+pub fn put_file<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    local: &Path,
+    remote: &WirePath,
+    current: Option<&Attr>,
+    mode: u32,
+    opts: &PutOptions<'_>,
+    stats: &mut PutStats,
+) -> Result<Attr, GetError> {
+    let meta = fs::metadata(local).map_err(GetError::local("read", local))?;
+    let job = PutJob {
+        local: local.to_path_buf(),
+        meta,
+        mode: mode & 0o7777,
+        remote: remote.clone(),
+        current: current.cloned(),
+    };
+    let mut attrs = put_files(conn, vec![job], &mut vec![], opts, stats)?;
+    attrs
+        .pop()
+        .ok_or_else(|| ConnError::Unexpected("no commit reply".into()).into())
 }
 
 /// Reads the replies of requests sent earlier; the first error wins.
@@ -1857,6 +1808,7 @@ fn put_note(
         } else {
             plan.files.push(PutJob {
                 local: local.to_path_buf(),
+                mode: meta.mode() & 0o7777,
                 meta,
                 remote: remote.clone(),
                 current,
@@ -1936,14 +1888,15 @@ struct Chunked {
 }
 
 /// Uploads a batch of files: one round trip asks which chunks the server lacks (for every
-/// file of 8 KiB or more at once), one sends those chunks and all the commits.
+/// file of 8 KiB or more at once), one sends those chunks and all the commits. Returns the
+/// server's attributes of each file committed.
 fn put_files<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     jobs: Vec<PutJob>,
     pending: &mut Vec<u32>,
     opts: &PutOptions<'_>,
     stats: &mut PutStats,
-) -> Result<(), GetError> {
+) -> Result<Vec<Attr>, GetError> {
     use std::os::unix::fs::{FileExt, MetadataExt};
     let mut chunked = Vec::with_capacity(jobs.len());
     for j in &jobs {
@@ -2044,7 +1997,7 @@ fn put_files<R: io::Read, W: Write>(
             path: j.remote.clone(),
             if_version: j.current.as_ref().map(|a| a.version),
             recipe: c.recipe.clone(),
-            mode: j.meta.mode() & 0o7777,
+            mode: j.mode,
             mtime_ns: j.meta.mtime() * 1_000_000_000 + j.meta.mtime_nsec(),
         })?);
     }
@@ -2053,9 +2006,10 @@ fn put_files<R: io::Read, W: Write>(
     for id in puts {
         conn.replies(id)?;
     }
+    let mut attrs = Vec::with_capacity(commits.len());
     for (id, c) in commits.into_iter().zip(&chunked) {
         match conn.replies(id)?.pop() {
-            Some(Reply::Attr(_)) => {}
+            Some(Reply::Attr(a)) => attrs.push(a),
             other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
         }
         stats.files += 1;
@@ -2065,7 +2019,7 @@ fn put_files<R: io::Read, W: Write>(
             p(c.recipe.total_len());
         }
     }
-    Ok(())
+    Ok(attrs)
 }
 
 /// Sends one PutChunks, keeping at most [`PUTS_IN_FLIGHT`] unanswered: memory stays bounded

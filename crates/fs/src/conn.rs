@@ -392,35 +392,71 @@ impl<R: Read, W> Connection<R, W> {
             }
         }
         loop {
-            if let Some(f) = self.inflow.next_frame()? {
-                if !self.outstanding.contains_key(&f.request_id) {
-                    if f.request_id == 0 {
-                        if let Message::Invalidate(p) = Message::decode(&f)? {
-                            // Bounded: a flood from the server cannot grow it without limit.
-                            if self.invalidated.len() < 65_536 {
-                                self.invalidated.push(p);
-                            }
-                        }
-                        continue;
-                    }
-                    return Err(ConnError::Unexpected(format!(
-                        "a reply to request {} that was never sent",
-                        f.request_id
-                    )));
-                }
-                if !f.more() {
-                    self.outstanding.remove(&f.request_id);
-                }
-                if f.request_id == id {
+            while let Some(f) = self.inflow.next_frame()? {
+                if let Some(f) = self.route(f, id)? {
                     return Ok(f);
                 }
-                self.early.entry(f.request_id).or_default().push(f);
-                continue;
             }
             let n = self.reader.read(&mut self.buf)?;
             if n == 0 {
                 return Err(ConnError::Closed);
             }
+            self.traffic.bytes_received += n as u64;
+            self.inflow.feed(&self.buf[..n]);
+        }
+    }
+
+    /// Takes a frame that arrived: an invalidation is noted, a reply to another request kept
+    /// for later; a reply to `id` is returned.
+    fn route(&mut self, f: Frame, id: u32) -> Result<Option<Frame>, ConnError> {
+        if !self.outstanding.contains_key(&f.request_id) {
+            if f.request_id == 0 {
+                if let Message::Invalidate(p) = Message::decode(&f)? {
+                    // Bounded: a flood from the server cannot grow it without limit.
+                    if self.invalidated.len() < 65_536 {
+                        self.invalidated.push(p);
+                    }
+                }
+                return Ok(None);
+            }
+            return Err(ConnError::Unexpected(format!(
+                "a reply to request {} that was never sent",
+                f.request_id
+            )));
+        }
+        if !f.more() {
+            self.outstanding.remove(&f.request_id);
+        }
+        if f.request_id == id {
+            return Ok(Some(f));
+        }
+        self.early.entry(f.request_id).or_default().push(f);
+        Ok(None)
+    }
+
+    /// Takes what the server sent unasked (lease invalidations, into
+    /// [`invalidated`](Self::invalidated)) without waiting: the reader must fail with
+    /// `WouldBlock` or `TimedOut` when nothing more has arrived (a [`crate::LinkReader`] with a
+    /// zero timeout). Replies that arrive meanwhile are kept for their requests.
+    pub fn poll(&mut self) -> Result<(), ConnError> {
+        loop {
+            while let Some(f) = self.inflow.next_frame()? {
+                // Request 0 is the Hello's, long answered: nothing is returned for it.
+                self.route(f, 0)?;
+            }
+            let n = match self.reader.read(&mut self.buf) {
+                Ok(0) => return Err(ConnError::Closed),
+                Ok(n) => n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Ok(())
+                }
+                Err(e) => return Err(e.into()),
+            };
             self.traffic.bytes_received += n as u64;
             self.inflow.feed(&self.buf[..n]);
         }

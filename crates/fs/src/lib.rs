@@ -7,6 +7,8 @@
 //!   file identity and chunk locations kept as verified-on-use hints.
 //! - [`conn`]: the server loop over any byte stream (also pushing lease invalidations), and the
 //!   client's pipelined connection.
+//! - [`session`]: a session over a remote shell (`ssh host ferry serve --stdio DIR`) or any
+//!   byte stream, with reads that can time out.
 //! - [`client`]: `ls`, `get` and `put` over a remote shell (`ssh host ferry serve --stdio DIR`),
 //!   with the persistent cache, the destination's existing files, the server's files and its
 //!   trash as chunk sources; `--delete` and dry runs.
@@ -20,11 +22,13 @@ pub mod delta;
 pub mod export;
 mod leases;
 pub mod server;
+pub mod session;
 
 pub use client::{
-    get, list, put, GetError, GetStats, LinkReader, LinkWriter, PutOptions, PutStats, RemoteSpec,
-    Session, Sources,
+    fetch_file, get, list, put, put_file, GetError, GetStats, PutOptions, PutStats, RemoteSpec,
+    Sources,
 };
 pub use conn::{refuse, serve, ConnError, Connection, Traffic, DEFAULT_ZSTD_LEVEL};
 pub use export::Export;
 pub use server::{Server, ServerOptions, Staging};
+pub use session::{LinkReader, LinkWriter, Session};

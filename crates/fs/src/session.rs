@@ -1,0 +1,296 @@
+//! A session with a server: the connection over a remote shell's standard input and output, or
+//! over any other byte stream (the TLS daemon's, see `ferry-net`).
+//!
+//! The reading half runs on a thread of its own that hands the bytes over through a bounded
+//! channel, so a reader can give up waiting: after a timeout (a link that went silent is
+//! reported, not waited for forever: the mount must never hang), or at once when nothing has
+//! arrived (to take the server's lease invalidations while idle, [`Connection::poll`]).
+//! Commands that run to completion (`get`, `put`) leave the timeout unset and wait as long as
+//! the link takes.
+
+use std::io::{self, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use crate::client::RemoteSpec;
+use crate::conn::{ConnError, Connection};
+
+/// The writing half of a session's byte stream.
+pub type LinkWriter = Box<dyn Write + Send>;
+
+/// Bytes read per message from the reading thread; at most [`QUEUED`] messages wait.
+const READ_SIZE: usize = 256 * 1024;
+const QUEUED: usize = 8;
+/// "No timeout", in the shared cell.
+const FOREVER: u64 = u64::MAX;
+
+/// The reading half of a session's byte stream: what a thread reads from the transport,
+/// handed over with an optional timeout.
+pub struct LinkReader {
+    rx: mpsc::Receiver<io::Result<Vec<u8>>>,
+    pending: Vec<u8>,
+    at: usize,
+    /// The transport ended (or failed; the error was returned once).
+    ended: bool,
+    timeout: Arc<AtomicU64>,
+}
+
+impl LinkReader {
+    /// Starts the thread reading `r`.
+    pub fn new(mut r: Box<dyn Read + Send>) -> LinkReader {
+        let (tx, rx) = mpsc::sync_channel(QUEUED);
+        let spawned = std::thread::Builder::new()
+            .name("ferry-recv".into())
+            .spawn(move || {
+                let mut buf = vec![0u8; READ_SIZE];
+                loop {
+                    let msg = match r.read(&mut buf) {
+                        Ok(0) => Ok(vec![]),
+                        Ok(n) => Ok(buf[..n].to_vec()),
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => Err(e),
+                    };
+                    let last = !matches!(&msg, Ok(v) if !v.is_empty());
+                    // The reader is gone: nobody wants more.
+                    if tx.send(msg).is_err() || last {
+                        return;
+                    }
+                }
+            });
+        let (rx, ended) = match spawned {
+            Ok(_) => (rx, false),
+            Err(e) => {
+                let (tx, rx) = mpsc::sync_channel(1);
+                let _ = tx.send(Err(e));
+                (rx, false)
+            }
+        };
+        LinkReader {
+            rx,
+            pending: vec![],
+            at: 0,
+            ended,
+            timeout: Arc::new(AtomicU64::new(FOREVER)),
+        }
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        match self.timeout.load(Ordering::Relaxed) {
+            FOREVER => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+}
+
+impl Read for LinkReader {
+    /// Waits at most the timeout for bytes: then fails with `TimedOut`, or with `WouldBlock`
+    /// at once when the timeout is zero and nothing has arrived.
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.at == self.pending.len() {
+            if self.ended {
+                return Ok(0);
+            }
+            let got = match self.timeout() {
+                None => self.rx.recv().map_err(|_| ()),
+                Some(d) if d.is_zero() => match self.rx.try_recv() {
+                    Ok(m) => Ok(m),
+                    Err(mpsc::TryRecvError::Empty) => return Err(io::ErrorKind::WouldBlock.into()),
+                    Err(mpsc::TryRecvError::Disconnected) => Err(()),
+                },
+                Some(d) => match self.rx.recv_timeout(d) {
+                    Ok(m) => Ok(m),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("nothing heard from the server for {} s", d.as_secs_f64()),
+                        ))
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => Err(()),
+                },
+            };
+            match got {
+                Ok(Ok(v)) if !v.is_empty() => {
+                    self.pending = v;
+                    self.at = 0;
+                }
+                Ok(Err(e)) => {
+                    self.ended = true;
+                    return Err(e);
+                }
+                Ok(Ok(_)) | Err(()) => {
+                    self.ended = true;
+                    return Ok(0);
+                }
+            }
+        }
+        let n = buf.len().min(self.pending.len() - self.at);
+        buf[..n].copy_from_slice(&self.pending[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+/// A session with a server.
+pub struct Session {
+    pub conn: Connection<LinkReader, LinkWriter>,
+    timeout: Arc<AtomicU64>,
+    end: End,
+}
+
+/// What ends a session after hanging up.
+enum End {
+    /// The remote shell (or server) process carrying the session.
+    Child(Child),
+    /// Anything else: waits for the thread carrying the stream, say.
+    Other(Box<dyn FnOnce() -> io::Result<()> + Send>),
+}
+
+impl Session {
+    /// Runs `RSH HOST REMOTE_FERRY serve --stdio [SERVE_ARGS] PATH` (the `-e` convention of
+    /// rsync: RSH is split on white space) and opens a session over its standard input and
+    /// output, sending at `zstd_level`.
+    pub fn spawn(
+        rsh: &str,
+        remote_ferry: &str,
+        spec: &RemoteSpec,
+        serve_args: &[String],
+        zstd_level: i32,
+    ) -> Result<Session, ConnError> {
+        let mut words = rsh.split_whitespace();
+        let prog = words
+            .next()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty --rsh command"))?;
+        let mut cmd = Command::new(prog);
+        cmd.args(words)
+            .arg(&spec.host)
+            .arg(remote_ferry)
+            .args(["serve", "--stdio"])
+            .args(serve_args)
+            .arg(&spec.path);
+        Self::command_with(cmd, zstd_level)
+    }
+
+    /// Runs `cmd`, which must speak the protocol on its standard input and output (a server:
+    /// `ferry serve --stdio DIR`, however reached), and opens a session with it.
+    pub fn command(cmd: Command) -> Result<Session, ConnError> {
+        Self::command_with(cmd, crate::conn::DEFAULT_ZSTD_LEVEL)
+    }
+
+    /// Like [`command`](Self::command), sending at `zstd_level`.
+    pub fn command_with(mut cmd: Command, zstd_level: i32) -> Result<Session, ConnError> {
+        let prog = cmd.get_program().to_string_lossy().into_owned();
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot run {prog}: {e}")))?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let reader = LinkReader::new(Box::new(stdout));
+        let timeout = reader.timeout.clone();
+        match Connection::open_with(reader, Box::new(stdin) as LinkWriter, zstd_level) {
+            Ok(conn) => Ok(Session {
+                conn,
+                timeout,
+                end: End::Child(child),
+            }),
+            Err(e) => {
+                let status = child.wait().ok();
+                Err(match (e, status) {
+                    // Reported as the link failing (so `--retry` tries again): ssh exits like this
+                    // when the host is unreachable, as does a missing remote ferry.
+                    (ConnError::Closed, Some(st)) | (ConnError::Io(_), Some(st)) => ConnError::Io(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        format!("the remote side exited ({st}) before the session began; is the host reachable and ferry installed there (--remote-ferry)?"),
+                    )),
+                    (e, _) => e,
+                })
+            }
+        }
+    }
+
+    /// Opens a session over an already connected byte stream; `finish` runs after hanging up.
+    pub fn over(
+        reader: Box<dyn Read + Send>,
+        writer: LinkWriter,
+        finish: Box<dyn FnOnce() -> io::Result<()> + Send>,
+    ) -> Result<Session, ConnError> {
+        let reader = LinkReader::new(reader);
+        let timeout = reader.timeout.clone();
+        let conn = Connection::open(reader, writer)?;
+        Ok(Session {
+            conn,
+            timeout,
+            end: End::Other(finish),
+        })
+    }
+
+    /// How long a wait for the server may last before the link counts as failed (`TimedOut`);
+    /// `None` waits as long as it takes, zero only takes what has already arrived.
+    pub fn set_read_timeout(&self, t: Option<Duration>) {
+        let ms = t.map_or(FOREVER, |d| (d.as_millis() as u64).min(FOREVER - 1));
+        self.timeout.store(ms, Ordering::Relaxed);
+    }
+
+    /// Hangs up and waits for the remote side.
+    pub fn close(self) -> io::Result<()> {
+        let Session { conn, end, .. } = self;
+        drop(conn);
+        match end {
+            End::Child(mut c) => c.wait().map(drop),
+            End::Other(f) => f(),
+        }
+    }
+
+    /// Hangs up without waiting: a remote shell is killed, anything else is left to end in
+    /// the background. For a link that stopped answering, whose orderly end could take as long.
+    pub fn abort(self) {
+        let Session { conn, end, .. } = self;
+        drop(conn);
+        match end {
+            End::Child(mut c) => {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            End::Other(f) => {
+                let _ = std::thread::Builder::new()
+                    .name("ferry-hangup".into())
+                    .spawn(move || drop(f()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_silent_link_times_out_and_a_zero_timeout_never_waits() {
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut r = LinkReader::new(Box::new(a));
+        let mut buf = [0u8; 4];
+        r.timeout.store(0, Ordering::Relaxed);
+        assert_eq!(
+            r.read(&mut buf).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        r.timeout.store(50, Ordering::Relaxed);
+        let t = std::time::Instant::now();
+        assert_eq!(
+            r.read(&mut buf).unwrap_err().kind(),
+            io::ErrorKind::TimedOut
+        );
+        assert!(t.elapsed() >= Duration::from_millis(50));
+        b.write_all(b"abcdef").unwrap();
+        r.timeout.store(FOREVER, Ordering::Relaxed);
+        assert_eq!(r.read(&mut buf).unwrap(), 4);
+        assert_eq!(&buf, b"abcd");
+        assert_eq!(r.read(&mut buf).unwrap(), 2);
+        drop(b);
+        assert_eq!(r.read(&mut buf).unwrap(), 0, "the end of the stream");
+        assert_eq!(r.read(&mut buf).unwrap(), 0);
+    }
+}
