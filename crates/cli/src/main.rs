@@ -49,6 +49,11 @@ enum Command {
     Put(cmd::remote::PutArgs),
     /// Mirror a tree in either direction (SRC or DST is HOST:PATH); `--delete` for an exact copy.
     Sync(cmd::remote::SyncArgs),
+    /// Mount a remote directory (HOST:PATH or ferry://HOST/PATH): files are cached whole,
+    /// read and written locally, and committed atomically on close (close-to-open).
+    Mount(cmd::mount::MountArgs),
+    /// Unmount a `ferry mount`.
+    Umount(cmd::mount::UmountArgs),
     /// Ferry against rsync, rsync -z, scp and the near-ideal delta over emulated slow links:
     /// bytes counted at the link, time, tables and charts.
     Lab(cmd::lab::Args),
@@ -69,6 +74,8 @@ fn main() -> ExitCode {
         Command::Get(a) => cmd::remote::get(a),
         Command::Put(a) => cmd::remote::put(a),
         Command::Sync(a) => cmd::remote::sync(a),
+        Command::Mount(a) => cmd::mount::mount(a),
+        Command::Umount(a) => cmd::mount::umount(a),
         Command::Lab(a) => cmd::lab::run(a),
     };
     match result {

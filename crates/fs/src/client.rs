@@ -1502,7 +1502,8 @@ struct PutJob {
     /// The permission bits to give the file on the server.
     mode: u32,
     remote: WirePath,
-    current: Option<Attr>,
+    /// The version of the file being replaced (`None`: there is none).
+    if_version: Option<u64>,
 }
 
 /// What the walk of an upload leaves to do.
@@ -1608,15 +1609,15 @@ pub fn put<R: io::Read, W: Write>(
     check(conn, &mut plan.pending)
 }
 
-/// Uploads the local file `local` to `remote` as one new version, committed against `current`
-/// (the server refuses it with a conflict if the file is no longer at that version; `None`:
-/// if anything is there), with permission bits `mode`. Only the chunks the server lacks
+/// Uploads the local file `local` to `remote` as one new version, committed against
+/// `if_version` (the server refuses it with a conflict if the file is no longer at that
+/// version; `None`: if anything is there), with permission bits `mode`. Only the chunks the server lacks
 /// travel. Returns the server's attributes of the new version.
 pub fn put_file<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     local: &Path,
     remote: &WirePath,
-    current: Option<&Attr>,
+    if_version: Option<u64>,
     mode: u32,
     opts: &PutOptions<'_>,
     stats: &mut PutStats,
@@ -1627,7 +1628,7 @@ pub fn put_file<R: io::Read, W: Write>(
         meta,
         mode: mode & 0o7777,
         remote: remote.clone(),
-        current: current.cloned(),
+        if_version,
     };
     let mut attrs = put_files(conn, vec![job], &mut vec![], opts, stats)?;
     attrs
@@ -1811,7 +1812,7 @@ fn put_note(
                 mode: meta.mode() & 0o7777,
                 meta,
                 remote: remote.clone(),
-                current,
+                if_version: current.map(|a| a.version),
             });
         }
     } else {
@@ -1930,7 +1931,7 @@ fn put_files<R: io::Read, W: Write>(
             // The version being replaced is the likeliest source: asking for its recipe first
             // makes the server index it (and the trash keep it findable), in the same round
             // trip as Have.
-            if j.current.is_some() {
+            if j.if_version.is_some() {
                 c.old_recipe = Some(conn.send(Request::GetRecipe {
                     path: j.remote.clone(),
                     from: 0,
@@ -1995,7 +1996,7 @@ fn put_files<R: io::Read, W: Write>(
         }
         commits.push(conn.send(Request::Commit {
             path: j.remote.clone(),
-            if_version: j.current.as_ref().map(|a| a.version),
+            if_version: j.if_version,
             recipe: c.recipe.clone(),
             mode: j.mode,
             mtime_ns: j.meta.mtime() * 1_000_000_000 + j.meta.mtime_nsec(),

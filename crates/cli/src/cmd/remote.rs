@@ -151,6 +151,11 @@ pub struct Rsh {
 }
 
 impl Rsh {
+    /// How files are cut into chunks here (and, told by `serve_args`, there).
+    pub fn chunker(&self) -> ChunkerSpec {
+        self.chunking.spec()
+    }
+
     /// What the far side's `serve` is told, so both sides work alike.
     fn serve_args(&self) -> Vec<String> {
         let mut args = vec![];
@@ -512,6 +517,13 @@ fn is_remote(s: &str) -> bool {
 }
 
 fn connect(remote: &str, rsh: &Rsh) -> Result<(Session, WirePath)> {
+    let (connect, wire) = connector(remote, rsh)?;
+    Ok((connect()?, wire))
+}
+
+/// What opens a session with the server named by `remote` (as often as needed: the mount
+/// reconnects with it), and the path there.
+pub fn connector(remote: &str, rsh: &Rsh) -> Result<(ferry_mount::Connector, WirePath)> {
     if let Some(ep) = ferry_net::Endpoint::parse(remote) {
         let ep = ep?;
         let wire = WirePath::new(ep.path.as_bytes().to_vec())
@@ -519,29 +531,40 @@ fn connect(remote: &str, rsh: &Rsh) -> Result<(Session, WirePath)> {
         let data = ferry_net::data_dir();
         let (id, _) = ferry_net::Identity::load_or_create(&data)?;
         let known = data.join("known_hosts");
-        let session = ferry_net::connect(&ep, &id, &known, |fp| {
-            eprintln!(
-                "ferry: first visit to {}: trusting its key {fp} from now on (recorded in {})",
-                ep.host_port(),
-                known.display()
-            )
-        })
-        .with_context(|| format!("cannot start a session with {}", ep.host_port()))?;
-        return Ok((session, wire));
+        let connect = move || {
+            ferry_net::connect(&ep, &id, &known, |fp| {
+                eprintln!(
+                    "ferry: first visit to {}: trusting its key {fp} from now on (recorded in {})",
+                    ep.host_port(),
+                    known.display()
+                )
+            })
+            .map_err(|e| match e {
+                ferry_net::NetError::Link(e) => e,
+                e => ferry_fs::ConnError::Io(std::io::Error::other(format!(
+                    "cannot start a session with {}: {e}",
+                    ep.host_port()
+                ))),
+            })
+        };
+        return Ok((Box::new(connect), wire));
     }
     let Some(spec) = RemoteSpec::parse(remote) else {
         bail!("{remote:?} is not a remote (write HOST:PATH or `ferry://HOST[:PORT]/PATH`)");
     };
     let (root, wire) = split_remote(&spec)?;
-    let session = Session::spawn(
-        &rsh.rsh,
-        &rsh.remote_ferry,
-        &root,
-        &rsh.serve_args(),
-        rsh.zstd_level.unwrap_or(ferry_fs::DEFAULT_ZSTD_LEVEL),
-    )
-    .with_context(|| format!("cannot start a session with {}", spec.host))?;
-    Ok((session, wire))
+    let (shell, remote_ferry, args) = (rsh.rsh.clone(), rsh.remote_ferry.clone(), rsh.serve_args());
+    let level = rsh.zstd_level.unwrap_or(ferry_fs::DEFAULT_ZSTD_LEVEL);
+    let connect = move || {
+        Session::spawn(&shell, &remote_ferry, &root, &args, level).map_err(|e| match e {
+            ferry_fs::ConnError::Io(io) => ferry_fs::ConnError::Io(std::io::Error::new(
+                io.kind(),
+                format!("cannot start a session with {}: {io}", root.host),
+            )),
+            e => e,
+        })
+    };
+    Ok((Box::new(connect), wire))
 }
 
 pub fn ls(a: LsArgs) -> Result<ExitCode> {

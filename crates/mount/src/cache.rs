@@ -1,0 +1,230 @@
+//! The whole-file cache (LBFS §2.2): each remote file that was opened here has a copy on the
+//! local disk, read and written at local speed, with a small record beside it saying which
+//! server version the copy is, or that it holds local changes not yet written back.
+//!
+//! Layout under the cache directory (mode 0700):
+//!
+//! ```text
+//! files/<k>       the copy (mode 0600), where <k> is 32 hex digits of BLAKE3 over the path
+//! files/<k>.meta  its record, JSON: {"path": [bytes], "version": u64 | null, "dirty": bool}
+//! ```
+//!
+//! A record is replaced atomically (temporary file, rename). A copy is marked dirty before the
+//! first byte of a local change reaches it, so a crash can never leave changed bytes labelled
+//! as a server version; a fetched copy replaces the old one atomically and only then is its
+//! record rewritten, so at worst a record names an older version than the copy holds (server
+//! versions never repeat, so that only costs a fetch). Dirty copies survive restarts and are
+//! written back when the mount next runs.
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use ferry_proto::WirePath;
+use serde::{Deserialize, Serialize};
+
+/// What the cache knows of one copy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Meta {
+    pub path: Vec<u8>,
+    /// The server's version this copy is (clean), or the one its local changes were made
+    /// against (dirty; `None`: the file did not exist on the server).
+    pub version: Option<u64>,
+    pub dirty: bool,
+}
+
+pub(crate) struct FileCache {
+    dir: PathBuf,
+}
+
+impl FileCache {
+    pub(crate) fn open(root: &Path) -> io::Result<FileCache> {
+        let dir = root.join("files");
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)?;
+        fs::set_permissions(root, fs::Permissions::from_mode(0o700))?;
+        Ok(FileCache { dir })
+    }
+
+    fn key(path: &WirePath) -> String {
+        let h = blake3::hash(path.as_bytes());
+        hex::encode(&h.as_bytes()[..16])
+    }
+
+    /// Where the copy of `path` lives (it may not exist).
+    pub(crate) fn data(&self, path: &WirePath) -> PathBuf {
+        self.dir.join(Self::key(path))
+    }
+
+    fn meta_path(&self, path: &WirePath) -> PathBuf {
+        self.dir.join(format!("{}.meta", Self::key(path)))
+    }
+
+    /// The record of `path`'s copy; `None` when there is none, it cannot be read, or it is
+    /// another path's (a key collision).
+    pub(crate) fn meta(&self, path: &WirePath) -> Option<Meta> {
+        let bytes = fs::read(self.meta_path(path)).ok()?;
+        let m: Meta = serde_json::from_slice(&bytes).ok()?;
+        (m.path == path.as_bytes()).then_some(m)
+    }
+
+    /// Records `path`'s copy (atomically; the rename is not fsynced: the record is a hint, and
+    /// the ordering rules in the module docs keep every crash outcome safe).
+    pub(crate) fn set_meta(
+        &self,
+        path: &WirePath,
+        version: Option<u64>,
+        dirty: bool,
+    ) -> io::Result<()> {
+        let m = Meta {
+            path: path.as_bytes().to_vec(),
+            version,
+            dirty,
+        };
+        let target = self.meta_path(path);
+        let tmp = target.with_extension("meta.tmp");
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(&serde_json::to_vec(&m).map_err(io::Error::other)?)?;
+        drop(f);
+        fs::rename(&tmp, &target)
+    }
+
+    /// Notes that `path`'s copy was used now (eviction takes the least recently used first).
+    pub(crate) fn touch(&self, path: &WirePath) {
+        if let Ok(f) = File::options().write(true).open(self.meta_path(path)) {
+            let _ = f.set_modified(SystemTime::now());
+        }
+    }
+
+    /// Removes `path`'s copy and record.
+    pub(crate) fn remove(&self, path: &WirePath) {
+        let _ = fs::remove_file(self.meta_path(path));
+        let _ = fs::remove_file(self.data(path));
+    }
+
+    /// Moves `from`'s copy and record to `to` (when `from` has a copy).
+    pub(crate) fn rename(&self, from: &WirePath, to: &WirePath) -> io::Result<()> {
+        let Some(m) = self.meta(from) else {
+            self.remove(to);
+            return Ok(());
+        };
+        // The record goes last: until it exists, `to` has no copy.
+        let _ = fs::remove_file(self.meta_path(to));
+        fs::rename(self.data(from), self.data(to))?;
+        self.set_meta(to, m.version, m.dirty)?;
+        let _ = fs::remove_file(self.meta_path(from));
+        Ok(())
+    }
+
+    /// Every record of a dirty copy: local changes not yet written back.
+    pub(crate) fn dirty(&self) -> Vec<Meta> {
+        self.records()
+            .into_iter()
+            .filter_map(|(_, m, _)| m.dirty.then_some(m))
+            .collect()
+    }
+
+    fn records(&self) -> Vec<(PathBuf, Meta, SystemTime)> {
+        let Ok(rd) = fs::read_dir(&self.dir) else {
+            return vec![];
+        };
+        let mut out = vec![];
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "meta") {
+                let used = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .unwrap_or(SystemTime::UNIX_EPOCH);
+                if let Some(m) = fs::read(&p)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<Meta>(&b).ok())
+                {
+                    out.push((p, m, used));
+                }
+            }
+        }
+        out
+    }
+
+    /// Bytes of all copies.
+    pub(crate) fn size(&self) -> u64 {
+        let Ok(rd) = fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        rd.flatten()
+            .filter(|e| e.path().extension().is_none())
+            .filter_map(|e| e.metadata().ok())
+            .map(|m| m.len())
+            .sum()
+    }
+
+    /// Evicts clean copies, least recently used first, until the copies take at most `max`
+    /// bytes; never one that `busy` says is in use. Returns the bytes evicted.
+    pub(crate) fn trim(&self, max: u64, busy: impl Fn(&[u8]) -> bool) -> u64 {
+        let mut total = self.size();
+        if total <= max {
+            return 0;
+        }
+        let mut recs = self.records();
+        recs.sort_by_key(|r| r.2);
+        let mut freed = 0;
+        for (meta_path, m, _) in recs {
+            if total <= max {
+                break;
+            }
+            if m.dirty || busy(&m.path) {
+                continue;
+            }
+            let data = meta_path.with_extension("");
+            let len = fs::metadata(&data).map(|m| m.len()).unwrap_or(0);
+            let _ = fs::remove_file(&meta_path);
+            let _ = fs::remove_file(&data);
+            total = total.saturating_sub(len);
+            freed += len;
+        }
+        freed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> WirePath {
+        WirePath::new(s.as_bytes().to_vec()).unwrap()
+    }
+
+    #[test]
+    fn records_round_trip_move_and_evict_only_clean_idle_copies() {
+        let t = tempfile::tempdir().unwrap();
+        let c = FileCache::open(t.path()).unwrap();
+        assert_eq!(c.meta(&p("a")), None);
+        fs::write(c.data(&p("a")), vec![1u8; 100]).unwrap();
+        c.set_meta(&p("a"), Some(7), false).unwrap();
+        fs::write(c.data(&p("b")), vec![2u8; 100]).unwrap();
+        c.set_meta(&p("b"), Some(8), true).unwrap();
+        fs::write(c.data(&p("c")), vec![3u8; 100]).unwrap();
+        c.set_meta(&p("c"), Some(9), false).unwrap();
+        assert_eq!(c.meta(&p("a")).unwrap().version, Some(7));
+        assert_eq!(c.dirty().len(), 1);
+        c.rename(&p("a"), &p("d/e")).unwrap();
+        assert_eq!(c.meta(&p("a")), None);
+        assert_eq!(c.meta(&p("d/e")).unwrap().version, Some(7));
+        assert_eq!(fs::read(c.data(&p("d/e"))).unwrap(), vec![1u8; 100]);
+        // Over budget: the dirty copy and the busy one stay.
+        assert_eq!(c.trim(50, |path| path == b"c"), 100);
+        assert_eq!(c.meta(&p("d/e")), None);
+        assert!(c.meta(&p("b")).is_some() && c.meta(&p("c")).is_some());
+        assert_eq!(c.size(), 200);
+    }
+}

@@ -1,0 +1,498 @@
+//! The FUSE adapter: kernel requests in, [`Vfs`] calls, replies out. Nothing here decides
+//! anything about caching or consistency; `errno` is the one mapping of errors.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ferry_proto::FileKind;
+use fuser::{
+    Errno as KErrno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+
+use crate::vfs::{Errno, Stat, Vfs};
+
+/// How long the kernel may keep names and attributes without asking: short, because the
+/// leases live in the [`Vfs`], which answers from them without a message.
+const TTL: Duration = Duration::from_secs(1);
+
+pub(crate) struct FerryFs {
+    pub(crate) vfs: Arc<Vfs>,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+}
+
+fn errno(e: Errno) -> KErrno {
+    KErrno::from_i32(e.0)
+}
+
+fn time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+fn nanos(t: TimeOrNow) -> i64 {
+    let t = match t {
+        TimeOrNow::SpecificTime(t) => t,
+        TimeOrNow::Now => SystemTime::now(),
+    };
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i64,
+        Err(e) => -(e.duration().as_nanos() as i64),
+    }
+}
+
+fn kind(k: FileKind) -> FileType {
+    match k {
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn has(flags: i32, f: rustix::fs::OFlags) -> bool {
+    flags & f.bits() as i32 != 0
+}
+
+impl FerryFs {
+    fn attr(&self, s: &Stat) -> FileAttr {
+        let t = time(s.mtime_ns);
+        FileAttr {
+            ino: INodeNo(s.ino),
+            size: s.size,
+            blocks: s.size.div_ceil(512),
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+            kind: kind(s.kind),
+            perm: (s.mode & 0o7777) as u16,
+            nlink: if s.kind == FileKind::Dir { 2 } else { 1 },
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    fn entry(&self, r: Result<Stat, Errno>, reply: ReplyEntry) {
+        match r {
+            Ok(s) => reply.entry(&TTL, &self.attr(&s), Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn empty(r: Result<(), Errno>, reply: ReplyEmpty) {
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}
+
+impl Filesystem for FerryFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // O_TRUNC comes with open, so a file about to be overwritten is not fetched first.
+        if config
+            .add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC)
+            .is_err()
+        {
+            tracing::debug!("the kernel has no atomic O_TRUNC");
+        }
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        self.vfs.shutdown();
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.entry(self.vfs.lookup(parent.0, name.as_bytes()), reply);
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.vfs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.vfs.getattr_open(ino.0, fh.map(|f| f.0)) {
+            Ok(s) => reply.attr(&TTL, &self.attr(&s)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        // Every file belongs to the user who mounted: other owners cannot be stored.
+        if uid.is_some_and(|u| u != self.uid) || gid.is_some_and(|g| g != self.gid) {
+            return reply.error(KErrno::EPERM);
+        }
+        match self.vfs.setattr(ino.0, mode, size, mtime.map(nanos)) {
+            Ok(s) => reply.attr(&TTL, &self.attr(&s)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.vfs.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        // Only regular files: devices, fifos and sockets cannot be stored on the server.
+        if rustix::fs::FileType::from_raw_mode(mode) == rustix::fs::FileType::RegularFile {
+            let r = self
+                .vfs
+                .create(parent.0, name.as_bytes(), mode & !umask, true)
+                .and_then(|(s, o)| self.vfs.release(o.fh).map(|()| s));
+            return self.entry(r, reply);
+        }
+        reply.error(KErrno::EPERM);
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        self.entry(
+            self.vfs.mkdir(parent.0, name.as_bytes(), mode & !umask),
+            reply,
+        );
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        Self::empty(self.vfs.unlink(parent.0, name.as_bytes()), reply);
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        Self::empty(self.vfs.rmdir(parent.0, name.as_bytes()), reply);
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        let r = self.vfs.symlink(
+            parent.0,
+            link_name.as_bytes(),
+            target.as_os_str().as_bytes(),
+        );
+        self.entry(r, reply);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(RenameFlags::RENAME_EXCHANGE)
+            || flags.contains(RenameFlags::RENAME_WHITEOUT)
+        {
+            return reply.error(KErrno::EINVAL);
+        }
+        let r = self.vfs.rename(
+            parent.0,
+            name.as_bytes(),
+            newparent.0,
+            newname.as_bytes(),
+            flags.contains(RenameFlags::RENAME_NOREPLACE),
+        );
+        Self::empty(r, reply);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        // link(2)'s answer for a file system without hard links.
+        reply.error(KErrno::EPERM);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let write = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
+        let truncate = has(flags.0, rustix::fs::OFlags::TRUNC);
+        match self.vfs.open(ino.0, write, truncate) {
+            Ok(o) => reply.opened(
+                FileHandle(o.fh),
+                if o.keep_cache {
+                    FopenFlags::FOPEN_KEEP_CACHE
+                } else {
+                    FopenFlags::empty()
+                },
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.vfs.read(fh.0, offset, size) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.vfs.write(fh.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        Self::empty(self.vfs.flush(fh.0), reply);
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::empty(self.vfs.release(fh.0), reply);
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::empty(self.vfs.fsync(fh.0), reply);
+    }
+
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.opened(FileHandle(0), FopenFlags::empty());
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let entries = match self.vfs.readdir(ino.0) {
+            Ok(e) => e,
+            Err(e) => return reply.error(errno(e)),
+        };
+        let dots = [
+            (ino.0, FileKind::Dir, b".".to_vec()),
+            (ino.0, FileKind::Dir, b"..".to_vec()),
+        ];
+        for (i, (e_ino, k, name)) in dots
+            .into_iter()
+            .chain(entries)
+            .enumerate()
+            .skip(offset as usize)
+        {
+            if reply.add(
+                INodeNo(e_ino),
+                i as u64 + 1,
+                kind(k),
+                OsStr::from_bytes(&name),
+            ) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Every change to names is synchronous on the server (which fsyncs directories).
+        reply.ok();
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: fuser::ReplyXattr,
+    ) {
+        // Extended attributes are not stored on the server: none exists.
+        reply.error(KErrno::ENODATA);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(KErrno::ENOTSUP);
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(KErrno::ENOTSUP);
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        // The kernel checks permissions itself (default_permissions).
+        reply.ok();
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(KErrno::ENOTTY);
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        // The server's free space is not known here: plenty is reported, and a full disk on
+        // the server fails the commit with ENOSPC.
+        reply.statfs(1 << 32, 1 << 31, 1 << 31, 1 << 24, 1 << 23, 4096, 255, 4096);
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let excl = has(flags, rustix::fs::OFlags::EXCL);
+        match self
+            .vfs
+            .create(parent.0, name.as_bytes(), mode & !umask, excl)
+        {
+            Ok((s, o)) => reply.created(
+                &TTL,
+                &self.attr(&s),
+                Generation(0),
+                FileHandle(o.fh),
+                FopenFlags::empty(),
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}

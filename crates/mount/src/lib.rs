@@ -1,0 +1,155 @@
+//! `ferry mount`: the low-bandwidth network file system of LBFS on Ferry's file service.
+//!
+//! Editors and compilers run locally on files that live on a distant server: a file opened
+//! here is brought up to date in a whole-file cache (nothing is sent while its lease holds;
+//! one round trip when the lease expired and it did not change; otherwise only the chunks not
+//! found locally), read and written at local speed, and committed atomically on close with
+//! only the chunks the server lacks (close-to-open consistency; the last close wins).
+//!
+//! - [`vfs`]: the file system logic, free of FUSE (tests drive it directly).
+//! - `fuse`: the thin adapter to the kernel (the `fuser` crate; as root it mounts without
+//!   libfuse).
+//! - `link`: one session with the server, reconnected in the background, every wait bounded.
+//! - `cache`: the whole-file cache on disk.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let connect: ferry_mount::Connector = Box::new(|| {
+//!     let mut cmd = std::process::Command::new("ssh");
+//!     cmd.args(["build-server", "ferry", "serve", "--stdio", "src"]);
+//!     ferry_fs::Session::command(cmd)
+//! });
+//! let opts = ferry_mount::Options {
+//!     cache_dir: "/home/me/.cache/ferry/mount/src".into(),
+//!     cache_size: 2 << 30,
+//!     timeout: Duration::from_secs(15),
+//!     chunker: Default::default(),
+//! };
+//! let vfs = ferry_mount::Vfs::new(connect, ferry_proto::WirePath::default(), opts)?;
+//! ferry_mount::serve(vfs, "/home/me/src".as_ref(), &ferry_mount::MountOptions::default(), |_| {})?;
+//! # Ok(()) }
+//! ```
+
+mod cache;
+mod fuse;
+mod link;
+pub mod vfs;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use link::Connector;
+pub use vfs::{Errno, Ino, MountError, Options, Stat, Vfs};
+
+/// How the kernel side is set up.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// Shown as the mount's source (`mount`, `df`).
+    pub fsname: String,
+    /// Let other users reach the mount (root only, or `user_allow_other` in /etc/fuse.conf).
+    pub allow_other: bool,
+    /// Threads serving the kernel: cached files are read while another thread waits for the
+    /// server.
+    pub threads: usize,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            fsname: "ferry".into(),
+            allow_other: false,
+            threads: 4,
+        }
+    }
+}
+
+/// Unmounts a running [`serve`] from another thread (a signal handler's, say).
+pub struct Unmounter(fuser::SessionUnmounter);
+
+impl Unmounter {
+    pub fn unmount(&mut self) -> std::io::Result<()> {
+        self.0.unmount()
+    }
+}
+
+/// How often idle upkeep runs: lease breaks taken, reconnection, deferred write-backs.
+const TICK: Duration = Duration::from_millis(200);
+
+/// Mounts `vfs` at `mountpoint` and serves it until it is unmounted; `ready` is called once
+/// the mount is in place. At the end, changes not yet written back are written (or kept in the
+/// cache for the next mount, when the server cannot be reached).
+pub fn serve(
+    vfs: Vfs,
+    mountpoint: &Path,
+    opts: &MountOptions,
+    ready: impl FnOnce(Unmounter),
+) -> std::io::Result<()> {
+    let vfs = Arc::new(vfs);
+    // SAFETY-free identity: the caller's ids own every file.
+    let (uid, gid) = (
+        rustix::process::getuid().as_raw(),
+        rustix::process::getgid().as_raw(),
+    );
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName(opts.fsname.clone()),
+        fuser::MountOption::Subtype("ferry".into()),
+        fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::NoAtime,
+        fuser::MountOption::NoDev,
+        fuser::MountOption::NoSuid,
+    ];
+    if opts.allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(opts.threads.max(1));
+    let fs = fuse::FerryFs {
+        vfs: vfs.clone(),
+        uid,
+        gid,
+    };
+    let mut session = fuser::Session::new(fs, mountpoint, &config)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let keeper = {
+        let (vfs, stop) = (vfs.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("ferry-upkeep".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    std::thread::sleep(TICK);
+                    vfs.tick();
+                }
+            })?
+    };
+    ready(Unmounter(session.unmount_callable()));
+    let r = session.run();
+    stop.store(true, Ordering::Release);
+    let _ = keeper.join();
+    r
+}
+
+/// Unmounts the file system at `mountpoint` (as root directly, else with fusermount).
+pub fn unmount(mountpoint: &Path) -> std::io::Result<()> {
+    match rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::empty()) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::PERM) => {
+            let mut last = None;
+            for prog in ["fusermount3", "fusermount"] {
+                match std::process::Command::new(prog)
+                    .arg("-u")
+                    .arg(mountpoint)
+                    .status()
+                {
+                    Ok(s) if s.success() => return Ok(()),
+                    Ok(s) => last = Some(std::io::Error::other(format!("{prog} -u failed ({s})"))),
+                    Err(e) => last = Some(e),
+                }
+            }
+            Err(last.unwrap_or_else(|| std::io::Error::other("cannot unmount")))
+        }
+        Err(e) => Err(e.into()),
+    }
+}

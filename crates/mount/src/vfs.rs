@@ -1,0 +1,1565 @@
+//! The file system of `ferry mount`, free of FUSE: inodes, leases, the whole-file cache and
+//! write-back on close, driven by the FUSE adapter (`fuse.rs`) or directly by tests.
+//!
+//! LBFS's consistency model, on Ferry's file service:
+//!
+//! - **Attributes and listings** are cached under the server's leases. While a lease holds
+//!   nothing is asked; the server breaks it (Invalidate) when anyone changes the file. Leases
+//!   of an earlier session are void (invalidations may have been missed while disconnected).
+//! - **Open** brings the cached copy up to date: no message while the attributes' lease holds
+//!   and the copy is that version; one round trip (GetAttr) when the lease expired and nothing
+//!   changed; otherwise the recipe and the chunks not found locally (the old copy and the
+//!   chunk cache are sources, and the server sends changes against the old version).
+//! - **Reads and writes** go to the local copy at local speed.
+//! - **Close** (and fsync) after a write commits the copy atomically on the server, sending
+//!   only the chunks it lacks, against the version the changes were made on. If another
+//!   client's close came first, the last close wins: the file becomes exactly this client's
+//!   version (logged), never a mix. A file created here exists on the server at once (empty),
+//!   so names behave as on a local disk; its contents follow on close.
+//! - **Offline**: when the server cannot be reached, cached copies still open (the log says
+//!   so), local changes stay in the cache marked dirty and are written back when the link
+//!   returns (a restarted mount too); operations that need the server fail with `EHOSTDOWN`
+//!   after at most the timeout, never hang.
+//!
+//! Locks: `state` is held only briefly and never across a message; `fetching` serialises the
+//! decision to fetch a copy with opening it (so a copy being written is never replaced); the
+//! link serialises messages.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use ferry_chunk::ChunkerSpec;
+use ferry_fs::{ConnError, GetError, GetStats, PutOptions, PutStats, Sources};
+use ferry_proto::{Attr, ErrorCode, FileKind, Reply, Request, WirePath};
+use ferry_store::LocalStore;
+
+use crate::cache::FileCache;
+use crate::link::{Conn, Connector, Failure, Link};
+
+/// An inode number; [`ROOT`] is the mounted directory.
+pub type Ino = u64;
+pub const ROOT: Ino = 1;
+
+/// An error number for the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Errno(pub i32);
+
+macro_rules! errnos {
+    ($($name:ident = $e:ident),* $(,)?) => {
+        impl Errno {
+            $(pub const $name: Errno = Errno(rustix::io::Errno::$e.raw_os_error());)*
+        }
+    };
+}
+errnos!(
+    ENOENT = NOENT,
+    EEXIST = EXIST,
+    ENOTDIR = NOTDIR,
+    EISDIR = ISDIR,
+    ENOTEMPTY = NOTEMPTY,
+    EACCES = ACCESS,
+    EPERM = PERM,
+    ENOSPC = NOSPC,
+    EIO = IO,
+    EINVAL = INVAL,
+    ENOTSUP = NOTSUP,
+    EHOSTDOWN = HOSTDOWN,
+    EBADF = BADF,
+    ENAMETOOLONG = NAMETOOLONG,
+);
+
+impl From<io::Error> for Errno {
+    fn from(e: io::Error) -> Errno {
+        Errno(e.raw_os_error().unwrap_or(Errno::EIO.0))
+    }
+}
+
+fn errno_of(f: &Failure) -> Errno {
+    match f {
+        Failure::Offline(_) => Errno::EHOSTDOWN,
+        Failure::Remote(code, _) => match code {
+            ErrorCode::NotFound => Errno::ENOENT,
+            ErrorCode::Exists | ErrorCode::Conflict => Errno::EEXIST,
+            ErrorCode::NotDir => Errno::ENOTDIR,
+            ErrorCode::IsDir => Errno::EISDIR,
+            ErrorCode::NotEmpty => Errno::ENOTEMPTY,
+            ErrorCode::Permission | ErrorCode::Escape => Errno::EACCES,
+            ErrorCode::NoSpace => Errno::ENOSPC,
+            ErrorCode::BadRequest => Errno::EINVAL,
+            ErrorCode::Unsupported => Errno::ENOTSUP,
+            _ => Errno::EIO,
+        },
+        Failure::Failed(GetError::Local { error, .. }) => {
+            Errno(error.raw_os_error().unwrap_or(Errno::EIO.0))
+        }
+        Failure::Failed(_) => Errno::EIO,
+    }
+}
+
+/// What the kernel is told about a file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stat {
+    pub ino: Ino,
+    pub kind: FileKind,
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    pub mtime_ns: i64,
+}
+
+/// An open file.
+#[derive(Clone, Copy, Debug)]
+pub struct Opened {
+    pub fh: u64,
+    /// The kernel may keep the pages it cached of this file: the contents are the version it
+    /// saw at the last open.
+    pub keep_cache: bool,
+}
+
+/// How to mount.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The cache directory (whole files and chunks), kept between mounts.
+    pub cache_dir: PathBuf,
+    /// Bound on the cached copies' bytes (the chunk cache gets half as much again).
+    pub cache_size: u64,
+    /// How long a wait for the server may last before it counts as unreachable.
+    pub timeout: Duration,
+    pub chunker: ChunkerSpec,
+}
+
+/// Errors of mounting (once mounted, operations return an [`Errno`]).
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("cannot reach the server: {0}")]
+    Connect(#[from] ConnError),
+    #[error("{0}: {1}")]
+    Remote(String, String),
+    #[error("the cache {}: {}", .0.display(), .1)]
+    Cache(PathBuf, String),
+}
+
+/// Something cached under a lease.
+struct Leased<T> {
+    value: T,
+    until: Instant,
+    epoch: u64,
+}
+
+impl<T> Leased<T> {
+    fn valid(&self, epoch: u64) -> bool {
+        self.epoch == epoch && Instant::now() < self.until
+    }
+}
+
+struct Inode {
+    path: WirePath,
+    kind: FileKind,
+    /// References the kernel holds (lookups not yet forgotten).
+    lookups: u64,
+    open: u32,
+    writers: u32,
+    /// The cached copy holds changes not yet on the server.
+    dirty: bool,
+    /// Writes so far: a write-back commits what was there when it began, and the copy stays
+    /// dirty if more came meanwhile.
+    writes: u64,
+    /// Removed or replaced on the server by this client while open: nothing to write back.
+    unlinked: bool,
+    /// The version whose pages the kernel may hold.
+    kernel_version: Option<u64>,
+    /// Permission bits set here while the copy was dirty: they go with the commit.
+    mode: Option<u32>,
+}
+
+struct Handle {
+    ino: Ino,
+    file: Arc<File>,
+    write: bool,
+}
+
+/// A directory listing: names and kinds, sorted by name.
+type Listing = Vec<(Vec<u8>, FileKind)>;
+
+#[derive(Default)]
+struct State {
+    attrs: HashMap<WirePath, Leased<Attr>>,
+    listings: HashMap<WirePath, Leased<Listing>>,
+    /// Symlink targets by path, with the version they were read at.
+    links: HashMap<WirePath, (u64, Vec<u8>)>,
+    inodes: HashMap<Ino, Inode>,
+    ino_of: HashMap<WirePath, Ino>,
+    next_ino: Ino,
+    handles: HashMap<u64, Handle>,
+    next_fh: u64,
+}
+
+/// Counters of what the mount did, for logs and tests.
+#[derive(Default, Debug)]
+pub struct Counters {
+    /// Opens answered from the cache without a message.
+    pub opens_cached: AtomicU64,
+    /// Opens that revalidated with one GetAttr and found the copy current.
+    pub opens_revalidated: AtomicU64,
+    /// Opens that fetched the file (wholly or its changes).
+    pub opens_fetched: AtomicU64,
+    /// Opens served from a copy while the server was unreachable.
+    pub opens_offline: AtomicU64,
+    pub commits: AtomicU64,
+    /// Commits that replaced a version another client had committed since (last close wins).
+    pub last_close_wins: AtomicU64,
+}
+
+/// The file system.
+pub struct Vfs {
+    link: Link,
+    files: FileCache,
+    chunks: LocalStore,
+    opts: Options,
+    state: Mutex<State>,
+    fetching: Mutex<()>,
+    writing: Mutex<()>,
+    /// The link epoch whose leases and dirty copies were last dealt with.
+    seen_epoch: AtomicU64,
+    /// A write-back failed for want of the server: retry when it is back.
+    retry_dirty: AtomicBool,
+    /// Fetches so far: the cache is trimmed every so many (each trim lists the cache).
+    fetches: AtomicU64,
+    pub counters: Counters,
+}
+
+/// Directories listed whole on a lookup miss up to this size (a listing costs one round trip
+/// and answers every later lookup in the directory); larger ones are asked name by name.
+const LIST_ON_LOOKUP: u64 = 1 << 20;
+
+impl Vfs {
+    /// Connects and checks that `root` is a directory on the server.
+    pub fn new(connect: Connector, root: WirePath, opts: Options) -> Result<Vfs, MountError> {
+        let cache_err =
+            |e: &dyn std::fmt::Display| MountError::Cache(opts.cache_dir.clone(), e.to_string());
+        let files = FileCache::open(&opts.cache_dir).map_err(|e| cache_err(&e))?;
+        let chunks = LocalStore::open_or_create(
+            opts.cache_dir.join("chunks"),
+            ferry_store::Options {
+                pack_target: 16 << 20,
+                append_to_last_pack: false,
+                ..ferry_store::Options::default()
+            },
+        )
+        .map_err(|e| cache_err(&e))?;
+        let link = Link::open(connect, opts.timeout)?;
+        let vfs = Vfs {
+            link,
+            files,
+            chunks,
+            opts,
+            state: Mutex::new(State {
+                next_ino: ROOT + 1,
+                next_fh: 1,
+                ..State::default()
+            }),
+            fetching: Mutex::new(()),
+            writing: Mutex::new(()),
+            seen_epoch: AtomicU64::new(0),
+            retry_dirty: AtomicBool::new(true),
+            fetches: AtomicU64::new(0),
+            counters: Counters::default(),
+        };
+        let attr = vfs
+            .fresh_attr(&root)
+            .map_err(|e| MountError::Remote(format!("{root:?}"), e.to_string()))?;
+        if attr.kind != FileKind::Dir {
+            return Err(MountError::Remote(
+                format!("{root:?}"),
+                "not a directory".into(),
+            ));
+        }
+        {
+            let mut st = vfs.lock();
+            st.inodes
+                .insert(ROOT, Inode::new(root.clone(), FileKind::Dir));
+            st.ino_of.insert(root, ROOT);
+        }
+        vfs.seen_epoch.store(vfs.link.epoch(), Ordering::Release);
+        vfs.trim();
+        Ok(vfs)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn path_of(&self, ino: Ino) -> Result<(WirePath, FileKind), Errno> {
+        let st = self.lock();
+        let n = st.inodes.get(&ino).ok_or(Errno::ENOENT)?;
+        if n.unlinked {
+            return Err(Errno::ENOENT);
+        }
+        Ok((n.path.clone(), n.kind))
+    }
+
+    fn child(&self, parent: Ino, name: &[u8]) -> Result<(WirePath, WirePath), Errno> {
+        if name.len() > 255 {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let (dir, kind) = self.path_of(parent)?;
+        if kind != FileKind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        let p = dir.join(name).map_err(|_| Errno::EINVAL)?;
+        Ok((dir, p))
+    }
+
+    // ------------------------------------------------------------------ attributes
+
+    /// Caches `a` as `path`'s attributes under its lease, counted from `asked` (when the
+    /// request left, so the lease never outlives the server's grant).
+    fn store_attr(&self, st: &mut State, path: &WirePath, a: Attr, asked: Instant) {
+        let until = asked + Duration::from_millis(a.lease_ms as u64);
+        st.attrs.insert(
+            path.clone(),
+            Leased {
+                value: a,
+                until,
+                epoch: self.link.epoch(),
+            },
+        );
+    }
+
+    /// The attributes of `path` under a valid lease, if cached.
+    fn leased_attr(&self, path: &WirePath) -> Option<Attr> {
+        let epoch = self.link.epoch();
+        let st = self.lock();
+        st.attrs
+            .get(path)
+            .filter(|l| l.valid(epoch))
+            .map(|l| l.value.clone())
+    }
+
+    /// Forgets `path` after the server said it does not exist.
+    fn gone(&self, path: &WirePath) {
+        let mut st = self.lock();
+        st.attrs.remove(path);
+        st.listings.remove(path);
+        if let Some((dir, name)) = path.split_last() {
+            if let Some(l) = st.listings.get_mut(&dir) {
+                if let Ok(i) = l.value.binary_search_by(|e| e.0.as_slice().cmp(name)) {
+                    l.value.remove(i);
+                }
+            }
+        }
+    }
+
+    /// Asks the server for `path`'s attributes (one round trip).
+    fn fresh_attr(&self, path: &WirePath) -> Result<Attr, Failure> {
+        let asked = Instant::now();
+        let a = self.link.run(|c| get_attr(c, path));
+        self.apply_invalidations();
+        match a {
+            Ok(a) => {
+                let mut st = self.lock();
+                self.store_attr(&mut st, path, a.clone(), asked);
+                Ok(a)
+            }
+            Err(f) => {
+                if matches!(f, Failure::Remote(ErrorCode::NotFound, _)) {
+                    self.gone(path);
+                }
+                Err(f)
+            }
+        }
+    }
+
+    /// `path`'s attributes: leased, else asked for; while the server is unreachable, the last
+    /// ones known.
+    fn attr(&self, path: &WirePath) -> Result<Attr, Errno> {
+        if let Some(a) = self.leased_attr(path) {
+            return Ok(a);
+        }
+        match self.fresh_attr(path) {
+            Ok(a) => Ok(a),
+            Err(Failure::Offline(why)) => {
+                let st = self.lock();
+                match st.attrs.get(path) {
+                    Some(l) => {
+                        tracing::debug!(
+                            "{path:?}: server unreachable ({why}); last known attributes"
+                        );
+                        Ok(l.value.clone())
+                    }
+                    None => Err(Errno::EHOSTDOWN),
+                }
+            }
+            Err(f) => Err(errno_of(&f)),
+        }
+    }
+
+    fn stat_of(&self, ino: Ino, a: &Attr) -> Stat {
+        Stat {
+            ino,
+            kind: a.kind,
+            size: a.size,
+            mode: a.mode & 0o7777,
+            mtime_ns: a.mtime_ns,
+        }
+    }
+
+    /// The attributes of an inode as the kernel should see them.
+    pub fn getattr(&self, ino: Ino) -> Result<Stat, Errno> {
+        self.getattr_open(ino, None)
+    }
+
+    /// Likewise, asked through the open file `fh` if given: a copy being written (or changed
+    /// and not yet written back, or removed while open) has the local copy's size and time.
+    pub fn getattr_open(&self, ino: Ino, fh: Option<u64>) -> Result<Stat, Errno> {
+        let (path, local, mode, file) = {
+            let st = self.lock();
+            let n = st.inodes.get(&ino).ok_or(Errno::ENOENT)?;
+            let file = fh
+                .and_then(|fh| st.handles.get(&fh))
+                .filter(|h| h.ino == ino)
+                .map(|h| h.file.clone());
+            let known = st.attrs.get(&n.path).map(|l| l.value.mode);
+            (
+                n.path.clone(),
+                n.writers > 0 || n.dirty || n.unlinked,
+                n.mode.or(known).unwrap_or(0o644),
+                file,
+            )
+        };
+        if local {
+            use std::os::unix::fs::MetadataExt;
+            let m = match file {
+                Some(f) => f.metadata()?,
+                None => std::fs::metadata(self.files.data(&path))?,
+            };
+            return Ok(Stat {
+                ino,
+                kind: FileKind::File,
+                size: m.len(),
+                mode: mode & 0o7777,
+                mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            });
+        }
+        let a = self.attr(&path)?;
+        Ok(self.stat_of(ino, &a))
+    }
+
+    // ------------------------------------------------------------------ names
+
+    fn ino_for(st: &mut State, path: &WirePath, kind: FileKind) -> Ino {
+        if let Some(&i) = st.ino_of.get(path) {
+            if let Some(n) = st.inodes.get_mut(&i) {
+                n.kind = kind;
+            }
+            return i;
+        }
+        let i = st.next_ino;
+        st.next_ino += 1;
+        st.inodes.insert(i, Inode::new(path.clone(), kind));
+        st.ino_of.insert(path.clone(), i);
+        i
+    }
+
+    /// Looks `name` up in directory `parent`; the kernel holds one more reference to the inode
+    /// returned.
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Stat, Errno> {
+        let (dir, path) = self.child(parent, name)?;
+        let a = match self.leased_attr(&path) {
+            Some(a) => a,
+            None => match self.listed(&dir, name) {
+                Some(false) => return Err(Errno::ENOENT),
+                Some(true) => self.attr(&path)?,
+                None => {
+                    // A listing answers this lookup and every later one in the directory.
+                    let small = self
+                        .leased_attr(&dir)
+                        .is_none_or(|d| d.size <= LIST_ON_LOOKUP);
+                    match small.then(|| self.list(&dir)) {
+                        Some(Ok(entries)) => {
+                            match entries.binary_search_by(|e| e.0.as_slice().cmp(name)) {
+                                Ok(i) => entries[i].1.clone(),
+                                Err(_) => return Err(Errno::ENOENT),
+                            }
+                        }
+                        _ => self.attr(&path)?,
+                    }
+                }
+            },
+        };
+        let mut st = self.lock();
+        let ino = Self::ino_for(&mut st, &path, a.kind);
+        st.inodes.get_mut(&ino).expect("made").lookups += 1;
+        Ok(self.stat_of(ino, &a))
+    }
+
+    /// Whether a valid listing of `dir` has `name`; `None` without one.
+    fn listed(&self, dir: &WirePath, name: &[u8]) -> Option<bool> {
+        let epoch = self.link.epoch();
+        let st = self.lock();
+        st.listings.get(dir).filter(|l| l.valid(epoch)).map(|l| {
+            l.value
+                .binary_search_by(|e| e.0.as_slice().cmp(name))
+                .is_ok()
+        })
+    }
+
+    /// The kernel dropped `n` references to `ino`.
+    pub fn forget(&self, ino: Ino, n: u64) {
+        let mut st = self.lock();
+        let Some(node) = st.inodes.get_mut(&ino) else {
+            return;
+        };
+        node.lookups = node.lookups.saturating_sub(n);
+        if ino != ROOT && node.lookups == 0 && node.open == 0 && !node.dirty {
+            let path = node.path.clone();
+            let unlinked = node.unlinked;
+            st.inodes.remove(&ino);
+            if !unlinked && st.ino_of.get(&path) == Some(&ino) {
+                st.ino_of.remove(&path);
+            }
+        }
+    }
+
+    /// Reads `dir`'s listing from the server (one round trip), caching the entries' attributes;
+    /// returns the entries, sorted by name.
+    fn list(&self, dir: &WirePath) -> Result<Vec<(Vec<u8>, Attr)>, Failure> {
+        let asked = Instant::now();
+        let r = self.link.run(|c| {
+            let mut out = vec![];
+            for r in c.call(Request::ReadDir { path: dir.clone() })? {
+                match r {
+                    Reply::DirEntries(es) => out.extend(es),
+                    other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+                }
+            }
+            Ok(out)
+        });
+        self.apply_invalidations();
+        let entries = match r {
+            Ok(e) => e,
+            Err(f) => {
+                if matches!(f, Failure::Remote(ErrorCode::NotFound, _)) {
+                    self.gone(dir);
+                }
+                return Err(f);
+            }
+        };
+        let mut entries: Vec<(Vec<u8>, Attr)> =
+            entries.into_iter().map(|e| (e.name, e.attr)).collect();
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        entries.dedup_by(|a, b| a.0 == b.0);
+        // The listing's lease is its entries' (the server grants them together); an empty
+        // listing carries none.
+        let lease = entries.iter().map(|e| e.1.lease_ms).min().unwrap_or(0);
+        let mut st = self.lock();
+        for (name, attr) in &entries {
+            if let Ok(p) = dir.join(name) {
+                self.store_attr(&mut st, &p, attr.clone(), asked);
+            }
+        }
+        st.listings.insert(
+            dir.clone(),
+            Leased {
+                value: entries.iter().map(|(n, a)| (n.clone(), a.kind)).collect(),
+                until: asked + Duration::from_millis(lease as u64),
+                epoch: self.link.epoch(),
+            },
+        );
+        Ok(entries)
+    }
+
+    /// The entries of directory `ino` (without `.` and `..`): name, kind and an inode number.
+    pub fn readdir(&self, ino: Ino) -> Result<Vec<(Ino, FileKind, Vec<u8>)>, Errno> {
+        let (dir, kind) = self.path_of(ino)?;
+        if kind != FileKind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        let epoch = self.link.epoch();
+        let cached = self
+            .lock()
+            .listings
+            .get(&dir)
+            .filter(|l| l.valid(epoch))
+            .map(|l| l.value.clone());
+        let names = match cached {
+            Some(n) => n,
+            None => match self.list(&dir) {
+                Ok(e) => e.into_iter().map(|(n, a)| (n, a.kind)).collect(),
+                Err(Failure::Offline(why)) => match self.lock().listings.get(&dir) {
+                    Some(l) => {
+                        tracing::info!("{dir:?}: server unreachable ({why}); listing as last seen");
+                        l.value.clone()
+                    }
+                    None => return Err(Errno::EHOSTDOWN),
+                },
+                Err(f) => return Err(errno_of(&f)),
+            },
+        };
+        let st = self.lock();
+        Ok(names
+            .into_iter()
+            .map(|(name, kind)| {
+                // Entries not looked up get a number of their own (the kernel does not use
+                // it for lookups); high bit set so it never collides with a real inode.
+                let ino = dir
+                    .join(&name)
+                    .ok()
+                    .and_then(|p| st.ino_of.get(&p).copied())
+                    .unwrap_or_else(|| {
+                        let h = blake3::hash(&[dir.as_bytes(), b"/", &name].concat());
+                        (1 << 63) | u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap()) >> 1
+                    });
+                (ino, kind, name)
+            })
+            .collect())
+    }
+
+    /// Adds or removes a name in a cached listing after a change made here.
+    fn relist(st: &mut State, dir: &WirePath, name: &[u8], kind: Option<FileKind>) {
+        if let Some(l) = st.listings.get_mut(dir) {
+            match (l.value.binary_search_by(|e| e.0.as_slice().cmp(name)), kind) {
+                (Ok(i), Some(k)) => l.value[i].1 = k,
+                (Ok(i), None) => {
+                    l.value.remove(i);
+                }
+                (Err(i), Some(k)) => l.value.insert(i, (name.to_vec(), k)),
+                (Err(_), None) => {}
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ files
+
+    fn sources(&self) -> Sources<'_> {
+        Sources {
+            cache: &self.chunks,
+            chunker: self.opts.chunker.clone(),
+            delete: false,
+            dry_run: false,
+            // Small files with no copy here come whole (one round trip, no recipe).
+            cold: true,
+            progress: None,
+        }
+    }
+
+    /// Brings the cached copy of `ino` up to date (unless it holds local changes, which win)
+    /// and opens it, in one step under `fetching` so a copy open for writing is never replaced.
+    /// With `truncate`, the old contents are not fetched at all.
+    fn open_copy(
+        &self,
+        ino: Ino,
+        write: bool,
+        truncate: bool,
+    ) -> Result<(File, Option<u64>), Errno> {
+        let _g = self.fetching.lock().unwrap_or_else(|e| e.into_inner());
+        let (path, kind, local) = {
+            let st = self.lock();
+            let n = st.inodes.get(&ino).ok_or(Errno::ENOENT)?;
+            if n.unlinked {
+                return Err(Errno::ENOENT);
+            }
+            (n.path.clone(), n.kind, n.writers > 0 || n.dirty)
+        };
+        if kind == FileKind::Dir {
+            return Err(Errno::EISDIR);
+        }
+        let data = self.files.data(&path);
+        let meta = self.files.meta(&path);
+        let local = local || meta.as_ref().is_some_and(|m| m.dirty);
+        let mut version = meta.as_ref().and_then(|m| m.version);
+        if truncate && write {
+            if !local {
+                let a = self.attr(&path)?;
+                version = Some(a.version);
+            }
+            self.mark_dirty(ino, &path, version)?;
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&data)?;
+        } else if !local {
+            version = Some(self.refresh_copy(&path, meta.and_then(|m| m.version))?);
+        }
+        let file = OpenOptions::new().read(true).write(write).open(&data)?;
+        let mut st = self.lock();
+        let n = st.inodes.get_mut(&ino).ok_or(Errno::ENOENT)?;
+        n.open += 1;
+        if write {
+            n.writers += 1;
+        }
+        Ok((file, version))
+    }
+
+    /// Makes the copy of `path` the server's current version (it is `have` now); returns the
+    /// version it holds.
+    fn refresh_copy(&self, path: &WirePath, have: Option<u64>) -> Result<u64, Errno> {
+        let data = self.files.data(path);
+        let leased = self.leased_attr(path);
+        let fresh = leased.is_none();
+        let attr = match leased.map(Ok).unwrap_or_else(|| self.fresh_attr(path)) {
+            Ok(a) => a,
+            Err(Failure::Offline(why)) => return self.offline_copy(path, have, &why),
+            Err(f) => return Err(errno_of(&f)),
+        };
+        if attr.kind != FileKind::File {
+            return Err(if attr.kind == FileKind::Dir {
+                Errno::EISDIR
+            } else {
+                Errno::EINVAL
+            });
+        }
+        if have == Some(attr.version) && data.exists() {
+            self.files.touch(path);
+            let c = if fresh {
+                &self.counters.opens_revalidated
+            } else {
+                &self.counters.opens_cached
+            };
+            c.fetch_add(1, Ordering::Relaxed);
+            return Ok(attr.version);
+        }
+        let mut stats = GetStats::default();
+        let src = self.sources();
+        let r = self
+            .link
+            .run(|c| ferry_fs::fetch_file(c, path, &attr, &data, &src, &mut stats));
+        self.apply_invalidations();
+        match r {
+            Ok(()) => {}
+            Err(Failure::Offline(why)) => return self.offline_copy(path, have, &why),
+            Err(f) => {
+                if matches!(f, Failure::Remote(ErrorCode::NotFound, _)) {
+                    self.gone(path);
+                }
+                tracing::warn!("{path:?}: cannot fetch: {f}");
+                return Err(errno_of(&f));
+            }
+        }
+        self.counters.opens_fetched.fetch_add(1, Ordering::Relaxed);
+        std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o600))?;
+        self.files.set_meta(path, Some(attr.version), false)?;
+        tracing::debug!(
+            "{path:?}: fetched version {:x} ({} bytes; {} chunks from the server, {} here)",
+            attr.version,
+            stats.bytes,
+            stats.from_server,
+            stats.from_cache + stats.from_local
+        );
+        if self.fetches.fetch_add(1, Ordering::Relaxed) % 32 == 31 {
+            self.trim();
+        }
+        Ok(attr.version)
+    }
+
+    fn offline_copy(&self, path: &WirePath, have: Option<u64>, why: &str) -> Result<u64, Errno> {
+        match have {
+            Some(v) if self.files.data(path).exists() => {
+                tracing::warn!(
+                    "{path:?}: server unreachable ({why}); opening the cached copy (version {v:x}), which may be out of date"
+                );
+                self.counters.opens_offline.fetch_add(1, Ordering::Relaxed);
+                Ok(v)
+            }
+            _ => Err(Errno::EHOSTDOWN),
+        }
+    }
+
+    /// Marks `ino`'s copy as holding local changes made against `version`: on disk first, so
+    /// no crash can leave changed bytes labelled as a server version.
+    fn mark_dirty(&self, ino: Ino, path: &WirePath, version: Option<u64>) -> Result<(), Errno> {
+        let first = {
+            let st = self.lock();
+            st.inodes.get(&ino).is_some_and(|n| !n.dirty)
+        };
+        if first && !self.files.meta(path).is_some_and(|m| m.dirty) {
+            self.files.set_meta(path, version, true)?;
+        }
+        let mut st = self.lock();
+        if let Some(n) = st.inodes.get_mut(&ino) {
+            n.dirty = true;
+            n.writes += 1;
+        }
+        Ok(())
+    }
+
+    fn new_handle(&self, ino: Ino, file: File, write: bool, version: Option<u64>) -> Opened {
+        let mut st = self.lock();
+        let fh = st.next_fh;
+        st.next_fh += 1;
+        st.handles.insert(
+            fh,
+            Handle {
+                ino,
+                file: Arc::new(file),
+                write,
+            },
+        );
+        let n = st.inodes.get_mut(&ino).expect("open");
+        let keep_cache = version.is_some() && n.kernel_version == version;
+        n.kernel_version = version;
+        Opened { fh, keep_cache }
+    }
+
+    /// Opens a file for reading and/or writing (`truncate`: its contents are discarded).
+    pub fn open(&self, ino: Ino, write: bool, truncate: bool) -> Result<Opened, Errno> {
+        let (file, version) = self.open_copy(ino, write, truncate)?;
+        Ok(self.new_handle(ino, file, write, version))
+    }
+
+    /// Creates (exclusively with `excl`) and opens a file: it exists on the server at once,
+    /// empty; its contents follow on close.
+    pub fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        excl: bool,
+    ) -> Result<(Stat, Opened), Errno> {
+        let (dir, path) = self.child(parent, name)?;
+        let data = self.files.data(&path);
+        {
+            // A stale copy under this name must not be mistaken for the new file.
+            let st = self.lock();
+            if let Some(&i) = st.ino_of.get(&path) {
+                if st.inodes.get(&i).is_some_and(|n| n.open > 0 && !n.unlinked) {
+                    drop(st);
+                    return self.create_existing(parent, name, excl);
+                }
+            }
+        }
+        let _g = self.fetching.lock().unwrap_or_else(|e| e.into_inner());
+        self.files.remove(&path);
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&data)?;
+        let asked = Instant::now();
+        let mut stats = PutStats::default();
+        let opts = self.put_options();
+        let r = self
+            .link
+            .run(|c| ferry_fs::put_file(c, &data, &path, None, mode & 0o7777, &opts, &mut stats));
+        self.apply_invalidations();
+        let a = match r {
+            Ok(a) => a,
+            Err(Failure::Remote(ErrorCode::Conflict, _)) => {
+                drop(_g);
+                return self.create_existing(parent, name, excl);
+            }
+            Err(f) => return Err(errno_of(&f)),
+        };
+        self.files.set_meta(&path, Some(a.version), false)?;
+        let file = OpenOptions::new().read(true).write(true).open(&data)?;
+        let ino = {
+            let mut st = self.lock();
+            self.store_attr(&mut st, &path, a.clone(), asked);
+            Self::relist(&mut st, &dir, name, Some(FileKind::File));
+            let ino = Self::ino_for(&mut st, &path, FileKind::File);
+            let n = st.inodes.get_mut(&ino).expect("made");
+            n.lookups += 1;
+            n.open += 1;
+            n.writers += 1;
+            n.unlinked = false;
+            ino
+        };
+        let opened = self.new_handle(ino, file, true, Some(a.version));
+        Ok((self.stat_of(ino, &a), opened))
+    }
+
+    /// O_CREAT on a name that exists: open it (O_EXCL: refuse).
+    fn create_existing(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        excl: bool,
+    ) -> Result<(Stat, Opened), Errno> {
+        if excl {
+            return Err(Errno::EEXIST);
+        }
+        let (_, path) = self.child(parent, name)?;
+        {
+            // What we knew was stale: ask again.
+            let mut st = self.lock();
+            st.attrs.remove(&path);
+        }
+        let s = self.lookup(parent, name)?;
+        match self.open(s.ino, true, false) {
+            Ok(o) => Ok((self.getattr(s.ino)?, o)),
+            Err(e) => {
+                self.forget(s.ino, 1);
+                Err(e)
+            }
+        }
+    }
+
+    fn handle(&self, fh: u64) -> Result<(Ino, Arc<File>, bool), Errno> {
+        let st = self.lock();
+        let h = st.handles.get(&fh).ok_or(Errno::EBADF)?;
+        Ok((h.ino, h.file.clone(), h.write))
+    }
+
+    /// Reads from an open file (at local speed: the cached copy).
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        let (_, file, _) = self.handle(fh)?;
+        let mut buf = vec![0u8; size as usize];
+        let mut got = 0;
+        while got < buf.len() {
+            match file.read_at(&mut buf[got..], offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        buf.truncate(got);
+        Ok(buf)
+    }
+
+    /// Writes to an open file's copy; the server sees it on close.
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, Errno> {
+        let (ino, file, write) = self.handle(fh)?;
+        if !write {
+            return Err(Errno::EBADF);
+        }
+        let (path, base) = self.dirty_base(ino)?;
+        self.mark_dirty(ino, &path, base)?;
+        file.write_all_at(data, offset)?;
+        Ok(data.len() as u32)
+    }
+
+    /// The path of `ino` and the version its copy was made on.
+    fn dirty_base(&self, ino: Ino) -> Result<(WirePath, Option<u64>), Errno> {
+        let path = self
+            .lock()
+            .inodes
+            .get(&ino)
+            .ok_or(Errno::ENOENT)?
+            .path
+            .clone();
+        let base = self.files.meta(&path).and_then(|m| m.version);
+        Ok((path, base))
+    }
+
+    /// A file descriptor of `fh` was closed (close-to-open: local changes are committed now,
+    /// and an error here is what `close` returns).
+    pub fn flush(&self, fh: u64) -> Result<(), Errno> {
+        let (ino, _, _) = self.handle(fh)?;
+        self.write_back(ino)
+    }
+
+    /// fsync: the changes reach the server.
+    pub fn fsync(&self, fh: u64) -> Result<(), Errno> {
+        self.flush(fh)
+    }
+
+    /// The last reference to `fh` is gone.
+    pub fn release(&self, fh: u64) -> Result<(), Errno> {
+        let h = self.lock().handles.remove(&fh).ok_or(Errno::EBADF)?;
+        // Writes through a shared mapping can arrive after the last flush.
+        let r = self.write_back(h.ino);
+        let mut st = self.lock();
+        if let Some(n) = st.inodes.get_mut(&h.ino) {
+            n.open = n.open.saturating_sub(1);
+            if h.write {
+                n.writers = n.writers.saturating_sub(1);
+            }
+            if n.open == 0 && n.lookups == 0 && !n.dirty && h.ino != ROOT {
+                let (path, unlinked) = (n.path.clone(), n.unlinked);
+                st.inodes.remove(&h.ino);
+                if !unlinked && st.ino_of.get(&path) == Some(&h.ino) {
+                    st.ino_of.remove(&path);
+                }
+            }
+        }
+        r
+    }
+
+    fn put_options(&self) -> PutOptions<'static> {
+        PutOptions {
+            chunker: self.opts.chunker.clone(),
+            delete: false,
+            dry_run: false,
+            progress: None,
+        }
+    }
+
+    /// Commits `ino`'s copy if it holds local changes.
+    fn write_back(&self, ino: Ino) -> Result<(), Errno> {
+        let _w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        let (path, writes, mode) = {
+            let mut st = self.lock();
+            let Some(n) = st.inodes.get_mut(&ino) else {
+                return Ok(());
+            };
+            if !n.dirty {
+                return Ok(());
+            }
+            if n.unlinked {
+                // Removed or replaced while open: there is nothing left to write it to.
+                n.dirty = false;
+                return Ok(());
+            }
+            let (path, writes, mode) = (n.path.clone(), n.writes, n.mode);
+            let known = st.attrs.get(&path).map(|l| l.value.mode);
+            (path, writes, mode.or(known).unwrap_or(0o644))
+        };
+        match self.commit(&path, mode) {
+            Ok(a) => {
+                let mut st = self.lock();
+                let clean = st.inodes.get(&ino).is_some_and(|n| n.writes == writes);
+                if !clean {
+                    // More was written meanwhile: still dirty, now against what was committed.
+                    self.files.set_meta(&path, Some(a.version), true)?;
+                }
+                if let Some(n) = st.inodes.get_mut(&ino) {
+                    n.kernel_version = Some(a.version);
+                    if clean {
+                        n.dirty = false;
+                        n.mode = None;
+                    }
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if e == Errno::EHOSTDOWN {
+                    self.retry_dirty.store(true, Ordering::Release);
+                    tracing::warn!(
+                        "{path:?}: server unreachable; the changes are kept in the cache and written back when it is reachable again"
+                    );
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Commits the copy of `path` (dirty, made against the version its record names) with
+    /// permission bits `mode`; the record becomes the new version, clean. If the file moved
+    /// on meanwhile, the last close wins: it is committed again over the current version.
+    fn commit(&self, path: &WirePath, mode: u32) -> Result<Attr, Errno> {
+        let meta = self.files.meta(path).ok_or(Errno::EIO)?;
+        let data = self.files.data(path);
+        let mut base = meta.version;
+        let opts = self.put_options();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let asked = Instant::now();
+            let mut stats = PutStats::default();
+            let r = self
+                .link
+                .run(|c| ferry_fs::put_file(c, &data, path, base, mode, &opts, &mut stats));
+            self.apply_invalidations();
+            match r {
+                Ok(a) => {
+                    self.files.set_meta(path, Some(a.version), false)?;
+                    let mut st = self.lock();
+                    self.store_attr(&mut st, path, a.clone(), asked);
+                    if let Some((dir, name)) = path.split_last() {
+                        Self::relist(&mut st, &dir, name, Some(FileKind::File));
+                    }
+                    self.counters.commits.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(
+                        "{path:?}: committed version {:x} ({} bytes, {} chunks sent)",
+                        a.version,
+                        stats.bytes,
+                        stats.chunks_sent
+                    );
+                    return Ok(a);
+                }
+                Err(Failure::Remote(ErrorCode::Conflict, m)) if attempt < 4 => {
+                    tracing::warn!("{path:?}: {m}; the last close wins: replacing it with this client's version");
+                    self.counters
+                        .last_close_wins
+                        .fetch_add(1, Ordering::Relaxed);
+                    base = match self.fresh_attr(path) {
+                        Ok(a) if a.kind == FileKind::File => Some(a.version),
+                        Ok(_) => return Err(Errno::EISDIR),
+                        Err(Failure::Remote(ErrorCode::NotFound, _)) => None,
+                        Err(f) => return Err(errno_of(&f)),
+                    };
+                }
+                Err(Failure::Failed(GetError::Local { op, .. }))
+                    if op.starts_with("file changed") && attempt < 4 => {}
+                Err(f) => {
+                    tracing::warn!("{path:?}: cannot write back: {f}");
+                    return Err(errno_of(&f));
+                }
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ changes to names
+
+    /// Sends `r` and asks for `path`'s attributes in the same round trip.
+    fn change_and_stat(&self, r: Request, path: &WirePath) -> Result<Attr, Errno> {
+        let asked = Instant::now();
+        let res = self.link.run(|c| {
+            let a = c.send(r)?;
+            let b = c.send(Request::GetAttr { path: path.clone() })?;
+            c.flush()?;
+            c.replies(a)?;
+            match c.replies(b)?.pop() {
+                Some(Reply::Attr(a)) => Ok(a),
+                other => Err(ConnError::Unexpected(format!("{other:?}")).into()),
+            }
+        });
+        self.apply_invalidations();
+        let a = res.map_err(|f| errno_of(&f))?;
+        let mut st = self.lock();
+        self.store_attr(&mut st, path, a.clone(), asked);
+        if let Some((dir, name)) = path.split_last() {
+            Self::relist(&mut st, &dir, name, Some(a.kind));
+        }
+        Ok(a)
+    }
+
+    fn entry(&self, path: &WirePath, a: &Attr) -> Stat {
+        let mut st = self.lock();
+        let ino = Self::ino_for(&mut st, path, a.kind);
+        let n = st.inodes.get_mut(&ino).expect("made");
+        n.lookups += 1;
+        n.unlinked = false;
+        self.stat_of(ino, a)
+    }
+
+    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32) -> Result<Stat, Errno> {
+        let (_, path) = self.child(parent, name)?;
+        let a = self.change_and_stat(
+            Request::Mkdir {
+                path: path.clone(),
+                mode: mode & 0o7777,
+            },
+            &path,
+        )?;
+        Ok(self.entry(&path, &a))
+    }
+
+    pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8]) -> Result<Stat, Errno> {
+        let (_, path) = self.child(parent, name)?;
+        let a = self.change_and_stat(
+            Request::Symlink {
+                path: path.clone(),
+                target: target.to_vec(),
+            },
+            &path,
+        )?;
+        self.lock()
+            .links
+            .insert(path.clone(), (a.version, target.to_vec()));
+        Ok(self.entry(&path, &a))
+    }
+
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>, Errno> {
+        let (path, _) = self.path_of(ino)?;
+        let a = self.attr(&path)?;
+        if let Some((v, t)) = self.lock().links.get(&path) {
+            if *v == a.version {
+                return Ok(t.clone());
+            }
+        }
+        let r = self.link.run(
+            |c| match c.call(Request::ReadLink { path: path.clone() })?.pop() {
+                Some(Reply::Link(t)) => Ok(t),
+                other => Err(ConnError::Unexpected(format!("{other:?}")).into()),
+            },
+        );
+        self.apply_invalidations();
+        let t = r.map_err(|f| errno_of(&f))?;
+        self.lock().links.insert(path, (a.version, t.clone()));
+        Ok(t)
+    }
+
+    /// Forgets what was cached of `path` and everything below it, after it was removed or
+    /// renamed here; open inodes there are marked unlinked (`unlink`) or keep their number.
+    fn drop_below(st: &mut State, path: &WirePath) {
+        let below = |p: &WirePath| is_below(p, path);
+        st.attrs.retain(|p, _| !below(p));
+        st.listings.retain(|p, _| !below(p));
+        st.links.retain(|p, _| !below(p));
+    }
+
+    fn unlinked(&self, st: &mut State, path: &WirePath) {
+        let gone: Vec<(WirePath, Ino)> = st
+            .ino_of
+            .iter()
+            .filter(|(p, _)| is_below(p, path))
+            .map(|(p, i)| (p.clone(), *i))
+            .collect();
+        for (p, i) in gone {
+            st.ino_of.remove(&p);
+            if let Some(n) = st.inodes.get_mut(&i) {
+                n.unlinked = true;
+            }
+            self.files.remove(&p);
+        }
+        self.files.remove(path);
+        Self::drop_below(st, path);
+    }
+
+    fn remove(&self, parent: Ino, name: &[u8], dir: bool) -> Result<(), Errno> {
+        let (parent_path, path) = self.child(parent, name)?;
+        let r = self.link.run(|c| {
+            c.call(if dir {
+                Request::Rmdir { path: path.clone() }
+            } else {
+                Request::Unlink { path: path.clone() }
+            })
+            .map(drop)
+            .map_err(Into::into)
+        });
+        self.apply_invalidations();
+        r.map_err(|f| errno_of(&f))?;
+        let mut st = self.lock();
+        self.unlinked(&mut st, &path);
+        Self::relist(&mut st, &parent_path, name, None);
+        Ok(())
+    }
+
+    pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<(), Errno> {
+        self.remove(parent, name, false)
+    }
+
+    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<(), Errno> {
+        self.remove(parent, name, true)
+    }
+
+    /// Renames (replacing what is at the new name; `noreplace`: unless something is).
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        noreplace: bool,
+    ) -> Result<(), Errno> {
+        let (from_dir, from) = self.child(parent, name)?;
+        let (to_dir, to) = self.child(new_parent, new_name)?;
+        if from == to {
+            return Ok(());
+        }
+        if is_below(&to, &from) {
+            return Err(Errno::EINVAL);
+        }
+        if noreplace {
+            match self.fresh_attr(&to) {
+                Ok(_) => return Err(Errno::EEXIST),
+                Err(Failure::Remote(ErrorCode::NotFound, _)) => {}
+                Err(f) => return Err(errno_of(&f)),
+            }
+        }
+        // Local changes of files being moved are written back under their old names first,
+        // so nothing pending refers to a name that no longer exists.
+        let moving: Vec<Ino> = {
+            let st = self.lock();
+            st.ino_of
+                .iter()
+                .filter(|(p, i)| is_below(p, &from) && st.inodes.get(i).is_some_and(|n| n.dirty))
+                .map(|(_, i)| *i)
+                .collect()
+        };
+        for i in moving {
+            self.write_back(i)?;
+        }
+        let kind = self.lock().attrs.get(&from).map(|l| l.value.kind);
+        let r = self.link.run(|c| {
+            c.call(Request::Rename {
+                from: from.clone(),
+                to: to.clone(),
+            })
+            .map(drop)
+            .map_err(Into::into)
+        });
+        self.apply_invalidations();
+        r.map_err(|f| errno_of(&f))?;
+        let _g = self.fetching.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.lock();
+        // What was at the new name is gone.
+        if st.ino_of.get(&to) != st.ino_of.get(&from) {
+            self.unlinked(&mut st, &to);
+        }
+        // Inodes below the old name move with it, and so do their copies (whose versions
+        // are checked on the next open, the rename having changed them on the server).
+        let moved: Vec<(WirePath, Ino)> = st
+            .ino_of
+            .iter()
+            .filter(|(p, _)| is_below(p, &from))
+            .map(|(p, i)| (p.clone(), *i))
+            .collect();
+        for (p, _) in &moved {
+            st.ino_of.remove(p);
+        }
+        let copy_moved = moved.iter().any(|(p, _)| p == &from);
+        for (p, i) in moved {
+            let np = rebase(&p, &from, &to);
+            if let Err(e) = self.files.rename(&p, &np) {
+                tracing::debug!("moving the cached copy of {p:?}: {e}");
+            }
+            if let Some(n) = st.inodes.get_mut(&i) {
+                n.path = np.clone();
+            }
+            st.ino_of.insert(np, i);
+        }
+        if !copy_moved {
+            if let Err(e) = self.files.rename(&from, &to) {
+                tracing::debug!("moving the cached copy of {from:?}: {e}");
+            }
+        }
+        Self::drop_below(&mut st, &from);
+        Self::drop_below(&mut st, &to);
+        Self::relist(&mut st, &from_dir, name, None);
+        match kind {
+            Some(k) => Self::relist(&mut st, &to_dir, new_name, Some(k)),
+            None => {
+                st.listings.remove(&to_dir);
+            }
+        }
+        Ok(())
+    }
+
+    /// Changes attributes: size (through the copy: the new contents are committed on close,
+    /// or now if the file is not open), permission bits and modification time.
+    pub fn setattr(
+        &self,
+        ino: Ino,
+        mode: Option<u32>,
+        size: Option<u64>,
+        mtime_ns: Option<i64>,
+    ) -> Result<Stat, Errno> {
+        let (path, kind) = self.path_of(ino)?;
+        if let Some(size) = size {
+            if kind == FileKind::Dir {
+                return Err(Errno::EISDIR);
+            }
+            let (file, version) = self.open_copy(ino, true, size == 0)?;
+            self.mark_dirty(ino, &path, version)?;
+            file.set_len(size)?;
+            let opened = {
+                let mut st = self.lock();
+                let n = st.inodes.get_mut(&ino).ok_or(Errno::ENOENT)?;
+                n.open -= 1;
+                n.writers -= 1;
+                n.open > 0
+            };
+            if !opened {
+                self.write_back(ino)?;
+            }
+        }
+        if mode.is_some() || mtime_ns.is_some() {
+            let dirty = self.lock().inodes.get(&ino).is_some_and(|n| n.dirty);
+            if dirty {
+                // Goes with the commit of the changed copy.
+                let data = self.files.data(&path);
+                if let Some(m) = mode {
+                    self.lock().inodes.get_mut(&ino).expect("open").mode = Some(m & 0o7777);
+                }
+                if let Some(t) = mtime_ns {
+                    File::options()
+                        .write(true)
+                        .open(&data)?
+                        .set_modified(time_of(t))?;
+                }
+            } else {
+                self.change_and_stat(
+                    Request::SetAttr {
+                        path: path.clone(),
+                        mode: mode.map(|m| m & 0o7777),
+                        mtime_ns,
+                        size: None,
+                    },
+                    &path,
+                )?;
+            }
+        }
+        self.getattr(ino)
+    }
+
+    // ------------------------------------------------------------------ upkeep
+
+    /// Breaks the leases the server broke.
+    fn apply_invalidations(&self) {
+        let paths = self.link.invalidated();
+        if paths.is_empty() {
+            return;
+        }
+        let mut st = self.lock();
+        let past = Instant::now() - Duration::from_millis(1);
+        for p in paths {
+            tracing::trace!("lease broken: {p:?}");
+            // Kept, expired: the last known attributes still serve while offline.
+            if let Some(l) = st.attrs.get_mut(&p) {
+                l.until = past;
+            }
+            if let Some(l) = st.listings.get_mut(&p) {
+                l.until = past;
+            }
+        }
+    }
+
+    /// Housekeeping, every few hundred milliseconds: takes lease breaks the server sent while
+    /// idle, reconnects, and writes back changes kept while the server was unreachable.
+    pub fn tick(&self) {
+        self.link.poll();
+        self.apply_invalidations();
+        let epoch = self.link.epoch();
+        let new_session = self.seen_epoch.swap(epoch, Ordering::AcqRel) != epoch;
+        if (new_session || self.retry_dirty.load(Ordering::Acquire)) && self.link.is_up() {
+            self.write_back_all();
+        }
+    }
+
+    /// Writes back every dirty copy that nobody is writing: open inodes' and those a previous
+    /// run left. Returns the number that could not be (yet).
+    pub fn write_back_all(&self) -> usize {
+        self.retry_dirty.store(false, Ordering::Release);
+        let (inodes, busy): (Vec<Ino>, Vec<WirePath>) = {
+            let st = self.lock();
+            let inodes = st
+                .inodes
+                .iter()
+                .filter(|(_, n)| n.dirty && n.writers == 0)
+                .map(|(i, _)| *i)
+                .collect();
+            let busy = st.inodes.values().map(|n| n.path.clone()).collect();
+            (inodes, busy)
+        };
+        let mut left = 0;
+        for i in inodes {
+            if self.write_back(i).is_err() {
+                left += 1;
+            }
+        }
+        for m in self.files.dirty() {
+            let Ok(path) = WirePath::new(m.path) else {
+                continue;
+            };
+            if busy.contains(&path) {
+                continue;
+            }
+            let _w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+            let mode = self.lock().attrs.get(&path).map_or(0o644, |l| l.value.mode);
+            match self.commit(&path, mode) {
+                Ok(_) => tracing::info!("{path:?}: changes kept from before written back"),
+                Err(e) => {
+                    if e == Errno::EHOSTDOWN {
+                        self.retry_dirty.store(true, Ordering::Release);
+                    }
+                    left += 1;
+                }
+            }
+        }
+        left
+    }
+
+    /// Keeps the cache within its bounds.
+    fn trim(&self) {
+        let busy: Vec<Vec<u8>> = {
+            let st = self.lock();
+            st.inodes
+                .values()
+                .filter(|n| n.open > 0 || n.dirty)
+                .map(|n| n.path.as_bytes().to_vec())
+                .collect()
+        };
+        let freed = self
+            .files
+            .trim(self.opts.cache_size, |p| busy.iter().any(|b| b == p));
+        if freed > 0 {
+            tracing::debug!("cache: evicted {freed} bytes of copies");
+        }
+        if let Err(e) = self.chunks.trim(self.opts.cache_size / 2) {
+            tracing::warn!("cache: cannot trim the chunk cache: {e}");
+        }
+    }
+
+    /// At unmount: writes back what can be, then hangs up.
+    pub fn shutdown(&self) {
+        let left = self.write_back_all();
+        if left > 0 {
+            tracing::warn!(
+                "{left} changed files could not be written back; they are kept in the cache and written back by the next mount"
+            );
+        }
+        self.link.close();
+    }
+
+    /// Whether the server can be reached now.
+    pub fn is_online(&self) -> bool {
+        self.link.is_up()
+    }
+}
+
+impl Inode {
+    fn new(path: WirePath, kind: FileKind) -> Inode {
+        Inode {
+            path,
+            kind,
+            lookups: 0,
+            open: 0,
+            writers: 0,
+            dirty: false,
+            writes: 0,
+            unlinked: false,
+            kernel_version: None,
+            mode: None,
+        }
+    }
+}
+
+fn get_attr(c: &mut Conn, path: &WirePath) -> Result<Attr, GetError> {
+    match c.call(Request::GetAttr { path: path.clone() })?.pop() {
+        Some(Reply::Attr(a)) => Ok(a),
+        other => Err(ConnError::Unexpected(format!("{other:?}")).into()),
+    }
+}
+
+/// Whether `p` is `dir` or below it.
+fn is_below(p: &WirePath, dir: &WirePath) -> bool {
+    let (p, d) = (p.as_bytes(), dir.as_bytes());
+    d.is_empty() || p == d || (p.len() > d.len() && p.starts_with(d) && p[d.len()] == b'/')
+}
+
+/// `p` (below `from`) moved to below `to`.
+fn rebase(p: &WirePath, from: &WirePath, to: &WirePath) -> WirePath {
+    let rest = &p.as_bytes()[from.as_bytes().len()..];
+    let mut v = to.as_bytes().to_vec();
+    v.extend_from_slice(rest);
+    WirePath::new(v).expect("a valid path below a valid path")
+}
+
+fn time_of(ns: i64) -> std::time::SystemTime {
+    if ns >= 0 {
+        std::time::UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        std::time::UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> WirePath {
+        WirePath::new(s.as_bytes().to_vec()).unwrap()
+    }
+
+    #[test]
+    fn paths_below_and_rebased() {
+        assert!(is_below(&p("a/b"), &p("a")));
+        assert!(is_below(&p("a"), &p("a")));
+        assert!(!is_below(&p("ab"), &p("a")));
+        assert!(is_below(&p("x"), &p("")));
+        assert_eq!(rebase(&p("a/b/c"), &p("a/b"), &p("d")), p("d/c"));
+        assert_eq!(rebase(&p("a"), &p("a"), &p("z/y")), p("z/y"));
+    }
+}
