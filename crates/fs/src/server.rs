@@ -107,6 +107,8 @@ fn io_error(path: &WirePath, e: &io::Error) -> Reply {
         // openat2 with RESOLVE_BENEATH answers EXDEV for a path that leaves the root.
         K::CrossesDevices => ErrorCode::Escape,
         K::StorageFull => ErrorCode::NoSpace,
+        K::AlreadyExists => ErrorCode::Exists,
+        K::DirectoryNotEmpty => ErrorCode::NotEmpty,
         _ => ErrorCode::Io,
     };
     error(code, format!("{path:?}: {e}"))

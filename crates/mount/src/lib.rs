@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use link::Connector;
-pub use vfs::{Errno, Ino, MountError, Options, Stat, Vfs};
+pub use vfs::{Errno, Ino, MountError, Options, Stat, Vfs, ROOT};
 
 /// How the kernel side is set up.
 #[derive(Clone, Debug)]

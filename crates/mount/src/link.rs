@@ -175,6 +175,12 @@ impl Link {
             .is_some()
     }
 
+    /// Bytes, requests and round trips of the current session (none while disconnected).
+    pub(crate) fn traffic(&self) -> Option<ferry_fs::Traffic> {
+        let slot = self.session.lock().unwrap_or_else(|e| e.into_inner());
+        slot.as_ref().map(|s| s.conn.traffic())
+    }
+
     /// The paths whose leases the server broke since the last call.
     pub(crate) fn invalidated(&self) -> Vec<WirePath> {
         std::mem::take(&mut *self.invalidated.lock().unwrap_or_else(|e| e.into_inner()))
@@ -204,6 +210,8 @@ impl Link {
     }
 
     fn failed(&self, why: String) {
+        // Lease breaks sent from now on are lost: leases granted so far are void.
+        self.epoch.fetch_add(1, Ordering::AcqRel);
         let (lock, _) = &*self.reconnect;
         let mut rc = lock.lock().unwrap_or_else(|e| e.into_inner());
         rc.why = why;

@@ -954,7 +954,12 @@ impl Vfs {
     /// A file descriptor of `fh` was closed (close-to-open: local changes are committed now,
     /// and an error here is what `close` returns).
     pub fn flush(&self, fh: u64) -> Result<(), Errno> {
-        let (ino, _, _) = self.handle(fh)?;
+        let (ino, _, write) = self.handle(fh)?;
+        // A reader's close publishes nothing (changes left by an earlier writer whose
+        // write-back failed go up with upkeep).
+        if !write {
+            return Ok(());
+        }
         self.write_back(ino)
     }
 
@@ -967,7 +972,11 @@ impl Vfs {
     pub fn release(&self, fh: u64) -> Result<(), Errno> {
         let h = self.lock().handles.remove(&fh).ok_or(Errno::EBADF)?;
         // Writes through a shared mapping can arrive after the last flush.
-        let r = self.write_back(h.ino);
+        let r = if h.write {
+            self.write_back(h.ino)
+        } else {
+            Ok(())
+        };
         let mut st = self.lock();
         if let Some(n) = st.inodes.get_mut(&h.ino) {
             n.open = n.open.saturating_sub(1);
@@ -1246,7 +1255,7 @@ impl Vfs {
         let (from_dir, from) = self.child(parent, name)?;
         let (to_dir, to) = self.child(new_parent, new_name)?;
         if from == to {
-            return Ok(());
+            return self.attr(&from).map(drop);
         }
         if is_below(&to, &from) {
             return Err(Errno::EINVAL);
@@ -1491,6 +1500,11 @@ impl Vfs {
             );
         }
         self.link.close();
+    }
+
+    /// What the current session with the server has carried.
+    pub fn traffic(&self) -> Option<ferry_fs::Traffic> {
+        self.link.traffic()
     }
 
     /// Whether the server can be reached now.

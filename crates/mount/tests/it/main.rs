@@ -1,0 +1,383 @@
+//! The mount's file system logic against real servers on threads (no kernel, no mount): two
+//! clients of one export, the round-trip budget, last close wins, offline use and recovery,
+//! and a model-based test of operation sequences.
+
+mod model;
+
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_fs::{ConnError, Export, Server, ServerOptions, Session};
+use ferry_mount::{Errno, Options, Vfs, ROOT};
+use ferry_proto::WirePath;
+
+/// An export served to any number of clients, each session on a thread of its own; the
+/// server can be made unreachable and every open session cut.
+#[derive(Clone)]
+pub struct Remote {
+    root: std::path::PathBuf,
+    lease_ms: u32,
+    down: Arc<AtomicBool>,
+    sockets: Arc<Mutex<Vec<UnixStream>>>,
+}
+
+impl Remote {
+    pub fn new(root: &Path, lease_ms: u32) -> Remote {
+        Remote {
+            root: root.to_path_buf(),
+            lease_ms,
+            down: Arc::default(),
+            sockets: Arc::default(),
+        }
+    }
+
+    pub fn connector(&self) -> ferry_mount::Connector {
+        let r = self.clone();
+        Box::new(move || {
+            if r.down.load(Ordering::Acquire) {
+                return Err(ConnError::Io(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    "server down (test)",
+                )));
+            }
+            let (a, b) = UnixStream::pair()?;
+            r.sockets.lock().unwrap().push(a.try_clone()?);
+            let export = Export::open(&r.root)?;
+            let opts = ServerOptions {
+                lease_ms: r.lease_ms,
+                ..ServerOptions::default()
+            };
+            std::thread::spawn(move || {
+                let staging = Arc::new(ferry_store::MemStore::new(ferry_format::HashAlg::Blake3));
+                let mut server = Server::new(export, opts, staging);
+                let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
+            });
+            Session::over(Box::new(b.try_clone()?), Box::new(b), Box::new(|| Ok(())))
+        })
+    }
+
+    /// Cuts every session and refuses new ones.
+    pub fn stop(&self) {
+        self.down.store(true, Ordering::Release);
+        for s in self.sockets.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    pub fn start(&self) {
+        self.down.store(false, Ordering::Release);
+    }
+}
+
+pub fn client(remote: &Remote, cache: &Path, timeout: Duration) -> Vfs {
+    let opts = Options {
+        cache_dir: cache.to_path_buf(),
+        cache_size: 1 << 30,
+        timeout,
+        chunker: Default::default(),
+    };
+    Vfs::new(remote.connector(), WirePath::default(), opts).unwrap()
+}
+
+fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0; len];
+    blake3::Hasher::new_derive_key("ferry mount tests")
+        .update(&seed.to_le_bytes())
+        .finalize_xof()
+        .fill(&mut v);
+    v
+}
+
+/// Opens `name` in the root, reads it whole, closes it.
+pub fn read(v: &Vfs, name: &str) -> Result<Vec<u8>, Errno> {
+    let s = v.lookup(ROOT, name.as_bytes())?;
+    let o = v.open(s.ino, false, false)?;
+    let mut out = vec![];
+    loop {
+        let d = v.read(o.fh, out.len() as u64, 1 << 16)?;
+        if d.is_empty() {
+            break;
+        }
+        out.extend(d);
+    }
+    v.flush(o.fh)?;
+    v.release(o.fh)?;
+    v.forget(s.ino, 1);
+    Ok(out)
+}
+
+/// Creates or overwrites `name` in the root with `data`, as `cat > name` does.
+pub fn write(v: &Vfs, name: &str, data: &[u8]) -> Result<(), Errno> {
+    let (ino, fh) = match v.lookup(ROOT, name.as_bytes()) {
+        Ok(s) => (s.ino, v.open(s.ino, true, true)?.fh),
+        Err(Errno::ENOENT) => {
+            let (s, o) = v.create(ROOT, name.as_bytes(), 0o644, false)?;
+            (s.ino, o.fh)
+        }
+        Err(e) => return Err(e),
+    };
+    for (i, part) in data.chunks(1 << 16).enumerate() {
+        v.write(fh, (i << 16) as u64, part)?;
+    }
+    let r = v.flush(fh);
+    v.release(fh)?;
+    v.forget(ino, 1);
+    r
+}
+
+/// Lets each client take the lease breaks its server sent.
+fn settle(clients: &[&Vfs]) {
+    for _ in 0..20 {
+        for c in clients {
+            c.tick();
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+fn requests(v: &Vfs) -> u64 {
+    v.traffic().unwrap().requests
+}
+
+#[test]
+fn close_to_open_between_two_clients_with_leases() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    let remote = Remote::new(&root, 60_000);
+    let a = client(&remote, &t.path().join("a"), Duration::from_secs(5));
+    let b = client(&remote, &t.path().join("b"), Duration::from_secs(5));
+    let v1 = bytes(1, 300_000);
+    write(&a, "doc", &v1).unwrap();
+    assert_eq!(
+        std::fs::read(root.join("doc")).unwrap(),
+        v1,
+        "on the server after close"
+    );
+    assert_eq!(read(&b, "doc").unwrap(), v1);
+    // B edits the middle; A, told by its lease break, sees B's close at its next open.
+    let mut v2 = v1.clone();
+    v2[150_000..150_010].copy_from_slice(b"0123456789");
+    write(&b, "doc", &v2).unwrap();
+    settle(&[&a, &b]);
+    let before = a.traffic().unwrap();
+    assert_eq!(read(&a, "doc").unwrap(), v2);
+    let after = a.traffic().unwrap();
+    // The changed version costs its recipe and the changed chunk, not the file.
+    assert!(
+        after.bytes_received - before.bytes_received < 40_000,
+        "{} bytes for a 10-byte edit",
+        after.bytes_received - before.bytes_received
+    );
+    // Opening again while the lease holds costs nothing at all.
+    let n = requests(&a);
+    assert_eq!(read(&a, "doc").unwrap(), v2);
+    assert_eq!(requests(&a), n, "no message while the lease holds");
+    assert!(a.counters.opens_cached.load(Ordering::Relaxed) >= 1);
+}
+
+#[test]
+fn round_trips_of_the_lbfs_budget() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f"), bytes(2, 100_000)).unwrap();
+    // Short leases, so that expiry can be seen.
+    let remote = Remote::new(&root, 300);
+    let c = client(&remote, &t.path().join("c"), Duration::from_secs(5));
+    let rt = |c: &Vfs| c.traffic().unwrap().round_trips;
+
+    // An uncached file: its attributes, its recipe, its chunks.
+    let s = c.lookup(ROOT, b"f").unwrap();
+    let r0 = rt(&c);
+    let o = c.open(s.ino, false, false).unwrap();
+    assert!(
+        rt(&c) - r0 <= 2,
+        "lookup left the attributes leased: recipe + chunks"
+    );
+    c.release(o.fh).unwrap();
+
+    // Cached, lease valid: nothing.
+    let r0 = rt(&c);
+    let o = c.open(s.ino, false, false).unwrap();
+    assert!(o.keep_cache, "same version: the kernel keeps its pages");
+    assert_eq!(rt(&c), r0);
+    c.release(o.fh).unwrap();
+
+    // Cached, lease expired, unchanged: one round trip.
+    std::thread::sleep(Duration::from_millis(400));
+    let r0 = rt(&c);
+    let o = c.open(s.ino, false, false).unwrap();
+    assert_eq!(rt(&c) - r0, 1);
+    assert_eq!(c.counters.opens_revalidated.load(Ordering::Relaxed), 1);
+    c.release(o.fh).unwrap();
+
+    // A small file written on close: one round trip (its chunks travel with the commit).
+    let (_, o) = c.create(ROOT, b"small", 0o644, true).unwrap();
+    c.write(o.fh, 0, &bytes(3, 5000)).unwrap();
+    let r0 = rt(&c);
+    c.flush(o.fh).unwrap();
+    assert_eq!(rt(&c) - r0, 1);
+    c.release(o.fh).unwrap();
+
+    // A larger one: which chunks the server lacks, then those chunks and the commit.
+    let o = c.open(s.ino, true, false).unwrap();
+    c.write(o.fh, 50_000, b"changed").unwrap();
+    let (r0, sent0) = (rt(&c), c.traffic().unwrap().bytes_sent);
+    c.flush(o.fh).unwrap();
+    assert!(rt(&c) - r0 <= 2, "{} round trips", rt(&c) - r0);
+    assert!(
+        c.traffic().unwrap().bytes_sent - sent0 < 30_000,
+        "only the changed chunk"
+    );
+    c.release(o.fh).unwrap();
+    let mut want = bytes(2, 100_000);
+    want[50_000..50_007].copy_from_slice(b"changed");
+    assert_eq!(std::fs::read(root.join("f")).unwrap(), want);
+}
+
+#[test]
+fn the_last_close_wins_whole() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f"), bytes(4, 50_000)).unwrap();
+    let remote = Remote::new(&root, 60_000);
+    let a = client(&remote, &t.path().join("a"), Duration::from_secs(5));
+    let b = client(&remote, &t.path().join("b"), Duration::from_secs(5));
+    let sa = a.lookup(ROOT, b"f").unwrap();
+    let sb = b.lookup(ROOT, b"f").unwrap();
+    let oa = a.open(sa.ino, true, true).unwrap();
+    let ob = b.open(sb.ino, true, true).unwrap();
+    a.write(oa.fh, 0, b"AAAAAAAA").unwrap();
+    b.write(ob.fh, 0, b"BB").unwrap();
+    a.flush(oa.fh).unwrap();
+    a.release(oa.fh).unwrap();
+    assert_eq!(std::fs::read(root.join("f")).unwrap(), b"AAAAAAAA");
+    b.flush(ob.fh).unwrap();
+    b.release(ob.fh).unwrap();
+    assert_eq!(
+        std::fs::read(root.join("f")).unwrap(),
+        b"BB",
+        "exactly B's version"
+    );
+    assert_eq!(b.counters.last_close_wins.load(Ordering::Relaxed), 1);
+    settle(&[&a]);
+    assert_eq!(read(&a, "f").unwrap(), b"BB");
+}
+
+#[test]
+fn offline_cached_files_read_and_changes_wait_for_the_server() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("cached"), bytes(5, 20_000)).unwrap();
+    std::fs::write(root.join("uncached"), bytes(6, 20_000)).unwrap();
+    let remote = Remote::new(&root, 60_000);
+    let timeout = Duration::from_secs(2);
+    let cache = t.path().join("c");
+    let c = client(&remote, &cache, timeout);
+    assert_eq!(read(&c, "cached").unwrap(), bytes(5, 20_000));
+    // The link fails: lease breaks can no longer arrive, so every lease is void.
+    remote.stop();
+    settle(&[&c]);
+
+    // Operations that need the server fail quickly with a clear error.
+    let t0 = Instant::now();
+    assert_eq!(c.mkdir(ROOT, b"d", 0o755).unwrap_err(), Errno::EHOSTDOWN);
+    assert!(t0.elapsed() < timeout + Duration::from_secs(1));
+    let t0 = Instant::now();
+    assert_eq!(read(&c, "uncached").unwrap_err(), Errno::EHOSTDOWN);
+    assert!(t0.elapsed() < timeout + Duration::from_secs(1));
+    // The cached file still reads, and a change to it is kept.
+    assert_eq!(read(&c, "cached").unwrap(), bytes(5, 20_000));
+    assert!(c.counters.opens_offline.load(Ordering::Relaxed) >= 1);
+    assert_eq!(
+        write(&c, "cached", b"changed offline").unwrap_err(),
+        Errno::EHOSTDOWN
+    );
+    assert_eq!(read(&c, "cached").unwrap(), b"changed offline");
+    assert_eq!(
+        std::fs::read(root.join("cached")).unwrap(),
+        bytes(5, 20_000)
+    );
+
+    // The server is back: the change goes up by itself.
+    remote.start();
+    let t0 = Instant::now();
+    while std::fs::read(root.join("cached")).unwrap() != b"changed offline" {
+        assert!(t0.elapsed() < Duration::from_secs(20), "never written back");
+        c.tick();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn changes_kept_across_a_restart_are_written_back_by_the_next_mount() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f"), b"old").unwrap();
+    let remote = Remote::new(&root, 60_000);
+    let cache = t.path().join("c");
+    {
+        let c = client(&remote, &cache, Duration::from_secs(1));
+        assert_eq!(read(&c, "f").unwrap(), b"old");
+        remote.stop();
+        assert_eq!(write(&c, "f", b"new").unwrap_err(), Errno::EHOSTDOWN);
+        c.shutdown();
+    }
+    assert_eq!(std::fs::read(root.join("f")).unwrap(), b"old");
+    remote.start();
+    let c = client(&remote, &cache, Duration::from_secs(1));
+    assert_eq!(c.write_back_all(), 0);
+    assert_eq!(std::fs::read(root.join("f")).unwrap(), b"new");
+    assert_eq!(read(&c, "f").unwrap(), b"new");
+}
+
+#[test]
+fn editors_save_by_rename_and_a_removed_open_file_is_not_written_back() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("doc"), b"version 1").unwrap();
+    let remote = Remote::new(&root, 60_000);
+    let c = client(&remote, &t.path().join("c"), Duration::from_secs(5));
+    assert_eq!(read(&c, "doc").unwrap(), b"version 1");
+    // vim: write a new file, rename it over the old one.
+    write(&c, ".doc.swp", b"version 2").unwrap();
+    c.rename(ROOT, b".doc.swp", ROOT, b"doc", false).unwrap();
+    assert_eq!(std::fs::read(root.join("doc")).unwrap(), b"version 2");
+    assert!(!root.join(".doc.swp").exists());
+    assert_eq!(read(&c, "doc").unwrap(), b"version 2");
+    // emacs: the old version becomes doc~ by rename, the new one is written.
+    c.rename(ROOT, b"doc", ROOT, b"doc~", false).unwrap();
+    write(&c, "doc", b"version 3").unwrap();
+    assert_eq!(std::fs::read(root.join("doc~")).unwrap(), b"version 2");
+    assert_eq!(read(&c, "doc").unwrap(), b"version 3");
+    // A file removed while open: its changes go nowhere, and nothing fails.
+    let s = c.lookup(ROOT, b"doc~").unwrap();
+    let o = c.open(s.ino, true, false).unwrap();
+    c.unlink(ROOT, b"doc~").unwrap();
+    c.write(o.fh, 0, b"lost").unwrap();
+    c.flush(o.fh).unwrap();
+    c.release(o.fh).unwrap();
+    assert!(!root.join("doc~").exists());
+    // Names: create exclusively, mkdir, rename a directory with a file open inside.
+    assert_eq!(
+        c.create(ROOT, b"doc", 0o644, true).unwrap_err(),
+        Errno::EEXIST
+    );
+    let d = c.mkdir(ROOT, b"dir", 0o755).unwrap();
+    let (f, o) = c.create(d.ino, b"inner", 0o600, true).unwrap();
+    c.write(o.fh, 0, b"inside").unwrap();
+    c.rename(ROOT, b"dir", ROOT, b"moved", false).unwrap();
+    c.flush(o.fh).unwrap();
+    c.release(o.fh).unwrap();
+    assert_eq!(std::fs::read(root.join("moved/inner")).unwrap(), b"inside");
+    assert_eq!(c.getattr(f.ino).unwrap().mode, 0o600);
+    assert_eq!(c.rmdir(ROOT, b"moved").unwrap_err(), Errno::ENOTEMPTY);
+}
