@@ -3,6 +3,9 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+#[path = "cli/mount.rs"]
+mod mount;
+
 fn ferry(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ferry"))
         .args(args)

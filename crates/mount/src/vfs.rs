@@ -421,9 +421,11 @@ impl Vfs {
         let (path, local, mode, file) = {
             let st = self.lock();
             let n = st.inodes.get(&ino).ok_or(Errno::ENOENT)?;
+            // The copy through an open handle: a file removed while open has no other.
             let file = fh
                 .and_then(|fh| st.handles.get(&fh))
                 .filter(|h| h.ino == ino)
+                .or_else(|| st.handles.values().find(|h| h.ino == ino))
                 .map(|h| h.file.clone());
             let known = st.attrs.get(&n.path).map(|l| l.value.mode);
             (

@@ -1,0 +1,279 @@
+//! `ferry mount` through the kernel: real programs in a real mount (root and /dev/fuse needed;
+//! CI runs as root with fuse3 installed).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::{data, s, test_cache};
+
+/// Whether real mounts can be made here; says why not when they cannot.
+fn can_mount() -> bool {
+    let root = rustix::process::getuid().is_root();
+    let fuse = Path::new("/dev/fuse").exists();
+    if !(root && fuse) {
+        eprintln!("skipped: mounting needs root and /dev/fuse (root: {root}, /dev/fuse: {fuse})");
+    }
+    root && fuse
+}
+
+/// A mounted export: unmounted when dropped.
+struct Mounted {
+    at: PathBuf,
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["umount", s(&self.at)])
+            .status();
+    }
+}
+
+/// A remote shell that runs the far side locally, noting its process id in `pids`.
+fn fake_ssh(dir: &Path) -> PathBuf {
+    let rsh = dir.join("fake-ssh");
+    std::fs::write(
+        &rsh,
+        format!(
+            "#!/bin/sh\nshift\necho $$ >> {}/pids\nexec \"$@\"\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    rsh
+}
+
+fn mount(t: &Path, srv: &Path, at: &Path, cache: &Path) -> Mounted {
+    std::fs::create_dir_all(at).unwrap();
+    let rsh = fake_ssh(t);
+    let o = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args([
+            "mount",
+            "-e",
+            s(&rsh),
+            "--remote-ferry",
+            env!("CARGO_BIN_EXE_ferry"),
+            "--cache",
+            s(cache),
+            "--timeout",
+            "5",
+            &format!("host:{}", srv.display()),
+            s(at),
+        ])
+        .env("XDG_CACHE_HOME", test_cache())
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "mount failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Mounted {
+        at: at.to_path_buf(),
+    }
+}
+
+fn sh(dir: &Path, script: &str) -> String {
+    let o = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", script])
+        .current_dir(dir)
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.invalid")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.invalid")
+        .env("HOME", dir)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "script failed:\n{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
+#[test]
+fn programs_work_in_a_real_mount() {
+    if !can_mount() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    std::fs::create_dir_all(&srv).unwrap();
+    std::fs::write(srv.join("existing.bin"), data(3_000_000, 1)).unwrap();
+    let at = t.path().join("mnt");
+    let _m = mount(t.path(), &srv, &at, &t.path().join("cache"));
+    let out = sh(
+        &at,
+        r#"
+        cmp existing.bin ../srv/existing.bin
+        # write, append, truncate, overwrite
+        echo one > f; echo two >> f; test "$(cat ../srv/f)" = "$(printf 'one\ntwo')"
+        truncate -s 3 f; test "$(cat ../srv/f)" = one
+        : > f; test ! -s ../srv/f
+        # a big file, written and read back through the cache
+        head -c 5000000 /dev/urandom > big; cmp big ../srv/big
+        # mmap, read and shared write
+        python3 -c "
+import mmap
+with open('big', 'r+b') as f:
+    m = mmap.mmap(f.fileno(), 0)
+    assert m[:100] == open('../srv/big', 'rb').read(100)
+    m[0:5] = b'HELLO'
+    m.flush(); m.close()
+"
+        test "$(head -c 5 ../srv/big)" = HELLO
+        # vim: write a new file and rename it over the old one
+        echo 'saved by vim' > .f.swp; mv .f.swp f; test "$(cat ../srv/f)" = 'saved by vim'
+        # emacs: autosave file, backup by rename, new version, autosave removed
+        echo draft > '#f#'; mv f f~; echo 'saved by emacs' > f; rm '#f#'
+        test "$(cat ../srv/f~)" = 'saved by vim'; test "$(cat ../srv/f)" = 'saved by emacs'; test ! -e '../srv/#f#'
+        # a file removed while open stays readable through its descriptor
+        exec 3<f~; rm f~; test "$(cat <&3)" = 'saved by vim'; exec 3<&-; test ! -e ../srv/f~
+        # directories, symlinks, modes, times
+        mkdir -p a/b/c; rmdir a/b/c; test -d ../srv/a/b; test ! -e ../srv/a/b/c
+        ln -s ../f a/link; test "$(readlink ../srv/a/link)" = ../f; test "$(cat a/link)" = 'saved by emacs'
+        chmod 600 f; test "$(stat -c %a ../srv/f)" = 600
+        touch -d '2020-02-02 02:02:02' f; test "$(stat -c %Y ../srv/f)" = "$(date -d '2020-02-02 02:02:02' +%s)"
+        mv a z; test -L ../srv/z/link
+        # a build inside the mount
+        mkdir proj; cd proj
+        printf '#include <stdio.h>\nint main(void){puts("built in ferry");return 0;}\n' > main.c
+        printf 'hello: main.o\n\tgcc -o hello main.o\nmain.o: main.c\n\tgcc -c main.c\n' > Makefile
+        make -s; ./hello
+        make -s; touch main.c; make -s
+        # git inside the mount
+        git init -q .; git add .; git commit -qm first; echo '// more' >> main.c; git commit -qam second
+        git status --porcelain; git log --oneline | wc -l
+        cd ..
+        # what is not supported fails clearly
+        ln f hard 2>&1 && exit 1 || true
+        mkfifo fifo 2>&1 && exit 1 || true
+        echo done
+        "#,
+    );
+    assert!(out.contains("built in ferry"), "{out}");
+    assert!(out.contains("Operation not permitted"), "{out}");
+    assert!(out.trim_end().ends_with("done"), "{out}");
+    // The server's copy of the repository is a repository.
+    let log = Command::new("git")
+        .args(["-C", s(&srv.join("proj")), "log", "--oneline"])
+        .output()
+        .unwrap();
+    assert!(log.status.success());
+    assert_eq!(String::from_utf8_lossy(&log.stdout).lines().count(), 2);
+    let fsck = Command::new("git")
+        .args(["-C", s(&srv.join("proj")), "fsck", "--strict"])
+        .output()
+        .unwrap();
+    assert!(
+        fsck.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fsck.stderr)
+    );
+}
+
+#[test]
+fn two_mounts_see_each_others_closed_writes() {
+    if !can_mount() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    std::fs::create_dir_all(&srv).unwrap();
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    let _ma = mount(t.path(), &srv, &a, &t.path().join("cache-a"));
+    let _mb = mount(t.path(), &srv, &b, &t.path().join("cache-b"));
+    let doc = data(400_000, 2);
+    std::fs::write(a.join("doc"), &doc).unwrap();
+    assert_eq!(std::fs::read(b.join("doc")).unwrap(), doc);
+    // B changes it; A sees the change at its next open (the lease break reaches it first).
+    let mut doc2 = doc.clone();
+    doc2[1000..1005].copy_from_slice(b"fresh");
+    std::fs::write(b.join("doc"), &doc2).unwrap();
+    let t0 = Instant::now();
+    while std::fs::read(a.join("doc")).unwrap() != doc2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "A never saw B's close"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // New names appear in the other listing too.
+    std::fs::write(a.join("new"), b"x").unwrap();
+    let t0 = Instant::now();
+    while !b.join("new").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "B never saw the new name"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn killing_the_server_during_write_back_leaves_the_old_or_the_new_file() {
+    if !can_mount() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    std::fs::create_dir_all(&srv).unwrap();
+    let old = data(8_000_000, 3);
+    let new = data(8_000_000, 4);
+    std::fs::write(srv.join("f"), &old).unwrap();
+    let at = t.path().join("mnt");
+    let _m = mount(t.path(), &srv, &at, &t.path().join("cache"));
+    let pids = t.path().join("pids");
+    let mut outcomes = (0, 0);
+    for delay_ms in [0u64, 2, 5, 10, 20, 40, 80] {
+        std::fs::write(srv.join("f"), &old).unwrap();
+        // Open through the mount (the copy is fetched), then write it all and close: the close
+        // is the write-back, and the server is killed while it runs.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(at.join("f"))
+            .unwrap();
+        std::io::Write::write_all(&mut f, &new).unwrap();
+        let server: i32 = std::fs::read_to_string(&pids)
+            .unwrap()
+            .lines()
+            .last()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let killer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(delay_ms));
+            let _ = Command::new("kill")
+                .args(["-9", &server.to_string()])
+                .status();
+        });
+        let closed = std::panic::catch_unwind(move || drop(f));
+        killer.join().unwrap();
+        assert!(closed.is_ok());
+        let on_server = std::fs::read(srv.join("f")).unwrap();
+        if on_server == old {
+            outcomes.0 += 1;
+        } else {
+            assert!(
+                on_server == new,
+                "a mix of old and new after a kill at {delay_ms} ms"
+            );
+            outcomes.1 += 1;
+        }
+        // Whatever happened, the mount reconnects and the new version ends up on the server.
+        let t0 = Instant::now();
+        while std::fs::read(srv.join("f")).unwrap() != new {
+            assert!(t0.elapsed() < Duration::from_secs(20), "never written back");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(std::fs::read(at.join("f")).unwrap(), new);
+    }
+    eprintln!(
+        "kills that left the old file: {}, the new: {}",
+        outcomes.0, outcomes.1
+    );
+}
