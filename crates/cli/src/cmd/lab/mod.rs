@@ -7,6 +7,7 @@
 //! `results.json`, `results.md` and, with gnuplot, PNG charts.
 
 mod chart;
+mod interactive;
 mod link;
 mod sshd;
 mod workloads;
@@ -58,6 +59,11 @@ pub struct Args {
     /// bytes at the downstream rate plus four round trips a file).
     #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
     max_whole: f64,
+    /// Also run the LBFS interactive workloads (document saves, a rebuild after a header
+    /// change, an ed script) through `ferry mount` and sshfs (root and /dev/fuse needed);
+    /// with --quick, the document saves only.
+    #[arg(long)]
+    interactive: bool,
     /// Where results go.
     #[arg(long, default_value = "lab-results", value_name = "DIR")]
     out: PathBuf,
@@ -296,6 +302,27 @@ impl Lab {
     }
 }
 
+/// Why `tool` (a mount) cannot run here, if it cannot.
+fn mount_unavailable(tool: &str) -> Option<String> {
+    if !rustix::process::getuid().is_root() || !Path::new("/dev/fuse").exists() {
+        return Some("mounting needs root and /dev/fuse".into());
+    }
+    let found = |prog: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {prog}")])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if tool == "sshfs" && !found("sshfs") {
+        return Some("sshfs not installed (apt-get install sshfs)".into());
+    }
+    if !found("make") || !found("gcc") {
+        return Some("the workloads need make and gcc".into());
+    }
+    None
+}
+
 /// Runs `cmd` with output captured, killing it after `limit`; `Err(message)` when it failed.
 fn run_bounded(cmd: &mut Command, limit: Duration) -> Result<Result<(), String>> {
     let mut child = cmd
@@ -430,7 +457,8 @@ struct Report {
 /// Writes results.md and the charts of `r` into `out`; returns the chart files.
 fn render(out: &Path, r: &Report) -> Result<(String, Vec<String>)> {
     fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    let md = markdown(&r.command, &r.profiles, &r.workloads, &r.runs);
+    let md =
+        markdown(&r.command, &r.profiles, &r.workloads, &r.runs) + &interactive::markdown(&r.runs);
     fs::write(out.join("results.md"), &md)?;
     let charts = chart::draw(out, &r.profiles, &r.workloads, &r.runs)?;
     Ok((md, charts))
@@ -499,9 +527,15 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if let Some(dir) = &a.workloads {
         wls.extend(workloads::from_dir(dir)?);
     }
+    let mut mounted: Vec<&str> = match (a.interactive, a.quick) {
+        (false, _) => vec![],
+        (true, true) => vec!["doc-saves"],
+        (true, false) => interactive::WORKLOADS.to_vec(),
+    };
     if !a.only.is_empty() {
         wls.retain(|w| a.only.contains(&w.name));
-        if wls.is_empty() {
+        mounted.retain(|w| a.only.iter().any(|o| o == w));
+        if wls.is_empty() && mounted.is_empty() {
             bail!("none of the workloads {:?} exist", a.only);
         }
     }
@@ -552,6 +586,36 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 };
                 eprintln!(
                     "lab: {:<10} {:<16} {:<8} {:>10} down {:>9} up {:>7.1} s  {}",
+                    r.profile,
+                    r.workload,
+                    r.tool,
+                    human(r.bytes_down),
+                    human(r.bytes_up),
+                    r.seconds,
+                    r.status
+                );
+                runs.push(r);
+            }
+        }
+        if sweep {
+            continue;
+        }
+        for name in &mounted {
+            for tool in interactive::MOUNTS {
+                let r = match mount_unavailable(tool) {
+                    Some(why) => Run {
+                        profile: p.name.clone(),
+                        workload: name.to_string(),
+                        tool: tool.to_string(),
+                        bytes_up: 0,
+                        bytes_down: 0,
+                        seconds: 0.0,
+                        status: format!("skipped: {why}"),
+                    },
+                    None => lab.run_mounted(tool, name, &relay, p)?,
+                };
+                eprintln!(
+                    "lab: {:<10} {:<16} {:<11} {:>10} down {:>9} up {:>7.1} s  {}",
                     r.profile,
                     r.workload,
                     r.tool,

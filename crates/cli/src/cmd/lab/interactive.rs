@@ -1,0 +1,337 @@
+//! The LBFS interactive workloads (§5 of the paper) through a mount: `ferry mount` against
+//! sshfs, on the same generated data over the same emulated link, bytes counted at the link
+//! from mounting to unmounting, time of the work itself.
+//!
+//! - `doc-saves`: a 1 MB document opened, then saved ten times as it is edited, each save a new
+//!   file renamed over the old one (as word processors save).
+//! - `rebuild`: a C project built before, rebuilt after a change to the header every file
+//!   includes; the new object files are much like the old ones.
+//! - `ed-script`: a source file edited in place by a script applying a release's changes and
+//!   saving every 40 lines (LBFS's `ed` run).
+//!
+//! Each run starts with a cold client (nothing cached) and the data on the server. The
+//! server's tree afterwards must equal a reference made by running the same steps locally.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use super::link::Relay;
+use super::{same_files, Lab, Profile, Run};
+use crate::cmd::demo::{source, Rng};
+
+pub const WORKLOADS: &[&str] = &["doc-saves", "rebuild", "ed-script"];
+pub const MOUNTS: &[&str] = &["ferry-mount", "sshfs"];
+
+/// Builds the server's copy of workload `name` in `dir` (not measured).
+fn prepare(dir: &Path, name: &str) -> Result<()> {
+    fs::create_dir_all(dir)?;
+    match name {
+        "doc-saves" => {
+            let mut rng = Rng(0xd0c5);
+            fs::write(dir.join("report.txt"), source(&mut rng, 30_000))?;
+        }
+        "rebuild" => {
+            let mut rng = Rng(0xb17d);
+            fs::write(
+                dir.join("common.h"),
+                "#define SCALE 3\nstatic inline long scale(long x) { return x * SCALE; }\n",
+            )?;
+            let mut objs = vec![];
+            for f in 0..40 {
+                let mut c = String::from("#include \"common.h\"\n");
+                for g in 0..12 {
+                    let k = rng.next() % 1000;
+                    c += &format!(
+                        "long f{f}_{g}(long a) {{\n  long s = 0;\n  for (long i = 0; i < a; i++)\n    s += scale(i) ^ {k};\n  return s;\n}}\n"
+                    );
+                }
+                fs::write(dir.join(format!("m{f:02}.c")), c)?;
+                objs.push(format!("m{f:02}.o"));
+            }
+            fs::write(
+                dir.join("Makefile"),
+                format!(
+                    "OBJS = {}\nlib.a: $(OBJS)\n\tar rcs lib.a $(OBJS)\n%.o: %.c common.h\n\tgcc -O1 -c $< -o $@\n",
+                    objs.join(" ")
+                ),
+            )?;
+            run(Command::new("make").args(["-s", "-C"]).arg(dir))?;
+        }
+        "ed-script" => {
+            let mut rng = Rng(0xed);
+            fs::write(dir.join("text.c"), source(&mut rng, 6_000))?;
+        }
+        _ => bail!(
+            "no interactive workload {name:?} (workloads: {})",
+            WORKLOADS.join(", ")
+        ),
+    }
+    Ok(())
+}
+
+/// The measured work of workload `name`, in `dir` (a mount, or a local reference copy).
+fn steps(dir: &Path, name: &str) -> Result<()> {
+    match name {
+        "doc-saves" => {
+            let doc = dir.join("report.txt");
+            let mut text = fs::read_to_string(&doc)?;
+            for i in 0..10 {
+                let at = text.len() * (i * 7 % 10 + 1) / 11;
+                let at = text[..at].rfind('\n').map_or(0, |n| n + 1);
+                text.insert_str(at, &format!("An edit made before save {i}.\n"));
+                let tmp = dir.join(".~lock.report.tmp");
+                fs::write(&tmp, &text)?;
+                fs::rename(&tmp, &doc)?;
+            }
+        }
+        "rebuild" => {
+            let h = dir.join("common.h");
+            let text = fs::read_to_string(&h)?.replace("SCALE 3", "SCALE 4");
+            fs::write(&h, text)?;
+            run(Command::new("make").args(["-s", "-C"]).arg(dir))?;
+        }
+        "ed-script" => {
+            let f = dir.join("text.c");
+            let mut lines: Vec<String> =
+                fs::read_to_string(&f)?.lines().map(String::from).collect();
+            let mut rng = Rng(0xed17);
+            // 30 saves of 40 changed lines each: replaced, inserted or deleted.
+            for _ in 0..30 {
+                for _ in 0..40 {
+                    let i = (rng.next() % lines.len() as u64) as usize;
+                    match rng.next() % 3 {
+                        0 => {
+                            lines[i] =
+                                format!("    // changed in the release: {}", rng.next() % 997)
+                        }
+                        1 => lines.insert(i, format!("    let added = {};", rng.next() % 991)),
+                        _ => {
+                            lines.remove(i);
+                        }
+                    }
+                }
+                fs::write(&f, lines.join("\n") + "\n")?;
+            }
+        }
+        _ => bail!("no interactive workload {name:?}"),
+    }
+    Ok(())
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let o = cmd
+        .output()
+        .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+    if !o.status.success() {
+        bail!(
+            "{:?} failed: {}",
+            cmd.get_program(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Whether something is mounted at `at`.
+fn mounted(at: &Path) -> bool {
+    let at = at.to_string_lossy();
+    fs::read_to_string("/proc/self/mountinfo")
+        .is_ok_and(|m| m.lines().any(|l| l.split(' ').nth(4) == Some(&*at)))
+}
+
+/// A mount running as a child process.
+struct Mount {
+    child: Child,
+    at: PathBuf,
+}
+
+impl Mount {
+    fn start(mut cmd: Command, at: &Path) -> Result<Mount> {
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+        let mut m = Mount {
+            child,
+            at: at.to_path_buf(),
+        };
+        let t = Instant::now();
+        while !mounted(at) {
+            if let Some(st) = m.child.try_wait()? {
+                let mut err = String::new();
+                if let Some(mut e) = m.child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                }
+                bail!("the mount ended ({st}): {}", err.trim());
+            }
+            if t.elapsed() > Duration::from_secs(120) {
+                bail!("not mounted after 120 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(m)
+    }
+
+    /// Unmounts and waits for the process to end (so every byte it sends is counted).
+    fn stop(mut self) -> Result<()> {
+        let r = ferry_mount::unmount(&self.at);
+        let t = Instant::now();
+        loop {
+            if self.child.try_wait()?.is_some() {
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                bail!("the mount did not end after unmounting");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        r.context("cannot unmount")
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if mounted(&self.at) {
+            let _ = ferry_mount::unmount(&self.at);
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Lab {
+    /// Runs interactive workload `name` through `tool` (a mount) over `relay`.
+    pub(super) fn run_mounted(
+        &self,
+        tool: &str,
+        name: &str,
+        relay: &Relay,
+        p: &Profile,
+    ) -> Result<Run> {
+        let base = self.work.join("interactive");
+        let _ = fs::remove_dir_all(&base);
+        let (srv, reference, mnt) = (base.join("srv"), base.join("reference"), base.join("mnt"));
+        prepare(&srv, name)?;
+        super::workloads::copy_tree(&srv, &reference)?;
+        steps(&reference, name)?;
+        fs::create_dir_all(&mnt)?;
+        let state = base.join("state");
+        let remote = format!("{}:{}", self.sshd.host(), srv.display());
+        let cmd = match tool {
+            "ferry-mount" => {
+                let mut c = Command::new(&self.ferry);
+                c.args(["mount", "--foreground", "-e", &self.sshd.rsh(relay.port)])
+                    .arg("--remote-ferry")
+                    .arg(format!(
+                        "env XDG_CACHE_HOME={} {}",
+                        state.join("server").display(),
+                        self.ferry.display()
+                    ))
+                    .arg("--cache")
+                    .arg(state.join("cache"))
+                    .arg(&remote)
+                    .arg(&mnt);
+                c
+            }
+            "sshfs" => {
+                let mut c = Command::new("sshfs");
+                let mut ssh = vec!["ssh".to_string(), "-F".into(), "/dev/null".into()];
+                ssh.extend(self.sshd.options("-p", relay.port));
+                c.arg("-f")
+                    .arg("-o")
+                    .arg(format!("ssh_command={}", ssh.join(" ")))
+                    .arg(&remote)
+                    .arg(&mnt);
+                c
+            }
+            _ => bail!("no mount {tool:?} (mounts: {})", MOUNTS.join(", ")),
+        };
+        relay.take();
+        let m = Mount::start(cmd, &mnt)?;
+        let t = Instant::now();
+        let worked = steps(&mnt, name);
+        let seconds = t.elapsed().as_secs_f64();
+        let stopped = m.stop();
+        let (bytes_up, bytes_down) = relay.take();
+        let status = match (worked, stopped) {
+            (Ok(()), Ok(())) => match same_files(&reference, &srv) {
+                Ok(()) => "ok".into(),
+                Err(e) => format!("failed: the server's tree: {e}"),
+            },
+            (Err(e), _) | (_, Err(e)) => format!("failed: {e:#}"),
+        };
+        Ok(Run {
+            profile: p.name.clone(),
+            workload: name.into(),
+            tool: tool.into(),
+            bytes_up,
+            bytes_down,
+            seconds,
+            status,
+        })
+    }
+}
+
+/// The interactive runs as markdown: a row per profile and workload, bytes both ways and
+/// seconds per mount, and Ferry's bytes as a fraction of sshfs's.
+pub fn markdown(runs: &[Run]) -> String {
+    let runs: Vec<&Run> = runs
+        .iter()
+        .filter(|r| MOUNTS.contains(&r.tool.as_str()))
+        .collect();
+    if runs.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "\n### Interactive workloads through a mount (LBFS §5)\n\nA cold client mounts, works, \
+         unmounts; bytes both ways at the link from mounting to unmounting (ssh included), \
+         seconds of the work itself.\n\n\
+         | profile | workload | ferry mount | sshfs | ferry ÷ sshfs (bytes) | ferry ÷ sshfs (time) |\n\
+         |---|---|---:|---:|---:|---:|\n",
+    );
+    let mut seen = vec![];
+    for r in &runs {
+        let key = (r.profile.clone(), r.workload.clone());
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key);
+        let find = |tool: &str| {
+            runs.iter()
+                .find(|x| x.profile == r.profile && x.workload == r.workload && x.tool == tool)
+        };
+        let cell = |x: Option<&&Run>| match x {
+            Some(x) if x.status == "ok" => {
+                format!("{} · {:.1} s", x.bytes_up + x.bytes_down, x.seconds)
+            }
+            Some(x) => x.status.clone(),
+            None => String::new(),
+        };
+        let (f, h) = (find("ferry-mount"), find("sshfs"));
+        let ratio = match (f, h) {
+            (Some(f), Some(h)) if f.status == "ok" && h.status == "ok" => format!(
+                "{:.2} | {:.2}",
+                (f.bytes_up + f.bytes_down) as f64 / (h.bytes_up + h.bytes_down).max(1) as f64,
+                f.seconds / h.seconds.max(1e-9)
+            ),
+            _ => " | ".into(),
+        };
+        s += &format!(
+            "| {} | {} | {} | {} | {} |\n",
+            r.profile,
+            r.workload,
+            cell(f),
+            cell(h),
+            ratio
+        );
+    }
+    s
+}
