@@ -381,3 +381,28 @@ fn editors_save_by_rename_and_a_removed_open_file_is_not_written_back() {
     assert_eq!(c.getattr(f.ino).unwrap().mode, 0o600);
     assert_eq!(c.rmdir(ROOT, b"moved").unwrap_err(), Errno::ENOTEMPTY);
 }
+
+#[test]
+fn a_large_listing_costs_one_round_trip() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir_all(root.join("big")).unwrap();
+    for i in 0..5000 {
+        std::fs::write(root.join(format!("big/file{i:05}")), i.to_string()).unwrap();
+    }
+    let remote = Remote::new(&root, 60_000);
+    let c = client(&remote, &t.path().join("c"), Duration::from_secs(5));
+    let dir = c.lookup(ROOT, b"big").unwrap();
+    let r0 = c.traffic().unwrap().round_trips;
+    // `ls -l`: the listing, then every entry's attributes.
+    let entries = c.readdir(dir.ino).unwrap();
+    assert_eq!(entries.len(), 5000);
+    for (_, _, name) in &entries {
+        let s = c.lookup(dir.ino, name).unwrap();
+        assert_eq!(c.getattr(s.ino).unwrap().size, s.size);
+    }
+    assert_eq!(c.traffic().unwrap().round_trips - r0, 1);
+    // A name that is not there is known not to be, without asking.
+    assert_eq!(c.lookup(dir.ino, b"nope").unwrap_err(), Errno::ENOENT);
+    assert_eq!(c.traffic().unwrap().round_trips - r0, 1);
+}

@@ -73,7 +73,7 @@ pub fn draw(
         .find(|p| p.name == "cable")
         .or(plain.first())
         .copied();
-    if let Some(p) = main {
+    if let Some(p) = main.filter(|_| !infos.is_empty()) {
         let tools = present(runs, &[&p.name]);
         let mut data = format!("workload {} near-ideal\n", tools.join(" "));
         for w in infos {
@@ -102,6 +102,42 @@ pub fn draw(
             tools.len() + 2
         );
         pngs.push(plot(out, "bytes", &script, &data)?);
+    }
+    // The interactive workloads through a mount: bytes and seconds, Ferry against sshfs.
+    if let Some(p) = main {
+        let mounted: Vec<&Run> = runs
+            .iter()
+            .filter(|r| r.profile == p.name && r.tool == "ferry-mount" && r.status == "ok")
+            .collect();
+        let mut data = String::from("workload ferry-bytes sshfs-bytes ferry-s sshfs-s\n");
+        for f in &mounted {
+            if let Some(h) = ok(runs, &p.name, &f.workload, "sshfs") {
+                let _ = writeln!(
+                    data,
+                    "{} {} {} {:.2} {:.2}",
+                    f.workload,
+                    f.bytes_up + f.bytes_down,
+                    h.bytes_up + h.bytes_down,
+                    f.seconds,
+                    h.seconds
+                );
+            }
+        }
+        if data.lines().count() > 1 {
+            let script = format!(
+                "set title 'Interactive workloads through a mount ({})'\n\
+                 set style data histogram\nset style histogram clustered gap 1\n\
+                 set style fill solid 0.8 border -1\nset logscale y\nset grid ytics\n\
+                 set multiplot layout 1,2\n\
+                 set ylabel 'bytes both ways (log)'\n\
+                 plot 'mount.dat' using 2:xtic(1) title 'ferry mount', '' using 3 title 'sshfs'\n\
+                 set ylabel 'seconds (log)'\nset title ''\n\
+                 plot 'mount.dat' using 4:xtic(1) title 'ferry mount', '' using 5 title 'sshfs'\n\
+                 unset multiplot\n",
+                p.name
+            );
+            pngs.push(plot(out, "mount", &script, &data)?);
+        }
     }
     // Time against bandwidth, and against round-trip time, for the first workload.
     let Some(w) = infos.first() else {
