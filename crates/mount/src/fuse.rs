@@ -30,14 +30,6 @@ fn errno(e: Errno) -> KErrno {
     KErrno::from_i32(e.0)
 }
 
-fn time(ns: i64) -> SystemTime {
-    if ns >= 0 {
-        UNIX_EPOCH + Duration::from_nanos(ns as u64)
-    } else {
-        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
-    }
-}
-
 fn nanos(t: TimeOrNow) -> i64 {
     let t = match t {
         TimeOrNow::SpecificTime(t) => t,
@@ -63,7 +55,7 @@ fn has(flags: i32, f: rustix::fs::OFlags) -> bool {
 
 impl FerryFs {
     fn attr(&self, s: &Stat) -> FileAttr {
-        let t = time(s.mtime_ns);
+        let t = crate::vfs::time_of(s.mtime_ns);
         FileAttr {
             ino: INodeNo(s.ino),
             size: s.size,

@@ -21,9 +21,10 @@
 //!   returns (a restarted mount too); operations that need the server fail with `EHOSTDOWN`
 //!   after at most the timeout, never hang.
 //!
-//! Locks: `state` is held only briefly and never across a message; `fetching` serialises the
-//! decision to fetch a copy with opening it (so a copy being written is never replaced); the
-//! link serialises messages.
+//! Locks: `state` is held only briefly and never across a message; `copies` serialises, per
+//! path, the decision to fetch a copy with opening it (so a copy being written is never
+//! replaced, and an open of one file never waits for another's fetch); the link serialises
+//! messages.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -200,6 +201,41 @@ struct State {
     next_fh: u64,
 }
 
+/// Paths whose cached copies are being decided on, fetched or moved: one holder per path.
+#[derive(Default)]
+struct PathLocks {
+    busy: Mutex<std::collections::HashSet<WirePath>>,
+    freed: std::sync::Condvar,
+}
+
+struct PathGuard<'a> {
+    locks: &'a PathLocks,
+    paths: Vec<WirePath>,
+}
+
+impl PathLocks {
+    /// Waits until none of `paths` is held, then holds them all.
+    fn lock(&self, paths: &[&WirePath]) -> PathGuard<'_> {
+        let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        while paths.iter().any(|p| busy.contains(*p)) {
+            busy = self.freed.wait(busy).unwrap_or_else(|e| e.into_inner());
+        }
+        let paths: Vec<WirePath> = paths.iter().map(|p| (*p).clone()).collect();
+        busy.extend(paths.iter().cloned());
+        PathGuard { locks: self, paths }
+    }
+}
+
+impl Drop for PathGuard<'_> {
+    fn drop(&mut self) {
+        let mut busy = self.locks.busy.lock().unwrap_or_else(|e| e.into_inner());
+        for p in &self.paths {
+            busy.remove(p);
+        }
+        self.locks.freed.notify_all();
+    }
+}
+
 /// Counters of what the mount did, for logs and tests.
 #[derive(Default, Debug)]
 pub struct Counters {
@@ -223,7 +259,7 @@ pub struct Vfs {
     chunks: LocalStore,
     opts: Options,
     state: Mutex<State>,
-    fetching: Mutex<()>,
+    copies: PathLocks,
     writing: Mutex<()>,
     /// The link epoch whose leases and dirty copies were last dealt with.
     seen_epoch: AtomicU64,
@@ -264,7 +300,7 @@ impl Vfs {
                 next_fh: 1,
                 ..State::default()
             }),
-            fetching: Mutex::new(()),
+            copies: PathLocks::default(),
             writing: Mutex::new(()),
             seen_epoch: AtomicU64::new(0),
             retry_dirty: AtomicBool::new(true),
@@ -652,7 +688,8 @@ impl Vfs {
     }
 
     /// Brings the cached copy of `ino` up to date (unless it holds local changes, which win)
-    /// and opens it, in one step under `fetching` so a copy open for writing is never replaced.
+    /// and opens it, in one step under its path's lock so a copy open for writing is never
+    /// replaced.
     /// With `truncate`, the old contents are not fetched at all.
     fn open_copy(
         &self,
@@ -660,14 +697,20 @@ impl Vfs {
         write: bool,
         truncate: bool,
     ) -> Result<(File, Option<u64>), Errno> {
-        let _g = self.fetching.lock().unwrap_or_else(|e| e.into_inner());
-        let (path, kind, local) = {
+        let (path, _) = self.path_of(ino)?;
+        let _g = self.copies.lock(&[&path]);
+        let (kind, local) = {
             let st = self.lock();
             let n = st.inodes.get(&ino).ok_or(Errno::ENOENT)?;
             if n.unlinked {
                 return Err(Errno::ENOENT);
             }
-            (n.path.clone(), n.kind, n.writers > 0 || n.dirty)
+            if n.path != path {
+                // Renamed meanwhile: again, under its new name.
+                drop((st, _g));
+                return self.open_copy(ino, write, truncate);
+            }
+            (n.kind, n.writers > 0 || n.dirty)
         };
         if kind == FileKind::Dir {
             return Err(Errno::EISDIR);
@@ -838,7 +881,7 @@ impl Vfs {
                 }
             }
         }
-        let _g = self.fetching.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = self.copies.lock(&[&path]);
         self.files.remove(&path);
         OpenOptions::new()
             .write(true)
@@ -934,23 +977,34 @@ impl Vfs {
         if !write {
             return Err(Errno::EBADF);
         }
-        let (path, base) = self.dirty_base(ino)?;
-        self.mark_dirty(ino, &path, base)?;
+        self.ensure_dirty(ino)?;
         file.write_all_at(data, offset)?;
+        // Counted after the bytes are in: a write-back that began before sees the count move
+        // and leaves the copy dirty; one that cleaned it meanwhile is undone.
+        let still = {
+            let mut st = self.lock();
+            let n = st.inodes.get_mut(&ino).ok_or(Errno::ENOENT)?;
+            n.writes += 1;
+            n.dirty
+        };
+        if !still {
+            self.ensure_dirty(ino)?;
+        }
         Ok(data.len() as u32)
     }
 
-    /// The path of `ino` and the version its copy was made on.
-    fn dirty_base(&self, ino: Ino) -> Result<(WirePath, Option<u64>), Errno> {
-        let path = self
-            .lock()
-            .inodes
-            .get(&ino)
-            .ok_or(Errno::ENOENT)?
-            .path
-            .clone();
+    /// Marks `ino`'s copy dirty unless it is, against the version its record names.
+    fn ensure_dirty(&self, ino: Ino) -> Result<(), Errno> {
+        let path = {
+            let st = self.lock();
+            let n = st.inodes.get(&ino).ok_or(Errno::ENOENT)?;
+            if n.dirty {
+                return Ok(());
+            }
+            n.path.clone()
+        };
         let base = self.files.meta(&path).and_then(|m| m.version);
-        Ok((path, base))
+        self.mark_dirty(ino, &path, base)
     }
 
     /// A file descriptor of `fh` was closed (close-to-open: local changes are committed now,
@@ -1293,7 +1347,7 @@ impl Vfs {
         });
         self.apply_invalidations();
         r.map_err(|f| errno_of(&f))?;
-        let _g = self.fetching.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = self.copies.lock(&[&from, &to]);
         let mut st = self.lock();
         // What was at the new name is gone.
         if st.ino_of.get(&to) != st.ino_of.get(&from) {
@@ -1553,7 +1607,7 @@ fn rebase(p: &WirePath, from: &WirePath, to: &WirePath) -> WirePath {
     WirePath::new(v).expect("a valid path below a valid path")
 }
 
-fn time_of(ns: i64) -> std::time::SystemTime {
+pub(crate) fn time_of(ns: i64) -> std::time::SystemTime {
     if ns >= 0 {
         std::time::UNIX_EPOCH + Duration::from_nanos(ns as u64)
     } else {
