@@ -88,6 +88,8 @@ pub struct Server {
     tmp_counter: u64,
     /// `None` when change notification is unavailable: then no leases are granted.
     leases: Option<crate::leases::Leases>,
+    /// Leases broken by changes seen while handling a request, sent before its reply.
+    broken: Vec<WirePath>,
 }
 
 fn error(code: ErrorCode, message: impl Into<String>) -> Reply {
@@ -136,6 +138,7 @@ impl Server {
                     None
                 }
             },
+            broken: vec![],
         }
     }
 
@@ -264,15 +267,9 @@ impl Server {
 
     /// Invalidate frames for every lease that changes broke.
     pub fn invalidations(&mut self) -> Vec<Frame> {
-        let Some(l) = self.leases.as_mut() else {
-            return vec![];
-        };
-        let broken = l.broken();
-        if !broken.is_empty() {
-            self.trees.clear();
-        }
-        broken
-            .into_iter()
+        self.take_broken();
+        self.broken
+            .drain(..)
             .map(|p| Message::Invalidate(p).to_frame(0))
             .collect()
     }
@@ -322,6 +319,32 @@ impl Server {
     }
 
     fn request(&mut self, id: u32, r: Request) -> Vec<Frame> {
+        // Changes made before this request break the leases they break now, before anything
+        // is read for the reply: a lease granted below is broken only by later changes.
+        self.take_broken();
+        let mut out = self.request_inner(id, r);
+        if !self.broken.is_empty() {
+            let breaks = self
+                .broken
+                .drain(..)
+                .map(|p| Message::Invalidate(p).to_frame(0));
+            out.splice(0..0, breaks);
+        }
+        out
+    }
+
+    /// Notes the leases that changes so far broke (to be sent with the next reply).
+    fn take_broken(&mut self) {
+        if let Some(l) = self.leases.as_mut() {
+            let b = l.broken();
+            if !b.is_empty() {
+                self.trees.clear();
+                self.broken.extend(b);
+            }
+        }
+    }
+
+    fn request_inner(&mut self, id: u32, r: Request) -> Vec<Frame> {
         let one = |r: Reply| vec![Message::Reply(r).to_frame(id)];
         if matches!(
             r,
@@ -720,11 +743,20 @@ impl Server {
             return Err(ioe(e.into()));
         }
         rustix::fs::fsync(&dir).map_err(|e| ioe(e.into()))?;
+        // This commit's own change breaks the leases granted before it (sent ahead of the
+        // reply), not the one the reply carries; and that one is granted only if the name
+        // still holds what was written.
         let st = rustix::fs::fstat(&file).map_err(|e| ioe(e.into()))?;
+        // Closing it is a change too (IN_CLOSE_WRITE under the new name).
+        drop(file);
+        self.take_broken();
         let (mut attr, fid) = crate::export::attr_of(&st);
         self.remember(path, fid, recipe.clone(), oid);
         attr.oid = Some(oid.id());
-        attr.lease_ms = self.lease(path, false);
+        let still = stat_at(&dir, &name).ok().flatten();
+        if still.is_some_and(|(a, _)| a.version == attr.version) {
+            attr.lease_ms = self.lease(path, false);
+        }
         Ok(Reply::Attr(attr))
     }
 

@@ -157,6 +157,15 @@ fn close_to_open_between_two_clients_with_leases() {
         v1,
         "on the server after close"
     );
+    // A's own close does not break the lease its commit returned: reading back costs nothing.
+    settle(&[&a]);
+    let n = requests(&a);
+    assert_eq!(read(&a, "doc").unwrap(), v1);
+    assert_eq!(
+        requests(&a),
+        n,
+        "the writer's lease survives its own commit"
+    );
     assert_eq!(read(&b, "doc").unwrap(), v1);
     // B edits the middle; A, told by its lease break, sees B's close at its next open.
     let mut v2 = v1.clone();

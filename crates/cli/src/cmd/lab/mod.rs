@@ -718,7 +718,10 @@ fn markdown(command: &str, profiles: &[Profile], infos: &[WorkloadInfo], runs: &
          included; each cell is total bytes · seconds.\n"
     );
     for p in profiles {
-        let here: Vec<&Run> = runs.iter().filter(|r| r.profile == p.name).collect();
+        let here: Vec<&Run> = runs
+            .iter()
+            .filter(|r| r.profile == p.name && TOOLS.contains(&r.tool.as_str()))
+            .collect();
         if here.is_empty() {
             continue;
         }
