@@ -20,8 +20,8 @@ const DAEMON_ENV: &str = "FERRY_MOUNT_DAEMON";
 
 #[derive(clap::Args)]
 pub struct MountArgs {
-    /// The remote directory: HOST:PATH (over ssh, like rsync and sshfs) or
-    /// ferry://HOST[:PORT]/PATH (Ferry's TLS daemon).
+    /// The remote directory: `HOST:PATH` (over ssh, like rsync and sshfs) or
+    /// `ferry://HOST[:PORT]/PATH` (Ferry's TLS daemon).
     remote: String,
     /// Where to mount it: an existing directory.
     mountpoint: PathBuf,
@@ -31,7 +31,7 @@ pub struct MountArgs {
     #[command(flatten)]
     rsh: Rsh,
     /// The cache of whole files and chunks, kept between mounts [default:
-    /// $XDG_CACHE_HOME/ferry/mount/<remote>].
+    /// `$XDG_CACHE_HOME/ferry/mount/REMOTE`].
     #[arg(long, value_name = "DIR")]
     cache: Option<PathBuf>,
     /// Bound on the cached copies of files (the least recently used go first; files with
