@@ -9,10 +9,13 @@
 //! the link takes.
 
 use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
+
+use rustix::event::{poll, PollFd, PollFlags};
 
 use crate::client::RemoteSpec;
 use crate::conn::{ConnError, Connection};
@@ -25,6 +28,11 @@ const READ_SIZE: usize = 256 * 1024;
 const QUEUED: usize = 8;
 /// "No timeout", in the shared cell.
 const FOREVER: u64 = u64::MAX;
+/// How often the reading thread looks up from waiting to see whether it is still wanted.
+const WAKE: rustix::time::Timespec = rustix::time::Timespec {
+    tv_sec: 0,
+    tv_nsec: 100_000_000,
+};
 
 /// The reading half of a session's byte stream: what a thread reads from the transport,
 /// handed over with an optional timeout.
@@ -35,17 +43,47 @@ pub struct LinkReader {
     /// The transport ended (or failed; the error was returned once).
     ended: bool,
     timeout: Arc<AtomicU64>,
+    /// Tells the reading thread to let go of the transport.
+    dropped: Arc<AtomicBool>,
+}
+
+impl Drop for LinkReader {
+    fn drop(&mut self) {
+        self.dropped.store(true, Ordering::Release);
+    }
 }
 
 impl LinkReader {
-    /// Starts the thread reading `r`.
-    pub fn new(mut r: Box<dyn Read + Send>) -> LinkReader {
+    /// Starts the thread reading `r`. The thread ends at the end of the stream, or within
+    /// [`WAKE`] of this reader being dropped: it must not hold the transport open after that
+    /// (a socket's other half, say, whose peer waits for the end).
+    pub fn new(r: impl Read + AsFd + Send + 'static) -> LinkReader {
         let (tx, rx) = mpsc::sync_channel(QUEUED);
+        let dropped = Arc::new(AtomicBool::new(false));
+        let gone = dropped.clone();
         let spawned = std::thread::Builder::new()
             .name("ferry-recv".into())
             .spawn(move || {
+                let mut r = r;
                 let mut buf = vec![0u8; READ_SIZE];
                 loop {
+                    if gone.load(Ordering::Acquire) {
+                        return;
+                    }
+                    let ready = {
+                        let mut fds = [PollFd::new(&r, PollFlags::IN)];
+                        match poll(&mut fds, Some(&WAKE)) {
+                            Ok(n) => n > 0,
+                            Err(rustix::io::Errno::INTR) => false,
+                            Err(e) => {
+                                let _ = tx.send(Err(e.into()));
+                                return;
+                            }
+                        }
+                    };
+                    if !ready {
+                        continue;
+                    }
                     let msg = match r.read(&mut buf) {
                         Ok(0) => Ok(vec![]),
                         Ok(n) => Ok(buf[..n].to_vec()),
@@ -59,20 +97,21 @@ impl LinkReader {
                     }
                 }
             });
-        let (rx, ended) = match spawned {
-            Ok(_) => (rx, false),
+        let rx = match spawned {
+            Ok(_) => rx,
             Err(e) => {
                 let (tx, rx) = mpsc::sync_channel(1);
                 let _ = tx.send(Err(e));
-                (rx, false)
+                rx
             }
         };
         LinkReader {
             rx,
             pending: vec![],
             at: 0,
-            ended,
+            ended: false,
             timeout: Arc::new(AtomicU64::new(FOREVER)),
+            dropped,
         }
     }
 
@@ -188,7 +227,7 @@ impl Session {
             .map_err(|e| io::Error::new(e.kind(), format!("cannot run {prog}: {e}")))?;
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
-        let reader = LinkReader::new(Box::new(stdout));
+        let reader = LinkReader::new(stdout);
         let timeout = reader.timeout.clone();
         match Connection::open_with(reader, Box::new(stdin) as LinkWriter, zstd_level) {
             Ok(conn) => Ok(Session {
@@ -213,7 +252,7 @@ impl Session {
 
     /// Opens a session over an already connected byte stream; `finish` runs after hanging up.
     pub fn over(
-        reader: Box<dyn Read + Send>,
+        reader: impl Read + AsFd + Send + 'static,
         writer: LinkWriter,
         finish: Box<dyn FnOnce() -> io::Result<()> + Send>,
     ) -> Result<Session, ConnError> {
@@ -270,7 +309,7 @@ mod tests {
     #[test]
     fn a_silent_link_times_out_and_a_zero_timeout_never_waits() {
         let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
-        let mut r = LinkReader::new(Box::new(a));
+        let mut r = LinkReader::new(a);
         let mut buf = [0u8; 4];
         r.timeout.store(0, Ordering::Relaxed);
         assert_eq!(

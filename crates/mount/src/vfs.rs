@@ -725,12 +725,7 @@ impl Vfs {
                 version = Some(a.version);
             }
             self.mark_dirty(ino, &path, version)?;
-            OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&data)?;
+            empty_copy(&data)?;
         } else if !local {
             version = Some(self.refresh_copy(&path, meta.and_then(|m| m.version))?);
         }
@@ -883,12 +878,7 @@ impl Vfs {
         }
         let _g = self.copies.lock(&[&path]);
         self.files.remove(&path);
-        OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&data)?;
+        empty_copy(&data)?;
         let asked = Instant::now();
         let mut stats = PutStats::default();
         let opts = self.put_options();
@@ -1584,6 +1574,17 @@ impl Inode {
             mode: None,
         }
     }
+}
+
+/// Makes `data` an empty copy (private to this user).
+fn empty_copy(data: &std::path::Path) -> io::Result<()> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(data)
+        .map(drop)
 }
 
 fn get_attr(c: &mut Conn, path: &WirePath) -> Result<Attr, GetError> {

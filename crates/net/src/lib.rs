@@ -206,7 +206,7 @@ pub fn connect(
         }
         Ok(())
     });
-    Session::over(Box::new(reader), Box::new(mine), finish).map_err(NetError::Link)
+    Session::over(reader, Box::new(mine), finish).map_err(NetError::Link)
 }
 
 fn runtime() -> io::Result<tokio::runtime::Runtime> {

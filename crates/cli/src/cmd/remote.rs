@@ -517,29 +517,53 @@ fn is_remote(s: &str) -> bool {
 }
 
 fn connect(remote: &str, rsh: &Rsh) -> Result<(Session, WirePath)> {
+    if let Some(ep) = ferry_net::Endpoint::parse(remote) {
+        // Once: the daemon's own errors (a changed key, say) keep their exit codes.
+        let (ep, wire) = endpoint(ep?)?;
+        let (id, known) = identity()?;
+        let session = net_session(&ep, &id, &known)
+            .with_context(|| format!("cannot start a session with {}", ep.host_port()))?;
+        return Ok((session, wire));
+    }
     let (connect, wire) = connector(remote, rsh)?;
     Ok((connect()?, wire))
+}
+
+fn endpoint(ep: ferry_net::Endpoint) -> Result<(ferry_net::Endpoint, WirePath)> {
+    let wire = WirePath::new(ep.path.as_bytes().to_vec())
+        .with_context(|| format!("bad remote path {:?}", ep.path))?;
+    Ok((ep, wire))
+}
+
+/// This user's key for the daemon, and the file of the servers' keys trusted.
+fn identity() -> Result<(ferry_net::Identity, PathBuf)> {
+    let data = ferry_net::data_dir();
+    let (id, _) = ferry_net::Identity::load_or_create(&data)?;
+    Ok((id, data.join("known_hosts")))
+}
+
+fn net_session(
+    ep: &ferry_net::Endpoint,
+    id: &ferry_net::Identity,
+    known: &Path,
+) -> Result<Session, ferry_net::NetError> {
+    ferry_net::connect(ep, id, known, |fp| {
+        eprintln!(
+            "ferry: first visit to {}: trusting its key {fp} from now on (recorded in {})",
+            ep.host_port(),
+            known.display()
+        )
+    })
 }
 
 /// What opens a session with the server named by `remote` (as often as needed: the mount
 /// reconnects with it), and the path there.
 pub fn connector(remote: &str, rsh: &Rsh) -> Result<(ferry_mount::Connector, WirePath)> {
     if let Some(ep) = ferry_net::Endpoint::parse(remote) {
-        let ep = ep?;
-        let wire = WirePath::new(ep.path.as_bytes().to_vec())
-            .with_context(|| format!("bad remote path {:?}", ep.path))?;
-        let data = ferry_net::data_dir();
-        let (id, _) = ferry_net::Identity::load_or_create(&data)?;
-        let known = data.join("known_hosts");
+        let (ep, wire) = endpoint(ep?)?;
+        let (id, known) = identity()?;
         let connect = move || {
-            ferry_net::connect(&ep, &id, &known, |fp| {
-                eprintln!(
-                    "ferry: first visit to {}: trusting its key {fp} from now on (recorded in {})",
-                    ep.host_port(),
-                    known.display()
-                )
-            })
-            .map_err(|e| match e {
+            net_session(&ep, &id, &known).map_err(|e| match e {
                 ferry_net::NetError::Link(e) => e,
                 e => ferry_fs::ConnError::Io(std::io::Error::other(format!(
                     "cannot start a session with {}: {e}",

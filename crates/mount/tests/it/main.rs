@@ -55,7 +55,7 @@ impl Remote {
                 let mut server = Server::new(export, opts, staging);
                 let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
             });
-            Session::over(Box::new(b.try_clone()?), Box::new(b), Box::new(|| Ok(())))
+            Session::over(b.try_clone()?, Box::new(b), Box::new(|| Ok(())))
         })
     }
 

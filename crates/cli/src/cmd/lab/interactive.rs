@@ -227,18 +227,8 @@ impl Lab {
         let remote = format!("{}:{}", self.sshd.host(), srv.display());
         let cmd = match tool {
             "ferry-mount" => {
-                let mut c = Command::new(&self.ferry);
-                c.args(["mount", "--foreground", "-e", &self.sshd.rsh(relay.port)])
-                    .arg("--remote-ferry")
-                    .arg(format!(
-                        "env XDG_CACHE_HOME={} {}",
-                        state.join("server").display(),
-                        self.ferry.display()
-                    ))
-                    .arg("--cache")
-                    .arg(state.join("cache"))
-                    .arg(&remote)
-                    .arg(&mnt);
+                let mut c = self.ferry_command(&["mount", "--foreground"], relay.port, &state);
+                c.arg(&remote).arg(&mnt);
                 c
             }
             "sshfs" => {

@@ -195,6 +195,34 @@ struct WorkloadInfo {
     ideal_bytes: u64,
 }
 
+impl Run {
+    fn skipped(p: &Profile, workload: &str, tool: &str, why: String) -> Run {
+        Run {
+            profile: p.name.clone(),
+            workload: workload.into(),
+            tool: tool.into(),
+            bytes_up: 0,
+            bytes_down: 0,
+            seconds: 0.0,
+            status: format!("skipped: {why}"),
+        }
+    }
+
+    /// One line of progress on standard error.
+    fn log(&self) {
+        eprintln!(
+            "lab: {:<10} {:<16} {:<11} {:>10} down {:>9} up {:>7.1} s  {}",
+            self.profile,
+            self.workload,
+            self.tool,
+            human(self.bytes_down),
+            human(self.bytes_up),
+            self.seconds,
+            self.status
+        );
+    }
+}
+
 /// Everything a contender needs.
 struct Lab {
     work: PathBuf,
@@ -220,6 +248,22 @@ impl Lab {
         Ok(relay.take())
     }
 
+    /// `ferry ARGS -e RSH --remote-ferry … --cache …`: a Ferry client reaching the lab's sshd
+    /// through `port`, its cache and the server's state (history, staging) under `state`.
+    fn ferry_command(&self, args: &[&str], port: u16, state: &Path) -> Command {
+        let mut c = Command::new(&self.ferry);
+        c.args(args)
+            .args(["-e", &self.sshd.rsh(port), "--remote-ferry"])
+            .arg(format!(
+                "env XDG_CACHE_HOME={} {}",
+                state.join("server").display(),
+                self.ferry.display()
+            ))
+            .arg("--cache")
+            .arg(state.join("cache"));
+        c
+    }
+
     fn run(&self, tool: &str, w: &Workload, relay: &Relay, p: &Profile) -> Result<Run> {
         let dst = self.work.join("dst");
         let _ = fs::remove_dir_all(&dst);
@@ -229,16 +273,8 @@ impl Lab {
         let rsh = self.sshd.rsh(relay.port);
         // `ferry get` with its own server state and cache, through the ssh at `port`.
         let ferry_get = |port: u16, from: &Path| {
-            let mut c = Command::new(&self.ferry);
-            c.args(["-q", "get", "-e", &self.sshd.rsh(port), "--remote-ferry"])
-                .arg(format!(
-                    "env XDG_CACHE_HOME={} {}",
-                    state.join("server").display(),
-                    self.ferry.display()
-                ))
-                .arg("--cache")
-                .arg(state.join("cache"))
-                .arg(format!("{}:{}", self.sshd.host(), from.display()))
+            let mut c = self.ferry_command(&["-q", "get"], port, &state);
+            c.arg(format!("{}:{}", self.sshd.host(), from.display()))
                 .arg(&dst);
             c
         };
@@ -572,28 +608,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 let whole_secs = info.new_bytes as f64 * 8.0 / p.down_bps as f64
                     + info.new_files as f64 * 4.0 * p.rtt_ms / 1000.0;
                 let r = if tool == "scp" && whole_secs > a.max_whole {
-                    Run {
-                        profile: p.name.clone(),
-                        workload: w.name.clone(),
-                        tool: tool.clone(),
-                        bytes_up: 0,
-                        bytes_down: 0,
-                        seconds: 0.0,
-                        status: format!("skipped: about {whole_secs:.0} s (--max-whole)"),
-                    }
+                    let why = format!("about {whole_secs:.0} s (--max-whole)");
+                    Run::skipped(p, &w.name, tool, why)
                 } else {
                     lab.run(tool, w, &relay, p)?
                 };
-                eprintln!(
-                    "lab: {:<10} {:<16} {:<8} {:>10} down {:>9} up {:>7.1} s  {}",
-                    r.profile,
-                    r.workload,
-                    r.tool,
-                    human(r.bytes_down),
-                    human(r.bytes_up),
-                    r.seconds,
-                    r.status
-                );
+                r.log();
                 runs.push(r);
             }
         }
@@ -603,27 +623,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
         for name in &mounted {
             for tool in interactive::MOUNTS {
                 let r = match mount_unavailable(tool) {
-                    Some(why) => Run {
-                        profile: p.name.clone(),
-                        workload: name.to_string(),
-                        tool: tool.to_string(),
-                        bytes_up: 0,
-                        bytes_down: 0,
-                        seconds: 0.0,
-                        status: format!("skipped: {why}"),
-                    },
+                    Some(why) => Run::skipped(p, name, tool, why),
                     None => lab.run_mounted(tool, name, &relay, p)?,
                 };
-                eprintln!(
-                    "lab: {:<10} {:<16} {:<11} {:>10} down {:>9} up {:>7.1} s  {}",
-                    r.profile,
-                    r.workload,
-                    r.tool,
-                    human(r.bytes_down),
-                    human(r.bytes_up),
-                    r.seconds,
-                    r.status
-                );
+                r.log();
                 runs.push(r);
             }
         }
