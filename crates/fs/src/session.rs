@@ -55,7 +55,7 @@ impl Drop for LinkReader {
 
 impl LinkReader {
     /// Starts the thread reading `r`. The thread ends at the end of the stream, or within
-    /// [`WAKE`] of this reader being dropped: it must not hold the transport open after that
+    /// 100 ms of this reader being dropped: it must not hold the transport open after that
     /// (a socket's other half, say, whose peer waits for the end).
     pub fn new(r: impl Read + AsFd + Send + 'static) -> LinkReader {
         let (tx, rx) = mpsc::sync_channel(QUEUED);

@@ -89,8 +89,8 @@ pub fn mount(a: MountArgs) -> Result<ExitCode> {
     match run(&a, &cache, daemon) {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) if daemon => {
-            // The parent is waiting for a line: it prints the error.
-            println!("error: {e:#}");
+            // The parent is waiting for a line: it prints the error (if it is still there).
+            let _ = writeln!(std::io::stdout(), "error: {e:#}");
             Ok(ExitCode::FAILURE)
         }
         Err(e) => Err(e),
@@ -130,7 +130,8 @@ fn run(a: &MountArgs, cache: &Path, daemon: bool) -> Result<()> {
         *unmounter.lock().unwrap_or_else(|e| e.into_inner()) = Some(u);
         tracing::info!("{remote} mounted at {}", mountpoint.display());
         if daemon {
-            println!("ready");
+            // A parent gone meanwhile is no reason to stop serving.
+            let _ = writeln!(std::io::stdout(), "ready");
             let _ = std::io::stdout().flush();
             // The parent reads until the end of this pipe: close it.
             if let Ok(null) = std::fs::File::open("/dev/null") {
