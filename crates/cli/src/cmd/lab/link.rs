@@ -28,6 +28,15 @@ pub struct Shape {
     pub rtt: Duration,
 }
 
+impl Shape {
+    /// No shaping at all.
+    pub const UNLIMITED: Shape = Shape {
+        down_bps: u64::MAX,
+        up_bps: u64::MAX,
+        rtt: Duration::ZERO,
+    };
+}
+
 /// Bytes carried each way since the last [`Relay::take`].
 #[derive(Default)]
 struct Counters {

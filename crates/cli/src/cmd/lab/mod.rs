@@ -9,6 +9,7 @@
 mod chart;
 mod interactive;
 mod link;
+mod netns;
 mod sshd;
 mod workloads;
 
@@ -42,6 +43,10 @@ pub struct Args {
     /// Round-trip time of the custom link, in milliseconds.
     #[arg(long, value_name = "MS")]
     rtt: Option<f64>,
+    /// Also drop this percentage of TCP packets each way, on every profile (root: the server
+    /// runs in a network namespace behind an nftables rule).
+    #[arg(long, value_name = "PERCENT", value_parser = parse_loss)]
+    loss: Option<f64>,
     /// Directory of `<name>/{old,new}` workloads (as built by lab/workloads.sh), run besides
     /// the built-in ones.
     #[arg(long, value_name = "DIR")]
@@ -91,6 +96,13 @@ fn parse_rate(s: &str) -> Result<u64, String> {
     Ok((v * mul) as u64)
 }
 
+fn parse_loss(s: &str) -> Result<f64, String> {
+    match s.trim_end_matches('%').parse::<f64>() {
+        Ok(v) if (0.0..=50.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?}: a percentage from 0 to 50")),
+    }
+}
+
 /// A named link shape.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Profile {
@@ -98,6 +110,9 @@ struct Profile {
     down_bps: u64,
     up_bps: u64,
     rtt_ms: f64,
+    /// TCP packets dropped each way, in percent.
+    #[serde(default)]
+    loss_pct: f64,
     /// Bytes (up, down) of an ssh session that does nothing, measured on this link.
     #[serde(skip_serializing_if = "Option::is_none")]
     ssh_session: Option<(u64, u64)>,
@@ -144,6 +159,7 @@ fn profile(name: &str) -> Result<Profile> {
         down_bps: down,
         up_bps: up,
         rtt_ms: rtt.unwrap_or(r),
+        loss_pct: 0.0,
         ssh_session: None,
     })
 }
@@ -168,6 +184,9 @@ mod tests {
         );
         assert_eq!(p.name, "cable@100ms");
         assert!(profile("carrier-pigeon").is_err());
+        assert_eq!(parse_loss("1.5"), Ok(1.5));
+        assert_eq!(parse_loss("2%"), Ok(2.0));
+        assert!(parse_loss("80").is_err() && parse_loss("-1").is_err() && parse_loss("x").is_err());
     }
 }
 
@@ -227,6 +246,10 @@ impl Run {
 struct Lab {
     work: PathBuf,
     sshd: sshd::Sshd,
+    /// With `--loss`: the namespace the server runs in (dropped after it).
+    _netns: Option<netns::Netns>,
+    /// An unshaped, unmeasured way to the server (for what happens before a measurement).
+    direct: Relay,
     ferry: PathBuf,
 }
 
@@ -283,7 +306,7 @@ impl Lab {
             "ferry-warm" => {
                 // This client fetched the old version from this server before, over a link
                 // not measured: the server's history and the client's cache hold it.
-                let mut prime = ferry_get(self.sshd.addr.port(), &w.old);
+                let mut prime = ferry_get(self.direct.port, &w.old);
                 if let Err(e) = run_bounded(&mut prime, Duration::from_secs(1800))? {
                     bail!("fetching the old version of {} first: {e}", w.name);
                 }
@@ -526,6 +549,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 down_bps: down,
                 up_bps: up,
                 rtt_ms: rtt,
+                loss_pct: 0.0,
                 ssh_session: None,
             }]
         } else if !a.profiles.is_empty() {
@@ -575,9 +599,23 @@ pub fn run(a: Args) -> Result<ExitCode> {
             bail!("none of the workloads {:?} exist", a.only);
         }
     }
+    let ns = match a.loss.filter(|l| *l > 0.0) {
+        Some(loss) => {
+            for p in &mut profiles {
+                p.loss_pct = loss;
+                p.name = format!("{}+{loss}%loss", p.name);
+            }
+            Some(netns::Netns::create(loss)?)
+        }
+        None => None,
+    };
+    let sshd = sshd::Sshd::start(&fs::canonicalize(work.path())?, ns.as_ref())?;
+    let direct = Relay::start(link::Shape::UNLIMITED, sshd.addr)?;
     let lab = Lab {
         work: work.path().to_path_buf(),
-        sshd: sshd::Sshd::start(&fs::canonicalize(work.path())?)?,
+        sshd,
+        _netns: ns,
+        direct,
         ferry: std::env::current_exe()?,
     };
     let mut infos = vec![];
@@ -729,11 +767,16 @@ fn markdown(command: &str, profiles: &[Profile], infos: &[WorkloadInfo], runs: &
             continue;
         }
         s += &format!(
-            "\n### {} ({} down, {} up, {} ms round trip)\n\n",
+            "\n### {} ({} down, {} up, {} ms round trip{})\n\n",
             p.name,
             rate(p.down_bps),
             rate(p.up_bps),
-            p.rtt_ms
+            p.rtt_ms,
+            if p.loss_pct > 0.0 {
+                format!(", {} % of packets lost each way", p.loss_pct)
+            } else {
+                String::new()
+            }
         );
         if let Some((up, down)) = p.ssh_session {
             s += &format!(

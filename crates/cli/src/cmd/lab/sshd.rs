@@ -49,19 +49,21 @@ fn sshd_program() -> Result<PathBuf> {
 }
 
 impl Sshd {
-    /// Starts sshd in `dir` (keys, configuration and logs go there).
-    pub fn start(dir: &Path) -> Result<Sshd> {
+    /// Starts sshd in `dir` (keys, configuration and logs go there), on loopback or inside
+    /// the namespace `ns`.
+    pub fn start(dir: &Path, ns: Option<&super::netns::Netns>) -> Result<Sshd> {
         let program = sshd_program()?;
         let (host, key) = (dir.join("host_ed25519"), dir.join("client_ed25519"));
         keygen(&host)?;
         keygen(&key)?;
         std::fs::copy(key.with_extension("pub"), dir.join("authorized_keys"))?;
         let port = free_port()?;
+        let ip: std::net::Ipv4Addr = ns.map_or([127, 0, 0, 1].into(), |n| n.addr);
         let config = dir.join("sshd_config");
         std::fs::write(
             &config,
             format!(
-                "Port {port}\nListenAddress 127.0.0.1\nHostKey {host}\nAuthorizedKeysFile {auth}\n\
+                "Port {port}\nListenAddress {ip}\nHostKey {host}\nAuthorizedKeysFile {auth}\n\
                  PidFile {pid}\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n\
                  KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nLogLevel ERROR\n\
                  Subsystem sftp internal-sftp\nMaxStartups 100\n",
@@ -75,19 +77,19 @@ impl Sshd {
         let log = std::fs::File::create(dir.join("sshd.log"))?;
         // The server should die with the lab, even one killed by a signal: util-linux's
         // setpriv sets that up before starting it, when it is there.
-        let mut cmd = if Command::new("setpriv")
+        let mut words: Vec<String> = ns.map(|n| n.exec()).unwrap_or_default();
+        if Command::new("setpriv")
             .arg("--help")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
         {
-            let mut c = Command::new("setpriv");
-            c.args(["--pdeathsig", "KILL"]).arg(&program);
-            c
-        } else {
-            Command::new(&program)
-        };
+            words.extend(["setpriv".into(), "--pdeathsig".into(), "KILL".into()]);
+        }
+        words.push(program.display().to_string());
+        let mut cmd = Command::new(&words[0]);
+        cmd.args(&words[1..]);
         let child = cmd
             .args(["-D", "-e", "-f"])
             .arg(&config)
@@ -96,7 +98,7 @@ impl Sshd {
             .stderr(log)
             .spawn()
             .with_context(|| format!("cannot start {}", program.display()))?;
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let addr: SocketAddr = (ip, port).into();
         let user = std::env::var("USER")
             .ok()
             .filter(|u| !u.is_empty())
