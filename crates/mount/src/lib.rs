@@ -150,6 +150,10 @@ pub fn unmount(mountpoint: &Path) -> std::io::Result<()> {
             }
             Err(last.unwrap_or_else(|| std::io::Error::other("cannot unmount")))
         }
+        Err(rustix::io::Errno::INVAL) => Err(std::io::Error::other(format!(
+            "{} is not a mount point",
+            mountpoint.display()
+        ))),
         Err(e) => Err(e.into()),
     }
 }

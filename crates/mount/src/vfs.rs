@@ -138,10 +138,11 @@ pub struct Options {
 /// Errors of mounting (once mounted, operations return an [`Errno`]).
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
-    #[error("cannot reach the server: {0}")]
+    #[error("cannot reach the server")]
     Connect(#[from] ConnError),
-    #[error("{0}: {1}")]
-    Remote(String, String),
+    /// The server's answer about the directory to mount.
+    #[error("{0}")]
+    Remote(String),
     #[error("the cache {}: {}", .0.display(), .1)]
     Cache(PathBuf, String),
 }
@@ -309,12 +310,9 @@ impl Vfs {
         };
         let attr = vfs
             .fresh_attr(&root)
-            .map_err(|e| MountError::Remote(format!("{root:?}"), e.to_string()))?;
+            .map_err(|e| MountError::Remote(e.to_string()))?;
         if attr.kind != FileKind::Dir {
-            return Err(MountError::Remote(
-                format!("{root:?}"),
-                "not a directory".into(),
-            ));
+            return Err(MountError::Remote(format!("{root:?} is not a directory")));
         }
         {
             let mut st = vfs.lock();
