@@ -392,6 +392,7 @@ impl Vfs {
 
     /// Asks the server for `path`'s attributes (one round trip).
     fn fresh_attr(&self, path: &WirePath) -> Result<Attr, Failure> {
+        tracing::trace!("{path:?}: GetAttr");
         let asked = Instant::now();
         let a = self.link.run(|c| get_attr(c, path));
         self.apply_invalidations();
@@ -566,6 +567,7 @@ impl Vfs {
     /// Reads `dir`'s listing from the server (one round trip), caching the entries' attributes;
     /// returns the entries, sorted by name.
     fn list(&self, dir: &WirePath) -> Result<Vec<(Vec<u8>, Attr)>, Failure> {
+        tracing::trace!("{dir:?}: ReadDir");
         let asked = Instant::now();
         let r = self.link.run(|c| {
             let mut out = vec![];
