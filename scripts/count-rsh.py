@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """A remote shell for measurements: drops the host argument, runs the command locally, relays
-stdin/stdout and appends 'up down' byte counts to $COUNT_FILE when done."""
-import os, subprocess, sys, threading
+stdin/stdout and appends 'up down' byte counts to $COUNT_FILE when done. With $COUNT_DOWN_BPS
+set, what comes back is paced at that many bits per second (reading no faster, so the sender
+meets backpressure as on a slow link)."""
+import os, subprocess, sys, threading, time
 args = sys.argv[2:]
 os.set_blocking(0, True)
 os.set_blocking(1, True)
@@ -25,12 +27,19 @@ def pump_in():
     try: p.stdin.close()
     except Exception: pass
 t = threading.Thread(target=pump_in, daemon=True); t.start()
+bps = float(os.environ.get("COUNT_DOWN_BPS", "0"))
+start = time.monotonic()
 while True:
-    b = os.read(p.stdout.fileno(), 65536)
+    b = os.read(p.stdout.fileno(), 16384 if bps else 65536)
     if not b:
         break
     down[0] += len(b)
     write_all(1, b)
+    if bps:
+        due = start + down[0] * 8 / bps
+        now = time.monotonic()
+        if due > now:
+            time.sleep(due - now)
 rc = p.wait()
 with open(os.environ.get("COUNT_FILE", "/tmp/counts"), "a") as f:
     f.write(f"{up[0]} {down[0]}\n")

@@ -927,7 +927,7 @@ fn fetch_files<R: io::Read, W: Write>(
 }
 
 /// Files at most this large, with no old version at the destination, are read whole.
-const WHOLE_FILE: u64 = 16 << 10;
+const WHOLE_FILE: u64 = ferry_proto::MAX_READ_FILE as u64;
 
 /// Files at most this large, with an old version here that came from the server, come whole
 /// against it (GetFilesAgainst), as many together as fit in [`FILES_AGAINST_BATCH`] bytes.

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ferry_proto::{
-    Frame, FrameDecoder, Hello, Inflow, Message, Outflow, ProtoError, Reply, Request, FEATURES,
-    FEATURE_ZSTD_STREAM, VERSION,
+    Frame, FrameDecoder, Hello, Inflow, Level, Message, Outflow, ProtoError, Reply, Request,
+    FEATURES, FEATURE_ZSTD_STREAM, VERSION,
 };
 use thiserror::Error;
 
@@ -35,9 +35,10 @@ pub enum ConnError {
 
 const READ_BUF: usize = 256 * 1024;
 
-/// zstd level for the session stream when nobody says otherwise: a thin link is the
-/// bottleneck Ferry is built for, so spend CPU on bytes.
-pub const DEFAULT_ZSTD_LEVEL: i32 = 9;
+/// How the session stream is compressed when nobody says otherwise: the level follows the
+/// link (a thin link is the bottleneck Ferry is built for, so its idle time buys bytes; on a
+/// fast one the compressor must not become the bottleneck).
+pub const DEFAULT_ZSTD_LEVEL: Level = Level::Adapt;
 
 /// Serves one session: reads frames from `input`, writes replies to `output`, until the client
 /// hangs up. Framing errors end the session (the stream cannot be resynchronised); errors in a
@@ -76,8 +77,7 @@ fn serve_until_closed(
             for reply in server.handle(&f) {
                 outflow.push(&reply, &mut bytes)?;
                 if bytes.len() >= READ_BUF {
-                    output.write_all(&bytes)?;
-                    bytes.clear();
+                    write_out(&mut outflow, &mut output, &mut bytes)?;
                 }
             }
             if let (Some(level), false) = (server.stream_level(), outflow.is_compressed()) {
@@ -87,8 +87,7 @@ fn serve_until_closed(
             }
         }
         outflow.flush(&mut bytes)?;
-        output.write_all(&bytes)?;
-        bytes.clear();
+        write_out(&mut outflow, &mut output, &mut bytes)?;
         output.flush()?;
         // Wait for the client or for a change that breaks a lease, whichever comes first.
         loop {
@@ -129,6 +128,17 @@ fn serve_until_closed(
         };
         inflow.feed(&buf[..n]);
     }
+}
+
+/// Writes `bytes` out and clears them, telling `outflow` how long the transport took.
+fn write_out(outflow: &mut Outflow, w: &mut impl Write, bytes: &mut Vec<u8>) -> io::Result<()> {
+    let started = std::time::Instant::now();
+    w.write_all(bytes)?;
+    bytes.clear();
+    if let Some(next) = outflow.wrote(started.elapsed()) {
+        tracing::debug!("stream compression: level {next} from the next zstd frame");
+    }
+    Ok(())
 }
 
 /// Turns a client away: waits for its Hello (bounded, like any frame) and answers with `code`
@@ -175,7 +185,7 @@ pub struct Traffic {
 enum Outgoing {
     Frame(Frame),
     /// Compress everything after this point as one zstd stream at this level.
-    StartZstd(i32),
+    StartZstd(Level),
     /// Send what is queued now: the caller is about to wait for a reply.
     Flush,
 }
@@ -224,9 +234,8 @@ impl FrameWriter {
                         }
                     };
                     if flush || bytes.len() >= READ_BUF {
-                        w.write_all(&bytes)?;
                         counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                        bytes.clear();
+                        write_out(&mut out, &mut w, &mut bytes)?;
                     }
                     if flush {
                         w.flush()?;
@@ -285,7 +294,7 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
 
     /// Like [`open`](Self::open), compressing what this side sends at `zstd_level` (when the
     /// server speaks the zstd stream; 0 asks for no stream compression at all).
-    pub fn open_with(reader: R, writer: W, zstd_level: i32) -> Result<Self, ConnError> {
+    pub fn open_with(reader: R, writer: W, zstd_level: Level) -> Result<Self, ConnError> {
         let mut c = Connection {
             reader,
             writer: FrameWriter::new(writer)?,
@@ -301,7 +310,7 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             invalidated: vec![],
         };
         let agent = format!("ferry {}", env!("CARGO_PKG_VERSION"));
-        let features = if zstd_level == 0 {
+        let features = if zstd_level == Level::Fixed(0) {
             FEATURES & !FEATURE_ZSTD_STREAM
         } else {
             FEATURES

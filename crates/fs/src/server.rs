@@ -39,7 +39,7 @@ pub struct ServerOptions {
     /// Bytes of replaced file versions kept in the trash as chunk sources (0: no trash).
     pub trash_bytes: u64,
     /// zstd level of the session stream this side sends, when the client speaks it.
-    pub zstd_level: i32,
+    pub zstd_level: ferry_proto::Level,
 }
 
 /// Where chunks a client sends (PutChunks) wait for the commit that uses them. A persistent
@@ -151,7 +151,7 @@ impl Server {
 
     /// The zstd level of the session stream once the Hellos agreed on one: from the reply to
     /// the Hello on, both directions are one zstd stream each.
-    pub fn stream_level(&self) -> Option<i32> {
+    pub fn stream_level(&self) -> Option<ferry_proto::Level> {
         (self.features & ferry_proto::FEATURE_ZSTD_STREAM != 0).then_some(self.opts.zstd_level)
     }
 
@@ -490,7 +490,7 @@ impl Server {
                         prefix.extend_from_slice(&pieces);
                     }
                 }
-                let level = self.opts.zstd_level.max(crate::delta::MIN_LEVEL);
+                let level = self.opts.zstd_level.start().max(crate::delta::MIN_LEVEL);
                 let against = match crate::delta::encode(&data, &prefix, level) {
                     Ok(f) => f,
                     Err(e) => return one(error(ErrorCode::Io, format!("compressing: {e}"))),
@@ -890,7 +890,7 @@ impl Server {
         }
         let olds: Vec<Id> = files.into_iter().flat_map(|(_, olds)| olds).collect();
         let (used, prefix, _) = self.olds_in_history(&olds);
-        let level = self.opts.zstd_level.max(crate::delta::MIN_LEVEL);
+        let level = self.opts.zstd_level.start().max(crate::delta::MIN_LEVEL);
         Ok(Reply::FilesAgainst {
             files: sent,
             olds: used,

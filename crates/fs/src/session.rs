@@ -195,7 +195,7 @@ impl Session {
         remote_ferry: &str,
         spec: &RemoteSpec,
         serve_args: &[String],
-        zstd_level: i32,
+        zstd_level: ferry_proto::Level,
     ) -> Result<Session, ConnError> {
         let mut words = rsh.split_whitespace();
         let prog = words
@@ -218,7 +218,10 @@ impl Session {
     }
 
     /// Like [`command`](Self::command), sending at `zstd_level`.
-    pub fn command_with(mut cmd: Command, zstd_level: i32) -> Result<Session, ConnError> {
+    pub fn command_with(
+        mut cmd: Command,
+        zstd_level: ferry_proto::Level,
+    ) -> Result<Session, ConnError> {
         let prog = cmd.get_program().to_string_lossy().into_owned();
         let mut child = cmd
             .stdin(Stdio::piped())

@@ -48,5 +48,5 @@ pub use message::{
     Reply, Request, WirePath, FEATURES, FEATURE_HISTORY, FEATURE_READ_FILE, MAGIC,
     MAX_FILES_AGAINST, MAX_READ_FILE, PIECE_KEY_BYTES, VERSION,
 };
-pub use stream::{Inflow, Outflow, FEATURE_ZSTD_STREAM, MAX_WINDOW_LOG};
+pub use stream::{Inflow, Level, Outflow, FEATURE_ZSTD_STREAM, MAX_WINDOW_LOG};
 pub use tree::{entry_key, tree_digest, TreeItem, FEATURE_TREE_DIGEST};

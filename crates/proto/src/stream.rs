@@ -24,11 +24,155 @@ const INFLATE_STEP: usize = 256 << 10;
 /// Scratch space for compressed output.
 const DEFLATE_STEP: usize = 128 << 10;
 
+/// How a sender picks the level of its stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    /// This level throughout (0: no stream compression at all).
+    Fixed(i32),
+    /// Follow the link: start at level 9, and while bulk data flows, step up when writes wait
+    /// on the transport longer than compressing took (the link is the bottleneck: its idle
+    /// time buys a smaller stream), and down when compressing takes most of the time and
+    /// writes hardly wait (the compressor is the bottleneck). From level 9 up to 19, like
+    /// `zstd --adapt`.
+    Adapt,
+}
+
+impl Level {
+    /// The level a stream starts at (and the only one, when fixed).
+    pub fn start(self) -> i32 {
+        match self {
+            Level::Fixed(l) => l,
+            Level::Adapt => ADAPT_LEVELS[ADAPT_START],
+        }
+    }
+}
+
+impl std::fmt::Display for Level {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Level::Fixed(l) => write!(f, "{l}"),
+            Level::Adapt => f.write_str("adapt"),
+        }
+    }
+}
+
+impl std::str::FromStr for Level {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "adapt" {
+            return Ok(Level::Adapt);
+        }
+        match s.parse::<i32>() {
+            Ok(l) if (1..=22).contains(&l) => Ok(Level::Fixed(l)),
+            _ => Err(format!("{s:?}: a zstd level from 1 to 22, or 'adapt'")),
+        }
+    }
+}
+
+/// The levels an adaptive stream moves between, one step at a time.
+const ADAPT_LEVELS: [i32; 5] = [9, 12, 15, 17, 19];
+const ADAPT_START: usize = 0;
+/// Plain bytes compressed between two decisions: enough for the transport's buffers (pipes,
+/// ssh, the kernel's socket) to fill, so that waiting on them means the link is slow.
+const ADAPT_SPAN: u64 = 1 << 20;
+/// Decisions during which a level just left for being too slow is not tried again.
+const ADAPT_HOLD: u32 = 4;
+/// Spans in a row with the compressor as the bottleneck before a step down.
+const ADAPT_SLOW: u32 = 4;
+
+/// Decides an adaptive stream's level from how long compressing and writing took.
+#[derive(Debug)]
+struct Governor {
+    at: usize,
+    plain: u64,
+    busy: std::time::Duration,
+    waited: std::time::Duration,
+    wall: std::time::Duration,
+    /// A level stepped down from, and for how many more decisions it stays out of reach.
+    held: Option<(usize, u32)>,
+    /// Spans in a row that found the compressor the bottleneck.
+    slow: u32,
+}
+
+impl Governor {
+    fn new() -> Self {
+        Governor {
+            at: ADAPT_START,
+            plain: 0,
+            busy: Default::default(),
+            waited: Default::default(),
+            wall: Default::default(),
+            held: None,
+            slow: 0,
+        }
+    }
+
+    /// Records `plain` bytes compressed in `busy` and written out in `waited`, out of `wall`
+    /// time in all (the rest went to other work, or to waiting for the peer); returns the
+    /// level to move to, if it should change.
+    fn record(
+        &mut self,
+        plain: u64,
+        busy: std::time::Duration,
+        waited: std::time::Duration,
+        wall: std::time::Duration,
+    ) -> Option<i32> {
+        self.plain += plain;
+        self.busy += busy;
+        self.waited += waited;
+        self.wall += wall;
+        if self.plain < ADAPT_SPAN {
+            return None;
+        }
+        let busy = std::mem::take(&mut self.busy);
+        let waited = std::mem::take(&mut self.waited);
+        let wall = std::mem::take(&mut self.wall);
+        self.plain = 0;
+        if let Some((level, n)) = self.held {
+            self.held = (n > 1).then_some((level, n - 1));
+        }
+        // The link waited on the compressor: writes hardly waited while compressing took
+        // most of the time. (Writes that do not wait while the time went elsewhere, to round
+        // trips say, say nothing about the level.) Buffers between here and the link (pipes,
+        // ssh's window, sockets: megabytes) carry it through a short stretch like that, so it
+        // takes several spans in a row to step down.
+        self.slow = if waited * 8 < busy && busy * 2 > wall {
+            self.slow + 1
+        } else {
+            0
+        };
+        let up = self.at + 1;
+        let next =
+            if waited > busy && up < ADAPT_LEVELS.len() && self.held.is_none_or(|(l, _)| l != up) {
+                // The compressor sat idle more than half the time: a slower level is hidden
+                // behind the link.
+                up
+            } else if self.slow >= ADAPT_SLOW && self.at > 0 {
+                self.slow = 0;
+                self.held = Some((self.at, ADAPT_HOLD));
+                self.at - 1
+            } else {
+                return None;
+            };
+        self.at = next;
+        Some(ADAPT_LEVELS[next])
+    }
+}
+
 /// The sending half: frames in, bytes for the transport out.
 pub struct Outflow {
     z: Option<Encoder<'static>>,
     /// Compressed output before it is appended (kept: frames are many and often small).
     scratch: Vec<u8>,
+    governor: Option<Governor>,
+    /// Plain bytes compressed, and the time it took, since the last [`wrote`](Self::wrote).
+    plain: u64,
+    busy: std::time::Duration,
+    /// A level waiting for the current zstd frame to end (at the next flush).
+    next_level: Option<i32>,
+    level: i32,
+    /// When [`wrote`](Self::wrote) was last called.
+    since: std::time::Instant,
 }
 
 impl Outflow {
@@ -37,23 +181,55 @@ impl Outflow {
         Outflow {
             z: None,
             scratch: vec![],
+            governor: None,
+            plain: 0,
+            busy: Default::default(),
+            next_level: None,
+            level: 0,
+            since: std::time::Instant::now(),
         }
     }
 
     /// From now on, frames travel in one zstd stream compressed at `level`.
-    pub fn start_zstd(&mut self, level: i32) -> Result<(), ProtoError> {
-        let bad = |_| ProtoError::BadCompression { max: MAX_BODY };
-        let mut e = Encoder::new(level).map_err(bad)?;
+    pub fn start_zstd(&mut self, level: Level) -> Result<(), ProtoError> {
+        let mut e = Encoder::new(level.start()).map_err(compress_failed)?;
         // Never more window than any receiver accepts, whatever the level would pick.
-        e.set_parameter(CParameter::WindowLog(window_log(level)))
-            .map_err(bad)?;
+        e.set_parameter(CParameter::WindowLog(window_log(level.start())))
+            .map_err(compress_failed)?;
         self.z = Some(e);
         self.scratch = vec![0u8; DEFLATE_STEP];
+        self.governor = (level == Level::Adapt).then(Governor::new);
+        self.level = level.start();
         Ok(())
     }
 
     pub fn is_compressed(&self) -> bool {
         self.z.is_some()
+    }
+
+    /// The level frames are compressed at now (0 when they are not).
+    pub fn level(&self) -> i32 {
+        self.level
+    }
+
+    /// Tells an adaptive stream that writing what it produced since the last call took
+    /// `waited`. Returns a new level when it decides on one: it takes effect when the zstd
+    /// frame ends, at the next flush.
+    pub fn wrote(&mut self, waited: std::time::Duration) -> Option<i32> {
+        let (plain, busy) = (
+            std::mem::take(&mut self.plain),
+            std::mem::take(&mut self.busy),
+        );
+        let now = std::time::Instant::now();
+        let wall = now - std::mem::replace(&mut self.since, now);
+        let decided = self
+            .governor
+            .as_mut()
+            .and_then(|g| g.record(plain, busy, waited, wall.max(busy + waited)));
+        if decided.is_some() {
+            self.next_level = decided;
+        }
+        decided
     }
 
     /// Appends the transport bytes of `frame` to `out`. With compression on, they may stay in
@@ -69,28 +245,48 @@ impl Outflow {
             out.extend_from_slice(bytes);
             return Ok(());
         };
+        let started = std::time::Instant::now();
         let mut input = InBuffer::around(bytes);
         while input.pos < bytes.len() {
             let mut o = OutBuffer::around(&mut self.scratch[..]);
             z.run(&mut input, &mut o).map_err(compress_failed)?;
             out.extend_from_slice(o.as_slice());
         }
+        self.plain += bytes.len() as u64;
+        self.busy += started.elapsed();
         Ok(())
     }
 
-    /// Ends a batch: everything pushed so far becomes decodable by the peer.
+    /// Ends a batch: everything pushed so far becomes decodable by the peer. A new level
+    /// ends the zstd frame too (a stream is a sequence of frames; the next starts at the new
+    /// level, without the old one's window).
     pub fn flush(&mut self, out: &mut Vec<u8>) -> Result<(), ProtoError> {
         let Some(z) = self.z.as_mut() else {
             return Ok(());
         };
+        let started = std::time::Instant::now();
+        let next = self.next_level.take();
         loop {
             let mut o = OutBuffer::around(&mut self.scratch[..]);
-            let left = z.flush(&mut o).map_err(compress_failed)?;
+            let left = match next {
+                Some(_) => z.finish(&mut o, true),
+                None => z.flush(&mut o),
+            }
+            .map_err(compress_failed)?;
             out.extend_from_slice(o.as_slice());
             if left == 0 {
-                return Ok(());
+                break;
             }
         }
+        if let Some(level) = next {
+            z.set_parameter(CParameter::CompressionLevel(level))
+                .map_err(compress_failed)?;
+            z.set_parameter(CParameter::WindowLog(window_log(level)))
+                .map_err(compress_failed)?;
+            self.level = level;
+        }
+        self.busy += started.elapsed();
+        Ok(())
     }
 }
 
@@ -203,7 +399,7 @@ mod tests {
         out.push(&frame(0), &mut bytes).unwrap();
         out.flush(&mut bytes).unwrap();
         let plain_hello = bytes.len();
-        out.start_zstd(3).unwrap();
+        out.start_zstd(Level::Fixed(3)).unwrap();
         let mut inflow = Inflow::new();
         inflow.feed(&bytes);
         assert_eq!(inflow.next_frame().unwrap(), Some(frame(0)));
@@ -239,6 +435,87 @@ mod tests {
     }
 
     #[test]
+    fn an_adaptive_stream_changes_level_between_zstd_frames() {
+        // A span's worth of plain bytes in each batch (repetitive: quick at any level).
+        let bulk = |i: u32| {
+            let mut data = format!("batch {i} ").repeat(1 << 17).into_bytes();
+            data.truncate(ADAPT_SPAN as usize + 1);
+            Message::Request(Request::PutChunks {
+                chunks: vec![(
+                    ferry_format::Id::hash(ferry_format::HashAlg::Blake3, b"x"),
+                    data,
+                )],
+            })
+            .to_frame(i)
+        };
+        let mut out = Outflow::plain();
+        out.start_zstd(Level::Adapt).unwrap();
+        assert_eq!(out.level(), 9);
+        let mut inflow = Inflow::new();
+        inflow.start_zstd().unwrap();
+        let mut send = |out: &mut Outflow, i: u32, waited: std::time::Duration| {
+            let mut b = vec![];
+            out.push(&bulk(i), &mut b).unwrap();
+            out.push(&frame(i), &mut b).unwrap();
+            out.wrote(waited);
+            out.flush(&mut b).unwrap();
+            inflow.feed(&b);
+            assert_eq!(inflow.next_frame().unwrap(), Some(bulk(i)));
+            assert_eq!(inflow.next_frame().unwrap(), Some(frame(i)));
+            out.level()
+        };
+        // A transport slower than any compressor: the level climbs a step per span, each
+        // change ending a zstd frame, and the peer decodes on.
+        let levels: Vec<i32> = (0..5)
+            .map(|i| send(&mut out, i, std::time::Duration::from_secs(5)))
+            .collect();
+        assert_eq!(levels, [12, 15, 17, 19, 19]);
+    }
+
+    #[test]
+    fn the_governor_steps_once_per_span_and_does_not_flap() {
+        use std::time::Duration;
+        let ms = Duration::from_millis;
+        let mut g = Governor::new();
+        // Less than a span: no decision, however long the waits.
+        assert_eq!(g.record(ADAPT_SPAN / 2, ms(1), ms(900), ms(901)), None);
+        assert_eq!(g.record(ADAPT_SPAN / 2, ms(1), ms(900), ms(901)), Some(12));
+        // Waits between 1/8 and 1 of the compressing time: stay.
+        assert_eq!(g.record(ADAPT_SPAN, ms(100), ms(50), ms(150)), None);
+        // Writes that hardly wait while most of the time went to waiting for the peer: stay.
+        assert_eq!(g.record(ADAPT_SPAN, ms(100), ms(1), ms(2000)), None);
+        // The link waits on the compressor for a while: down, and the level left stays out of
+        // reach for a while even when writes wait again.
+        for _ in 0..ADAPT_SLOW - 1 {
+            assert_eq!(g.record(ADAPT_SPAN, ms(100), ms(1), ms(110)), None);
+        }
+        assert_eq!(g.record(ADAPT_SPAN, ms(100), ms(1), ms(110)), Some(9));
+        for _ in 0..ADAPT_HOLD - 1 {
+            assert_eq!(g.record(ADAPT_SPAN, ms(100), ms(200), ms(300)), None);
+        }
+        assert_eq!(g.record(ADAPT_SPAN, ms(100), ms(200), ms(300)), Some(12));
+        // Bounded at both ends.
+        let mut g = Governor::new();
+        for _ in 0..20 {
+            g.record(ADAPT_SPAN, ms(1), ms(100), ms(101));
+        }
+        assert_eq!(ADAPT_LEVELS[g.at], 19);
+        for _ in 0..20 {
+            g.record(ADAPT_SPAN, ms(100), ms(0), ms(100));
+        }
+        assert_eq!(ADAPT_LEVELS[g.at], 9);
+    }
+
+    #[test]
+    fn levels_parse_and_print() {
+        assert_eq!("adapt".parse(), Ok(Level::Adapt));
+        assert_eq!("19".parse(), Ok(Level::Fixed(19)));
+        assert!("0".parse::<Level>().is_err() && "x".parse::<Level>().is_err());
+        assert_eq!(Level::Adapt.to_string(), "adapt");
+        assert_eq!(Level::Fixed(3).to_string(), "3");
+    }
+
+    #[test]
     fn frames_larger_than_a_step_arrive_whole() {
         let big = Message::Request(Request::PutChunks {
             chunks: vec![(
@@ -248,7 +525,7 @@ mod tests {
         })
         .to_frame(9);
         let mut out = Outflow::plain();
-        out.start_zstd(1).unwrap();
+        out.start_zstd(Level::Fixed(1)).unwrap();
         let mut b = vec![];
         out.push(&big, &mut b).unwrap();
         out.push(&frame(10), &mut b).unwrap();
@@ -265,7 +542,7 @@ mod tests {
     fn a_decompression_bomb_stays_bounded() {
         // Zeros compress ~4000:1; the receiver holds one frame in progress plus one step.
         let mut out = Outflow::plain();
-        out.start_zstd(3).unwrap();
+        out.start_zstd(Level::Fixed(3)).unwrap();
         let mut b = vec![];
         let mut huge = u32::MAX.to_le_bytes().to_vec();
         huge.resize(64 << 20, 0);

@@ -34,11 +34,11 @@ pub struct ServeArgs {
     max_sessions: usize,
     #[command(flatten)]
     chunking: Chunking,
-    /// zstd level of what the server sends (1-22): higher spends CPU to save bytes on slow
-    /// links (19 is about `zstd -19`, a few MB/s).
-    #[arg(long, value_name = "LEVEL", default_value_t = ferry_fs::DEFAULT_ZSTD_LEVEL,
-          value_parser = clap::value_parser!(i32).range(1..=22))]
-    zstd_level: i32,
+    /// zstd level of what the server sends: 1-22 (higher spends CPU to save bytes; 19 is
+    /// about `zstd -19`, a few MB/s), or `adapt`: from 9 to 19 as the link allows, higher
+    /// while writes wait on a slow link, lower while the link waits on the compressor.
+    #[arg(long, value_name = "LEVEL", default_value_t = ferry_fs::DEFAULT_ZSTD_LEVEL)]
+    zstd_level: ferry_proto::Level,
     /// Bound on the history of served data (every chunk the server has cut, kept so that a
     /// client's old version can be the reference of a delta); 0 keeps none.
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = crate::util::parse_size)]
@@ -142,10 +142,11 @@ pub struct Rsh {
     /// up to 30 s). What arrived before a failure is kept either way.
     #[arg(long, default_value_t = 0, value_name = "N")]
     retry: u32,
-    /// zstd level of the session, both ways (1-22; passed to the far side's `serve` over a
-    /// remote shell): 19 for thin links with CPU to spare [default: 9].
-    #[arg(long, value_name = "LEVEL", value_parser = clap::value_parser!(i32).range(1..=22))]
-    zstd_level: Option<i32>,
+    /// zstd level of the session, both ways (passed to the far side's `serve` over a remote
+    /// shell): 1-22, or `adapt`: from 9 to 19 as the link allows, higher while writes wait on
+    /// a slow link, lower while the link waits on the compressor [default: adapt].
+    #[arg(long, value_name = "LEVEL")]
+    zstd_level: Option<ferry_proto::Level>,
     #[command(flatten)]
     chunking: Chunking,
 }
