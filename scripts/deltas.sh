@@ -7,8 +7,9 @@
 # never saw the old tree (as rsync), and against one that served it to this client before
 # (`get` of old, then the export replaced by new, then `get` again: the server's history and the
 # client's cache hold the old version). Then a receiver with nothing (Ferry at
-# the default level and at --zstd-level 19, against `tar | zstd -19`) and an unchanged tree.
-# Bytes only: no link emulation, no timing (that is the lab's job).
+# the default level, the default over a down direction paced at 1.5 Mbit/s, where the level
+# adapts, and at --zstd-level 19, against `tar | zstd -19`) and an unchanged tree.
+# Bytes only: no link emulation otherwise, no timing (that is the lab's job).
 #
 # Usage: bash scripts/deltas.sh WL_DIR
 #   WL_DIR holds workloads/<name>/{old,new}, e.g. built by ../shared/workloads/build_public.sh
@@ -72,13 +73,16 @@ echo
 gm() { awk -v s="$1" -v n="$2" 'BEGIN {printf "%.2f", exp(s/n)}'; }
 echo "Geometric mean of ferry / near-ideal over the $n compressible workloads (all but the three archives): $(gm "$lr" "$n"); with a server that saw the old tree: $(gm "$lh" "$n") (rsync -z / near-ideal: $(gm "$li" "$n")); ferry over all $n_all: $(gm "$lr_all" "$n_all")."
 echo
-printf '| receiver with nothing | tar \\| zstd -19 | ferry get | ratio | ferry get --zstd-level 19 | ratio |\n|---|---:|---:|---:|---:|---:|\n'
+printf '| receiver with nothing | tar \\| zstd -19 | ferry get | ratio | ferry get, down paced at 1.5 Mbit/s | ratio | ferry get --zstd-level 19 | ratio |\n|---|---:|---:|---:|---:|---:|---:|---:|\n'
 for w in django-tree crates-vendor numpy-whl-tree text-insert; do
   new=$W/$w/new
   t=$(tar --sort=name -C "$new" -cf - . | zstd -q -19 -T0 -c | wc -c)
   rm -rf "$R/dst" "$R/cache" "$R/xdg"; f=$(ferry_get "$new" "$R/dst")
+  # The default level adapts to the link: on a slow one it climbs toward 19.
+  rm -rf "$R/dst" "$R/cache" "$R/xdg"; fp=$(COUNT_DOWN_BPS=1500000 ferry_get "$new" "$R/dst")
   rm -rf "$R/dst" "$R/cache" "$R/xdg"; f19=$(ferry_get "$new" "$R/dst" --zstd-level 19)
-  printf '| %s | %s | %s | %s | %s | %s |\n' "$w" "$t" "$f" "$(ratio "$f" "$t")" "$f19" "$(ratio "$f19" "$t")"
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$w" "$t" "$f" "$(ratio "$f" "$t")" \
+    "$fp" "$(ratio "$fp" "$t")" "$f19" "$(ratio "$f19" "$t")"
 done
 echo
 new=$W/django-tree/new
