@@ -789,6 +789,11 @@ fn fetch_files<R: io::Read, W: Write>(
         .server
         .as_ref()
         .is_some_and(|h| h.features & ferry_proto::FEATURE_HISTORY != 0);
+    let key_bytes = if short_ids(conn) {
+        ferry_proto::SHORT_PIECE_KEY_BYTES
+    } else {
+        ferry_proto::PIECE_KEY_BYTES
+    };
     // Files that come whole against their old versions, in batches: (job indices, new bytes).
     let mut batches: Vec<(Vec<usize>, u64)> = vec![];
     for (i, j) in jobs.iter().enumerate() {
@@ -912,7 +917,7 @@ fn fetch_files<R: io::Read, W: Write>(
             }
         }
         let history = history.then_some(src.cache);
-        match AgainstOld::new(&j.local, &old, &recipe, &file_missing, history) {
+        match AgainstOld::new(&j.local, &old, &recipe, &file_missing, history, key_bytes) {
             Some(a) => against.push((a, file_missing)),
             None => missing.extend(file_missing.iter().map(|c| c.id)),
         }
@@ -924,6 +929,13 @@ fn fetch_files<R: io::Read, W: Write>(
         assemble(j, &recipe, &here, &fetched, src, stats)?;
     }
     Ok(())
+}
+
+/// Whether the server answers GetChunksShort.
+fn short_ids<R, W>(conn: &Connection<R, W>) -> bool {
+    conn.server
+        .as_ref()
+        .is_some_and(|h| h.features & ferry_proto::FEATURE_SHORT_IDS != 0)
 }
 
 /// Files at most this large, with no old version at the destination, are read whole.
@@ -1073,6 +1085,7 @@ impl AgainstOld {
         recipe: &Recipe,
         missing: &[ChunkRef],
         history: Option<&dyn ChunkStore>,
+        key_bytes: usize,
     ) -> Option<Self> {
         use std::os::unix::fs::FileExt;
         if missing.is_empty() || old.order.is_empty() {
@@ -1110,14 +1123,15 @@ impl AgainstOld {
             buf.resize((end - start) as usize, 0);
             a.file.read_exact_at(&mut buf, start).ok()?;
             for r in crate::delta::pieces(&buf) {
-                a.keys.push(crate::delta::piece_key(&buf[r.clone()]));
+                a.keys
+                    .push(crate::delta::piece_key(&buf[r.clone()], key_bytes));
                 a.pieces.push((start + r.start as u64, r.len() as u32));
             }
         }
-        // Keys cost 6 bytes a piece and old ids 33 bytes a chunk, once: worth it unless the old
+        // Keys cost their bytes and old ids 33 bytes a chunk, once: worth it unless the old
         // data dwarfs the new.
         let bytes: u64 = missing.iter().map(|c| c.len as u64).sum();
-        let cost = a.keys.len() as u64 * 6 + a.olds.len() as u64 * 33;
+        let cost = a.keys.len() as u64 * key_bytes as u64 + a.olds.len() as u64 * 33;
         (!(a.keys.is_empty() && a.olds.is_empty()) && cost <= bytes / 16).then_some(a)
     }
 
@@ -1158,34 +1172,39 @@ impl AgainstOld {
     }
 
     /// The old chunks `olds` names (indices into `sent`) followed by the pieces `refs` names,
-    /// concatenated: the prefix the server compressed against.
-    fn prefix(&self, sent: &[(ChunkRef, u64)], olds: &[u32], refs: &[u32]) -> io::Result<Vec<u8>> {
+    /// concatenated: the prefix the server compressed against. A piece given a length other
+    /// than its own is one whose key matched falsely: it takes that length (cut short or
+    /// padded with zeros), so that it spoils only the chunks that used it.
+    fn prefix(
+        &self,
+        sent: &[(ChunkRef, u64)],
+        olds: &[u32],
+        refs: &[(u32, Option<u32>)],
+    ) -> io::Result<Vec<u8>> {
         use std::os::unix::fs::FileExt;
         let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
         let olds = olds.iter().map(|&i| {
             sent.get(i as usize)
-                .map(|(c, off)| (*off, c.len))
+                .map(|(c, off)| (*off, c.len, c.len))
                 .ok_or_else(|| bad("no such old chunk"))
         });
-        let pieces = refs.iter().map(|&i| {
+        let pieces = refs.iter().map(|&(i, want)| {
             self.pieces
                 .get(i as usize)
-                .copied()
+                .map(|&(off, len)| (off, len, want.unwrap_or(len)))
                 .ok_or_else(|| bad("no such piece"))
         });
         let mut out = vec![];
         for range in olds.chain(pieces) {
-            let (off, len) = range?;
+            let (off, len, want) = range?;
             let at = out.len();
             // A server naming pieces over and over cannot make this grow without bound.
-            if at + len as usize > crate::delta::MAX_PREFIX {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "prefix too long",
-                ));
+            if at + want as usize > crate::delta::MAX_PREFIX {
+                return Err(bad("prefix too long"));
             }
-            out.resize(at + len as usize, 0);
-            self.file.read_exact_at(&mut out[at..], off)?;
+            out.resize(at + want as usize, 0);
+            let n = len.min(want) as usize;
+            self.file.read_exact_at(&mut out[at..at + n], off)?;
         }
         Ok(out)
     }
@@ -1218,6 +1237,7 @@ fn fetch_against<R: io::Read, W: Write>(
     stats: &mut GetStats,
     fetched: &mut std::collections::HashSet<Id>,
 ) -> Result<Vec<Id>, GetError> {
+    let short = short_ids(conn);
     let mut sent = vec![];
     for (i, (a, missing)) in files.iter().enumerate() {
         let mut at = 0;
@@ -1229,10 +1249,22 @@ fn fetch_against<R: io::Read, W: Write>(
             let keys = (n == 0).then(|| a.keys.clone());
             let olds = a.olds_for(missing, at, group.len());
             at += group.len();
-            let id = conn.send(Request::GetChunksAgainst {
-                ids: group.iter().map(|c| c.id).collect(),
-                keys,
-                olds: (!a.olds.is_empty()).then(|| olds.iter().map(|(c, _)| c.id).collect()),
+            let old_ids = (!a.olds.is_empty()).then(|| olds.iter().map(|(c, _)| c.id).collect());
+            let id = conn.send(if short {
+                Request::GetChunksShort {
+                    ids: group
+                        .iter()
+                        .map(|c| crate::server::short_id(&c.id))
+                        .collect(),
+                    keys,
+                    olds: old_ids,
+                }
+            } else {
+                Request::GetChunksAgainst {
+                    ids: group.iter().map(|c| c.id).collect(),
+                    keys,
+                    olds: old_ids,
+                }
             })?;
             sent.push((id, i, group, olds));
         }
@@ -1258,54 +1290,90 @@ fn fetch_against<R: io::Read, W: Write>(
             }
             Ok(())
         };
-        match conn.replies(id)?.pop() {
+        // The chunks named, their bytes concatenated: plainly, or as one frame against the
+        // old data (olds, refs).
+        type Frame = Option<(Vec<u32>, Vec<(u32, Option<u32>)>)>;
+        let (ids, frame, data): (Vec<Id>, Frame, Vec<u8>) = match conn.replies(id)?.pop() {
             // Nothing old worth compressing against, says the server: plain chunks.
             Some(Reply::Chunks(cs)) => {
                 for (cid, data) in cs {
                     store(cid, &data, false)?;
                 }
+                (vec![], None, vec![])
             }
             Some(Reply::ChunksAgainst {
                 ids,
                 olds,
                 refs,
                 data,
+            }) => (
+                ids,
+                Some((olds, refs.into_iter().map(|i| (i, None)).collect())),
+                data,
+            ),
+            Some(Reply::ChunksShort {
+                found,
+                zstd,
+                olds,
+                refs,
+                data,
             }) => {
-                // Each chunk asked for at most once: what is decompressed stays within what
-                // was asked (a request's worth).
-                let distinct: std::collections::HashSet<&Id> = ids.iter().collect();
-                if distinct.len() != ids.len() {
-                    return Err(GetError::BadData(ids[0]));
+                // Places in the request, in the order asked.
+                let lie = || GetError::BadData(asked[0].id);
+                if found.windows(2).any(|w| w[0] >= w[1]) {
+                    return Err(lie());
                 }
-                let lens: Vec<usize> = ids
+                let ids = found
                     .iter()
-                    .map(|cid| {
-                        asked
-                            .iter()
-                            .find(|c| c.id == *cid)
-                            .map(|c| c.len as usize)
-                            .ok_or(GetError::BadData(*cid))
-                    })
-                    .collect::<Result<_, _>>()?;
-                let total = lens.iter().sum();
-                match a
-                    .prefix(sent_olds, &olds, &refs)
-                    .and_then(|prefix| crate::delta::decode(&data, &prefix, total))
-                {
-                    Ok(data) => {
-                        let mut at = 0;
-                        for (cid, len) in ids.into_iter().zip(lens) {
-                            store(cid, &data[at..at + len], true)?;
-                            at += len;
-                        }
-                    }
-                    Err(e) => tracing::warn!(
-                        "chunks of {} compressed against the old file: {e}; fetching them plainly",
-                        a.path.display()
-                    ),
-                }
+                    .map(|&i| asked.get(i as usize).map(|c| c.id).ok_or_else(lie))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let refs = refs.into_iter().map(|(i, n)| (i, Some(n))).collect();
+                (ids, zstd.then_some((olds, refs)), data)
             }
             other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+        };
+        if !ids.is_empty() {
+            // Each chunk asked for at most once: what is decompressed stays within what was
+            // asked (a request's worth).
+            let distinct: std::collections::HashSet<&Id> = ids.iter().collect();
+            if distinct.len() != ids.len() {
+                return Err(GetError::BadData(ids[0]));
+            }
+            let lens: Vec<usize> = ids
+                .iter()
+                .map(|cid| {
+                    asked
+                        .iter()
+                        .find(|c| c.id == *cid)
+                        .map(|c| c.len as usize)
+                        .ok_or(GetError::BadData(*cid))
+                })
+                .collect::<Result<_, _>>()?;
+            let total = lens.iter().sum();
+            let against = frame.is_some();
+            let bytes = match frame {
+                Some((olds, refs)) => a
+                    .prefix(sent_olds, &olds, &refs)
+                    .and_then(|prefix| crate::delta::decode(&data, &prefix, total)),
+                None if data.len() == total => Ok(data),
+                None => Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{} bytes where {total} were expected", data.len()),
+                )),
+            };
+            match bytes {
+                Ok(data) => {
+                    let mut at = 0;
+                    for (cid, len) in ids.into_iter().zip(lens) {
+                        store(cid, &data[at..at + len], against)?;
+                        at += len;
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    "chunks of {} compressed against the old file: {e}; fetching them plainly",
+                    a.path.display()
+                ),
+            }
         }
         plain.extend(asked.iter().map(|c| c.id).filter(|c| !stored.contains(c)));
     }
@@ -2077,16 +2145,30 @@ mod tests {
             keys: vec![1],
             olds: vec![],
         };
-        assert_eq!(a.prefix(&[], &[], &[0, 0]).unwrap().len(), 16384);
+        assert_eq!(
+            a.prefix(&[], &[], &[(0, None), (0, None)]).unwrap().len(),
+            16384
+        );
         // A million references to one 8 KiB piece would be 8 GiB: refused instead.
-        assert!(a.prefix(&[], &[], &vec![0; 1 << 20]).is_err());
-        assert!(a.prefix(&[], &[], &[1]).is_err(), "no such piece");
+        assert!(a.prefix(&[], &[], &vec![(0, None); 1 << 20]).is_err());
+        // A length the server gave (a key that matched falsely) is kept, bytes cut short or
+        // padded with zeros; a huge one is refused like any prefix too long.
+        let p = a
+            .prefix(&[], &[], &[(0, Some(100)), (0, Some(9000))])
+            .unwrap();
+        assert_eq!(p.len(), 9100);
+        assert!(p[..8292].iter().all(|&b| b == 7) && p[8292..].iter().all(|&b| b == 0));
+        assert!(a.prefix(&[], &[], &[(0, Some(u32::MAX))]).is_err());
+        assert!(a.prefix(&[], &[], &[(1, None)]).is_err(), "no such piece");
         // Likewise old chunks named over and over, or ones never sent.
         let old = ChunkRef {
             id: Id::from_parts(HashAlg::Blake3, [1; 32]),
             len: 8192,
         };
-        assert_eq!(a.prefix(&[(old, 0)], &[0], &[0]).unwrap().len(), 16384);
+        assert_eq!(
+            a.prefix(&[(old, 0)], &[0], &[(0, None)]).unwrap().len(),
+            16384
+        );
         assert!(a.prefix(&[(old, 0)], &vec![0; 1 << 20], &[]).is_err());
         assert!(
             a.prefix(&[(old, 0)], &[1], &[]).is_err(),

@@ -34,13 +34,14 @@ pub fn piece_spec() -> ChunkerSpec {
     ChunkerSpec::fastcdc(64, 256, 2048)
 }
 
-/// A piece's key: the first 5 bytes of its BLAKE3 hash, as a little-endian number (40 bits:
-/// with 10^4 pieces on each side a false match has odds of about 1 in 10,000, and costs only
-/// a plain refetch of the chunks concerned).
-pub fn piece_key(piece: &[u8]) -> u64 {
+/// A piece's key: the first `bytes` bytes of its BLAKE3 hash, as a little-endian number. At 5
+/// bytes (GetChunksAgainst), with 10^4 pieces on each side a false match has odds of about 1 in
+/// 10,000; at 4 (GetChunksShort), with 4·10^4 pieces on each side (a 10 MB file, wholly
+/// changed) about 1 in 3. Either way a false match costs only the chunks that used the piece,
+/// which fail verification and are fetched again plainly.
+pub fn piece_key(piece: &[u8], bytes: usize) -> u64 {
     let mut k = [0u8; 8];
-    let n = ferry_proto::PIECE_KEY_BYTES;
-    k[..n].copy_from_slice(&blake3::hash(piece).as_bytes()[..n]);
+    k[..bytes].copy_from_slice(&blake3::hash(piece).as_bytes()[..bytes]);
     u64::from_le_bytes(k)
 }
 
@@ -65,13 +66,14 @@ fn window_log(bytes: usize) -> u32 {
     (usize::BITS - bytes.max(1024).leading_zeros()).min(MAX_WINDOW_LOG)
 }
 
-/// The receiver's pieces (`keys`, by index) found in `runs` (each run of adjacent chunks cut
-/// on its own, as the receiver cuts each run of old chunks): their indices, in the order
-/// found, and their bytes concatenated (the prefix).
+/// The receiver's pieces (`keys` of `key_bytes` bytes, by index) found in `runs` (each run of
+/// adjacent chunks cut on its own, as the receiver cuts each run of old chunks): their
+/// indices and lengths, in the order found, and their bytes concatenated (the prefix).
 pub fn find<'a>(
     runs: impl IntoIterator<Item = &'a [u8]>,
     keys: &HashMap<u64, u32>,
-) -> (Vec<u32>, Vec<u8>) {
+    key_bytes: usize,
+) -> (Vec<(u32, u32)>, Vec<u8>) {
     let mut refs = vec![];
     let mut prefix = vec![];
     let mut used = HashSet::new();
@@ -82,9 +84,9 @@ pub fn find<'a>(
         if prefix.len() + piece.len() > MAX_PREFIX {
             break;
         }
-        if let Some(&i) = keys.get(&piece_key(piece)) {
+        if let Some(&i) = keys.get(&piece_key(piece, key_bytes)) {
             if used.insert(i) {
-                refs.push(i);
+                refs.push((i, piece.len() as u32));
                 prefix.extend_from_slice(piece);
             }
         }
@@ -159,9 +161,9 @@ mod tests {
         let keys: HashMap<u64, u32> = ranges
             .iter()
             .enumerate()
-            .map(|(i, r)| (piece_key(&old[r.clone()]), i as u32))
+            .map(|(i, r)| (piece_key(&old[r.clone()], 4), i as u32))
             .collect();
-        let (refs, prefix) = find([&new[..]], &keys);
+        let (refs, prefix) = find([&new[..]], &keys, 4);
         let frame = encode(&new, &prefix, 19).unwrap();
         let alone = zstd::bulk::compress(&new, 19).unwrap();
         assert!(
@@ -172,7 +174,10 @@ mod tests {
         );
         let from_old: Vec<u8> = refs
             .iter()
-            .flat_map(|&i| old[ranges[i as usize].clone()].to_vec())
+            .flat_map(|&(i, len)| {
+                assert_eq!(ranges[i as usize].len(), len as usize);
+                old[ranges[i as usize].clone()].to_vec()
+            })
             .collect();
         assert_eq!(from_old, prefix);
         assert_eq!(decode(&frame, &prefix, new.len()).unwrap(), new);
@@ -181,7 +186,7 @@ mod tests {
         let wrong = vec![b'x'; prefix.len()];
         assert!(decode(&frame, &wrong, new.len()).map_or(true, |d| d != new));
         // Nothing in common: plain compression.
-        let (refs, prefix) = find([&new[..]], &HashMap::new());
+        let (refs, prefix) = find([&new[..]], &HashMap::new(), 5);
         assert!(refs.is_empty() && prefix.is_empty());
         let frame = encode(&new, &prefix, 3).unwrap();
         assert_eq!(decode(&frame, &[], new.len()).unwrap(), new);

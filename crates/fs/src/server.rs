@@ -58,6 +58,19 @@ impl Default for ServerOptions {
     }
 }
 
+/// The answer to a request for chunks against the client's old data: the chunks found
+/// (indices into the request, in order), plainly or as one zstd frame against a prefix.
+enum Against {
+    Plain(Vec<(usize, Vec<u8>)>),
+    Frame {
+        found: Vec<usize>,
+        olds: Vec<u32>,
+        /// The client's pieces in the prefix: (index, length).
+        refs: Vec<(u32, u32)>,
+        data: Vec<u8>,
+    },
+}
+
 /// Where a chunk was last seen: a hint, verified before use.
 #[derive(Clone, Debug)]
 struct Hint {
@@ -73,6 +86,8 @@ pub struct Server {
     staging: Staging,
     recipes: HashMap<FileId, (Recipe, Oid)>,
     hints: HashMap<Id, Hint>,
+    /// The first 8 bytes of each hinted chunk's hash (little-endian), for GetChunksShort.
+    short_ids: HashMap<u64, Id>,
     greeted: bool,
     /// Features both sides agreed on in the Hellos.
     features: u64,
@@ -124,6 +139,7 @@ impl Server {
             staging,
             recipes: HashMap::new(),
             hints: HashMap::new(),
+            short_ids: HashMap::new(),
             greeted: false,
             features: 0,
             trees: HashMap::new(),
@@ -455,65 +471,50 @@ impl Server {
                 frames
             }
             Request::GetChunksAgainst { ids, keys, olds } => {
-                let mut found = vec![];
-                let mut bytes = 0;
-                for cid in ids {
-                    if let Some(d) = self.chunk(&cid) {
-                        if !found.is_empty() && bytes + d.len() > crate::delta::MAX_REPLY_DATA {
-                            break;
-                        }
-                        bytes += d.len();
-                        found.push((cid, d));
-                    }
+                let asked: Vec<Option<Id>> = ids.iter().copied().map(Some).collect();
+                match self.chunks_against(&asked, keys, olds, ferry_proto::PIECE_KEY_BYTES) {
+                    Ok(Against::Plain(found)) => one(Reply::Chunks(
+                        found.into_iter().map(|(i, d)| (ids[i], d)).collect(),
+                    )),
+                    Ok(Against::Frame {
+                        found,
+                        olds,
+                        refs,
+                        data,
+                    }) => one(Reply::ChunksAgainst {
+                        ids: found.into_iter().map(|i| ids[i]).collect(),
+                        olds,
+                        refs: refs.into_iter().map(|(i, _)| i).collect(),
+                        data,
+                    }),
+                    Err(e) => one(error(ErrorCode::Io, format!("compressing: {e}"))),
                 }
-                let data: Vec<u8> = found.iter().flat_map(|(_, d)| d.iter().copied()).collect();
-                // Each list, when sent, replaces the one kept from the previous request.
-                if let Some(keys) = keys {
-                    self.piece_keys.clear();
-                    for (i, k) in keys.iter().enumerate() {
-                        self.piece_keys.entry(*k).or_insert(i as u32);
-                    }
-                }
-                if let Some(olds) = olds {
-                    self.olds = olds;
-                }
-                // The old chunks the history still holds, whole, head the prefix.
-                let (old_refs, mut prefix, every_old) = self.olds_in_history(&self.olds);
-                // Pieces of what the history lacks. Cut as one run: the client asks for a
-                // file's missing chunks in file order, mostly side by side, and measured on the
-                // public workloads one run matches more than cutting each chunk alone.
-                let mut refs = vec![];
-                if !every_old && !self.piece_keys.is_empty() {
-                    let (r, pieces) = crate::delta::find([&data[..]], &self.piece_keys);
-                    if prefix.len() + pieces.len() <= crate::delta::MAX_PREFIX {
-                        refs = r;
-                        prefix.extend_from_slice(&pieces);
-                    }
-                }
-                let level = self.opts.zstd_level.start().max(crate::delta::MIN_LEVEL);
-                let against = match crate::delta::encode(&data, &prefix, level) {
-                    Ok(f) => f,
-                    Err(e) => return one(error(ErrorCode::Io, format!("compressing: {e}"))),
-                };
-                // Plain chunks compress in the session's stream with the context of all sent
-                // before (other files like this one): when they compress at all, send them so
-                // unless the old data is clearly worth more, judged against compressing them
-                // alone.
-                let alone = crate::delta::encode(&data, &[], level).map_or(usize::MAX, |f| f.len());
-                let compressible = alone * 10 < data.len() * 9;
-                let worth = if compressible {
-                    against.len() * 10 < alone * 9
-                } else {
-                    against.len() < alone
-                };
-                if prefix.is_empty() || !worth {
-                    return one(Reply::Chunks(found));
-                }
-                one(Reply::ChunksAgainst {
-                    ids: found.into_iter().map(|(id, _)| id).collect(),
-                    olds: old_refs,
-                    refs,
-                    data: against,
+            }
+            Request::GetChunksShort { ids, keys, olds } => {
+                let asked: Vec<Option<Id>> =
+                    ids.iter().map(|s| self.short_ids.get(s).copied()).collect();
+                let keys_bytes = ferry_proto::SHORT_PIECE_KEY_BYTES;
+                one(match self.chunks_against(&asked, keys, olds, keys_bytes) {
+                    Ok(Against::Plain(found)) => Reply::ChunksShort {
+                        found: found.iter().map(|(i, _)| *i as u32).collect(),
+                        zstd: false,
+                        olds: vec![],
+                        refs: vec![],
+                        data: found.into_iter().flat_map(|(_, d)| d).collect(),
+                    },
+                    Ok(Against::Frame {
+                        found,
+                        olds,
+                        refs,
+                        data,
+                    }) => Reply::ChunksShort {
+                        found: found.into_iter().map(|i| i as u32).collect(),
+                        zstd: true,
+                        olds,
+                        refs,
+                        data,
+                    },
+                    Err(e) => error(ErrorCode::Io, format!("compressing: {e}")),
                 })
             }
             Request::Have { ids } => {
@@ -820,6 +821,7 @@ impl Server {
     /// Notes that the chunks of `recipe` lie in the file at `path` (hints, verified on use).
     fn hint_all(&mut self, path: &WirePath, recipe: &Recipe) {
         for (offset, c) in recipe.with_offsets() {
+            self.short_ids.insert(short_id(&c.id), c.id);
             self.hints.insert(
                 c.id,
                 Hint {
@@ -898,6 +900,74 @@ impl Server {
         })
     }
 
+    /// The chunks `asked` this server holds (a reply's worth, in the order asked; `None` is
+    /// one it cannot name), compressed against the client's old data when that pays:
+    /// GetChunksAgainst and GetChunksShort, whose `keys` are `key_bytes` long.
+    fn chunks_against(
+        &mut self,
+        asked: &[Option<Id>],
+        keys: Option<Vec<u64>>,
+        olds: Option<Vec<Id>>,
+        key_bytes: usize,
+    ) -> io::Result<Against> {
+        let mut found = vec![];
+        let mut bytes = 0;
+        for (i, cid) in asked.iter().enumerate() {
+            if let Some(d) = cid.and_then(|c| self.chunk(&c)) {
+                if !found.is_empty() && bytes + d.len() > crate::delta::MAX_REPLY_DATA {
+                    break;
+                }
+                bytes += d.len();
+                found.push((i, d));
+            }
+        }
+        let data: Vec<u8> = found.iter().flat_map(|(_, d)| d.iter().copied()).collect();
+        // Each list, when sent, replaces the one kept from the previous request.
+        if let Some(keys) = keys {
+            self.piece_keys.clear();
+            for (i, k) in keys.iter().enumerate() {
+                self.piece_keys.entry(*k).or_insert(i as u32);
+            }
+        }
+        if let Some(olds) = olds {
+            self.olds = olds;
+        }
+        // The old chunks the history still holds, whole, head the prefix.
+        let (old_refs, mut prefix, every_old) = self.olds_in_history(&self.olds);
+        // Pieces of what the history lacks. Cut as one run: the client asks for a file's
+        // missing chunks in file order, mostly side by side, and measured on the public
+        // workloads one run matches more than cutting each chunk alone.
+        let mut refs = vec![];
+        if !every_old && !self.piece_keys.is_empty() {
+            let (r, pieces) = crate::delta::find([&data[..]], &self.piece_keys, key_bytes);
+            if prefix.len() + pieces.len() <= crate::delta::MAX_PREFIX {
+                refs = r;
+                prefix.extend_from_slice(&pieces);
+            }
+        }
+        let level = self.opts.zstd_level.start().max(crate::delta::MIN_LEVEL);
+        let against = crate::delta::encode(&data, &prefix, level)?;
+        // Plain chunks compress in the session's stream with the context of all sent before
+        // (other files like this one): when they compress at all, send them so unless the old
+        // data is clearly worth more, judged against compressing them alone.
+        let alone = crate::delta::encode(&data, &[], level).map_or(usize::MAX, |f| f.len());
+        let compressible = alone * 10 < data.len() * 9;
+        let worth = if compressible {
+            against.len() * 10 < alone * 9
+        } else {
+            against.len() < alone
+        };
+        if prefix.is_empty() || !worth {
+            return Ok(Against::Plain(found));
+        }
+        Ok(Against::Frame {
+            found: found.into_iter().map(|(i, _)| i).collect(),
+            olds: old_refs,
+            refs,
+            data: against,
+        })
+    }
+
     /// The old chunks `olds` that the history holds (each once, at most
     /// [`crate::delta::MAX_PREFIX`] bytes in all): their indices, their bytes concatenated,
     /// and whether that is every one of them.
@@ -969,10 +1039,18 @@ impl Server {
             _ => {
                 // The file changed or went away: the hint was wrong, which costs only this.
                 self.hints.remove(id);
+                if self.short_ids.get(&short_id(id)) == Some(id) {
+                    self.short_ids.remove(&short_id(id));
+                }
                 None
             }
         }
     }
+}
+
+/// A chunk's short id on the wire (GetChunksShort): the first 8 bytes of its hash.
+pub fn short_id(id: &Id) -> u64 {
+    u64::from_le_bytes(id.digest()[..8].try_into().expect("8 bytes"))
 }
 
 /// Puts a chunk just cut (and hashed) into the history, if there is one. A history that cannot

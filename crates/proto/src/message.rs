@@ -11,16 +11,25 @@ pub const MAGIC: &[u8; 5] = b"FERRY";
 /// The protocol version this build speaks.
 pub const VERSION: u16 = 1;
 /// Feature bits this build understands: [`FEATURE_ZSTD_STREAM`](crate::FEATURE_ZSTD_STREAM),
-/// [`FEATURE_TREE_DIGEST`](crate::FEATURE_TREE_DIGEST), [`FEATURE_READ_FILE`] and
-/// [`FEATURE_HISTORY`].
-pub const FEATURES: u64 =
-    crate::FEATURE_ZSTD_STREAM | crate::FEATURE_TREE_DIGEST | FEATURE_READ_FILE | FEATURE_HISTORY;
+/// [`FEATURE_TREE_DIGEST`](crate::FEATURE_TREE_DIGEST), [`FEATURE_READ_FILE`],
+/// [`FEATURE_HISTORY`] and [`FEATURE_SHORT_IDS`].
+pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
+    | crate::FEATURE_TREE_DIGEST
+    | FEATURE_READ_FILE
+    | FEATURE_HISTORY
+    | FEATURE_SHORT_IDS;
 /// Hello feature bit: the server answers ReadFile.
 pub const FEATURE_READ_FILE: u64 = 4;
 /// The server keeps a history of the data it has served (chunks by id): a client names the
 /// old chunks it holds in GetChunksAgainst (`olds`), and those the server still has become the
 /// prefix whole. Offered by a server only when it has a history.
 pub const FEATURE_HISTORY: u64 = 8;
+/// The server answers GetChunksShort: chunks named by the first 8 bytes of their hash, piece
+/// keys of 4 bytes, and a reply that names the chunks sent by their place in the request.
+pub const FEATURE_SHORT_IDS: u64 = 16;
+/// Bytes of a piece key in GetChunksShort: 32-bit keys (a false match costs only the chunks
+/// that used the piece, fetched again plainly).
+pub const SHORT_PIECE_KEY_BYTES: usize = 4;
 /// Largest file ReadFile returns whole.
 pub const MAX_READ_FILE: usize = 64 << 10;
 /// Bytes of a piece key on the wire (GetChunksAgainst): keys are 40-bit numbers.
@@ -268,6 +277,14 @@ pub enum Request {
         keys: Option<Vec<u64>>,
         olds: Option<Vec<Id>>,
     },
+    /// GetChunksAgainst with less on the wire (with [`FEATURE_SHORT_IDS`]): the chunks named by
+    /// the first 8 bytes of their hash (little-endian; the client verifies every chunk against
+    /// its whole id), the pieces by 32-bit keys. Answered by [`Reply::ChunksShort`].
+    GetChunksShort {
+        ids: Vec<u64>,
+        keys: Option<Vec<u64>>,
+        olds: Option<Vec<Id>>,
+    },
     /// CONDWRITE: which of these can the server use (answered only from data this client may read)?
     Have {
         ids: Vec<Id>,
@@ -353,6 +370,18 @@ pub enum Reply {
         refs: Vec<u32>,
         data: Vec<u8>,
     },
+    /// The answer to GetChunksShort: the chunks `found` (indices into the request's ids, in
+    /// the order asked), concatenated in `data`: plainly when `zstd` is false (the session's
+    /// stream compresses them), else as one zstd frame whose prefix is as in
+    /// [`Reply::ChunksAgainst`], with each piece's length as the server cut it: a piece whose
+    /// key matched falsely then spoils only the chunks that used it, not the whole frame.
+    ChunksShort {
+        found: Vec<u32>,
+        zstd: bool,
+        olds: Vec<u32>,
+        refs: Vec<(u32, u32)>,
+        data: Vec<u8>,
+    },
     Ok,
     Error {
         code: ErrorCode,
@@ -412,6 +441,7 @@ mod code {
     pub const READ_FILE: u8 = 0x20;
     pub const READ_DIR_AGAINST: u8 = 0x21;
     pub const GET_FILES_AGAINST: u8 = 0x22;
+    pub const GET_CHUNKS_SHORT: u8 = 0x23;
     pub const R_ATTR: u8 = 0x40;
     pub const R_DIR_ENTRIES: u8 = 0x41;
     pub const R_RECIPE: u8 = 0x42;
@@ -425,6 +455,7 @@ mod code {
     pub const R_DATA: u8 = 0x4a;
     pub const R_DIR_DELTA: u8 = 0x4b;
     pub const R_FILES_AGAINST: u8 = 0x4c;
+    pub const R_CHUNKS_SHORT: u8 = 0x4d;
     pub const INVALIDATE: u8 = 0x60;
 }
 
@@ -511,6 +542,18 @@ fn get_ids(r: &mut Reader<'_>) -> Result<Vec<Id>, ProtoError> {
     (0..n).map(|_| r.id()).collect()
 }
 
+/// count varint · key × count, each key its first `bytes` bytes, little-endian.
+fn get_keys(r: &mut Reader<'_>, bytes: usize) -> Result<Vec<u64>, ProtoError> {
+    let n = r.count(bytes)?;
+    (0..n)
+        .map(|_| {
+            let mut k = [0u8; 8];
+            k[..bytes].copy_from_slice(r.take_exact(bytes)?);
+            Ok(u64::from_le_bytes(k))
+        })
+        .collect()
+}
+
 fn put_chunks(w: &mut Writer, cs: &[(Id, Vec<u8>)]) {
     w.varint(cs.len() as u64);
     for (id, data) in cs {
@@ -534,14 +577,14 @@ fn put_indices(w: &mut Writer, list: &[u32]) {
 
 fn get_indices(r: &mut Reader<'_>) -> Result<Vec<u32>, ProtoError> {
     let n = r.count(1)?;
-    (0..n)
-        .map(|_| {
-            u32::try_from(r.varint()?).map_err(|_| ProtoError::Invalid {
-                what: "index list",
-                why: "index over 2^32".into(),
-            })
-        })
-        .collect()
+    (0..n).map(|_| index(r.varint()?)).collect()
+}
+
+fn index(v: u64) -> Result<u32, ProtoError> {
+    u32::try_from(v).map_err(|_| ProtoError::Invalid {
+        what: "index list",
+        why: "index over 2^32".into(),
+    })
 }
 
 /// count varint · bitmap, bit i of byte i/8 for flag i.
@@ -667,6 +710,20 @@ impl Message {
                     });
                     put_opt(&mut w, olds.as_ref(), |w, olds| put_ids(w, olds));
                     code::GET_CHUNKS_AGAINST
+                }
+                Request::GetChunksShort { ids, keys, olds } => {
+                    w.varint(ids.len() as u64);
+                    for id in ids {
+                        w.u64(*id);
+                    }
+                    put_opt(&mut w, keys.as_ref(), |w, keys| {
+                        w.varint(keys.len() as u64);
+                        for k in keys {
+                            w.0.extend_from_slice(&k.to_le_bytes()[..SHORT_PIECE_KEY_BYTES]);
+                        }
+                    });
+                    put_opt(&mut w, olds.as_ref(), |w, olds| put_ids(w, olds));
+                    code::GET_CHUNKS_SHORT
                 }
                 Request::Have { ids } => {
                     put_ids(&mut w, ids);
@@ -804,6 +861,24 @@ impl Message {
                     w.bytes(data);
                     code::R_CHUNKS_AGAINST
                 }
+                Reply::ChunksShort {
+                    found,
+                    zstd,
+                    olds,
+                    refs,
+                    data,
+                } => {
+                    put_indices(&mut w, found);
+                    w.u8(*zstd as u8);
+                    put_indices(&mut w, olds);
+                    w.varint(refs.len() as u64);
+                    for (i, len) in refs {
+                        w.varint(*i as u64);
+                        w.varint(*len as u64);
+                    }
+                    w.bytes(data);
+                    code::R_CHUNKS_SHORT
+                }
                 Reply::Have(flags) => {
                     put_bits(&mut w, flags);
                     code::R_HAVE
@@ -894,18 +969,16 @@ impl Message {
             }),
             code::GET_CHUNKS_AGAINST => {
                 let ids = get_ids(&mut r)?;
-                let keys = get_opt(&mut r, |r| {
-                    let n = r.count(PIECE_KEY_BYTES)?;
-                    (0..n)
-                        .map(|_| {
-                            let mut k = [0u8; 8];
-                            k[..PIECE_KEY_BYTES].copy_from_slice(r.take_exact(PIECE_KEY_BYTES)?);
-                            Ok(u64::from_le_bytes(k))
-                        })
-                        .collect::<Result<_, ProtoError>>()
-                })?;
+                let keys = get_opt(&mut r, |r| get_keys(r, PIECE_KEY_BYTES))?;
                 let olds = get_opt(&mut r, get_ids)?;
                 Message::Request(Request::GetChunksAgainst { ids, keys, olds })
+            }
+            code::GET_CHUNKS_SHORT => {
+                let n = r.count(8)?;
+                let ids = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
+                let keys = get_opt(&mut r, |r| get_keys(r, SHORT_PIECE_KEY_BYTES))?;
+                let olds = get_opt(&mut r, get_ids)?;
+                Message::Request(Request::GetChunksShort { ids, keys, olds })
             }
             code::HAVE => Message::Request(Request::Have {
                 ids: get_ids(&mut r)?,
@@ -1045,6 +1118,32 @@ impl Message {
                 let data = r.bytes()?.to_vec();
                 Message::Reply(Reply::ChunksAgainst {
                     ids,
+                    olds,
+                    refs,
+                    data,
+                })
+            }
+            code::R_CHUNKS_SHORT => {
+                let found = get_indices(&mut r)?;
+                let zstd = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    t => {
+                        return Err(ProtoError::Invalid {
+                            what: "chunks reply",
+                            why: format!("data kind {t}"),
+                        })
+                    }
+                };
+                let olds = get_indices(&mut r)?;
+                let n = r.count(2)?;
+                let refs = (0..n)
+                    .map(|_| Ok((index(r.varint()?)?, index(r.varint()?)?)))
+                    .collect::<Result<_, ProtoError>>()?;
+                let data = r.bytes()?.to_vec();
+                Message::Reply(Reply::ChunksShort {
+                    found,
+                    zstd,
                     olds,
                     refs,
                     data,
@@ -1205,6 +1304,30 @@ mod tests {
                 refs: vec![1, 0, 300],
                 data: vec![0x28, 0xb5, 0x2f, 0xfd],
             }),
+            Message::Request(Request::GetChunksShort {
+                ids: vec![0, u64::MAX],
+                keys: Some(vec![0, (1 << 32) - 1]),
+                olds: Some(vec![id(3)]),
+            }),
+            Message::Request(Request::GetChunksShort {
+                ids: vec![7],
+                keys: None,
+                olds: None,
+            }),
+            Message::Reply(Reply::ChunksShort {
+                found: vec![0, 2],
+                zstd: true,
+                olds: vec![1],
+                refs: vec![(1, 256), (0, 64), (300, 2048)],
+                data: vec![0x28, 0xb5, 0x2f, 0xfd],
+            }),
+            Message::Reply(Reply::ChunksShort {
+                found: vec![],
+                zstd: false,
+                olds: vec![],
+                refs: vec![],
+                data: vec![],
+            }),
             Message::Reply(Reply::Have(vec![
                 true, false, true, true, false, false, false, false, true,
             ])),
@@ -1342,6 +1465,30 @@ mod tests {
         let mut want = vec![47, 0, 0, 0, 0x49, 0, 3, 0, 0, 0, 1, HashAlg::Blake3.tag()];
         want.extend_from_slice(&[0xaa; 32]);
         want.extend_from_slice(&[1, 0, 1, 0xac, 0x02, 1, 9]);
+        assert_eq!(b, want);
+        let b = Message::Request(Request::GetChunksShort {
+            ids: vec![0x0807_0605_0403_0201],
+            keys: Some(vec![0x0403_0201]),
+            olds: None,
+        })
+        .encode(3, false)
+        .unwrap();
+        let want = [
+            22, 0, 0, 0, 0x23, 0, 3, 0, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 1, 1, 1, 2, 3, 4, 0,
+        ];
+        assert_eq!(b, want);
+        let b = Message::Reply(Reply::ChunksShort {
+            found: vec![0, 2],
+            zstd: true,
+            olds: vec![],
+            refs: vec![(300, 5)],
+            data: vec![9],
+        })
+        .encode(3, false)
+        .unwrap();
+        let want = [
+            17, 0, 0, 0, 0x4d, 0, 3, 0, 0, 0, 2, 0, 2, 1, 0, 1, 0xac, 0x02, 5, 1, 9,
+        ];
         assert_eq!(b, want);
         let b = Message::Request(Request::ReadDirAgainst {
             path: "d".into(),

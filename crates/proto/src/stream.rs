@@ -141,19 +141,23 @@ impl Governor {
         } else {
             0
         };
-        let up = self.at + 1;
-        let next =
-            if waited > busy && up < ADAPT_LEVELS.len() && self.held.is_none_or(|(l, _)| l != up) {
-                // The compressor sat idle more than half the time: a slower level is hidden
-                // behind the link.
-                up
-            } else if self.slow >= ADAPT_SLOW && self.at > 0 {
-                self.slow = 0;
-                self.held = Some((self.at, ADAPT_HOLD));
-                self.at - 1
-            } else {
-                return None;
-            };
+        // The compressor sat idle more than half the time: a slower level is hidden behind the
+        // link. Each step about halves the compressor's speed, so the longer the waits, the
+        // more steps at once (buffers hide a slow link for the first megabytes: a transfer of
+        // a few must not spend them all climbing). Never up to a level held out of reach.
+        let ratio = waited.as_secs_f64() / busy.as_secs_f64().max(1e-9);
+        let steps = (ratio.log2().floor() as usize).max(1);
+        let top = self.held.map_or(ADAPT_LEVELS.len(), |(l, _)| l) - 1;
+        let up = (self.at + steps).min(top);
+        let next = if waited > busy && up > self.at {
+            up
+        } else if self.slow >= ADAPT_SLOW && self.at > 0 {
+            self.slow = 0;
+            self.held = Some((self.at, ADAPT_HOLD));
+            self.at - 1
+        } else {
+            return None;
+        };
         self.at = next;
         Some(ADAPT_LEVELS[next])
     }
@@ -464,12 +468,20 @@ mod tests {
             assert_eq!(inflow.next_frame().unwrap(), Some(frame(i)));
             out.level()
         };
-        // A transport slower than any compressor: the level climbs a step per span, each
-        // change ending a zstd frame, and the peer decodes on.
+        // A transport slower than the compressor: the level climbs, each change ending a zstd
+        // frame, and the peer decodes on.
         let levels: Vec<i32> = (0..5)
-            .map(|i| send(&mut out, i, std::time::Duration::from_secs(5)))
+            .map(|i| {
+                send(
+                    &mut out,
+                    i,
+                    std::time::Duration::from_millis(20 * (i as u64 + 1)),
+                )
+            })
             .collect();
-        assert_eq!(levels, [12, 15, 17, 19, 19]);
+        assert!(levels[0] > 9, "{levels:?}");
+        assert!(levels.windows(2).all(|w| w[0] <= w[1]), "{levels:?}");
+        assert_eq!(levels[4], 19, "{levels:?}");
     }
 
     #[test]
@@ -478,8 +490,13 @@ mod tests {
         let ms = Duration::from_millis;
         let mut g = Governor::new();
         // Less than a span: no decision, however long the waits.
-        assert_eq!(g.record(ADAPT_SPAN / 2, ms(1), ms(900), ms(901)), None);
-        assert_eq!(g.record(ADAPT_SPAN / 2, ms(1), ms(900), ms(901)), Some(12));
+        assert_eq!(g.record(ADAPT_SPAN / 2, ms(10), ms(20), ms(30)), None);
+        // Writes waited more than compressing took: a step up; over 4 times as long, two.
+        assert_eq!(g.record(ADAPT_SPAN / 2, ms(10), ms(20), ms(30)), Some(12));
+        assert_eq!(g.record(ADAPT_SPAN, ms(10), ms(50), ms(60)), Some(17));
+        assert_eq!(g.record(ADAPT_SPAN, ms(10), ms(50000), ms(50010)), Some(19));
+        let mut g = Governor::new();
+        assert_eq!(g.record(ADAPT_SPAN, ms(10), ms(30), ms(40)), Some(12));
         // Waits between 1/8 and 1 of the compressing time: stay.
         assert_eq!(g.record(ADAPT_SPAN, ms(100), ms(50), ms(150)), None);
         // Writes that hardly wait while most of the time went to waiting for the peer: stay.
