@@ -789,11 +789,7 @@ fn fetch_files<R: io::Read, W: Write>(
         .server
         .as_ref()
         .is_some_and(|h| h.features & ferry_proto::FEATURE_HISTORY != 0);
-    let key_bytes = if short_ids(conn) {
-        ferry_proto::SHORT_PIECE_KEY_BYTES
-    } else {
-        ferry_proto::PIECE_KEY_BYTES
-    };
+    let short = short_ids(conn);
     // Files that come whole against their old versions, in batches: (job indices, new bytes).
     let mut batches: Vec<(Vec<usize>, u64)> = vec![];
     for (i, j) in jobs.iter().enumerate() {
@@ -917,7 +913,7 @@ fn fetch_files<R: io::Read, W: Write>(
             }
         }
         let history = history.then_some(src.cache);
-        match AgainstOld::new(&j.local, &old, &recipe, &file_missing, history, key_bytes) {
+        match AgainstOld::new(&j.local, &old, &recipe, &file_missing, history, short) {
             Some(a) => against.push((a, file_missing)),
             None => missing.extend(file_missing.iter().map(|c| c.id)),
         }
@@ -1072,6 +1068,8 @@ struct AgainstOld {
     /// (offset, length) of each piece a key names.
     pieces: Vec<(u64, u32)>,
     keys: Vec<u64>,
+    /// Bytes of each key on the wire.
+    key_bytes: u8,
     /// The old chunks the new recipe dropped, in file order, with their offsets.
     olds: Vec<(ChunkRef, u64)>,
 }
@@ -1085,7 +1083,7 @@ impl AgainstOld {
         recipe: &Recipe,
         missing: &[ChunkRef],
         history: Option<&dyn ChunkStore>,
-        key_bytes: usize,
+        short: bool,
     ) -> Option<Self> {
         use std::os::unix::fs::FileExt;
         if missing.is_empty() || old.order.is_empty() {
@@ -1098,6 +1096,7 @@ impl AgainstOld {
             path: path.to_path_buf(),
             pieces: vec![],
             keys: vec![],
+            key_bytes: ferry_proto::PIECE_KEY_BYTES as u8,
             olds: vec![],
         };
         // Old chunks this client fetched (they are in its cache) are in the server's history
@@ -1123,15 +1122,22 @@ impl AgainstOld {
             buf.resize((end - start) as usize, 0);
             a.file.read_exact_at(&mut buf, start).ok()?;
             for r in crate::delta::pieces(&buf) {
-                a.keys
-                    .push(crate::delta::piece_key(&buf[r.clone()], key_bytes));
+                a.keys.push(crate::delta::piece_key(&buf[r.clone()], 8));
                 a.pieces.push((start + r.start as u64, r.len() as u32));
             }
         }
+        let bytes: u64 = missing.iter().map(|c| c.len as u64).sum();
+        // Keys as short as the pieces at hand allow (the new ones: about one per 256 bytes
+        // of a request), or as the server reads them.
+        if short {
+            let new = bytes.min(crate::delta::MAX_DATA as u64) as usize / 256;
+            a.key_bytes = crate::delta::key_bytes(a.keys.len(), new);
+        }
+        let mask = u64::MAX >> (64 - 8 * a.key_bytes as u32);
+        a.keys.iter_mut().for_each(|k| *k &= mask);
         // Keys cost their bytes and old ids 33 bytes a chunk, once: worth it unless the old
         // data dwarfs the new.
-        let bytes: u64 = missing.iter().map(|c| c.len as u64).sum();
-        let cost = a.keys.len() as u64 * key_bytes as u64 + a.olds.len() as u64 * 33;
+        let cost = a.keys.len() as u64 * a.key_bytes as u64 + a.olds.len() as u64 * 33;
         (!(a.keys.is_empty() && a.olds.is_empty()) && cost <= bytes / 16).then_some(a)
     }
 
@@ -1172,39 +1178,31 @@ impl AgainstOld {
     }
 
     /// The old chunks `olds` names (indices into `sent`) followed by the pieces `refs` names,
-    /// concatenated: the prefix the server compressed against. A piece given a length other
-    /// than its own is one whose key matched falsely: it takes that length (cut short or
-    /// padded with zeros), so that it spoils only the chunks that used it.
-    fn prefix(
-        &self,
-        sent: &[(ChunkRef, u64)],
-        olds: &[u32],
-        refs: &[(u32, Option<u32>)],
-    ) -> io::Result<Vec<u8>> {
+    /// concatenated: the prefix the server compressed against.
+    fn prefix(&self, sent: &[(ChunkRef, u64)], olds: &[u32], refs: &[u32]) -> io::Result<Vec<u8>> {
         use std::os::unix::fs::FileExt;
         let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
         let olds = olds.iter().map(|&i| {
             sent.get(i as usize)
-                .map(|(c, off)| (*off, c.len, c.len))
+                .map(|(c, off)| (*off, c.len))
                 .ok_or_else(|| bad("no such old chunk"))
         });
-        let pieces = refs.iter().map(|&(i, want)| {
+        let pieces = refs.iter().map(|&i| {
             self.pieces
                 .get(i as usize)
-                .map(|&(off, len)| (off, len, want.unwrap_or(len)))
+                .copied()
                 .ok_or_else(|| bad("no such piece"))
         });
         let mut out = vec![];
         for range in olds.chain(pieces) {
-            let (off, len, want) = range?;
+            let (off, len) = range?;
             let at = out.len();
             // A server naming pieces over and over cannot make this grow without bound.
-            if at + want as usize > crate::delta::MAX_PREFIX {
+            if at + len as usize > crate::delta::MAX_PREFIX {
                 return Err(bad("prefix too long"));
             }
-            out.resize(at + want as usize, 0);
-            let n = len.min(want) as usize;
-            self.file.read_exact_at(&mut out[at..at + n], off)?;
+            out.resize(at + len as usize, 0);
+            self.file.read_exact_at(&mut out[at..], off)?;
         }
         Ok(out)
     }
@@ -1256,6 +1254,7 @@ fn fetch_against<R: io::Read, W: Write>(
                         .iter()
                         .map(|c| crate::server::short_id(&c.id))
                         .collect(),
+                    key_bytes: a.key_bytes,
                     keys,
                     olds: old_ids,
                 }
@@ -1292,8 +1291,7 @@ fn fetch_against<R: io::Read, W: Write>(
         };
         // The chunks named, their bytes concatenated: plainly, or as one frame against the
         // old data (olds, refs).
-        type Frame = Option<(Vec<u32>, Vec<(u32, Option<u32>)>)>;
-        let (ids, frame, data): (Vec<Id>, Frame, Vec<u8>) = match conn.replies(id)?.pop() {
+        let (ids, frame, data) = match conn.replies(id)?.pop() {
             // Nothing old worth compressing against, says the server: plain chunks.
             Some(Reply::Chunks(cs)) => {
                 for (cid, data) in cs {
@@ -1306,11 +1304,7 @@ fn fetch_against<R: io::Read, W: Write>(
                 olds,
                 refs,
                 data,
-            }) => (
-                ids,
-                Some((olds, refs.into_iter().map(|i| (i, None)).collect())),
-                data,
-            ),
+            }) => (ids, Some((olds, refs)), data),
             Some(Reply::ChunksShort {
                 found,
                 zstd,
@@ -1327,7 +1321,6 @@ fn fetch_against<R: io::Read, W: Write>(
                     .iter()
                     .map(|&i| asked.get(i as usize).map(|c| c.id).ok_or_else(lie))
                     .collect::<Result<Vec<_>, _>>()?;
-                let refs = refs.into_iter().map(|(i, n)| (i, Some(n))).collect();
                 (ids, zstd.then_some((olds, refs)), data)
             }
             other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
@@ -2143,32 +2136,19 @@ mod tests {
             path,
             pieces: vec![(0, 8192)],
             keys: vec![1],
+            key_bytes: 5,
             olds: vec![],
         };
-        assert_eq!(
-            a.prefix(&[], &[], &[(0, None), (0, None)]).unwrap().len(),
-            16384
-        );
+        assert_eq!(a.prefix(&[], &[], &[0, 0]).unwrap().len(), 16384);
         // A million references to one 8 KiB piece would be 8 GiB: refused instead.
-        assert!(a.prefix(&[], &[], &vec![(0, None); 1 << 20]).is_err());
-        // A length the server gave (a key that matched falsely) is kept, bytes cut short or
-        // padded with zeros; a huge one is refused like any prefix too long.
-        let p = a
-            .prefix(&[], &[], &[(0, Some(100)), (0, Some(9000))])
-            .unwrap();
-        assert_eq!(p.len(), 9100);
-        assert!(p[..8292].iter().all(|&b| b == 7) && p[8292..].iter().all(|&b| b == 0));
-        assert!(a.prefix(&[], &[], &[(0, Some(u32::MAX))]).is_err());
-        assert!(a.prefix(&[], &[], &[(1, None)]).is_err(), "no such piece");
+        assert!(a.prefix(&[], &[], &vec![0; 1 << 20]).is_err());
+        assert!(a.prefix(&[], &[], &[1]).is_err(), "no such piece");
         // Likewise old chunks named over and over, or ones never sent.
         let old = ChunkRef {
             id: Id::from_parts(HashAlg::Blake3, [1; 32]),
             len: 8192,
         };
-        assert_eq!(
-            a.prefix(&[(old, 0)], &[0], &[(0, None)]).unwrap().len(),
-            16384
-        );
+        assert_eq!(a.prefix(&[(old, 0)], &[0], &[0]).unwrap().len(), 16384);
         assert!(a.prefix(&[(old, 0)], &vec![0; 1 << 20], &[]).is_err());
         assert!(
             a.prefix(&[(old, 0)], &[1], &[]).is_err(),

@@ -36,13 +36,24 @@ pub fn piece_spec() -> ChunkerSpec {
 
 /// A piece's key: the first `bytes` bytes of its BLAKE3 hash, as a little-endian number. At 5
 /// bytes (GetChunksAgainst), with 10^4 pieces on each side a false match has odds of about 1 in
-/// 10,000; at 4 (GetChunksShort), with 4·10^4 pieces on each side (a 10 MB file, wholly
-/// changed) about 1 in 3. Either way a false match costs only the chunks that used the piece,
-/// which fail verification and are fetched again plainly.
+/// 10,000; GetChunksShort takes the length [`key_bytes`] picks. A false match puts the wrong
+/// bytes in the prefix: the frame fails to decode or its chunks fail verification, and they
+/// are fetched again plainly.
 pub fn piece_key(piece: &[u8], bytes: usize) -> u64 {
     let mut k = [0u8; 8];
     k[..bytes].copy_from_slice(&blake3::hash(piece).as_bytes()[..bytes]);
     u64::from_le_bytes(k)
+}
+
+/// How long piece keys must be so that `old` keys against `new` pieces match falsely with odds
+/// under 1 in 1,000: from 4 bytes (a file of a few hundred KB) up to 8.
+pub fn key_bytes(old: usize, new: usize) -> u8 {
+    let pairs = (old as u128 * new as u128).saturating_mul(1000);
+    let mut n = *ferry_proto::SHORT_KEY_BYTES.start();
+    while n < *ferry_proto::SHORT_KEY_BYTES.end() && pairs >> (8 * n as u32) != 0 {
+        n += 1;
+    }
+    n
 }
 
 /// The pieces of `data`, as ranges.
@@ -68,12 +79,12 @@ fn window_log(bytes: usize) -> u32 {
 
 /// The receiver's pieces (`keys` of `key_bytes` bytes, by index) found in `runs` (each run of
 /// adjacent chunks cut on its own, as the receiver cuts each run of old chunks): their
-/// indices and lengths, in the order found, and their bytes concatenated (the prefix).
+/// indices, in the order found, and their bytes concatenated (the prefix).
 pub fn find<'a>(
     runs: impl IntoIterator<Item = &'a [u8]>,
     keys: &HashMap<u64, u32>,
     key_bytes: usize,
-) -> (Vec<(u32, u32)>, Vec<u8>) {
+) -> (Vec<u32>, Vec<u8>) {
     let mut refs = vec![];
     let mut prefix = vec![];
     let mut used = HashSet::new();
@@ -86,7 +97,7 @@ pub fn find<'a>(
         }
         if let Some(&i) = keys.get(&piece_key(piece, key_bytes)) {
             if used.insert(i) {
-                refs.push((i, piece.len() as u32));
+                refs.push(i);
                 prefix.extend_from_slice(piece);
             }
         }
@@ -148,6 +159,20 @@ mod tests {
     }
 
     #[test]
+    fn keys_grow_with_the_pieces_they_may_meet() {
+        assert_eq!(key_bytes(0, 0), 4);
+        assert_eq!(key_bytes(1000, 1000), 4);
+        // A wholly changed 10 MB file: 40,000 pieces each side, a request's 8,000 new ones.
+        assert_eq!(key_bytes(40_000, 8_000), 5);
+        assert_eq!(key_bytes(usize::MAX, usize::MAX), 8);
+        for (old, new) in [(10, 10), (5000, 8000), (1 << 20, 8000), (1 << 30, 1 << 30)] {
+            let n = key_bytes(old, new) as u32;
+            // Odds of a false match under 1 in 1,000 (or the longest key).
+            assert!(n == 8 || (old as f64) * (new as f64) * 1000.0 < 2f64.powi(8 * n as i32));
+        }
+    }
+
+    #[test]
     fn an_edit_costs_about_the_edit() {
         let old = text(1, 64 << 10);
         let mut new = old.clone();
@@ -174,10 +199,7 @@ mod tests {
         );
         let from_old: Vec<u8> = refs
             .iter()
-            .flat_map(|&(i, len)| {
-                assert_eq!(ranges[i as usize].len(), len as usize);
-                old[ranges[i as usize].clone()].to_vec()
-            })
+            .flat_map(|&i| old[ranges[i as usize].clone()].to_vec())
             .collect();
         assert_eq!(from_old, prefix);
         assert_eq!(decode(&frame, &prefix, new.len()).unwrap(), new);

@@ -40,6 +40,9 @@ pub struct ServerOptions {
     pub trash_bytes: u64,
     /// zstd level of the session stream this side sends, when the client speaks it.
     pub zstd_level: ferry_proto::Level,
+    /// Hello feature bits this server offers (all it knows by default; fewer to answer as an
+    /// older server would).
+    pub features: u64,
 }
 
 /// Where chunks a client sends (PutChunks) wait for the commit that uses them. A persistent
@@ -54,6 +57,7 @@ impl Default for ServerOptions {
             lease_ms: 60_000,
             trash_bytes: 256 << 20,
             zstd_level: crate::conn::DEFAULT_ZSTD_LEVEL,
+            features: FEATURES,
         }
     }
 }
@@ -65,8 +69,7 @@ enum Against {
     Frame {
         found: Vec<usize>,
         olds: Vec<u32>,
-        /// The client's pieces in the prefix: (index, length).
-        refs: Vec<(u32, u32)>,
+        refs: Vec<u32>,
         data: Vec<u8>,
     },
 }
@@ -93,6 +96,8 @@ pub struct Server {
     features: u64,
     /// The client's piece keys (GetChunksAgainst), by index, kept for the requests after.
     piece_keys: HashMap<u64, u32>,
+    /// Bytes of each of those keys.
+    piece_key_bytes: usize,
     /// The old chunks the client last named (GetChunksAgainst), kept likewise.
     olds: Vec<Id>,
     /// Every chunk this server has cut, kept (bounded) as what clients may hold old versions
@@ -144,6 +149,7 @@ impl Server {
             features: 0,
             trees: HashMap::new(),
             piece_keys: HashMap::new(),
+            piece_key_bytes: ferry_proto::PIECE_KEY_BYTES,
             olds: vec![],
             history: None,
             tmp_counter: 0,
@@ -314,7 +320,7 @@ impl Server {
                     ));
                 }
                 self.greeted = true;
-                self.features = h.features & FEATURES;
+                self.features = h.features & FEATURES & self.opts.features;
                 if self.history.is_none() {
                     self.features &= !ferry_proto::FEATURE_HISTORY;
                 }
@@ -484,38 +490,44 @@ impl Server {
                     }) => one(Reply::ChunksAgainst {
                         ids: found.into_iter().map(|i| ids[i]).collect(),
                         olds,
-                        refs: refs.into_iter().map(|(i, _)| i).collect(),
+                        refs,
                         data,
                     }),
                     Err(e) => one(error(ErrorCode::Io, format!("compressing: {e}"))),
                 }
             }
-            Request::GetChunksShort { ids, keys, olds } => {
+            Request::GetChunksShort {
+                ids,
+                key_bytes,
+                keys,
+                olds,
+            } => {
                 let asked: Vec<Option<Id>> =
                     ids.iter().map(|s| self.short_ids.get(s).copied()).collect();
-                let keys_bytes = ferry_proto::SHORT_PIECE_KEY_BYTES;
-                one(match self.chunks_against(&asked, keys, olds, keys_bytes) {
-                    Ok(Against::Plain(found)) => Reply::ChunksShort {
-                        found: found.iter().map(|(i, _)| *i as u32).collect(),
-                        zstd: false,
-                        olds: vec![],
-                        refs: vec![],
-                        data: found.into_iter().flat_map(|(_, d)| d).collect(),
+                one(
+                    match self.chunks_against(&asked, keys, olds, key_bytes as usize) {
+                        Ok(Against::Plain(found)) => Reply::ChunksShort {
+                            found: found.iter().map(|(i, _)| *i as u32).collect(),
+                            zstd: false,
+                            olds: vec![],
+                            refs: vec![],
+                            data: found.into_iter().flat_map(|(_, d)| d).collect(),
+                        },
+                        Ok(Against::Frame {
+                            found,
+                            olds,
+                            refs,
+                            data,
+                        }) => Reply::ChunksShort {
+                            found: found.into_iter().map(|i| i as u32).collect(),
+                            zstd: true,
+                            olds,
+                            refs,
+                            data,
+                        },
+                        Err(e) => error(ErrorCode::Io, format!("compressing: {e}")),
                     },
-                    Ok(Against::Frame {
-                        found,
-                        olds,
-                        refs,
-                        data,
-                    }) => Reply::ChunksShort {
-                        found: found.into_iter().map(|i| i as u32).collect(),
-                        zstd: true,
-                        olds,
-                        refs,
-                        data,
-                    },
-                    Err(e) => error(ErrorCode::Io, format!("compressing: {e}")),
-                })
+                )
             }
             Request::Have { ids } => {
                 let flags = ids
@@ -902,7 +914,7 @@ impl Server {
 
     /// The chunks `asked` this server holds (a reply's worth, in the order asked; `None` is
     /// one it cannot name), compressed against the client's old data when that pays:
-    /// GetChunksAgainst and GetChunksShort, whose `keys` are `key_bytes` long.
+    /// GetChunksAgainst and GetChunksShort, whose `keys` (if sent) are `key_bytes` long.
     fn chunks_against(
         &mut self,
         asked: &[Option<Id>],
@@ -924,6 +936,7 @@ impl Server {
         let data: Vec<u8> = found.iter().flat_map(|(_, d)| d.iter().copied()).collect();
         // Each list, when sent, replaces the one kept from the previous request.
         if let Some(keys) = keys {
+            self.piece_key_bytes = key_bytes;
             self.piece_keys.clear();
             for (i, k) in keys.iter().enumerate() {
                 self.piece_keys.entry(*k).or_insert(i as u32);
@@ -939,7 +952,8 @@ impl Server {
         // workloads one run matches more than cutting each chunk alone.
         let mut refs = vec![];
         if !every_old && !self.piece_keys.is_empty() {
-            let (r, pieces) = crate::delta::find([&data[..]], &self.piece_keys, key_bytes);
+            let (r, pieces) =
+                crate::delta::find([&data[..]], &self.piece_keys, self.piece_key_bytes);
             if prefix.len() + pieces.len() <= crate::delta::MAX_PREFIX {
                 refs = r;
                 prefix.extend_from_slice(&pieces);

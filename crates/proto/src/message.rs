@@ -25,11 +25,11 @@ pub const FEATURE_READ_FILE: u64 = 4;
 /// prefix whole. Offered by a server only when it has a history.
 pub const FEATURE_HISTORY: u64 = 8;
 /// The server answers GetChunksShort: chunks named by the first 8 bytes of their hash, piece
-/// keys of 4 bytes, and a reply that names the chunks sent by their place in the request.
+/// keys as long as the client needs, and a reply that names the chunks sent by their place
+/// in the request.
 pub const FEATURE_SHORT_IDS: u64 = 16;
-/// Bytes of a piece key in GetChunksShort: 32-bit keys (a false match costs only the chunks
-/// that used the piece, fetched again plainly).
-pub const SHORT_PIECE_KEY_BYTES: usize = 4;
+/// Shortest and longest piece keys GetChunksShort carries, in bytes.
+pub const SHORT_KEY_BYTES: std::ops::RangeInclusive<u8> = 4..=8;
 /// Largest file ReadFile returns whole.
 pub const MAX_READ_FILE: usize = 64 << 10;
 /// Bytes of a piece key on the wire (GetChunksAgainst): keys are 40-bit numbers.
@@ -279,9 +279,12 @@ pub enum Request {
     },
     /// GetChunksAgainst with less on the wire (with [`FEATURE_SHORT_IDS`]): the chunks named by
     /// the first 8 bytes of their hash (little-endian; the client verifies every chunk against
-    /// its whole id), the pieces by 32-bit keys. Answered by [`Reply::ChunksShort`].
+    /// its whole id), the pieces by keys of `key_bytes` bytes (4 to 8: the client picks them
+    /// long enough that a false match is unlikely among the pieces at hand). Answered by
+    /// [`Reply::ChunksShort`].
     GetChunksShort {
         ids: Vec<u64>,
+        key_bytes: u8,
         keys: Option<Vec<u64>>,
         olds: Option<Vec<Id>>,
     },
@@ -373,13 +376,12 @@ pub enum Reply {
     /// The answer to GetChunksShort: the chunks `found` (indices into the request's ids, in
     /// the order asked), concatenated in `data`: plainly when `zstd` is false (the session's
     /// stream compresses them), else as one zstd frame whose prefix is as in
-    /// [`Reply::ChunksAgainst`], with each piece's length as the server cut it: a piece whose
-    /// key matched falsely then spoils only the chunks that used it, not the whole frame.
+    /// [`Reply::ChunksAgainst`].
     ChunksShort {
         found: Vec<u32>,
         zstd: bool,
         olds: Vec<u32>,
-        refs: Vec<(u32, u32)>,
+        refs: Vec<u32>,
         data: Vec<u8>,
     },
     Ok,
@@ -577,14 +579,14 @@ fn put_indices(w: &mut Writer, list: &[u32]) {
 
 fn get_indices(r: &mut Reader<'_>) -> Result<Vec<u32>, ProtoError> {
     let n = r.count(1)?;
-    (0..n).map(|_| index(r.varint()?)).collect()
-}
-
-fn index(v: u64) -> Result<u32, ProtoError> {
-    u32::try_from(v).map_err(|_| ProtoError::Invalid {
-        what: "index list",
-        why: "index over 2^32".into(),
-    })
+    (0..n)
+        .map(|_| {
+            u32::try_from(r.varint()?).map_err(|_| ProtoError::Invalid {
+                what: "index list",
+                why: "index over 2^32".into(),
+            })
+        })
+        .collect()
 }
 
 /// count varint · bitmap, bit i of byte i/8 for flag i.
@@ -711,15 +713,22 @@ impl Message {
                     put_opt(&mut w, olds.as_ref(), |w, olds| put_ids(w, olds));
                     code::GET_CHUNKS_AGAINST
                 }
-                Request::GetChunksShort { ids, keys, olds } => {
+                Request::GetChunksShort {
+                    ids,
+                    key_bytes,
+                    keys,
+                    olds,
+                } => {
                     w.varint(ids.len() as u64);
                     for id in ids {
                         w.u64(*id);
                     }
+                    w.u8(*key_bytes);
+                    let n = (*key_bytes as usize).min(8);
                     put_opt(&mut w, keys.as_ref(), |w, keys| {
                         w.varint(keys.len() as u64);
                         for k in keys {
-                            w.0.extend_from_slice(&k.to_le_bytes()[..SHORT_PIECE_KEY_BYTES]);
+                            w.0.extend_from_slice(&k.to_le_bytes()[..n]);
                         }
                     });
                     put_opt(&mut w, olds.as_ref(), |w, olds| put_ids(w, olds));
@@ -871,11 +880,7 @@ impl Message {
                     put_indices(&mut w, found);
                     w.u8(*zstd as u8);
                     put_indices(&mut w, olds);
-                    w.varint(refs.len() as u64);
-                    for (i, len) in refs {
-                        w.varint(*i as u64);
-                        w.varint(*len as u64);
-                    }
+                    put_indices(&mut w, refs);
                     w.bytes(data);
                     code::R_CHUNKS_SHORT
                 }
@@ -976,9 +981,21 @@ impl Message {
             code::GET_CHUNKS_SHORT => {
                 let n = r.count(8)?;
                 let ids = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
-                let keys = get_opt(&mut r, |r| get_keys(r, SHORT_PIECE_KEY_BYTES))?;
+                let key_bytes = r.u8()?;
+                if !SHORT_KEY_BYTES.contains(&key_bytes) {
+                    return Err(ProtoError::Invalid {
+                        what: "piece keys",
+                        why: format!("{key_bytes} bytes a key"),
+                    });
+                }
+                let keys = get_opt(&mut r, |r| get_keys(r, key_bytes as usize))?;
                 let olds = get_opt(&mut r, get_ids)?;
-                Message::Request(Request::GetChunksShort { ids, keys, olds })
+                Message::Request(Request::GetChunksShort {
+                    ids,
+                    key_bytes,
+                    keys,
+                    olds,
+                })
             }
             code::HAVE => Message::Request(Request::Have {
                 ids: get_ids(&mut r)?,
@@ -1136,10 +1153,7 @@ impl Message {
                     }
                 };
                 let olds = get_indices(&mut r)?;
-                let n = r.count(2)?;
-                let refs = (0..n)
-                    .map(|_| Ok((index(r.varint()?)?, index(r.varint()?)?)))
-                    .collect::<Result<_, ProtoError>>()?;
+                let refs = get_indices(&mut r)?;
                 let data = r.bytes()?.to_vec();
                 Message::Reply(Reply::ChunksShort {
                     found,
@@ -1306,11 +1320,19 @@ mod tests {
             }),
             Message::Request(Request::GetChunksShort {
                 ids: vec![0, u64::MAX],
+                key_bytes: 4,
                 keys: Some(vec![0, (1 << 32) - 1]),
                 olds: Some(vec![id(3)]),
             }),
             Message::Request(Request::GetChunksShort {
                 ids: vec![7],
+                key_bytes: 8,
+                keys: Some(vec![u64::MAX]),
+                olds: None,
+            }),
+            Message::Request(Request::GetChunksShort {
+                ids: vec![7],
+                key_bytes: 6,
                 keys: None,
                 olds: None,
             }),
@@ -1318,7 +1340,7 @@ mod tests {
                 found: vec![0, 2],
                 zstd: true,
                 olds: vec![1],
-                refs: vec![(1, 256), (0, 64), (300, 2048)],
+                refs: vec![1, 0, 300],
                 data: vec![0x28, 0xb5, 0x2f, 0xfd],
             }),
             Message::Reply(Reply::ChunksShort {
@@ -1468,26 +1490,33 @@ mod tests {
         assert_eq!(b, want);
         let b = Message::Request(Request::GetChunksShort {
             ids: vec![0x0807_0605_0403_0201],
+            key_bytes: 4,
             keys: Some(vec![0x0403_0201]),
             olds: None,
         })
         .encode(3, false)
         .unwrap();
         let want = [
-            22, 0, 0, 0, 0x23, 0, 3, 0, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 1, 1, 1, 2, 3, 4, 0,
+            23, 0, 0, 0, 0x23, 0, 3, 0, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 4, 1, 1, 1, 2, 3, 4, 0,
         ];
         assert_eq!(b, want);
+        // A key length out of range is refused.
+        let mut bad = b.clone();
+        bad[19] = 3;
+        let mut d = FrameDecoder::new();
+        d.feed(&bad);
+        assert!(Message::decode(&d.next_frame().unwrap().unwrap()).is_err());
         let b = Message::Reply(Reply::ChunksShort {
             found: vec![0, 2],
             zstd: true,
             olds: vec![],
-            refs: vec![(300, 5)],
+            refs: vec![300],
             data: vec![9],
         })
         .encode(3, false)
         .unwrap();
         let want = [
-            17, 0, 0, 0, 0x4d, 0, 3, 0, 0, 0, 2, 0, 2, 1, 0, 1, 0xac, 0x02, 5, 1, 9,
+            16, 0, 0, 0, 0x4d, 0, 3, 0, 0, 0, 2, 0, 2, 1, 0, 1, 0xac, 0x02, 1, 9,
         ];
         assert_eq!(b, want);
         let b = Message::Request(Request::ReadDirAgainst {
