@@ -217,8 +217,8 @@ impl Outflow {
     }
 
     /// Tells an adaptive stream that writing what it produced since the last call took
-    /// `waited`. Returns a new level when it decides on one: it takes effect when the zstd
-    /// frame ends, at the next flush.
+    /// `waited`. Returns a new level when it decides on one: the zstd frame ends before the
+    /// next bytes pushed (or at the next flush), and the next starts at that level.
     pub fn wrote(&mut self, waited: std::time::Duration) -> Option<i32> {
         let (plain, busy) = (
             std::mem::take(&mut self.plain),
@@ -245,11 +245,15 @@ impl Outflow {
 
     /// Like [`push`](Self::push) for a frame already encoded (uncompressed).
     pub fn push_encoded(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), ProtoError> {
-        let Some(z) = self.z.as_mut() else {
+        if self.z.is_none() {
             out.extend_from_slice(bytes);
             return Ok(());
-        };
+        }
         let started = std::time::Instant::now();
+        // A new level starts a new zstd frame here, mid-batch if need be: a bulk reply may be
+        // megabytes long.
+        self.end_frame(out)?;
+        let z = self.z.as_mut().expect("compressing");
         let mut input = InBuffer::around(bytes);
         while input.pos < bytes.len() {
             let mut o = OutBuffer::around(&mut self.scratch[..]);
@@ -265,32 +269,46 @@ impl Outflow {
     /// ends the zstd frame too (a stream is a sequence of frames; the next starts at the new
     /// level, without the old one's window).
     pub fn flush(&mut self, out: &mut Vec<u8>) -> Result<(), ProtoError> {
-        let Some(z) = self.z.as_mut() else {
+        if self.z.is_none() {
             return Ok(());
-        };
+        }
         let started = std::time::Instant::now();
-        let next = self.next_level.take();
+        // Ending the frame flushes it too.
+        if !self.end_frame(out)? {
+            let z = self.z.as_mut().expect("compressing");
+            loop {
+                let mut o = OutBuffer::around(&mut self.scratch[..]);
+                let left = z.flush(&mut o).map_err(compress_failed)?;
+                out.extend_from_slice(o.as_slice());
+                if left == 0 {
+                    break;
+                }
+            }
+        }
+        self.busy += started.elapsed();
+        Ok(())
+    }
+
+    /// With a level waiting: ends the zstd frame, and the next starts at that level. Returns
+    /// whether it did.
+    fn end_frame(&mut self, out: &mut Vec<u8>) -> Result<bool, ProtoError> {
+        let (Some(z), Some(level)) = (self.z.as_mut(), self.next_level.take()) else {
+            return Ok(false);
+        };
         loop {
             let mut o = OutBuffer::around(&mut self.scratch[..]);
-            let left = match next {
-                Some(_) => z.finish(&mut o, true),
-                None => z.flush(&mut o),
-            }
-            .map_err(compress_failed)?;
+            let left = z.finish(&mut o, true).map_err(compress_failed)?;
             out.extend_from_slice(o.as_slice());
             if left == 0 {
                 break;
             }
         }
-        if let Some(level) = next {
-            z.set_parameter(CParameter::CompressionLevel(level))
-                .map_err(compress_failed)?;
-            z.set_parameter(CParameter::WindowLog(window_log(level)))
-                .map_err(compress_failed)?;
-            self.level = level;
-        }
-        self.busy += started.elapsed();
-        Ok(())
+        z.set_parameter(CParameter::CompressionLevel(level))
+            .map_err(compress_failed)?;
+        z.set_parameter(CParameter::WindowLog(window_log(level)))
+            .map_err(compress_failed)?;
+        self.level = level;
+        Ok(true)
     }
 }
 
@@ -460,8 +478,9 @@ mod tests {
         let mut send = |out: &mut Outflow, i: u32, waited: std::time::Duration| {
             let mut b = vec![];
             out.push(&bulk(i), &mut b).unwrap();
-            out.push(&frame(i), &mut b).unwrap();
             out.wrote(waited);
+            // A new level ends the zstd frame before the next bytes, mid-batch.
+            out.push(&frame(i), &mut b).unwrap();
             out.flush(&mut b).unwrap();
             inflow.feed(&b);
             assert_eq!(inflow.next_frame().unwrap(), Some(bulk(i)));
