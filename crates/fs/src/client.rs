@@ -1250,10 +1250,7 @@ fn fetch_against<R: io::Read, W: Write>(
             let old_ids = (!a.olds.is_empty()).then(|| olds.iter().map(|(c, _)| c.id).collect());
             let id = conn.send(if short {
                 Request::GetChunksShort {
-                    ids: group
-                        .iter()
-                        .map(|c| crate::server::short_id(&c.id))
-                        .collect(),
+                    ids: group.iter().map(|c| ferry_proto::short_id(&c.id)).collect(),
                     key_bytes: a.key_bytes,
                     keys,
                     olds: old_ids,

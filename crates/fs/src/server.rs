@@ -833,7 +833,7 @@ impl Server {
     /// Notes that the chunks of `recipe` lie in the file at `path` (hints, verified on use).
     fn hint_all(&mut self, path: &WirePath, recipe: &Recipe) {
         for (offset, c) in recipe.with_offsets() {
-            self.short_ids.insert(short_id(&c.id), c.id);
+            self.short_ids.insert(ferry_proto::short_id(&c.id), c.id);
             self.hints.insert(
                 c.id,
                 Hint {
@@ -1053,18 +1053,14 @@ impl Server {
             _ => {
                 // The file changed or went away: the hint was wrong, which costs only this.
                 self.hints.remove(id);
-                if self.short_ids.get(&short_id(id)) == Some(id) {
-                    self.short_ids.remove(&short_id(id));
+                let short = ferry_proto::short_id(id);
+                if self.short_ids.get(&short) == Some(id) {
+                    self.short_ids.remove(&short);
                 }
                 None
             }
         }
     }
-}
-
-/// A chunk's short id on the wire (GetChunksShort): the first 8 bytes of its hash.
-pub fn short_id(id: &Id) -> u64 {
-    u64::from_le_bytes(id.digest()[..8].try_into().expect("8 bytes"))
 }
 
 /// Puts a chunk just cut (and hashed) into the history, if there is one. A history that cannot

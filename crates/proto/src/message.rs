@@ -28,6 +28,11 @@ pub const FEATURE_HISTORY: u64 = 8;
 /// keys as long as the client needs, and a reply that names the chunks sent by their place
 /// in the request.
 pub const FEATURE_SHORT_IDS: u64 = 16;
+/// A chunk's short id in GetChunksShort: the first 8 bytes of its digest, little-endian.
+pub fn short_id(id: &Id) -> u64 {
+    u64::from_le_bytes(id.digest()[..8].try_into().expect("8 bytes"))
+}
+
 /// Shortest and longest piece keys GetChunksShort carries, in bytes.
 pub const SHORT_KEY_BYTES: std::ops::RangeInclusive<u8> = 4..=8;
 /// Largest file ReadFile returns whole.

@@ -35,8 +35,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     chunking: Chunking,
     /// zstd level of what the server sends: 1-22 (higher spends CPU to save bytes; 19 is
-    /// about `zstd -19`, a few MB/s), or `adapt`: from 9 to 19 as the link allows, higher
-    /// while writes wait on a slow link, lower while the link waits on the compressor.
+    /// about `zstd -19`, a few MB/s, and ~100 MB of memory a session), or `adapt`: from 9 to
+    /// 19 as the link allows, higher while writes wait on a slow link, lower while the link
+    /// waits on the compressor.
     #[arg(long, value_name = "LEVEL", default_value_t = ferry_fs::DEFAULT_ZSTD_LEVEL)]
     zstd_level: ferry_proto::Level,
     /// Bound on the history of served data (every chunk the server has cut, kept so that a
