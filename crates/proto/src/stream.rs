@@ -69,7 +69,7 @@ impl std::str::FromStr for Level {
     }
 }
 
-/// The levels an adaptive stream moves between, one step at a time.
+/// The levels an adaptive stream moves between: up one or more steps at a time, down one.
 const ADAPT_LEVELS: [i32; 5] = [9, 12, 15, 17, 19];
 const ADAPT_START: usize = 0;
 /// Plain bytes compressed between two decisions: enough for the transport's buffers (pipes,
@@ -172,7 +172,8 @@ pub struct Outflow {
     /// Plain bytes compressed, and the time it took, since the last [`wrote`](Self::wrote).
     plain: u64,
     busy: std::time::Duration,
-    /// A level waiting for the current zstd frame to end (at the next flush).
+    /// A level waiting for the current zstd frame to end (before the next bytes pushed, or at
+    /// the next flush).
     next_level: Option<i32>,
     level: i32,
     /// When [`wrote`](Self::wrote) was last called.
