@@ -1286,9 +1286,9 @@ fn fetch_against<R: io::Read, W: Write>(
             }
             Ok(())
         };
-        // The chunks named, their bytes concatenated: plainly, or as one frame against the
-        // old data (olds, refs).
-        let (ids, frame, data) = match conn.replies(id)?.pop() {
+        // The chunks named (by their places in the request), their bytes concatenated:
+        // plainly, or as one frame against the old data (olds, refs).
+        let (places, frame, data) = match conn.replies(id)?.pop() {
             // Nothing old worth compressing against, says the server: plain chunks.
             Some(Reply::Chunks(cs)) => {
                 for (cid, data) in cs {
@@ -1301,7 +1301,18 @@ fn fetch_against<R: io::Read, W: Write>(
                 olds,
                 refs,
                 data,
-            }) => (ids, Some((olds, refs)), data),
+            }) => {
+                let places = ids
+                    .iter()
+                    .map(|cid| {
+                        asked
+                            .iter()
+                            .position(|c| c.id == *cid)
+                            .ok_or(GetError::BadData(*cid))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                (places, Some((olds, refs)), data)
+            }
             Some(Reply::ChunksShort {
                 found,
                 zstd,
@@ -1310,36 +1321,23 @@ fn fetch_against<R: io::Read, W: Write>(
                 data,
             }) => {
                 // Places in the request, in the order asked.
-                let lie = || GetError::BadData(asked[0].id);
-                if found.windows(2).any(|w| w[0] >= w[1]) {
-                    return Err(lie());
+                let increasing = found.windows(2).all(|w| w[0] < w[1]);
+                if !increasing || found.last().is_some_and(|&i| i as usize >= asked.len()) {
+                    return Err(GetError::BadData(asked[0].id));
                 }
-                let ids = found
-                    .iter()
-                    .map(|&i| asked.get(i as usize).map(|c| c.id).ok_or_else(lie))
-                    .collect::<Result<Vec<_>, _>>()?;
-                (ids, zstd.then_some((olds, refs)), data)
+                let places = found.into_iter().map(|i| i as usize).collect();
+                (places, zstd.then_some((olds, refs)), data)
             }
             other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
         };
-        if !ids.is_empty() {
+        if !places.is_empty() {
             // Each chunk asked for at most once: what is decompressed stays within what was
             // asked (a request's worth).
-            let distinct: std::collections::HashSet<&Id> = ids.iter().collect();
-            if distinct.len() != ids.len() {
-                return Err(GetError::BadData(ids[0]));
+            let distinct: std::collections::HashSet<usize> = places.iter().copied().collect();
+            if distinct.len() != places.len() {
+                return Err(GetError::BadData(asked[places[0]].id));
             }
-            let lens: Vec<usize> = ids
-                .iter()
-                .map(|cid| {
-                    asked
-                        .iter()
-                        .find(|c| c.id == *cid)
-                        .map(|c| c.len as usize)
-                        .ok_or(GetError::BadData(*cid))
-                })
-                .collect::<Result<_, _>>()?;
-            let total = lens.iter().sum();
+            let total = places.iter().map(|&p| asked[p].len as usize).sum();
             let against = frame.is_some();
             let bytes = match frame {
                 Some((olds, refs)) => a
@@ -1354,8 +1352,9 @@ fn fetch_against<R: io::Read, W: Write>(
             match bytes {
                 Ok(data) => {
                     let mut at = 0;
-                    for (cid, len) in ids.into_iter().zip(lens) {
-                        store(cid, &data[at..at + len], against)?;
+                    for p in places {
+                        let len = asked[p].len as usize;
+                        store(asked[p].id, &data[at..at + len], against)?;
                         at += len;
                     }
                 }

@@ -550,6 +550,13 @@ fn get_ids(r: &mut Reader<'_>) -> Result<Vec<Id>, ProtoError> {
 }
 
 /// count varint · key × count, each key its first `bytes` bytes, little-endian.
+fn put_keys(w: &mut Writer, keys: &[u64], bytes: usize) {
+    w.varint(keys.len() as u64);
+    for k in keys {
+        w.0.extend_from_slice(&k.to_le_bytes()[..bytes]);
+    }
+}
+
 fn get_keys(r: &mut Reader<'_>, bytes: usize) -> Result<Vec<u64>, ProtoError> {
     let n = r.count(bytes)?;
     (0..n)
@@ -709,11 +716,8 @@ impl Message {
                 }
                 Request::GetChunksAgainst { ids, keys, olds } => {
                     put_ids(&mut w, ids);
-                    put_opt(&mut w, keys.as_ref(), |w, keys| {
-                        w.varint(keys.len() as u64);
-                        for k in keys {
-                            w.0.extend_from_slice(&k.to_le_bytes()[..PIECE_KEY_BYTES]);
-                        }
+                    put_opt(&mut w, keys.as_ref(), |w, k| {
+                        put_keys(w, k, PIECE_KEY_BYTES)
                     });
                     put_opt(&mut w, olds.as_ref(), |w, olds| put_ids(w, olds));
                     code::GET_CHUNKS_AGAINST
@@ -730,12 +734,7 @@ impl Message {
                     }
                     w.u8(*key_bytes);
                     let n = (*key_bytes as usize).min(8);
-                    put_opt(&mut w, keys.as_ref(), |w, keys| {
-                        w.varint(keys.len() as u64);
-                        for k in keys {
-                            w.0.extend_from_slice(&k.to_le_bytes()[..n]);
-                        }
-                    });
+                    put_opt(&mut w, keys.as_ref(), |w, k| put_keys(w, k, n));
                     put_opt(&mut w, olds.as_ref(), |w, olds| put_ids(w, olds));
                     code::GET_CHUNKS_SHORT
                 }
