@@ -234,8 +234,9 @@ impl FrameWriter {
                         }
                     };
                     if flush || bytes.len() >= READ_BUF {
-                        counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                        let n = bytes.len() as u64;
                         write_out(&mut out, &mut w, &mut bytes)?;
+                        counter.fetch_add(n, Ordering::Relaxed);
                     }
                     if flush {
                         w.flush()?;
