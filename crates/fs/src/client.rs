@@ -780,16 +780,9 @@ fn fetch_files<R: io::Read, W: Write>(
     let mut olds = Vec::with_capacity(jobs.len());
     // A receiver with nothing cached reads small new files whole: their recipes and chunk ids
     // would only add to the bytes. With a cache, recipes let it find what it already holds.
-    let read_file = conn
-        .server
-        .as_ref()
-        .is_some_and(|h| h.features & ferry_proto::FEATURE_READ_FILE != 0)
-        && src.cold;
-    let history = conn
-        .server
-        .as_ref()
-        .is_some_and(|h| h.features & ferry_proto::FEATURE_HISTORY != 0);
-    let short = short_ids(conn);
+    let read_file = offers(conn, ferry_proto::FEATURE_READ_FILE) && src.cold;
+    let history = offers(conn, ferry_proto::FEATURE_HISTORY);
+    let keys = KeyKind::of(conn);
     // Files that come whole against their old versions, in batches: (job indices, new bytes).
     let mut batches: Vec<(Vec<usize>, u64)> = vec![];
     for (i, j) in jobs.iter().enumerate() {
@@ -913,7 +906,7 @@ fn fetch_files<R: io::Read, W: Write>(
             }
         }
         let history = history.then_some(src.cache);
-        match AgainstOld::new(&j.local, &old, &recipe, &file_missing, history, short) {
+        match AgainstOld::new(&j.local, &old, &recipe, &file_missing, history, keys) {
             Some(a) => against.push((a, file_missing)),
             None => missing.extend(file_missing.iter().map(|c| c.id)),
         }
@@ -927,11 +920,35 @@ fn fetch_files<R: io::Read, W: Write>(
     Ok(())
 }
 
-/// Whether the server answers GetChunksShort.
-fn short_ids<R, W>(conn: &Connection<R, W>) -> bool {
+/// Whether the server offers `feature` (a Hello feature bit).
+fn offers<R, W>(conn: &Connection<R, W>, feature: u64) -> bool {
     conn.server
         .as_ref()
-        .is_some_and(|h| h.features & ferry_proto::FEATURE_SHORT_IDS != 0)
+        .is_some_and(|h| h.features & feature != 0)
+}
+
+/// The piece keys a server reads.
+#[derive(Clone, Copy, PartialEq)]
+enum KeyKind {
+    /// 5 bytes each (GetChunksAgainst).
+    Fixed,
+    /// As short as the pieces at hand allow (GetChunksShort).
+    Short,
+    /// The same, or shorter still for keys that count only in runs (FEATURE_PIECE_RUNS).
+    Runs,
+}
+
+impl KeyKind {
+    fn of<R, W>(conn: &Connection<R, W>) -> Self {
+        match (
+            offers(conn, ferry_proto::FEATURE_SHORT_IDS),
+            offers(conn, ferry_proto::FEATURE_PIECE_RUNS),
+        ) {
+            (false, _) => KeyKind::Fixed,
+            (true, false) => KeyKind::Short,
+            (true, true) => KeyKind::Runs,
+        }
+    }
 }
 
 /// Files at most this large, with no old version at the destination, are read whole.
@@ -1070,6 +1087,8 @@ struct AgainstOld {
     keys: Vec<u64>,
     /// Bytes of each key on the wire.
     key_bytes: u8,
+    /// Whether the keys count only in runs.
+    runs: bool,
     /// The old chunks the new recipe dropped, in file order, with their offsets.
     olds: Vec<(ChunkRef, u64)>,
 }
@@ -1083,7 +1102,7 @@ impl AgainstOld {
         recipe: &Recipe,
         missing: &[ChunkRef],
         history: Option<&dyn ChunkStore>,
-        short: bool,
+        kind: KeyKind,
     ) -> Option<Self> {
         use std::os::unix::fs::FileExt;
         if missing.is_empty() || old.order.is_empty() {
@@ -1097,6 +1116,7 @@ impl AgainstOld {
             pieces: vec![],
             keys: vec![],
             key_bytes: ferry_proto::PIECE_KEY_BYTES as u8,
+            runs: false,
             olds: vec![],
         };
         // Old chunks this client fetched (they are in its cache) are in the server's history
@@ -1118,9 +1138,11 @@ impl AgainstOld {
             offset += c.len as u64;
         }
         let mut buf = vec![];
+        let mut sample = crate::delta::Compressibility::default();
         for (start, end) in runs {
             buf.resize((end - start) as usize, 0);
             a.file.read_exact_at(&mut buf, start).ok()?;
+            sample.sample(&buf);
             for r in crate::delta::pieces(&buf) {
                 a.keys.push(crate::delta::piece_key(&buf[r.clone()], 8));
                 a.pieces.push((start + r.start as u64, r.len() as u32));
@@ -1128,10 +1150,12 @@ impl AgainstOld {
         }
         let bytes: u64 = missing.iter().map(|c| c.len as u64).sum();
         // Keys as short as the pieces at hand allow (the new ones: about one per 256 bytes
-        // of a request), or as the server reads them.
-        if short {
+        // of a request), or as the server reads them. Old data that hardly compresses meets new
+        // data in long runs or not at all: there, keys count only in runs, and are shorter.
+        if kind != KeyKind::Fixed {
+            a.runs = kind == KeyKind::Runs && sample.incompressible();
             let new = bytes.min(crate::delta::MAX_DATA as u64) as usize / 256;
-            a.key_bytes = crate::delta::key_bytes(a.keys.len(), new);
+            a.key_bytes = crate::delta::key_bytes(a.keys.len(), new, a.runs);
         }
         let mask = u64::MAX >> (64 - 8 * a.key_bytes as u32);
         a.keys.iter_mut().for_each(|k| *k &= mask);
@@ -1235,7 +1259,7 @@ fn fetch_against<R: io::Read, W: Write>(
     stats: &mut GetStats,
     fetched: &mut std::collections::HashSet<Id>,
 ) -> Result<Vec<Id>, GetError> {
-    let short = short_ids(conn);
+    let short = offers(conn, ferry_proto::FEATURE_SHORT_IDS);
     let mut sent = vec![];
     for (i, (a, missing)) in files.iter().enumerate() {
         let mut at = 0;
@@ -1252,6 +1276,7 @@ fn fetch_against<R: io::Read, W: Write>(
                 Request::GetChunksShort {
                     ids: group.iter().map(|c| ferry_proto::short_id(&c.id)).collect(),
                     key_bytes: a.key_bytes,
+                    runs: a.runs,
                     keys,
                     olds: old_ids,
                 }
@@ -2133,6 +2158,7 @@ mod tests {
             pieces: vec![(0, 8192)],
             keys: vec![1],
             key_bytes: 5,
+            runs: false,
             olds: vec![],
         };
         assert_eq!(a.prefix(&[], &[], &[0, 0]).unwrap().len(), 16384);

@@ -46,14 +46,97 @@ pub fn piece_key(piece: &[u8], bytes: usize) -> u64 {
 }
 
 /// How long piece keys must be so that `old` keys against `new` pieces match falsely with odds
-/// under 1 in 1,000: from 4 bytes (a file of a few hundred KB) up to 8.
-pub fn key_bytes(old: usize, new: usize) -> u8 {
-    let pairs = (old as u128 * new as u128).saturating_mul(1000);
-    let mut n = *ferry_proto::SHORT_KEY_BYTES.start();
-    while n < *ferry_proto::SHORT_KEY_BYTES.end() && pairs >> (8 * n as u32) != 0 {
+/// under 1 in 1,000: from 4 bytes (a file of a few hundred KB) up to 8. Keys that count only in
+/// runs (`runs`) match falsely only in pairs, at odds of about 2 × old × new / 2^(16 × length):
+/// from 3 bytes.
+pub fn key_bytes(old: usize, new: usize, runs: bool) -> u8 {
+    let pairs = (old as u128 * new as u128).saturating_mul(if runs { 2000 } else { 1000 });
+    let (lengths, bits) = if runs {
+        (ferry_proto::RUN_KEY_BYTES, 16)
+    } else {
+        (ferry_proto::SHORT_KEY_BYTES, 8)
+    };
+    let mut n = *lengths.start();
+    while n < *lengths.end() && pairs >> (bits * n as u32).min(127) != 0 {
         n += 1;
     }
     n
+}
+
+/// How well some data compresses, from slices of it: where zstd level 1 saves under 10 %,
+/// matches with old data come in long runs (an archive's members, the tail of a compressed
+/// stream), so keys may count only in runs.
+#[derive(Default)]
+pub struct Compressibility {
+    plain: usize,
+    packed: usize,
+}
+
+impl Compressibility {
+    /// Bytes tried at most, in slices of 64 KiB spread over what is sampled.
+    const MAX: usize = 1 << 20;
+    const SLICE: usize = 64 << 10;
+
+    /// Tries up to 16 slices of `data`, until 1 MiB in all has been tried.
+    pub fn sample(&mut self, data: &[u8]) {
+        let step = (data.len() / 16).max(Self::SLICE);
+        for at in (0..data.len()).step_by(step) {
+            if self.plain >= Self::MAX {
+                return;
+            }
+            let slice = &data[at..(at + Self::SLICE).min(data.len())];
+            self.plain += slice.len();
+            self.packed += zstd::bulk::compress(slice, 1).map_or(slice.len(), |c| c.len());
+        }
+    }
+
+    pub fn incompressible(&self) -> bool {
+        self.plain > 0 && self.packed * 10 >= self.plain * 9
+    }
+}
+
+/// The receiver's piece keys, as a sender looks them up.
+#[derive(Default)]
+pub struct Keys {
+    /// Each key's first index.
+    first: HashMap<u64, u32>,
+    /// Every key, by index.
+    list: Vec<u64>,
+    /// Bytes of each key.
+    bytes: usize,
+    /// Whether a key counts only in a run (a neighbouring piece matching the neighbouring key).
+    runs: bool,
+}
+
+impl Keys {
+    pub fn new(list: Vec<u64>, bytes: usize, runs: bool) -> Self {
+        let mut first = HashMap::with_capacity(list.len());
+        for (i, k) in list.iter().enumerate() {
+            first.entry(*k).or_insert(i as u32);
+        }
+        Keys {
+            first,
+            list,
+            bytes,
+            runs,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// The index of the key of the `j`th of the pieces keyed `keys`, if it counts.
+    fn find(&self, keys: &[u64], j: usize) -> Option<u32> {
+        let i = *self.first.get(&keys[j])?;
+        let key = |i: usize| self.list.get(i).copied();
+        let run = || {
+            let i = i as usize;
+            (j + 1 < keys.len() && key(i + 1) == Some(keys[j + 1]))
+                || (j > 0 && i > 0 && key(i - 1) == Some(keys[j - 1]))
+        };
+        (!self.runs || run()).then_some(i)
+    }
 }
 
 /// The pieces of `data`, as ranges.
@@ -77,25 +160,23 @@ fn window_log(bytes: usize) -> u32 {
     (usize::BITS - bytes.max(1024).leading_zeros()).min(MAX_WINDOW_LOG)
 }
 
-/// The receiver's pieces (`keys` of `key_bytes` bytes, by index) found in `runs` (each run of
-/// adjacent chunks cut on its own, as the receiver cuts each run of old chunks): their
-/// indices, in the order found, and their bytes concatenated (the prefix).
-pub fn find<'a>(
-    runs: impl IntoIterator<Item = &'a [u8]>,
-    keys: &HashMap<u64, u32>,
-    key_bytes: usize,
-) -> (Vec<u32>, Vec<u8>) {
+/// The receiver's pieces (`keys`) found in `runs` (each run of adjacent chunks cut on its
+/// own, as the receiver cuts each run of old chunks): their indices, in the order found, and
+/// their bytes concatenated (the prefix).
+pub fn find<'a>(runs: impl IntoIterator<Item = &'a [u8]>, keys: &Keys) -> (Vec<u32>, Vec<u8>) {
     let mut refs = vec![];
     let mut prefix = vec![];
     let mut used = HashSet::new();
-    let all = runs
+    let all: Vec<&[u8]> = runs
         .into_iter()
-        .flat_map(|c| pieces(c).into_iter().map(move |r| &c[r]));
-    for piece in all {
+        .flat_map(|c| pieces(c).into_iter().map(move |r| &c[r]))
+        .collect();
+    let hashes: Vec<u64> = all.iter().map(|p| piece_key(p, keys.bytes)).collect();
+    for (j, piece) in all.iter().enumerate() {
         if prefix.len() + piece.len() > MAX_PREFIX {
             break;
         }
-        if let Some(&i) = keys.get(&piece_key(piece, key_bytes)) {
+        if let Some(i) = keys.find(&hashes, j) {
             if used.insert(i) {
                 refs.push(i);
                 prefix.extend_from_slice(piece);
@@ -160,15 +241,20 @@ mod tests {
 
     #[test]
     fn keys_grow_with_the_pieces_they_may_meet() {
-        assert_eq!(key_bytes(0, 0), 4);
-        assert_eq!(key_bytes(1000, 1000), 4);
+        assert_eq!(key_bytes(0, 0, false), 4);
+        assert_eq!(key_bytes(1000, 1000, false), 4);
         // A wholly changed 10 MB file: 40,000 pieces each side, a request's 8,000 new ones.
-        assert_eq!(key_bytes(40_000, 8_000), 5);
-        assert_eq!(key_bytes(usize::MAX, usize::MAX), 8);
+        assert_eq!(key_bytes(40_000, 8_000, false), 5);
+        assert_eq!(key_bytes(40_000, 8_000, true), 3);
+        assert_eq!(key_bytes(usize::MAX, usize::MAX, false), 8);
+        assert_eq!(key_bytes(usize::MAX, usize::MAX, true), 8);
         for (old, new) in [(10, 10), (5000, 8000), (1 << 20, 8000), (1 << 30, 1 << 30)] {
-            let n = key_bytes(old, new) as u32;
+            let (old, new) = (old as f64, new as f64);
             // Odds of a false match under 1 in 1,000 (or the longest key).
-            assert!(n == 8 || (old as f64) * (new as f64) * 1000.0 < 2f64.powi(8 * n as i32));
+            let n = key_bytes(old as usize, new as usize, false) as i32;
+            assert!(n == 8 || old * new * 1000.0 < 2f64.powi(8 * n));
+            let n = key_bytes(old as usize, new as usize, true) as i32;
+            assert!(n == 8 || old * new * 2000.0 < 2f64.powi(16 * n));
         }
     }
 
@@ -183,12 +269,8 @@ mod tests {
         new[50_000] ^= 0x20;
         // Receiver: keys of its old data's pieces.
         let ranges = pieces(&old);
-        let keys: HashMap<u64, u32> = ranges
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (piece_key(&old[r.clone()], 4), i as u32))
-            .collect();
-        let (refs, prefix) = find([&new[..]], &keys, 4);
+        let list = ranges.iter().map(|r| piece_key(&old[r.clone()], 4));
+        let (refs, prefix) = find([&new[..]], &Keys::new(list.collect(), 4, false));
         let frame = encode(&new, &prefix, 19).unwrap();
         let alone = zstd::bulk::compress(&new, 19).unwrap();
         assert!(
@@ -208,9 +290,56 @@ mod tests {
         let wrong = vec![b'x'; prefix.len()];
         assert!(decode(&frame, &wrong, new.len()).map_or(true, |d| d != new));
         // Nothing in common: plain compression.
-        let (refs, prefix) = find([&new[..]], &HashMap::new(), 5);
+        let (refs, prefix) = find([&new[..]], &Keys::default());
         assert!(refs.is_empty() && prefix.is_empty());
         let frame = encode(&new, &prefix, 3).unwrap();
         assert_eq!(decode(&frame, &[], new.len()).unwrap(), new);
+    }
+
+    #[test]
+    fn keys_in_runs_match_runs_only() {
+        // Incompressible old data: a new version shares a long run of it, and one piece of it
+        // alone, elsewhere.
+        let mut x = 1u64;
+        let old: Vec<u8> = (0..256 << 10)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                (x >> 56) as u8
+            })
+            .collect();
+        let mut c = Compressibility::default();
+        c.sample(&old);
+        assert!(c.incompressible());
+        let mut t = Compressibility::default();
+        t.sample(&text(1, 256 << 10));
+        assert!(!t.incompressible());
+        // The new version: the first half with every other piece changed (its first byte,
+        // which moves no cut), the second half as it was.
+        let ranges = pieces(&old);
+        let half = ranges.len() / 2;
+        let mut new = old.clone();
+        for r in ranges[..half].iter().skip(1).step_by(2) {
+            new[r.start] ^= 0xff;
+        }
+        let list: Vec<u64> = ranges
+            .iter()
+            .map(|r| piece_key(&old[r.clone()], 3))
+            .collect();
+        let (refs, _) = find([&new[..]], &Keys::new(list.clone(), 3, false));
+        assert_eq!(refs.len(), ranges.len() - half / 2);
+        let (refs, prefix) = find([&new[..]], &Keys::new(list, 3, true));
+        // Pieces alone do not count; the run does.
+        let want: Vec<u32> = (half as u32 - half as u32 % 2..ranges.len() as u32).collect();
+        assert_eq!(refs, want);
+        assert_eq!(prefix, old[ranges[want[0] as usize].start..]);
+        // Keys that match only one by one, never a neighbour's, do not count.
+        let scrambled: Vec<u64> = ranges
+            .iter()
+            .rev()
+            .map(|r| piece_key(&old[r.clone()], 3))
+            .step_by(2)
+            .collect();
+        let (refs, _) = find([&old[..]], &Keys::new(scrambled, 3, true));
+        assert!(refs.is_empty(), "{refs:?}");
     }
 }

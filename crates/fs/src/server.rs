@@ -95,9 +95,7 @@ pub struct Server {
     /// Features both sides agreed on in the Hellos.
     features: u64,
     /// The client's piece keys (GetChunksAgainst), by index, kept for the requests after.
-    piece_keys: HashMap<u64, u32>,
-    /// Bytes of each of those keys.
-    piece_key_bytes: usize,
+    piece_keys: crate::delta::Keys,
     /// The old chunks the client last named (GetChunksAgainst), kept likewise.
     olds: Vec<Id>,
     /// Every chunk this server has cut, kept (bounded) as what clients may hold old versions
@@ -148,8 +146,7 @@ impl Server {
             greeted: false,
             features: 0,
             trees: HashMap::new(),
-            piece_keys: HashMap::new(),
-            piece_key_bytes: ferry_proto::PIECE_KEY_BYTES,
+            piece_keys: crate::delta::Keys::default(),
             olds: vec![],
             history: None,
             tmp_counter: 0,
@@ -478,7 +475,8 @@ impl Server {
             }
             Request::GetChunksAgainst { ids, keys, olds } => {
                 let asked: Vec<Option<Id>> = ids.iter().copied().map(Some).collect();
-                match self.chunks_against(&asked, keys, olds, ferry_proto::PIECE_KEY_BYTES) {
+                match self.chunks_against(&asked, keys, olds, (ferry_proto::PIECE_KEY_BYTES, false))
+                {
                     Ok(Against::Plain(found)) => one(Reply::Chunks(
                         found.into_iter().map(|(i, d)| (ids[i], d)).collect(),
                     )),
@@ -499,13 +497,14 @@ impl Server {
             Request::GetChunksShort {
                 ids,
                 key_bytes,
+                runs,
                 keys,
                 olds,
             } => {
                 let asked: Vec<Option<Id>> =
                     ids.iter().map(|s| self.short_ids.get(s).copied()).collect();
                 one(
-                    match self.chunks_against(&asked, keys, olds, key_bytes as usize) {
+                    match self.chunks_against(&asked, keys, olds, (key_bytes as usize, runs)) {
                         Ok(Against::Plain(found)) => Reply::ChunksShort {
                             found: found.iter().map(|(i, _)| *i as u32).collect(),
                             zstd: false,
@@ -914,13 +913,14 @@ impl Server {
 
     /// The chunks `asked` this server holds (a reply's worth, in the order asked; `None` is
     /// one it cannot name), compressed against the client's old data when that pays:
-    /// GetChunksAgainst and GetChunksShort, whose `keys` (if sent) are `key_bytes` long.
+    /// GetChunksAgainst and GetChunksShort, whose `keys` (if sent) are `key_bytes` long and
+    /// count only in runs if `runs`.
     fn chunks_against(
         &mut self,
         asked: &[Option<Id>],
         keys: Option<Vec<u64>>,
         olds: Option<Vec<Id>>,
-        key_bytes: usize,
+        (key_bytes, runs): (usize, bool),
     ) -> io::Result<Against> {
         let mut found = vec![];
         let mut bytes = 0;
@@ -936,11 +936,7 @@ impl Server {
         let data: Vec<u8> = found.iter().flat_map(|(_, d)| d.iter().copied()).collect();
         // Each list, when sent, replaces the one kept from the previous request.
         if let Some(keys) = keys {
-            self.piece_key_bytes = key_bytes;
-            self.piece_keys.clear();
-            for (i, k) in keys.iter().enumerate() {
-                self.piece_keys.entry(*k).or_insert(i as u32);
-            }
+            self.piece_keys = crate::delta::Keys::new(keys, key_bytes, runs);
         }
         if let Some(olds) = olds {
             self.olds = olds;
@@ -952,8 +948,7 @@ impl Server {
         // workloads one run matches more than cutting each chunk alone.
         let mut refs = vec![];
         if !every_old && !self.piece_keys.is_empty() {
-            let (r, pieces) =
-                crate::delta::find([&data[..]], &self.piece_keys, self.piece_key_bytes);
+            let (r, pieces) = crate::delta::find([&data[..]], &self.piece_keys);
             if prefix.len() + pieces.len() <= crate::delta::MAX_PREFIX {
                 refs = r;
                 prefix.extend_from_slice(&pieces);

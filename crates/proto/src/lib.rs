@@ -45,9 +45,9 @@ pub use frame::{
 };
 pub use message::{
     short_id, Attr, DirEntry, ErrorCode, FileKind, Hello, Message, RecipeDelta, RecipePage,
-    RecipePart, Reply, Request, WirePath, FEATURES, FEATURE_HISTORY, FEATURE_READ_FILE,
-    FEATURE_SHORT_IDS, MAGIC, MAX_FILES_AGAINST, MAX_READ_FILE, PIECE_KEY_BYTES, SHORT_KEY_BYTES,
-    VERSION,
+    RecipePart, Reply, Request, WirePath, FEATURES, FEATURE_HISTORY, FEATURE_PIECE_RUNS,
+    FEATURE_READ_FILE, FEATURE_SHORT_IDS, MAGIC, MAX_FILES_AGAINST, MAX_READ_FILE, PIECE_KEY_BYTES,
+    RUN_KEY_BYTES, SHORT_KEY_BYTES, VERSION,
 };
 pub use stream::{Inflow, Level, Outflow, FEATURE_ZSTD_STREAM, MAX_WINDOW_LOG};
 pub use tree::{entry_key, tree_digest, TreeItem, FEATURE_TREE_DIGEST};

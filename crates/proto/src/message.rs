@@ -12,12 +12,13 @@ pub const MAGIC: &[u8; 5] = b"FERRY";
 pub const VERSION: u16 = 1;
 /// Feature bits this build understands: [`FEATURE_ZSTD_STREAM`](crate::FEATURE_ZSTD_STREAM),
 /// [`FEATURE_TREE_DIGEST`](crate::FEATURE_TREE_DIGEST), [`FEATURE_READ_FILE`],
-/// [`FEATURE_HISTORY`] and [`FEATURE_SHORT_IDS`].
+/// [`FEATURE_HISTORY`], [`FEATURE_SHORT_IDS`] and [`FEATURE_PIECE_RUNS`].
 pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | crate::FEATURE_TREE_DIGEST
     | FEATURE_READ_FILE
     | FEATURE_HISTORY
-    | FEATURE_SHORT_IDS;
+    | FEATURE_SHORT_IDS
+    | FEATURE_PIECE_RUNS;
 /// Hello feature bit: the server answers ReadFile.
 pub const FEATURE_READ_FILE: u64 = 4;
 /// The server keeps a history of the data it has served (chunks by id): a client names the
@@ -28,6 +29,9 @@ pub const FEATURE_HISTORY: u64 = 8;
 /// keys as long as the client needs, and a reply that names the chunks sent by their place
 /// in the request.
 pub const FEATURE_SHORT_IDS: u64 = 16;
+/// GetChunksShort may ask that piece keys count only in runs (`runs`): a key matches only where
+/// a piece next to it matches the key next to it too, so keys can be shorter.
+pub const FEATURE_PIECE_RUNS: u64 = 32;
 /// A chunk's short id in GetChunksShort: the first 8 bytes of its digest, little-endian.
 pub fn short_id(id: &Id) -> u64 {
     u64::from_le_bytes(id.digest()[..8].try_into().expect("8 bytes"))
@@ -35,6 +39,10 @@ pub fn short_id(id: &Id) -> u64 {
 
 /// Shortest and longest piece keys GetChunksShort carries, in bytes.
 pub const SHORT_KEY_BYTES: std::ops::RangeInclusive<u8> = 4..=8;
+/// The same for keys that count only in runs (GetChunksShort with `runs`).
+pub const RUN_KEY_BYTES: std::ops::RangeInclusive<u8> = 3..=8;
+/// Bit of GetChunksShort's key length byte that says the keys count only in runs.
+const RUNS_BIT: u8 = 0x80;
 /// Largest file ReadFile returns whole.
 pub const MAX_READ_FILE: usize = 64 << 10;
 /// Bytes of a piece key on the wire (GetChunksAgainst): keys are 40-bit numbers.
@@ -285,11 +293,14 @@ pub enum Request {
     /// GetChunksAgainst with less on the wire (with [`FEATURE_SHORT_IDS`]): the chunks named by
     /// the first 8 bytes of their hash (little-endian; the client verifies every chunk against
     /// its whole id), the pieces by keys of `key_bytes` bytes (4 to 8: the client picks them
-    /// long enough that a false match is unlikely among the pieces at hand). Answered by
+    /// long enough that a false match is unlikely among the pieces at hand). With `runs` (and
+    /// [`FEATURE_PIECE_RUNS`]), a piece matches a key only where the piece before or after it
+    /// matches the key before or after that key, so keys may be 3 bytes long. Answered by
     /// [`Reply::ChunksShort`].
     GetChunksShort {
         ids: Vec<u64>,
         key_bytes: u8,
+        runs: bool,
         keys: Option<Vec<u64>>,
         olds: Option<Vec<Id>>,
     },
@@ -725,6 +736,7 @@ impl Message {
                 Request::GetChunksShort {
                     ids,
                     key_bytes,
+                    runs,
                     keys,
                     olds,
                 } => {
@@ -732,7 +744,7 @@ impl Message {
                     for id in ids {
                         w.u64(*id);
                     }
-                    w.u8(*key_bytes);
+                    w.u8(*key_bytes | if *runs { RUNS_BIT } else { 0 });
                     let n = (*key_bytes as usize).min(8);
                     put_opt(&mut w, keys.as_ref(), |w, k| put_keys(w, k, n));
                     put_opt(&mut w, olds.as_ref(), |w, olds| put_ids(w, olds));
@@ -985,11 +997,13 @@ impl Message {
             code::GET_CHUNKS_SHORT => {
                 let n = r.count(8)?;
                 let ids = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
-                let key_bytes = r.u8()?;
-                if !SHORT_KEY_BYTES.contains(&key_bytes) {
+                let b = r.u8()?;
+                let (key_bytes, runs) = (b & !RUNS_BIT, b & RUNS_BIT != 0);
+                let lengths = if runs { RUN_KEY_BYTES } else { SHORT_KEY_BYTES };
+                if !lengths.contains(&key_bytes) {
                     return Err(ProtoError::Invalid {
                         what: "piece keys",
-                        why: format!("{key_bytes} bytes a key"),
+                        why: format!("{key_bytes} bytes a key (runs: {runs})"),
                     });
                 }
                 let keys = get_opt(&mut r, |r| get_keys(r, key_bytes as usize))?;
@@ -997,6 +1011,7 @@ impl Message {
                 Message::Request(Request::GetChunksShort {
                     ids,
                     key_bytes,
+                    runs,
                     keys,
                     olds,
                 })
@@ -1323,20 +1338,30 @@ mod tests {
                 data: vec![0x28, 0xb5, 0x2f, 0xfd],
             }),
             Message::Request(Request::GetChunksShort {
+                ids: vec![1],
+                key_bytes: 3,
+                runs: true,
+                keys: Some(vec![0xff_ffff, 0]),
+                olds: None,
+            }),
+            Message::Request(Request::GetChunksShort {
                 ids: vec![0, u64::MAX],
                 key_bytes: 4,
+                runs: false,
                 keys: Some(vec![0, (1 << 32) - 1]),
                 olds: Some(vec![id(3)]),
             }),
             Message::Request(Request::GetChunksShort {
                 ids: vec![7],
                 key_bytes: 8,
+                runs: false,
                 keys: Some(vec![u64::MAX]),
                 olds: None,
             }),
             Message::Request(Request::GetChunksShort {
                 ids: vec![7],
                 key_bytes: 6,
+                runs: false,
                 keys: None,
                 olds: None,
             }),
@@ -1495,6 +1520,7 @@ mod tests {
         let b = Message::Request(Request::GetChunksShort {
             ids: vec![0x0807_0605_0403_0201],
             key_bytes: 4,
+            runs: false,
             keys: Some(vec![0x0403_0201]),
             olds: None,
         })
@@ -1504,9 +1530,27 @@ mod tests {
             23, 0, 0, 0, 0x23, 0, 3, 0, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 4, 1, 1, 1, 2, 3, 4, 0,
         ];
         assert_eq!(b, want);
-        // A key length out of range is refused.
+        // A key length out of range is refused: 3 bytes only for keys that count in runs.
         let mut bad = b.clone();
         bad[19] = 3;
+        let mut d = FrameDecoder::new();
+        d.feed(&bad);
+        assert!(Message::decode(&d.next_frame().unwrap().unwrap()).is_err());
+        let b = Message::Request(Request::GetChunksShort {
+            ids: vec![],
+            key_bytes: 3,
+            runs: true,
+            keys: Some(vec![0x03_0201]),
+            olds: None,
+        })
+        .encode(3, false)
+        .unwrap();
+        assert_eq!(
+            b,
+            [14, 0, 0, 0, 0x23, 0, 3, 0, 0, 0, 0, 0x83, 1, 1, 1, 2, 3, 0]
+        );
+        let mut bad = b.clone();
+        bad[11] = 0x82;
         let mut d = FrameDecoder::new();
         d.feed(&bad);
         assert!(Message::decode(&d.next_frame().unwrap().unwrap()).is_err());
