@@ -934,19 +934,20 @@ enum KeyKind {
     Fixed,
     /// As short as the pieces at hand allow (GetChunksShort).
     Short,
-    /// The same, or shorter still for keys that count only in runs (FEATURE_PIECE_RUNS).
-    Runs,
+    /// The same, pieces cut the second way, and keys shorter still where they count only in
+    /// runs (FEATURE_PIECES_2).
+    Pieces2,
 }
 
 impl KeyKind {
     fn of<R, W>(conn: &Connection<R, W>) -> Self {
         match (
             offers(conn, ferry_proto::FEATURE_SHORT_IDS),
-            offers(conn, ferry_proto::FEATURE_PIECE_RUNS),
+            offers(conn, ferry_proto::FEATURE_PIECES_2),
         ) {
             (false, _) => KeyKind::Fixed,
             (true, false) => KeyKind::Short,
-            (true, true) => KeyKind::Runs,
+            (true, true) => KeyKind::Pieces2,
         }
     }
 }
@@ -1139,11 +1140,15 @@ impl AgainstOld {
         }
         let mut buf = vec![];
         let mut sample = crate::delta::Compressibility::default();
+        let cut = match kind {
+            KeyKind::Pieces2 => crate::delta::Cut::Lbfs,
+            KeyKind::Fixed | KeyKind::Short => crate::delta::Cut::FastCdc,
+        };
         for (start, end) in runs {
             buf.resize((end - start) as usize, 0);
             a.file.read_exact_at(&mut buf, start).ok()?;
             sample.sample(&buf);
-            for r in crate::delta::pieces(&buf) {
+            for r in crate::delta::pieces(&buf, cut) {
                 a.keys.push(crate::delta::piece_key(&buf[r.clone()], 8));
                 a.pieces.push((start + r.start as u64, r.len() as u32));
             }
@@ -1153,7 +1158,7 @@ impl AgainstOld {
         // of a request), or as the server reads them. Old data that hardly compresses meets new
         // data in long runs or not at all: there, keys count only in runs, and are shorter.
         if kind != KeyKind::Fixed {
-            a.runs = kind == KeyKind::Runs && sample.incompressible();
+            a.runs = kind == KeyKind::Pieces2 && sample.incompressible();
             let new = bytes.min(crate::delta::MAX_DATA as u64) as usize / 256;
             a.key_bytes = crate::delta::key_bytes(a.keys.len(), new, a.runs);
         }

@@ -475,8 +475,11 @@ impl Server {
             }
             Request::GetChunksAgainst { ids, keys, olds } => {
                 let asked: Vec<Option<Id>> = ids.iter().copied().map(Some).collect();
-                match self.chunks_against(&asked, keys, olds, (ferry_proto::PIECE_KEY_BYTES, false))
-                {
+                let fixed_keys = |k| {
+                    let cut = crate::delta::Cut::FastCdc;
+                    crate::delta::Keys::new(k, ferry_proto::PIECE_KEY_BYTES, false, cut)
+                };
+                match self.chunks_against(&asked, keys.map(fixed_keys), olds) {
                     Ok(Against::Plain(found)) => one(Reply::Chunks(
                         found.into_iter().map(|(i, d)| (ids[i], d)).collect(),
                     )),
@@ -503,8 +506,10 @@ impl Server {
             } => {
                 let asked: Vec<Option<Id>> =
                     ids.iter().map(|s| self.short_ids.get(s).copied()).collect();
+                let cut = crate::delta::Cut::of(self.features);
+                let short_keys = |k| crate::delta::Keys::new(k, key_bytes as usize, runs, cut);
                 one(
-                    match self.chunks_against(&asked, keys, olds, (key_bytes as usize, runs)) {
+                    match self.chunks_against(&asked, keys.map(short_keys), olds) {
                         Ok(Against::Plain(found)) => Reply::ChunksShort {
                             found: found.iter().map(|(i, _)| *i as u32).collect(),
                             zstd: false,
@@ -913,14 +918,12 @@ impl Server {
 
     /// The chunks `asked` this server holds (a reply's worth, in the order asked; `None` is
     /// one it cannot name), compressed against the client's old data when that pays:
-    /// GetChunksAgainst and GetChunksShort, whose `keys` (if sent) are `key_bytes` long and
-    /// count only in runs if `runs`.
+    /// GetChunksAgainst and GetChunksShort.
     fn chunks_against(
         &mut self,
         asked: &[Option<Id>],
-        keys: Option<Vec<u64>>,
+        keys: Option<crate::delta::Keys>,
         olds: Option<Vec<Id>>,
-        (key_bytes, runs): (usize, bool),
     ) -> io::Result<Against> {
         let mut found = vec![];
         let mut bytes = 0;
@@ -936,7 +939,7 @@ impl Server {
         let data: Vec<u8> = found.iter().flat_map(|(_, d)| d.iter().copied()).collect();
         // Each list, when sent, replaces the one kept from the previous request.
         if let Some(keys) = keys {
-            self.piece_keys = crate::delta::Keys::new(keys, key_bytes, runs);
+            self.piece_keys = keys;
         }
         if let Some(olds) = olds {
             self.olds = olds;

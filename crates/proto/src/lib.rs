@@ -45,7 +45,7 @@ pub use frame::{
 };
 pub use message::{
     short_id, Attr, DirEntry, ErrorCode, FileKind, Hello, Message, RecipeDelta, RecipePage,
-    RecipePart, Reply, Request, WirePath, FEATURES, FEATURE_HISTORY, FEATURE_PIECE_RUNS,
+    RecipePart, Reply, Request, WirePath, FEATURES, FEATURE_HISTORY, FEATURE_PIECES_2,
     FEATURE_READ_FILE, FEATURE_SHORT_IDS, MAGIC, MAX_FILES_AGAINST, MAX_READ_FILE, PIECE_KEY_BYTES,
     RUN_KEY_BYTES, SHORT_KEY_BYTES, VERSION,
 };

@@ -12,13 +12,13 @@ pub const MAGIC: &[u8; 5] = b"FERRY";
 pub const VERSION: u16 = 1;
 /// Feature bits this build understands: [`FEATURE_ZSTD_STREAM`](crate::FEATURE_ZSTD_STREAM),
 /// [`FEATURE_TREE_DIGEST`](crate::FEATURE_TREE_DIGEST), [`FEATURE_READ_FILE`],
-/// [`FEATURE_HISTORY`], [`FEATURE_SHORT_IDS`] and [`FEATURE_PIECE_RUNS`].
+/// [`FEATURE_HISTORY`], [`FEATURE_SHORT_IDS`] and [`FEATURE_PIECES_2`].
 pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | crate::FEATURE_TREE_DIGEST
     | FEATURE_READ_FILE
     | FEATURE_HISTORY
     | FEATURE_SHORT_IDS
-    | FEATURE_PIECE_RUNS;
+    | FEATURE_PIECES_2;
 /// Hello feature bit: the server answers ReadFile.
 pub const FEATURE_READ_FILE: u64 = 4;
 /// The server keeps a history of the data it has served (chunks by id): a client names the
@@ -29,9 +29,10 @@ pub const FEATURE_HISTORY: u64 = 8;
 /// keys as long as the client needs, and a reply that names the chunks sent by their place
 /// in the request.
 pub const FEATURE_SHORT_IDS: u64 = 16;
-/// GetChunksShort may ask that piece keys count only in runs (`runs`): a key matches only where
-/// a piece next to it matches the key next to it too, so keys can be shorter.
-pub const FEATURE_PIECE_RUNS: u64 = 32;
+/// The second piece scheme of GetChunksShort: pieces cut by the LBFS chunker (96 B / 128 B /
+/// 2 KiB) instead of FastCDC, and keys that may count only in runs (`runs`: a key matches only
+/// where a piece next to it matches the key next to it too, so keys can be shorter).
+pub const FEATURE_PIECES_2: u64 = 32;
 /// A chunk's short id in GetChunksShort: the first 8 bytes of its digest, little-endian.
 pub fn short_id(id: &Id) -> u64 {
     u64::from_le_bytes(id.digest()[..8].try_into().expect("8 bytes"))
@@ -294,7 +295,7 @@ pub enum Request {
     /// the first 8 bytes of their hash (little-endian; the client verifies every chunk against
     /// its whole id), the pieces by keys of `key_bytes` bytes (4 to 8: the client picks them
     /// long enough that a false match is unlikely among the pieces at hand). With `runs` (and
-    /// [`FEATURE_PIECE_RUNS`]), a piece matches a key only where the piece before or after it
+    /// [`FEATURE_PIECES_2`]), a piece matches a key only where the piece before or after it
     /// matches the key before or after that key, so keys may be 3 bytes long. Answered by
     /// [`Reply::ChunksShort`].
     GetChunksShort {

@@ -245,9 +245,9 @@ fn changed_chunks_travel_compressed_against_the_old_file() {
     // old data does not compress, so keys count only in runs, unless the server cannot.
     let all = ferry_proto::FEATURES;
     let runs = changed_chunks_against_the_old_file(all);
-    let short = changed_chunks_against_the_old_file(all & !ferry_proto::FEATURE_PIECE_RUNS);
+    let short = changed_chunks_against_the_old_file(all & !ferry_proto::FEATURE_PIECES_2);
     let whole = changed_chunks_against_the_old_file(all & !ferry_proto::FEATURE_SHORT_IDS);
-    // Keys of 3 bytes instead of 4 for the ~300 pieces of the old chunks, and the same frame.
+    // Keys of 3 bytes instead of 4 for the old chunks' pieces, and about the same frame.
     assert!(runs + 200 < short, "{runs} bytes in runs, {short} not");
     // 25 bytes less up and 33 less down for each of the ~10 chunks, 1 byte a key less.
     assert!(
