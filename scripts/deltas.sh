@@ -6,7 +6,10 @@
 # (`zstd -19 --long=27 --patch-from=old.tar new.tar`). Ferry runs twice: against a server that
 # never saw the old tree (as rsync), and against one that served it to this client before
 # (`get` of old, then the export replaced by new, then `get` again: the server's history and the
-# client's cache hold the old version). Then a receiver with nothing (Ferry at
+# client's cache hold the old version), both with the down direction paced at 1.5 Mbit/s (the
+# lab's cable profile): the level of large frames against old data follows the link, as on a
+# real one (19 while the link is the bottleneck; on an unpaced pipe it would fall to the
+# session's level after the first frame). Then a receiver with nothing (Ferry at
 # the default level, the default over a down direction paced at 1.5 Mbit/s, where the level
 # adapts, and at --zstd-level 19, against `tar | zstd -19`) and an unchanged tree.
 # Bytes only: no link emulation otherwise, no timing (that is the lab's job).
@@ -17,6 +20,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 FERRY=${FERRY:-$here/../target/release/ferry}
+# The paced down direction, bits per second.
+BPS=1500000
 RSH=$here/count-rsh.py
 W=${1:?usage: deltas.sh WL_DIR}/workloads
 R=$(mktemp -d)
@@ -43,12 +48,12 @@ for w in $(ls "$W"); do
   old=$W/$w/old new=$W/$w/new
   size=$(du -sb "$new" | cut -f1)
   rm -rf "$R/dst" "$R/cache" "$R/xdg"; cp -a "$old" "$R/dst"
-  f=$(ferry_get "$new" "$R/dst")
+  f=$(COUNT_DOWN_BPS=$BPS ferry_get "$new" "$R/dst")
   if diff -r "$new" "$R/dst" | grep -v "^Only in $R/dst" | grep -q .; then echo "ferry result differs for $w" >&2; exit 1; fi
   rm -rf "$R/dst" "$R/cache" "$R/xdg" "$R/srv"; mkdir "$R/srv"; cp -a "$old" "$R/srv/t"
   ferry_get "$R/srv/t" "$R/dst" > /dev/null
   rm -rf "$R/srv/t"; cp -a "$new" "$R/srv/t"
-  h=$(ferry_get "$R/srv/t" "$R/dst")
+  h=$(COUNT_DOWN_BPS=$BPS ferry_get "$R/srv/t" "$R/dst")
   if diff -r "$new" "$R/dst" | grep -v "^Only in $R/dst" | grep -q .; then echo "ferry (history) result differs for $w" >&2; exit 1; fi
   rm -rf "$R/dst"; cp -a "$old" "$R/dst"
   COUNT_FILE=$R/c; rm -f "$COUNT_FILE"
@@ -79,7 +84,7 @@ for w in django-tree crates-vendor numpy-whl-tree text-insert; do
   t=$(tar --sort=name -C "$new" -cf - . | zstd -q -19 -T0 -c | wc -c)
   rm -rf "$R/dst" "$R/cache" "$R/xdg"; f=$(ferry_get "$new" "$R/dst")
   # The default level adapts to the link: on a slow one it climbs toward 19.
-  rm -rf "$R/dst" "$R/cache" "$R/xdg"; fp=$(COUNT_DOWN_BPS=1500000 ferry_get "$new" "$R/dst")
+  rm -rf "$R/dst" "$R/cache" "$R/xdg"; fp=$(COUNT_DOWN_BPS=$BPS ferry_get "$new" "$R/dst")
   rm -rf "$R/dst" "$R/cache" "$R/xdg"; f19=$(ferry_get "$new" "$R/dst" --zstd-level 19)
   printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$w" "$t" "$f" "$(ratio "$f" "$t")" \
     "$fp" "$(ratio "$fp" "$t")" "$f19" "$(ratio "$f19" "$t")"

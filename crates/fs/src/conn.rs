@@ -77,7 +77,7 @@ fn serve_until_closed(
             for reply in server.handle(&f) {
                 outflow.push(&reply, &mut bytes)?;
                 if bytes.len() >= READ_BUF {
-                    write_out(&mut outflow, &mut output, &mut bytes)?;
+                    server.wrote(write_out(&mut outflow, &mut output, &mut bytes)?);
                 }
             }
             if let (Some(level), false) = (server.stream_level(), outflow.is_compressed()) {
@@ -87,8 +87,10 @@ fn serve_until_closed(
             }
         }
         outflow.flush(&mut bytes)?;
-        write_out(&mut outflow, &mut output, &mut bytes)?;
+        let waited = write_out(&mut outflow, &mut output, &mut bytes)?;
+        let started = std::time::Instant::now();
         output.flush()?;
+        server.wrote(waited + started.elapsed());
         // Wait for the client or for a change that breaks a lease, whichever comes first.
         loop {
             let (input_ready, changed) = {
@@ -130,15 +132,21 @@ fn serve_until_closed(
     }
 }
 
-/// Writes `bytes` out and clears them, telling `outflow` how long the transport took.
-fn write_out(outflow: &mut Outflow, w: &mut impl Write, bytes: &mut Vec<u8>) -> io::Result<()> {
+/// Writes `bytes` out and clears them, telling `outflow` how long the transport took; returns
+/// that time.
+fn write_out(
+    outflow: &mut Outflow,
+    w: &mut impl Write,
+    bytes: &mut Vec<u8>,
+) -> io::Result<std::time::Duration> {
     let started = std::time::Instant::now();
     w.write_all(bytes)?;
     bytes.clear();
-    if let Some(next) = outflow.wrote(started.elapsed()) {
+    let waited = started.elapsed();
+    if let Some(next) = outflow.wrote(waited) {
         tracing::debug!("stream compression: level {next} from the next zstd frame");
     }
-    Ok(())
+    Ok(waited)
 }
 
 /// Turns a client away: waits for its Hello (bounded, like any frame) and answers with `code`

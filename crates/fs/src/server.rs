@@ -96,6 +96,8 @@ pub struct Server {
     features: u64,
     /// The client's piece keys (GetChunksAgainst), by index, kept for the requests after.
     piece_keys: crate::delta::Keys,
+    /// The level of large frames against old data.
+    frame_level: crate::delta::FrameLevel,
     /// The old chunks the client last named (GetChunksAgainst), kept likewise.
     olds: Vec<Id>,
     /// Every chunk this server has cut, kept (bounded) as what clients may hold old versions
@@ -136,7 +138,9 @@ fn io_error(path: &WirePath, e: &io::Error) -> Reply {
 
 impl Server {
     pub fn new(export: Export, opts: ServerOptions, staging: Staging) -> Self {
+        let frame_level = crate::delta::FrameLevel::new(opts.zstd_level.start());
         Server {
+            frame_level,
             export,
             opts,
             staging,
@@ -172,6 +176,12 @@ impl Server {
     /// the Hello on, both directions are one zstd stream each.
     pub fn stream_level(&self) -> Option<ferry_proto::Level> {
         (self.features & ferry_proto::FEATURE_ZSTD_STREAM != 0).then_some(self.opts.zstd_level)
+    }
+
+    /// Writing replies out waited `waited` on the transport: large frames against old data
+    /// follow the link by it.
+    pub fn wrote(&mut self, waited: std::time::Duration) {
+        self.frame_level.wrote(waited);
     }
 
     /// The entries of the directory at `path`, with leases and (for directories) tree digests.
@@ -908,11 +918,14 @@ impl Server {
         }
         let olds: Vec<Id> = files.into_iter().flat_map(|(_, olds)| olds).collect();
         let (used, prefix, _) = self.olds_in_history(&olds);
-        let level = self.opts.zstd_level.start().max(crate::delta::MIN_LEVEL);
+        let level = self.frame_level.level(data.len());
+        let started = std::time::Instant::now();
+        let frame = crate::delta::encode(&data, &prefix, level)?;
+        self.frame_level.compressed(data.len(), started.elapsed());
         Ok(Reply::FilesAgainst {
             files: sent,
             olds: used,
-            data: crate::delta::encode(&data, &prefix, level)?,
+            data: frame,
         })
     }
 
@@ -957,12 +970,20 @@ impl Server {
                 prefix.extend_from_slice(&pieces);
             }
         }
-        let level = self.opts.zstd_level.start().max(crate::delta::MIN_LEVEL);
+        let level = self.frame_level.level(data.len());
+        let started = std::time::Instant::now();
         let against = crate::delta::encode(&data, &prefix, level)?;
         // Plain chunks compress in the session's stream with the context of all sent before
         // (other files like this one): when they compress at all, send them so unless the old
-        // data is clearly worth more, judged against compressing them alone.
-        let alone = crate::delta::encode(&data, &[], level).map_or(usize::MAX, |f| f.len());
+        // data is clearly worth more, judged against compressing them alone (a large frame's
+        // at the session's level: quicker, and what the stream would mostly do).
+        let alone_level = if data.len() <= crate::delta::SMALL_FRAME {
+            level
+        } else {
+            self.frame_level.floor()
+        };
+        let alone = crate::delta::encode(&data, &[], alone_level).map_or(usize::MAX, |f| f.len());
+        self.frame_level.compressed(data.len(), started.elapsed());
         let compressible = alone * 10 < data.len() * 9;
         let worth = if compressible {
             against.len() * 10 < alone * 9
