@@ -950,6 +950,14 @@ impl KeyKind {
             (true, true) => KeyKind::Pieces2,
         }
     }
+
+    /// How the pieces are cut.
+    fn cut(self) -> crate::delta::Cut {
+        match self {
+            KeyKind::Pieces2 => crate::delta::Cut::Lbfs,
+            KeyKind::Fixed | KeyKind::Short => crate::delta::Cut::FastCdc,
+        }
+    }
 }
 
 /// Files at most this large, with no old version at the destination, are read whole.
@@ -1140,14 +1148,13 @@ impl AgainstOld {
         }
         let mut buf = vec![];
         let mut sample = crate::delta::Compressibility::default();
-        let cut = match kind {
-            KeyKind::Pieces2 => crate::delta::Cut::Lbfs,
-            KeyKind::Fixed | KeyKind::Short => crate::delta::Cut::FastCdc,
-        };
+        let cut = kind.cut();
         for (start, end) in runs {
             buf.resize((end - start) as usize, 0);
             a.file.read_exact_at(&mut buf, start).ok()?;
-            sample.sample(&buf);
+            if kind == KeyKind::Pieces2 {
+                sample.sample(&buf);
+            }
             for r in crate::delta::pieces(&buf, cut) {
                 a.keys.push(crate::delta::piece_key(&buf[r.clone()], 8));
                 a.pieces.push((start + r.start as u64, r.len() as u32));

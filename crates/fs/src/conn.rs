@@ -80,6 +80,12 @@ fn serve_until_closed(
                     server.wrote(write_out(&mut outflow, &mut output, &mut bytes)?);
                 }
             }
+            if server.frame_unwritten() {
+                // A large frame against old data goes out now: how long the link takes it
+                // sets the level of the next.
+                outflow.flush(&mut bytes)?;
+                server.wrote(write_out(&mut outflow, &mut output, &mut bytes)?);
+            }
             if let (Some(level), false) = (server.stream_level(), outflow.is_compressed()) {
                 // The Hello reply went out plain; everything after it is one zstd stream.
                 outflow.start_zstd(level)?;

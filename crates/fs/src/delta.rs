@@ -2,12 +2,13 @@
 //!
 //! A chunk that changed is mostly the old chunk it replaced: a line edited, a field bumped.
 //! The receiver cuts the old chunks that the new recipe no longer uses into small
-//! content-defined pieces (~1 KiB) and names each by a key; the sender cuts the new chunks the
+//! content-defined pieces (~220–256 bytes) and names each by a key; the sender cuts the new chunks the
 //! same way, finds the pieces whose keys the receiver named, and compresses the new chunks as
 //! one zstd frame with those pieces, concatenated, as the prefix. Each side holds the prefix's
 //! bytes, so the frame carries little more than what is really new, compressed with the
 //! context of the old text around it. The receiver verifies every chunk by its id: a key that
-//! collided (2^-64 per pair) gives a chunk that fails verification and is fetched plainly.
+//! matched falsely (keys are 3 to 8 bytes, long enough for odds of about 1 in 1,000 a request)
+//! gives chunks that fail verification and are fetched plainly.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -23,9 +24,9 @@ const MAX_WINDOW_LOG: u32 = 25;
 pub const MAX_DATA: usize = 2 << 20;
 pub const MAX_REPLY_DATA: usize = 3 << 20;
 /// Level of a frame against old data while the link is the bottleneck (and always for small
-/// frames, which cost little at any level).
-pub const MIN_LEVEL: i32 = 19;
-/// Data at most this large is compressed at [`MIN_LEVEL`] whatever the link.
+/// frames, which cost little at any level), unless the session's own level is higher.
+pub const TOP_LEVEL: i32 = 19;
+/// Data at most this large is compressed at the top level whatever the link.
 pub const SMALL_FRAME: usize = 256 << 10;
 /// Prefix bytes at most (the window bounds it anyway).
 pub const MAX_PREFIX: usize = 16 << 20;
@@ -42,7 +43,7 @@ pub enum Cut {
     /// GetChunksShort with [`ferry_proto::FEATURE_PIECES_2`]. Sizes spread wider than
     /// FastCDC's (which pulls them toward the average): more small pieces around an edit, and
     /// fewer keys in all. Measured against FastCDC's pieces, cold: crates-vendor 184,165 →
-    /// 158,785 bytes, django-tree 248,487 → 228,862, numpy-whl-tree 1,625,309 → 1,545,676.
+    /// 158,756 bytes, django-tree 248,487 → 228,960, numpy-whl-tree 1,625,309 → 1,545,676.
     Lbfs,
 }
 
@@ -165,10 +166,16 @@ impl Keys {
         self.list.is_empty()
     }
 
-    /// The index of the key of the `j`th of the pieces keyed `keys`, if it counts.
-    fn find(&self, keys: &[u64], j: usize) -> Option<u32> {
-        let i = *self.first.get(&keys[j])?;
+    /// The index of the key of the `j`th of the pieces keyed `keys`, if it counts: the key
+    /// after the previous match (`last`) if it is this one (old data goes on where it left
+    /// off, whatever other pieces share the key), else the first with it.
+    fn find(&self, keys: &[u64], j: usize, last: Option<u32>) -> Option<u32> {
         let key = |i: usize| self.list.get(i).copied();
+        let next = last.map(|l| l as usize + 1);
+        let i = match next {
+            Some(n) if key(n) == Some(keys[j]) => n as u32,
+            _ => *self.first.get(&keys[j])?,
+        };
         let run = || {
             let i = i as usize;
             (j + 1 < keys.len() && key(i + 1) == Some(keys[j + 1]))
@@ -211,11 +218,13 @@ pub fn find<'a>(runs: impl IntoIterator<Item = &'a [u8]>, keys: &Keys) -> (Vec<u
         .flat_map(|c| pieces(c, keys.cut).into_iter().map(move |r| &c[r]))
         .collect();
     let hashes: Vec<u64> = all.iter().map(|p| piece_key(p, keys.bytes)).collect();
+    let mut last = None;
     for (j, piece) in all.iter().enumerate() {
         if prefix.len() + piece.len() > MAX_PREFIX {
             break;
         }
-        if let Some(i) = keys.find(&hashes, j) {
+        last = keys.find(&hashes, j, last);
+        if let Some(i) = last {
             if used.insert(i) {
                 refs.push(i);
                 prefix.extend_from_slice(piece);
@@ -226,7 +235,7 @@ pub fn find<'a>(runs: impl IntoIterator<Item = &'a [u8]>, keys: &Keys) -> (Vec<u
 }
 
 /// The level of a sender's large frames against old data, following the link: it starts at
-/// [`MIN_LEVEL`] (on a thin link, the bytes saved are worth the time), and after each frame
+/// [`TOP_LEVEL`] (on a thin link, the bytes saved are worth the time), and after each frame
 /// compares how long writing it out waited on the link with how long compressing it took. Waits
 /// longer than compressing: the compressor is hidden behind the link, a step up (more at once
 /// for longer waits). Waits under an eighth of it: the compressor is the bottleneck (a LAN,
@@ -236,17 +245,19 @@ pub fn find<'a>(runs: impl IntoIterator<Item = &'a [u8]>, keys: &Keys) -> (Vec<u
 pub struct FrameLevel {
     levels: Vec<i32>,
     at: usize,
-    /// How long the last large frame took to compress, and the waits of writes since.
+    /// How long the last large frame took to compress, and the writes since (how many, and
+    /// how long they waited).
     busy: Option<std::time::Duration>,
+    writes: u32,
     waited: std::time::Duration,
 }
 
 impl FrameLevel {
-    /// Levels from `floor` (the session's level) up to [`MIN_LEVEL`].
+    /// Levels from `floor` (the session's level) up to [`TOP_LEVEL`].
     pub fn new(floor: i32) -> Self {
         let mut levels = vec![floor];
         levels.extend(
-            [9, 12, 15, 17, MIN_LEVEL]
+            [9, 12, 15, 17, TOP_LEVEL]
                 .into_iter()
                 .filter(|&l| l > floor),
         );
@@ -254,6 +265,7 @@ impl FrameLevel {
             at: levels.len() - 1,
             levels,
             busy: None,
+            writes: 0,
             waited: Default::default(),
         }
     }
@@ -269,7 +281,8 @@ impl FrameLevel {
         if bytes <= SMALL_FRAME {
             return self.levels[top];
         }
-        if let Some(busy) = self.busy.take() {
+        // Nothing written since the last large frame says nothing about the link.
+        if let Some(busy) = self.busy.take_if(|_| self.writes > 0) {
             let waited = std::mem::take(&mut self.waited);
             let ratio = waited.as_secs_f64() / busy.as_secs_f64().max(1e-9);
             if ratio >= 1.0 {
@@ -286,12 +299,20 @@ impl FrameLevel {
     pub fn compressed(&mut self, bytes: usize, busy: std::time::Duration) {
         if bytes > SMALL_FRAME {
             self.busy = Some(busy);
+            self.writes = 0;
             self.waited = Default::default();
         }
     }
 
-    /// Writes to the transport waited `waited`.
+    /// Whether a large frame was compressed and nothing written since: the sender should write
+    /// it out now, so the next large frame's level knows how fast the link took it.
+    pub fn unwritten(&self) -> bool {
+        self.busy.is_some() && self.writes == 0
+    }
+
+    /// A write to the transport waited `waited`.
     pub fn wrote(&mut self, waited: std::time::Duration) {
+        self.writes += 1;
         self.waited += waited;
     }
 }
@@ -303,7 +324,7 @@ pub fn encode(data: &[u8], prefix: &[u8], level: i32) -> io::Result<Vec<u8>> {
         .map_err(zerr)?;
     c.set_parameter(CParameter::WindowLog(window_log(prefix.len() + data.len())))
         .map_err(zerr)?;
-    if level < MIN_LEVEL {
+    if level < TOP_LEVEL {
         // Long matches far back in the prefix, which the faster levels' searches miss (as
         // `zstd --patch-from` does): measured at level 9 on numpy-whl-raw, 5.46 → 4.48 MB.
         c.set_parameter(CParameter::EnableLongDistanceMatching(true))
@@ -477,6 +498,16 @@ mod tests {
         f.wrote(ms(1));
         assert_eq!(f.level(big), 9);
         assert_eq!(f.level(1000), 19, "small frames stay at the top");
+        // No write between two large frames (replies gather before they go out): no decision.
+        f.compressed(big, ms(2000));
+        assert!(f.unwritten());
+        assert_eq!(f.level(big), 9);
+        f.wrote(ms(30_000));
+        assert!(!f.unwritten());
+        assert_eq!(f.level(big), 17);
+        f.compressed(big, ms(2000));
+        f.wrote(ms(1));
+        assert_eq!(f.level(big), 9);
         // Waits between an eighth of the time and all of it: stay.
         f.compressed(big, ms(100));
         f.wrote(ms(50));
@@ -496,9 +527,11 @@ mod tests {
         // A session at level 19 or above stays there; one below 9 goes down to its own.
         let mut f = FrameLevel::new(22);
         f.compressed(big, ms(2000));
+        f.wrote(ms(0));
         assert_eq!(f.level(big), 22);
         let mut f = FrameLevel::new(3);
         f.compressed(big, ms(2000));
+        f.wrote(ms(0));
         assert_eq!(f.level(big), 3);
     }
 }

@@ -184,6 +184,12 @@ impl Server {
         self.frame_level.wrote(waited);
     }
 
+    /// Whether a large frame against old data went into a reply and has not been written out
+    /// since: the loop writes it at once, so the next one's level knows how the link took it.
+    pub fn frame_unwritten(&self) -> bool {
+        self.frame_level.unwritten()
+    }
+
     /// The entries of the directory at `path`, with leases and (for directories) tree digests.
     fn listing(&mut self, path: &WirePath) -> io::Result<Vec<DirEntry>> {
         let entries = self.export.read_dir(path)?;
@@ -517,6 +523,12 @@ impl Server {
                 let asked: Vec<Option<Id>> =
                     ids.iter().map(|s| self.short_ids.get(s).copied()).collect();
                 let cut = crate::delta::Cut::of(self.features);
+                if runs && cut != crate::delta::Cut::Lbfs {
+                    return one(error(
+                        ErrorCode::BadRequest,
+                        "keys that count in runs need the PIECES_2 feature",
+                    ));
+                }
                 let short_keys = |k| crate::delta::Keys::new(k, key_bytes as usize, runs, cut);
                 one(
                     match self.chunks_against(&asked, keys.map(short_keys), olds) {
@@ -970,6 +982,9 @@ impl Server {
                 prefix.extend_from_slice(&pieces);
             }
         }
+        if prefix.is_empty() {
+            return Ok(Against::Plain(found));
+        }
         let level = self.frame_level.level(data.len());
         let started = std::time::Instant::now();
         let against = crate::delta::encode(&data, &prefix, level)?;
@@ -990,7 +1005,7 @@ impl Server {
         } else {
             against.len() < alone
         };
-        if prefix.is_empty() || !worth {
+        if !worth {
             return Ok(Against::Plain(found));
         }
         Ok(Against::Frame {
