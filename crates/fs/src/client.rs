@@ -1163,8 +1163,9 @@ impl AgainstOld {
         let bytes: u64 = missing.iter().map(|c| c.len as u64).sum();
         // Keys as short as the pieces at hand allow (the new ones counted as one per 256 bytes
         // of a request; pieces cut the second way average ~220, so the odds of a false match
-        // are ~1.15 in 1,000 rather than 1), or as the server reads them. Old data that hardly compresses meets new
-        // data in long runs or not at all: there, keys count only in runs, and are shorter.
+        // are ~1.15 in 1,000 rather than 1), or as the server reads them. Old data that hardly
+        // compresses meets new data in long runs or not at all: there, keys count only in
+        // runs, and are shorter.
         if kind != KeyKind::Fixed {
             a.runs = kind == KeyKind::Pieces2 && sample.incompressible();
             let new = bytes.min(crate::delta::MAX_DATA as u64) as usize / 256;

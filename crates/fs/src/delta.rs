@@ -2,11 +2,11 @@
 //!
 //! A chunk that changed is mostly the old chunk it replaced: a line edited, a field bumped.
 //! The receiver cuts the old chunks that the new recipe no longer uses into small
-//! content-defined pieces (~220–256 bytes) and names each by a key; the sender cuts the new chunks the
-//! same way, finds the pieces whose keys the receiver named, and compresses the new chunks as
-//! one zstd frame with those pieces, concatenated, as the prefix. Each side holds the prefix's
-//! bytes, so the frame carries little more than what is really new, compressed with the
-//! context of the old text around it. The receiver verifies every chunk by its id: a key that
+//! content-defined pieces (~220–256 bytes) and names each by a key; the sender cuts the new
+//! chunks the same way, finds the pieces whose keys the receiver named, and compresses the new
+//! chunks as one zstd frame with those pieces, concatenated, as the prefix. Each side holds the
+//! prefix's bytes, so the frame carries little more than what is really new, compressed with
+//! the context of the old text around it. The receiver verifies every chunk by its id: a key that
 //! matched falsely (keys are 3 to 8 bytes, long enough for odds of about 1 in 1,000 a request)
 //! gives chunks that fail verification and are fetched plainly.
 
@@ -276,7 +276,7 @@ impl FrameLevel {
     }
 
     /// The level for a frame of `bytes` of data.
-    pub fn level(&mut self, bytes: usize) -> i32 {
+    fn level(&mut self, bytes: usize) -> i32 {
         let top = self.levels.len() - 1;
         if bytes <= SMALL_FRAME {
             return self.levels[top];
@@ -295,8 +295,18 @@ impl FrameLevel {
         self.levels[self.at]
     }
 
+    /// Runs `compress` (a frame of `bytes` of data, and whatever goes with it) at the level
+    /// for it, timed for the next decision.
+    pub fn timed<T>(&mut self, bytes: usize, compress: impl FnOnce(i32) -> T) -> T {
+        let level = self.level(bytes);
+        let started = std::time::Instant::now();
+        let out = compress(level);
+        self.compressed(bytes, started.elapsed());
+        out
+    }
+
     /// A large frame was compressed in `busy`.
-    pub fn compressed(&mut self, bytes: usize, busy: std::time::Duration) {
+    fn compressed(&mut self, bytes: usize, busy: std::time::Duration) {
         if bytes > SMALL_FRAME {
             self.busy = Some(busy);
             self.writes = 0;
@@ -485,18 +495,20 @@ mod tests {
         use std::time::Duration;
         let ms = Duration::from_millis;
         let big = 2 << 20;
+        // A large frame compressed in `busy` ms, its write waiting `waited` ms: the next level.
+        let next = |f: &mut FrameLevel, busy: u64, waited: u64| {
+            f.compressed(big, ms(busy));
+            f.wrote(ms(waited));
+            f.level(big)
+        };
         let mut f = FrameLevel::new(9);
         // Small frames: the top level, always; the first large one too.
         assert_eq!(f.level(1000), 19);
         assert_eq!(f.level(big), 19);
         // A thin link: writing waited longer than compressing took; stays at the top.
-        f.compressed(big, ms(2000));
-        f.wrote(ms(11_000));
-        assert_eq!(f.level(big), 19);
+        assert_eq!(next(&mut f, 2000, 11_000), 19);
         // A LAN: the write hardly waited. Down, several steps at once, to the session's level.
-        f.compressed(big, ms(2000));
-        f.wrote(ms(1));
-        assert_eq!(f.level(big), 9);
+        assert_eq!(next(&mut f, 2000, 1), 9);
         assert_eq!(f.level(1000), 19, "small frames stay at the top");
         // No write between two large frames (replies gather before they go out): no decision.
         f.compressed(big, ms(2000));
@@ -505,33 +517,23 @@ mod tests {
         f.wrote(ms(30_000));
         assert!(!f.unwritten());
         assert_eq!(f.level(big), 17);
-        f.compressed(big, ms(2000));
-        f.wrote(ms(1));
-        assert_eq!(f.level(big), 9);
+        assert_eq!(next(&mut f, 2000, 1), 9);
         // Waits between an eighth of the time and all of it: stay.
-        f.compressed(big, ms(100));
-        f.wrote(ms(50));
-        assert_eq!(f.level(big), 9);
+        assert_eq!(next(&mut f, 100, 50), 9);
         // The link slowed: up, more steps for longer waits.
-        f.compressed(big, ms(100));
-        f.wrote(ms(150));
-        assert_eq!(f.level(big), 12);
-        f.compressed(big, ms(100));
-        f.wrote(ms(450));
-        assert_eq!(f.level(big), 17);
+        assert_eq!(next(&mut f, 100, 150), 12);
+        assert_eq!(next(&mut f, 100, 450), 17);
         // Waits are counted from the last large frame on: a frame's own write, and any after.
         f.compressed(big, ms(1000));
         f.wrote(ms(600));
         f.wrote(ms(600));
         assert_eq!(f.level(big), 19);
         // A session at level 19 or above stays there; one below 9 goes down to its own.
-        let mut f = FrameLevel::new(22);
-        f.compressed(big, ms(2000));
-        f.wrote(ms(0));
-        assert_eq!(f.level(big), 22);
-        let mut f = FrameLevel::new(3);
-        f.compressed(big, ms(2000));
-        f.wrote(ms(0));
-        assert_eq!(f.level(big), 3);
+        assert_eq!(next(&mut FrameLevel::new(22), 2000, 0), 22);
+        assert_eq!(next(&mut FrameLevel::new(3), 2000, 0), 3);
+        // `timed` decides, runs the work at that level and records it.
+        let mut f = FrameLevel::new(9);
+        assert_eq!(f.timed(big, |level| level), 19);
+        assert!(f.unwritten());
     }
 }

@@ -930,10 +930,9 @@ impl Server {
         }
         let olds: Vec<Id> = files.into_iter().flat_map(|(_, olds)| olds).collect();
         let (used, prefix, _) = self.olds_in_history(&olds);
-        let level = self.frame_level.level(data.len());
-        let started = std::time::Instant::now();
-        let frame = crate::delta::encode(&data, &prefix, level)?;
-        self.frame_level.compressed(data.len(), started.elapsed());
+        let frame = self.frame_level.timed(data.len(), |level| {
+            crate::delta::encode(&data, &prefix, level)
+        })?;
         Ok(Reply::FilesAgainst {
             files: sent,
             olds: used,
@@ -985,20 +984,22 @@ impl Server {
         if prefix.is_empty() {
             return Ok(Against::Plain(found));
         }
-        let level = self.frame_level.level(data.len());
-        let started = std::time::Instant::now();
-        let against = crate::delta::encode(&data, &prefix, level)?;
         // Plain chunks compress in the session's stream with the context of all sent before
         // (other files like this one): when they compress at all, send them so unless the old
         // data is clearly worth more, judged against compressing them alone (a large frame's
         // at the session's level: quicker, and what the stream would mostly do).
-        let alone_level = if data.len() <= crate::delta::SMALL_FRAME {
-            level
-        } else {
-            self.frame_level.floor()
-        };
-        let alone = crate::delta::encode(&data, &[], alone_level).map_or(usize::MAX, |f| f.len());
-        self.frame_level.compressed(data.len(), started.elapsed());
+        let floor = self.frame_level.floor();
+        let (against, alone) = self.frame_level.timed(data.len(), |level| {
+            let alone_level = if data.len() <= crate::delta::SMALL_FRAME {
+                level
+            } else {
+                floor
+            };
+            let alone =
+                crate::delta::encode(&data, &[], alone_level).map_or(usize::MAX, |f| f.len());
+            (crate::delta::encode(&data, &prefix, level), alone)
+        });
+        let against = against?;
         let compressible = alone * 10 < data.len() * 9;
         let worth = if compressible {
             against.len() * 10 < alone * 9

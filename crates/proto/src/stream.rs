@@ -277,14 +277,7 @@ impl Outflow {
         // Ending the frame flushes it too.
         if !self.end_frame(out)? {
             let z = self.z.as_mut().expect("compressing");
-            loop {
-                let mut o = OutBuffer::around(&mut self.scratch[..]);
-                let left = z.flush(&mut o).map_err(compress_failed)?;
-                out.extend_from_slice(o.as_slice());
-                if left == 0 {
-                    break;
-                }
-            }
+            drain(&mut self.scratch, out, |o| z.flush(o))?;
         }
         self.busy += started.elapsed();
         Ok(())
@@ -296,20 +289,30 @@ impl Outflow {
         let (Some(z), Some(level)) = (self.z.as_mut(), self.next_level.take()) else {
             return Ok(false);
         };
-        loop {
-            let mut o = OutBuffer::around(&mut self.scratch[..]);
-            let left = z.finish(&mut o, true).map_err(compress_failed)?;
-            out.extend_from_slice(o.as_slice());
-            if left == 0 {
-                break;
-            }
-        }
+        drain(&mut self.scratch, out, |o| z.finish(o, true))?;
         z.set_parameter(CParameter::CompressionLevel(level))
             .map_err(compress_failed)?;
         z.set_parameter(CParameter::WindowLog(window_log(level)))
             .map_err(compress_failed)?;
         self.level = level;
         Ok(true)
+    }
+}
+
+/// Runs `step` (a flush or the end of a zstd frame) until the compressor holds nothing back,
+/// appending what it writes to `out`.
+fn drain(
+    scratch: &mut [u8],
+    out: &mut Vec<u8>,
+    mut step: impl FnMut(&mut OutBuffer<'_, [u8]>) -> std::io::Result<usize>,
+) -> Result<(), ProtoError> {
+    loop {
+        let mut o = OutBuffer::around(&mut scratch[..]);
+        let left = step(&mut o).map_err(compress_failed)?;
+        out.extend_from_slice(o.as_slice());
+        if left == 0 {
+            return Ok(());
+        }
     }
 }
 
