@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 
 use ferry_chunk::{ChunkReader, ChunkerSpec};
 use ferry_format::{ChunkRef, HashAlg, Id, Recipe};
-use ferry_proto::{Attr, DirEntry, FileKind, RecipePart, Reply, Request, TreeItem, WirePath};
+use ferry_proto::{
+    short_id, Attr, DirEntry, FileKind, OldIds, RecipePart, Reply, Request, TreeItem, WirePath,
+};
 use ferry_store::{ChunkStore, VerifiedChunk};
 
 use crate::conn::{ConnError, Connection};
@@ -828,17 +830,29 @@ fn fetch_files<R: io::Read, W: Write>(
             },
         )?));
     }
+    // Old chunks named by short ids where the server finds them so.
+    let short_olds = offers(conn, ferry_proto::FEATURE_SHORT_OLDS);
     let batches: Vec<_> = batches
         .into_iter()
         .map(|(b, _)| {
-            let files = b
-                .iter()
-                .map(|&i| {
-                    let olds = olds[i].order.iter().map(|c| c.id).collect();
-                    (jobs[i].remote.clone(), olds)
-                })
-                .collect();
-            Ok((conn.send(Request::GetFilesAgainst { files })?, b))
+            let path = |i: usize| jobs[i].remote.clone();
+            let order = |i: usize| olds[i].order.iter();
+            let request = if short_olds {
+                let files = b
+                    .iter()
+                    .map(|&i| (path(i), order(i).map(|c| short_id(&c.id)).collect()));
+                Request::GetFilesShort {
+                    files: files.collect(),
+                }
+            } else {
+                let files = b
+                    .iter()
+                    .map(|&i| (path(i), order(i).map(|c| c.id).collect()));
+                Request::GetFilesAgainst {
+                    files: files.collect(),
+                }
+            };
+            Ok((conn.send(request)?, b))
         })
         .collect::<Result<_, GetError>>()?;
     conn.flush()?;
@@ -1274,6 +1288,7 @@ fn fetch_against<R: io::Read, W: Write>(
     fetched: &mut std::collections::HashSet<Id>,
 ) -> Result<Vec<Id>, GetError> {
     let short = offers(conn, ferry_proto::FEATURE_SHORT_IDS);
+    let short_olds = offers(conn, ferry_proto::FEATURE_SHORT_OLDS);
     let mut sent = vec![];
     for (i, (a, missing)) in files.iter().enumerate() {
         let mut at = 0;
@@ -1285,20 +1300,24 @@ fn fetch_against<R: io::Read, W: Write>(
             let keys = (n == 0).then(|| a.keys.clone());
             let olds = a.olds_for(missing, at, group.len());
             at += group.len();
-            let old_ids = (!a.olds.is_empty()).then(|| olds.iter().map(|(c, _)| c.id).collect());
+            let named = !a.olds.is_empty();
+            let whole = || olds.iter().map(|(c, _)| c.id).collect();
             let id = conn.send(if short {
                 Request::GetChunksShort {
                     ids: group.iter().map(|c| ferry_proto::short_id(&c.id)).collect(),
                     key_bytes: a.key_bytes,
                     runs: a.runs,
                     keys,
-                    olds: old_ids,
+                    olds: named.then(|| match short_olds {
+                        true => OldIds::Short(olds.iter().map(|(c, _)| short_id(&c.id)).collect()),
+                        false => OldIds::Whole(whole()),
+                    }),
                 }
             } else {
                 Request::GetChunksAgainst {
                     ids: group.iter().map(|c| c.id).collect(),
                     keys,
-                    olds: old_ids,
+                    olds: named.then(whole),
                 }
             })?;
             sent.push((id, i, group, olds));

@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use ferry_chunk::ChunkerSpec;
 use ferry_format::{chunk_object, HashAlg, Id, Oid, Recipe};
 use ferry_proto::{
-    Attr, DirEntry, ErrorCode, FileKind, Frame, Hello, Message, RecipeDelta, RecipePage,
+    Attr, DirEntry, ErrorCode, FileKind, Frame, Hello, Message, OldIds, RecipeDelta, RecipePage,
     RecipePart, Reply, Request, WirePath, FEATURES, FLAG_MORE, VERSION,
 };
 
@@ -98,8 +98,9 @@ pub struct Server {
     piece_keys: crate::delta::Keys,
     /// The level of large frames against old data.
     frame_level: crate::delta::FrameLevel,
-    /// The old chunks the client last named (GetChunksAgainst), kept likewise.
-    olds: Vec<Id>,
+    /// The old chunks the client last named (GetChunksAgainst), kept likewise; `None` for a
+    /// short id the history knows no chunk by.
+    olds: Vec<Option<Id>>,
     /// Every chunk this server has cut, kept (bounded) as what clients may hold old versions
     /// of: the whole old version becomes the prefix of a delta.
     history: Option<Staging>,
@@ -335,7 +336,8 @@ impl Server {
                 self.greeted = true;
                 self.features = h.features & FEATURES & self.opts.features;
                 if self.history.is_none() {
-                    self.features &= !ferry_proto::FEATURE_HISTORY;
+                    self.features &=
+                        !(ferry_proto::FEATURE_HISTORY | ferry_proto::FEATURE_SHORT_OLDS);
                 }
                 let agent = format!("ferry {}", env!("CARGO_PKG_VERSION"));
                 vec![Message::Hello(Hello {
@@ -495,6 +497,7 @@ impl Server {
                     let cut = crate::delta::Cut::FastCdc;
                     crate::delta::Keys::new(k, ferry_proto::PIECE_KEY_BYTES, false, cut)
                 };
+                let olds = olds.map(|o| o.into_iter().map(Some).collect());
                 match self.chunks_against(&asked, keys.map(fixed_keys), olds) {
                     Ok(Against::Plain(found)) => one(Reply::Chunks(
                         found.into_iter().map(|(i, d)| (ids[i], d)).collect(),
@@ -530,6 +533,10 @@ impl Server {
                     ));
                 }
                 let short_keys = |k| crate::delta::Keys::new(k, key_bytes as usize, runs, cut);
+                let olds = olds.map(|o| match o {
+                    OldIds::Whole(ids) => ids.into_iter().map(Some).collect(),
+                    OldIds::Short(ids) => self.find_olds(&ids),
+                });
                 one(
                     match self.chunks_against(&asked, keys.map(short_keys), olds) {
                         Ok(Against::Plain(found)) => Reply::ChunksShort {
@@ -644,10 +651,21 @@ impl Server {
                 Ok(data) => Reply::Data(data),
                 Err(e) => io_error(&path, &e),
             }),
-            Request::GetFilesAgainst { files } => match self.files_against(files) {
-                Ok(r) => one(r),
-                Err(e) => one(error(ErrorCode::Io, format!("compressing: {e}"))),
-            },
+            Request::GetFilesShort { files } => {
+                let files = files
+                    .into_iter()
+                    .map(|(path, olds)| (path, self.find_olds(&olds)))
+                    .collect();
+                one(self.files_against(files))
+            }
+            Request::GetFilesAgainst { files } => {
+                let whole = |olds: Vec<Id>| olds.into_iter().map(Some).collect();
+                let files = files
+                    .into_iter()
+                    .map(|(p, olds)| (p, whole(olds)))
+                    .collect();
+                one(self.files_against(files))
+            }
             Request::ReadLink { path } => match self.export.read_link(&path) {
                 Ok(target) => one(Reply::Link(target)),
                 Err(e) => one(io_error(&path, &e)),
@@ -911,7 +929,12 @@ impl Server {
     /// Files whole (GetFilesAgainst), compressed together against the old chunks the
     /// history holds; each file is cut (and kept in the history) so its id goes along. A file
     /// that cannot be read, or would pass the reply's bound, is left out (`None`).
-    fn files_against(&mut self, files: Vec<(WirePath, Vec<Id>)>) -> io::Result<Reply> {
+    fn files_against(&mut self, files: Vec<(WirePath, Vec<Option<Id>>)>) -> Reply {
+        self.files_frame(files)
+            .unwrap_or_else(|e| error(ErrorCode::Io, format!("compressing: {e}")))
+    }
+
+    fn files_frame(&mut self, files: Vec<(WirePath, Vec<Option<Id>>)>) -> io::Result<Reply> {
         let mut sent = Vec::with_capacity(files.len());
         let mut data = vec![];
         let history = self.history.clone();
@@ -928,7 +951,7 @@ impl Server {
             sent.push(Some((bytes.len() as u64, oid.id())));
             data.extend_from_slice(&bytes);
         }
-        let olds: Vec<Id> = files.into_iter().flat_map(|(_, olds)| olds).collect();
+        let olds: Vec<Option<Id>> = files.into_iter().flat_map(|(_, olds)| olds).collect();
         let (used, prefix, _) = self.olds_in_history(&olds);
         let frame = self.frame_level.timed(data.len(), |level| {
             crate::delta::encode(&data, &prefix, level)
@@ -947,7 +970,7 @@ impl Server {
         &mut self,
         asked: &[Option<Id>],
         keys: Option<crate::delta::Keys>,
-        olds: Option<Vec<Id>>,
+        olds: Option<Vec<Option<Id>>>,
     ) -> io::Result<Against> {
         let mut found = vec![];
         let mut bytes = 0;
@@ -1020,7 +1043,7 @@ impl Server {
     /// The old chunks `olds` that the history holds (each once, at most
     /// [`crate::delta::MAX_PREFIX`] bytes in all): their indices, their bytes concatenated,
     /// and whether that is every one of them.
-    fn olds_in_history(&self, olds: &[Id]) -> (Vec<u32>, Vec<u8>, bool) {
+    fn olds_in_history(&self, olds: &[Option<Id>]) -> (Vec<u32>, Vec<u8>, bool) {
         let (mut used, mut prefix) = (vec![], vec![]);
         let Some(h) = &self.history else {
             return (used, prefix, false);
@@ -1028,6 +1051,10 @@ impl Server {
         let mut every = !olds.is_empty();
         let mut seen = std::collections::HashSet::new();
         for (i, old) in olds.iter().enumerate() {
+            let Some(old) = old else {
+                every = false;
+                continue;
+            };
             if !seen.insert(*old) {
                 continue;
             }
@@ -1040,6 +1067,15 @@ impl Server {
             }
         }
         (used, prefix, every)
+    }
+
+    /// The chunks of the history that short ids name (FEATURE_SHORT_OLDS), by place.
+    fn find_olds(&self, short: &[u64]) -> Vec<Option<Id>> {
+        let find = |p: u64| {
+            let h = self.history.as_ref()?;
+            h.find_prefix(p).ok().flatten()
+        };
+        short.iter().map(|&p| find(p)).collect()
     }
 
     /// A small file's bytes, whole (ReadFile): at most [`ferry_proto::MAX_READ_FILE`].

@@ -12,13 +12,15 @@ pub const MAGIC: &[u8; 5] = b"FERRY";
 pub const VERSION: u16 = 1;
 /// Feature bits this build understands: [`FEATURE_ZSTD_STREAM`](crate::FEATURE_ZSTD_STREAM),
 /// [`FEATURE_TREE_DIGEST`](crate::FEATURE_TREE_DIGEST), [`FEATURE_READ_FILE`],
-/// [`FEATURE_HISTORY`], [`FEATURE_SHORT_IDS`] and [`FEATURE_PIECES_2`].
+/// [`FEATURE_HISTORY`], [`FEATURE_SHORT_IDS`], [`FEATURE_PIECES_2`] and
+/// [`FEATURE_SHORT_OLDS`].
 pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | crate::FEATURE_TREE_DIGEST
     | FEATURE_READ_FILE
     | FEATURE_HISTORY
     | FEATURE_SHORT_IDS
-    | FEATURE_PIECES_2;
+    | FEATURE_PIECES_2
+    | FEATURE_SHORT_OLDS;
 /// Hello feature bit: the server answers ReadFile.
 pub const FEATURE_READ_FILE: u64 = 4;
 /// The server keeps a history of the data it has served (chunks by id): a client names the
@@ -33,6 +35,11 @@ pub const FEATURE_SHORT_IDS: u64 = 16;
 /// 2 KiB) instead of FastCDC, and keys that may count only in runs (`runs`: a key matches only
 /// where a piece next to it matches the key next to it too, so keys can be shorter).
 pub const FEATURE_PIECES_2: u64 = 32;
+/// Old chunks named by the first 8 bytes of their digest, like new ones (with
+/// [`FEATURE_HISTORY`]): in GetChunksShort ([`OldIds::Short`]) and GetFilesShort. The server
+/// finds them in its history by that prefix; the client verifies every chunk the frame gives
+/// it, so a prefix that led to the wrong old chunk costs a plain fetch, never wrong data.
+pub const FEATURE_SHORT_OLDS: u64 = 64;
 /// A chunk's short id in GetChunksShort: the first 8 bytes of its digest, little-endian.
 pub fn short_id(id: &Id) -> u64 {
     u64::from_le_bytes(id.digest()[..8].try_into().expect("8 bytes"))
@@ -44,6 +51,8 @@ pub const SHORT_KEY_BYTES: std::ops::RangeInclusive<u8> = 4..=8;
 pub const RUN_KEY_BYTES: std::ops::RangeInclusive<u8> = 3..=8;
 /// Bit of GetChunksShort's key length byte that says the keys count only in runs.
 const RUNS_BIT: u8 = 0x80;
+/// Bit of GetChunksShort's key length byte that says `olds` are short ids.
+const SHORT_OLDS_BIT: u8 = 0x40;
 /// Largest file ReadFile returns whole.
 pub const MAX_READ_FILE: usize = 64 << 10;
 /// Bytes of a piece key on the wire (GetChunksAgainst): keys are 40-bit numbers.
@@ -303,7 +312,7 @@ pub enum Request {
         key_bytes: u8,
         runs: bool,
         keys: Option<Vec<u64>>,
-        olds: Option<Vec<Id>>,
+        olds: Option<OldIds>,
     },
     /// CONDWRITE: which of these can the server use (answered only from data this client may read)?
     Have {
@@ -367,6 +376,19 @@ pub enum Request {
     GetFilesAgainst {
         files: Vec<(WirePath, Vec<Id>)>,
     },
+    /// GetFilesAgainst with the old chunks named by the first 8 bytes of their digest (with
+    /// [`FEATURE_SHORT_OLDS`]).
+    GetFilesShort {
+        files: Vec<(WirePath, Vec<u64>)>,
+    },
+}
+
+/// Old chunks a client names in GetChunksShort: by whole id, or (with [`FEATURE_SHORT_OLDS`])
+/// by the first 8 bytes of the digest, little-endian, as [`short_id`] gives them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OldIds {
+    Whole(Vec<Id>),
+    Short(Vec<u64>),
 }
 
 /// Replies, from the server.
@@ -461,6 +483,7 @@ mod code {
     pub const READ_DIR_AGAINST: u8 = 0x21;
     pub const GET_FILES_AGAINST: u8 = 0x22;
     pub const GET_CHUNKS_SHORT: u8 = 0x23;
+    pub const GET_FILES_SHORT: u8 = 0x24;
     pub const R_ATTR: u8 = 0x40;
     pub const R_DIR_ENTRIES: u8 = 0x41;
     pub const R_RECIPE: u8 = 0x42;
@@ -559,6 +582,19 @@ fn put_ids(w: &mut Writer, ids: &[Id]) {
 fn get_ids(r: &mut Reader<'_>) -> Result<Vec<Id>, ProtoError> {
     let n = r.count(ferry_format::TAGGED_ID_BYTES)?;
     (0..n).map(|_| r.id()).collect()
+}
+
+/// count varint · short id (u64le) × count.
+fn put_short_ids(w: &mut Writer, ids: &[u64]) {
+    w.varint(ids.len() as u64);
+    for id in ids {
+        w.u64(*id);
+    }
+}
+
+fn get_short_ids(r: &mut Reader<'_>) -> Result<Vec<u64>, ProtoError> {
+    let n = r.count(8)?;
+    (0..n).map(|_| r.u64()).collect()
 }
 
 /// count varint · key × count, each key its first `bytes` bytes, little-endian.
@@ -741,14 +777,17 @@ impl Message {
                     keys,
                     olds,
                 } => {
-                    w.varint(ids.len() as u64);
-                    for id in ids {
-                        w.u64(*id);
-                    }
-                    w.u8(*key_bytes | if *runs { RUNS_BIT } else { 0 });
+                    put_short_ids(&mut w, ids);
+                    let short = matches!(olds, Some(OldIds::Short(_)));
+                    w.u8(*key_bytes
+                        | if *runs { RUNS_BIT } else { 0 }
+                        | if short { SHORT_OLDS_BIT } else { 0 });
                     let n = (*key_bytes as usize).min(8);
                     put_opt(&mut w, keys.as_ref(), |w, k| put_keys(w, k, n));
-                    put_opt(&mut w, olds.as_ref(), |w, olds| put_ids(w, olds));
+                    put_opt(&mut w, olds.as_ref(), |w, olds| match olds {
+                        OldIds::Whole(ids) => put_ids(w, ids),
+                        OldIds::Short(ids) => put_short_ids(w, ids),
+                    });
                     code::GET_CHUNKS_SHORT
                 }
                 Request::Have { ids } => {
@@ -831,6 +870,14 @@ impl Message {
                         put_ids(&mut w, olds);
                     }
                     code::GET_FILES_AGAINST
+                }
+                Request::GetFilesShort { files } => {
+                    w.varint(files.len() as u64);
+                    for (path, olds) in files {
+                        put_path(&mut w, path);
+                        put_short_ids(&mut w, olds);
+                    }
+                    code::GET_FILES_SHORT
                 }
             },
             Message::Reply(r) => match r {
@@ -996,10 +1043,10 @@ impl Message {
                 Message::Request(Request::GetChunksAgainst { ids, keys, olds })
             }
             code::GET_CHUNKS_SHORT => {
-                let n = r.count(8)?;
-                let ids = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
+                let ids = get_short_ids(&mut r)?;
                 let b = r.u8()?;
-                let (key_bytes, runs) = (b & !RUNS_BIT, b & RUNS_BIT != 0);
+                let (runs, short) = (b & RUNS_BIT != 0, b & SHORT_OLDS_BIT != 0);
+                let key_bytes = b & !(RUNS_BIT | SHORT_OLDS_BIT);
                 let lengths = if runs { RUN_KEY_BYTES } else { SHORT_KEY_BYTES };
                 if !lengths.contains(&key_bytes) {
                     return Err(ProtoError::Invalid {
@@ -1008,7 +1055,13 @@ impl Message {
                     });
                 }
                 let keys = get_opt(&mut r, |r| get_keys(r, key_bytes as usize))?;
-                let olds = get_opt(&mut r, get_ids)?;
+                let olds = get_opt(&mut r, |r| {
+                    Ok(if short {
+                        OldIds::Short(get_short_ids(r)?)
+                    } else {
+                        OldIds::Whole(get_ids(r)?)
+                    })
+                })?;
                 Message::Request(Request::GetChunksShort {
                     ids,
                     key_bytes,
@@ -1082,6 +1135,13 @@ impl Message {
                     .map(|_| Ok((get_path(&mut r)?, get_ids(&mut r)?)))
                     .collect::<Result<_, ProtoError>>()?;
                 Message::Request(Request::GetFilesAgainst { files })
+            }
+            code::GET_FILES_SHORT => {
+                let n = r.count(2)?;
+                let files = (0..n)
+                    .map(|_| Ok((get_path(&mut r)?, get_short_ids(&mut r)?)))
+                    .collect::<Result<_, ProtoError>>()?;
+                Message::Request(Request::GetFilesShort { files })
             }
             code::R_FILES_AGAINST => {
                 let n = r.count(1)?;
@@ -1350,7 +1410,17 @@ mod tests {
                 key_bytes: 4,
                 runs: false,
                 keys: Some(vec![0, (1 << 32) - 1]),
-                olds: Some(vec![id(3)]),
+                olds: Some(OldIds::Whole(vec![id(3)])),
+            }),
+            Message::Request(Request::GetChunksShort {
+                ids: vec![0],
+                key_bytes: 3,
+                runs: true,
+                keys: None,
+                olds: Some(OldIds::Short(vec![5, u64::MAX])),
+            }),
+            Message::Request(Request::GetFilesShort {
+                files: vec![("f".into(), vec![1, 2]), ("g".into(), vec![])],
             }),
             Message::Request(Request::GetChunksShort {
                 ids: vec![7],
@@ -1555,6 +1625,29 @@ mod tests {
         let mut d = FrameDecoder::new();
         d.feed(&bad);
         assert!(Message::decode(&d.next_frame().unwrap().unwrap()).is_err());
+        // Short olds: bit 6 of the key length byte.
+        let b = Message::Request(Request::GetChunksShort {
+            ids: vec![],
+            key_bytes: 4,
+            runs: false,
+            keys: None,
+            olds: Some(OldIds::Short(vec![0x0807_0605_0403_0201])),
+        })
+        .encode(3, false)
+        .unwrap();
+        assert_eq!(
+            b,
+            [19, 0, 0, 0, 0x23, 0, 3, 0, 0, 0, 0, 0x44, 0, 1, 1, 1, 2, 3, 4, 5, 6, 7, 8]
+        );
+        let b = Message::Request(Request::GetFilesShort {
+            files: vec![("f".into(), vec![0x0807_0605_0403_0201])],
+        })
+        .encode(5, false)
+        .unwrap();
+        assert_eq!(
+            b,
+            [18, 0, 0, 0, 0x24, 0, 5, 0, 0, 0, 1, 1, b'f', 1, 1, 2, 3, 4, 5, 6, 7, 8]
+        );
         let b = Message::Reply(Reply::ChunksShort {
             found: vec![0, 2],
             zstd: true,
@@ -1646,7 +1739,7 @@ mod tests {
     #[test]
     fn hostile_counts_do_not_allocate() {
         for t in [
-            0x13u8, 0x14, 0x15, 0x1e, 0x1f, 0x41, 0x42, 0x43, 0x44, 0x48, 0x49,
+            0x13u8, 0x14, 0x15, 0x1e, 0x1f, 0x22, 0x23, 0x24, 0x41, 0x42, 0x43, 0x44, 0x48, 0x49,
         ] {
             let mut w = Writer::default();
             if t == 0x42 {

@@ -130,6 +130,15 @@ pub trait ChunkStore: Send + Sync {
     /// The chunk's bytes, verified against `id`; `None` if absent.
     fn get(&self, id: &Id) -> Result<Option<Vec<u8>>, StoreError>;
 
+    /// The id of a chunk the store holds whose digest begins with the 8 bytes `prefix`
+    /// (little-endian, as a protocol's short id), if any: any one of them when several do. A
+    /// hint like [`contains`](Self::contains); the chunk itself comes from [`get`](Self::get),
+    /// verified. Stores that cannot look up by prefix answer `None`.
+    fn find_prefix(&self, prefix: u64) -> Result<Option<Id>, StoreError> {
+        let _ = prefix;
+        Ok(None)
+    }
+
     /// Stores a chunk; returns whether it was new. May be called any number of times with the
     /// same chunk.
     fn put(&self, chunk: &VerifiedChunk<'_>) -> Result<bool, StoreError>;

@@ -67,6 +67,14 @@ impl ChunkStore for MemStore {
         })
     }
 
+    fn find_prefix(&self, prefix: u64) -> Result<Option<Id>, StoreError> {
+        let g = self.inner.lock().unwrap();
+        Ok(g.chunks
+            .keys()
+            .find(|id| id.digest()[..8] == prefix.to_le_bytes())
+            .copied())
+    }
+
     fn put(&self, chunk: &VerifiedChunk<'_>) -> Result<bool, StoreError> {
         if chunk.id().alg() != self.alg {
             return Err(StoreError::WrongHashAlg {

@@ -1355,7 +1355,7 @@ fn a_listing_delta_that_does_not_add_up_is_not_trusted() {
 /// it: no recipes, no chunk ids. A server whose history lost them still sends them right.
 #[test]
 fn small_files_come_together_against_their_old_versions() {
-    let run = |same_history: bool| {
+    let run = |same_history: bool, features: u64| {
         let t = tempfile::tempdir().unwrap();
         let srv = t.path().join("srv");
         fs::create_dir(&srv).unwrap();
@@ -1381,15 +1381,24 @@ fn small_files_come_together_against_their_old_versions() {
             fs::write(srv.join(format!("f{i}")), d).unwrap();
         }
         let h = if same_history { first } else { history() };
-        let mut c = connect_with(&srv, Some(h));
+        let mut c = connect_offering(&srv, Some(h), features);
         let s = get(&mut c, "", &dest, &cache).unwrap();
         same_tree(&srv, &dest);
         (c.traffic(), s)
     };
-    let (tr, s) = run(true);
+    let all = ferry_proto::FEATURES;
+    let (tr, s) = run(true, all);
     // 20 one-byte edits; the files are random, so without their old versions 200 KB.
     assert!(tr.bytes_received < 3_000, "{tr:?} {s:?}");
     assert_eq!(s.against_old, s.from_server, "{s:?}");
-    let (tr, s) = run(false);
+    // Named by whole ids, by a server that cannot find them by short ones: the same files,
+    // 25 bytes more up for each of the old chunks.
+    let (whole, s) = run(true, all & !ferry_proto::FEATURE_SHORT_OLDS);
+    assert_eq!(s.against_old, s.from_server, "{s:?}");
+    assert!(
+        tr.bytes_sent + 20 * 25 < whole.bytes_sent,
+        "{tr:?} {whole:?}"
+    );
+    let (tr, s) = run(false, all);
     assert!(tr.bytes_received > 150_000, "{tr:?} {s:?}");
 }

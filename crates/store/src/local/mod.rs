@@ -399,23 +399,24 @@ impl LocalStore {
         if let Some(l) = self.state.lock().unwrap().pending.get(id) {
             return Ok(Some(*l));
         }
-        let p = &self.index_path;
-        let table = {
-            let mut cached = self.chunk_table.lock().unwrap();
-            match &*cached {
-                Some(t) => t.clone(),
-                None => {
-                    let tx = self.db.begin_read().map_err(db_err(p))?;
-                    let t = Arc::new(tx.open_table(CHUNKS).map_err(db_err(p))?);
-                    *cached = Some(t.clone());
-                    t
-                }
-            }
-        };
-        Ok(table
+        Ok(self
+            .chunk_table()?
             .get(&ckey(id))
-            .map_err(db_err(p))?
+            .map_err(db_err(&self.index_path))?
             .map(|v| Loc::decode(v.value())))
+    }
+
+    /// The chunk table as of the last commit, opened once per commit.
+    fn chunk_table(&self) -> Result<Arc<ChunkTable>, StoreError> {
+        let mut cached = self.chunk_table.lock().unwrap();
+        if let Some(t) = &*cached {
+            return Ok(t.clone());
+        }
+        let p = &self.index_path;
+        let tx = self.db.begin_read().map_err(db_err(p))?;
+        let t = Arc::new(tx.open_table(CHUNKS).map_err(db_err(p))?);
+        *cached = Some(t.clone());
+        Ok(t)
     }
 
     /// Where a record is, for messages: `PACK-PATH offset N`.
@@ -723,6 +724,34 @@ impl ChunkStore for LocalStore {
                 })
             }
         }
+    }
+
+    fn find_prefix(&self, prefix: u64) -> Result<Option<Id>, StoreError> {
+        let prefix = prefix.to_le_bytes();
+        let (mut lo, mut hi) = ([0u8; 16], [0xffu8; 16]);
+        lo[..8].copy_from_slice(&prefix);
+        hi[..8].copy_from_slice(&prefix);
+        let table = self.chunk_table()?;
+        let first = table
+            .range::<&[u8; 16]>(&lo..=&hi)
+            .map_err(db_err(&self.index_path))?
+            .next()
+            .transpose()
+            .map_err(db_err(&self.index_path))?
+            .map(|(k, v)| (*k.value(), Loc::decode(v.value())));
+        if let Some((key, loc)) = first {
+            // The index holds 16 bytes of the digest; the record holds the whole id.
+            if let Ok((id, data)) = self.read_record(&key, loc) {
+                self.cache.lock().unwrap().insert(id, data);
+                return Ok(Some(id));
+            }
+        }
+        let st = self.state.lock().unwrap();
+        Ok(st
+            .pending
+            .keys()
+            .find(|id| id.digest()[..8] == prefix)
+            .copied())
     }
 
     fn put(&self, chunk: &VerifiedChunk<'_>) -> Result<bool, StoreError> {

@@ -46,6 +46,19 @@ fn suite(store: &dyn ChunkStore) {
     assert_eq!(store.get(c.id()).unwrap().unwrap(), b"one chunk");
     let absent = Id::hash(alg, b"never stored");
     assert!(!store.contains(&absent).unwrap());
+    // By the first 8 bytes of the digest: put and not flushed, flushed, absent.
+    let short = |id: &Id| u64::from_le_bytes(id.digest()[..8].try_into().unwrap());
+    let unflushed = VerifiedChunk::hash(alg, b"not flushed yet");
+    store.put(&unflushed).unwrap();
+    assert_eq!(
+        store.find_prefix(short(unflushed.id())).unwrap(),
+        Some(*unflushed.id())
+    );
+    store.flush().unwrap();
+    for id in [c.id(), unflushed.id()] {
+        assert_eq!(store.find_prefix(short(id)).unwrap(), Some(*id));
+    }
+    assert_eq!(store.find_prefix(short(&absent)).unwrap(), None);
     assert!(store.get(&absent).unwrap().is_none());
     assert!(read_object(store, &Oid(absent), std::io::sink())
         .unwrap()
