@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use ferry_chunk::{ChunkReader, ChunkerSpec};
 use ferry_format::{ChunkRef, HashAlg, Id, Recipe};
 use ferry_proto::{
-    short_id, Attr, DirEntry, FileKind, OldIds, RecipePart, Reply, Request, TreeItem, WirePath,
+    short_id, Attr, Context, DirEntry, FileKind, OldIds, RecipePart, Reply, Request, TreeItem,
+    WirePath,
 };
 use ferry_store::{ChunkStore, VerifiedChunk};
 
@@ -785,6 +786,7 @@ fn fetch_files<R: io::Read, W: Write>(
     let read_file = offers(conn, ferry_proto::FEATURE_READ_FILE) && src.cold;
     let history = offers(conn, ferry_proto::FEATURE_HISTORY);
     let keys = KeyKind::of(conn);
+    let context = keys != KeyKind::Fixed && offers(conn, ferry_proto::FEATURE_CONTEXT);
     // Files that come whole against their old versions, in batches: (job indices, new bytes).
     let mut batches: Vec<(Vec<usize>, u64)> = vec![];
     for (i, j) in jobs.iter().enumerate() {
@@ -920,7 +922,21 @@ fn fetch_files<R: io::Read, W: Write>(
             }
         }
         let history = history.then_some(src.cache);
-        match AgainstOld::new(&j.local, &old, &recipe, &file_missing, history, keys) {
+        // The chunks of the new version held here (and so not missing), for a context.
+        let context = context.then_some(Context {
+            path: j.remote.clone(),
+            ranges: vec![],
+        });
+        match AgainstOld::new(
+            &j.local,
+            &old,
+            &recipe,
+            &file_missing,
+            history,
+            keys,
+            context,
+            src,
+        ) {
             Some(a) => against.push((a, file_missing)),
             None => missing.extend(file_missing.iter().map(|c| c.id)),
         }
@@ -1114,11 +1130,24 @@ struct AgainstOld {
     runs: bool,
     /// The old chunks the new recipe dropped, in file order, with their offsets.
     olds: Vec<(ChunkRef, u64)>,
+    /// The file's path on the server, when it takes a context (FEATURE_CONTEXT).
+    remote: Option<WirePath>,
+    /// The chunks of the new version held here: (offset in the new version, chunk, offset in
+    /// the old file or `None` for one in the cache).
+    held: Vec<Held>,
+    /// Where each missing chunk first comes in the new version.
+    missing_at: HashMap<Id, u64>,
 }
 
+/// A chunk of the new version held here: its offset there, itself, and its offset in the old
+/// file (`None`: in the cache).
+type Held = (u64, ChunkRef, Option<u64>);
+
 impl AgainstOld {
-    /// `None` when there is nothing old to compress against, or when naming the pieces in
-    /// every request would cost more than it could save.
+    /// `None` when there is nothing old to compress against: no pieces or old chunks worth
+    /// naming (naming them costs more than they could save), and no context (`context`, the
+    /// file's path on a server that takes one: the parts of the new version held here).
+    #[allow(clippy::too_many_arguments)]
     fn new(
         path: &Path,
         old: &LocalIndex,
@@ -1126,6 +1155,8 @@ impl AgainstOld {
         missing: &[ChunkRef],
         history: Option<&dyn ChunkStore>,
         kind: KeyKind,
+        context: Option<Context>,
+        src: &Sources<'_>,
     ) -> Option<Self> {
         use std::os::unix::fs::FileExt;
         if missing.is_empty() || old.order.is_empty() {
@@ -1141,7 +1172,24 @@ impl AgainstOld {
             key_bytes: ferry_proto::PIECE_KEY_BYTES as u8,
             runs: false,
             olds: vec![],
+            remote: context.map(|c| c.path),
+            held: vec![],
+            missing_at: HashMap::new(),
         };
+        if a.remote.is_some() {
+            let missing: std::collections::HashSet<Id> = missing.iter().map(|c| c.id).collect();
+            let mut at = 0;
+            for c in recipe.chunks() {
+                if missing.contains(&c.id) {
+                    a.missing_at.entry(c.id).or_insert(at);
+                } else if let Some(&(off, _)) = old.at.get(&c.id) {
+                    a.held.push((at, *c, Some(off)));
+                } else if src.cache.contains(&c.id).unwrap_or(false) {
+                    a.held.push((at, *c, None));
+                }
+                at += c.len as u64;
+            }
+        }
         // Old chunks this client fetched (they are in its cache) are in the server's history
         // unless it was trimmed since: those are named by id. The rest are cut into pieces,
         // each run of adjacent ones on its own, as the server cuts each run of new ones.
@@ -1190,7 +1238,60 @@ impl AgainstOld {
         // Keys cost their bytes and old ids 33 bytes a chunk, once: worth it unless the old
         // data dwarfs the new.
         let cost = a.keys.len() as u64 * a.key_bytes as u64 + a.olds.len() as u64 * 33;
-        (!(a.keys.is_empty() && a.olds.is_empty()) && cost <= bytes / 16).then_some(a)
+        let worth = !(a.keys.is_empty() && a.olds.is_empty()) && cost <= bytes / 16;
+        if !worth {
+            (a.keys, a.pieces, a.olds) = (vec![], vec![], vec![]);
+        }
+        (worth || !a.held.is_empty()).then_some(a)
+    }
+
+    /// The held chunks to name as the context of the request for `group`: the nearest to it
+    /// in the new version, up to 16 times its bytes and [`ferry_proto::MAX_CONTEXT`] in all,
+    /// in file order.
+    fn context_for(&self, group: &[ChunkRef]) -> Vec<Held> {
+        let spans = group.iter().filter_map(|c| {
+            let at = *self.missing_at.get(&c.id)?;
+            Some((at, at + c.len as u64))
+        });
+        let (start, end) = spans.fold((u64::MAX, 0), |(s, e), (a, b)| (s.min(a), e.max(b)));
+        let bytes: u64 = group.iter().map(|c| c.len as u64).sum();
+        let budget = (bytes * 16).min(ferry_proto::MAX_CONTEXT);
+        let distance = |&(at, c, _): &Held| {
+            if at + c.len as u64 <= start {
+                start - at - c.len as u64
+            } else {
+                at.saturating_sub(end)
+            }
+        };
+        let mut near = self.held.clone();
+        near.sort_by_key(distance);
+        let mut total = 0;
+        near.retain(|(_, c, _)| {
+            total += c.len as u64;
+            total <= budget
+        });
+        near.sort_by_key(|h| h.0);
+        near
+    }
+
+    /// The bytes of the held chunks `held`, concatenated, from the old file or the cache.
+    fn held_bytes(&self, held: &[Held], cache: &dyn ChunkStore) -> io::Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let mut out = vec![];
+        for (_, c, old) in held {
+            match old {
+                Some(off) => {
+                    let at = out.len();
+                    out.resize(at + c.len as usize, 0);
+                    self.file.read_exact_at(&mut out[at..], *off)?;
+                }
+                None => match cache.get(&c.id) {
+                    Ok(Some(d)) => out.extend_from_slice(&d),
+                    _ => return Err(io::Error::other(format!("chunk {} left the cache", c.id))),
+                },
+            }
+        }
+        Ok(out)
     }
 
     /// The old chunks to name with the request for `group` (the missing chunks from index
@@ -1289,6 +1390,7 @@ fn fetch_against<R: io::Read, W: Write>(
 ) -> Result<Vec<Id>, GetError> {
     let short = offers(conn, ferry_proto::FEATURE_SHORT_IDS);
     let short_olds = offers(conn, ferry_proto::FEATURE_SHORT_OLDS);
+    let history = offers(conn, ferry_proto::FEATURE_HISTORY);
     let mut sent = vec![];
     for (i, (a, missing)) in files.iter().enumerate() {
         let mut at = 0;
@@ -1300,8 +1402,26 @@ fn fetch_against<R: io::Read, W: Write>(
             let keys = (n == 0).then(|| a.keys.clone());
             let olds = a.olds_for(missing, at, group.len());
             at += group.len();
-            let named = !a.olds.is_empty();
+            // Named even when empty: a list left out is the previous request's.
+            let named = history;
             let whole = || olds.iter().map(|(c, _)| c.id).collect();
+            let held = match &a.remote {
+                Some(_) => a.context_for(group),
+                None => vec![],
+            };
+            let context = a.remote.as_ref().filter(|_| !held.is_empty()).map(|path| {
+                let mut ranges: Vec<(u64, u64)> = vec![];
+                for (at, c, _) in &held {
+                    match ranges.last_mut() {
+                        Some(r) if r.0 + r.1 == *at => r.1 += c.len as u64,
+                        _ => ranges.push((*at, c.len as u64)),
+                    }
+                }
+                Context {
+                    path: path.clone(),
+                    ranges,
+                }
+            });
             let id = conn.send(if short {
                 Request::GetChunksShort {
                     ids: group.iter().map(|c| ferry_proto::short_id(&c.id)).collect(),
@@ -1312,6 +1432,7 @@ fn fetch_against<R: io::Read, W: Write>(
                         true => OldIds::Short(olds.iter().map(|(c, _)| short_id(&c.id)).collect()),
                         false => OldIds::Whole(whole()),
                     }),
+                    context,
                 }
             } else {
                 Request::GetChunksAgainst {
@@ -1320,12 +1441,12 @@ fn fetch_against<R: io::Read, W: Write>(
                     olds: named.then(whole),
                 }
             })?;
-            sent.push((id, i, group, olds));
+            sent.push((id, i, group, olds, held));
         }
     }
     conn.flush()?;
     let mut plain = vec![];
-    for (id, i, asked, sent_olds) in sent {
+    for (id, i, asked, sent_olds, held) in sent {
         let a = &files[i].0;
         let mut stored = std::collections::HashSet::new();
         let mut store = |cid: Id, bytes: &[u8], against: bool| -> Result<(), GetError> {
@@ -1369,11 +1490,12 @@ fn fetch_against<R: io::Read, W: Write>(
                             .ok_or(GetError::BadData(*cid))
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                (places, Some((olds, refs)), data)
+                (places, Some((olds, refs, false)), data)
             }
             Some(Reply::ChunksShort {
                 found,
                 zstd,
+                context,
                 olds,
                 refs,
                 data,
@@ -1384,7 +1506,7 @@ fn fetch_against<R: io::Read, W: Write>(
                     return Err(GetError::BadData(asked[0].id));
                 }
                 let places = found.into_iter().map(|i| i as usize).collect();
-                (places, zstd.then_some((olds, refs)), data)
+                (places, zstd.then_some((olds, refs, context)), data)
             }
             other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
         };
@@ -1398,9 +1520,16 @@ fn fetch_against<R: io::Read, W: Write>(
             let total = places.iter().map(|&p| asked[p].len as usize).sum();
             let against = frame.is_some();
             let bytes = match frame {
-                Some((olds, refs)) => a
-                    .prefix(sent_olds, &olds, &refs)
-                    .and_then(|prefix| crate::delta::decode(&data, &prefix, total)),
+                Some((olds, refs, context)) => {
+                    let head = match context {
+                        true => a.held_bytes(&held, src.cache),
+                        false => Ok(vec![]),
+                    };
+                    head.and_then(|mut prefix| {
+                        prefix.extend(a.prefix(sent_olds, &olds, &refs)?);
+                        crate::delta::decode(&data, &prefix, total)
+                    })
+                }
                 None if data.len() == total => Ok(data),
                 None => Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -2193,6 +2322,9 @@ mod tests {
             key_bytes: 5,
             runs: false,
             olds: vec![],
+            remote: None,
+            held: vec![],
+            missing_at: HashMap::new(),
         };
         assert_eq!(a.prefix(&[], &[], &[0, 0]).unwrap().len(), 16384);
         // A million references to one 8 KiB piece would be 8 GiB: refused instead.

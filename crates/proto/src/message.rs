@@ -12,15 +12,16 @@ pub const MAGIC: &[u8; 5] = b"FERRY";
 pub const VERSION: u16 = 1;
 /// Feature bits this build understands: [`FEATURE_ZSTD_STREAM`](crate::FEATURE_ZSTD_STREAM),
 /// [`FEATURE_TREE_DIGEST`](crate::FEATURE_TREE_DIGEST), [`FEATURE_READ_FILE`],
-/// [`FEATURE_HISTORY`], [`FEATURE_SHORT_IDS`], [`FEATURE_PIECES_2`] and
-/// [`FEATURE_SHORT_OLDS`].
+/// [`FEATURE_HISTORY`], [`FEATURE_SHORT_IDS`], [`FEATURE_PIECES_2`], [`FEATURE_SHORT_OLDS`]
+/// and [`FEATURE_CONTEXT`].
 pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | crate::FEATURE_TREE_DIGEST
     | FEATURE_READ_FILE
     | FEATURE_HISTORY
     | FEATURE_SHORT_IDS
     | FEATURE_PIECES_2
-    | FEATURE_SHORT_OLDS;
+    | FEATURE_SHORT_OLDS
+    | FEATURE_CONTEXT;
 /// Hello feature bit: the server answers ReadFile.
 pub const FEATURE_READ_FILE: u64 = 4;
 /// The server keeps a history of the data it has served (chunks by id): a client names the
@@ -40,6 +41,11 @@ pub const FEATURE_PIECES_2: u64 = 32;
 /// finds them in its history by that prefix; the client verifies every chunk the frame gives
 /// it, so a prefix that led to the wrong old chunk costs a plain fetch, never wrong data.
 pub const FEATURE_SHORT_OLDS: u64 = 64;
+/// GetChunksShort may name a [`Context`]: bytes of the file being fetched that the client
+/// already holds, which head the prefix of the reply's frame (kind 2 of [`Reply::ChunksShort`]).
+pub const FEATURE_CONTEXT: u64 = 128;
+/// The most bytes a [`Context`] names.
+pub const MAX_CONTEXT: u64 = 4 << 20;
 /// A chunk's short id in GetChunksShort: the first 8 bytes of its digest, little-endian.
 pub fn short_id(id: &Id) -> u64 {
     u64::from_le_bytes(id.digest()[..8].try_into().expect("8 bytes"))
@@ -53,6 +59,8 @@ pub const RUN_KEY_BYTES: std::ops::RangeInclusive<u8> = 3..=8;
 const RUNS_BIT: u8 = 0x80;
 /// Bit of GetChunksShort's key length byte that says `olds` are short ids.
 const SHORT_OLDS_BIT: u8 = 0x40;
+/// Bit of GetChunksShort's key length byte that says a context follows.
+const CONTEXT_BIT: u8 = 0x20;
 /// Largest file ReadFile returns whole.
 pub const MAX_READ_FILE: usize = 64 << 10;
 /// Bytes of a piece key on the wire (GetChunksAgainst): keys are 40-bit numbers.
@@ -313,6 +321,8 @@ pub enum Request {
         runs: bool,
         keys: Option<Vec<u64>>,
         olds: Option<OldIds>,
+        /// With [`FEATURE_CONTEXT`]: bytes of the file that the client holds, for the prefix.
+        context: Option<Context>,
     },
     /// CONDWRITE: which of these can the server use (answered only from data this client may read)?
     Have {
@@ -383,6 +393,17 @@ pub enum Request {
     },
 }
 
+/// Bytes of the file at `path` (as the server serves it) that the client already holds:
+/// `(offset, length)` ranges, in order and apart, at most [`MAX_CONTEXT`] bytes in all. Both
+/// sides read them, the server from the file and the client from the chunks it holds, as the
+/// head of a frame's prefix; the client verifies every chunk the frame gives, so a file that
+/// changed in between costs a plain fetch, never wrong data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Context {
+    pub path: WirePath,
+    pub ranges: Vec<(u64, u64)>,
+}
+
 /// Old chunks a client names in GetChunksShort: by whole id, or (with [`FEATURE_SHORT_OLDS`])
 /// by the first 8 bytes of the digest, little-endian, as [`short_id`] gives them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -415,10 +436,12 @@ pub enum Reply {
     /// The answer to GetChunksShort: the chunks `found` (indices into the request's ids, in
     /// the order asked), concatenated in `data`: plainly when `zstd` is false (the session's
     /// stream compresses them), else as one zstd frame whose prefix is as in
-    /// [`Reply::ChunksAgainst`].
+    /// [`Reply::ChunksAgainst`], headed by the request's context when `context` is true (kind 2;
+    /// only with `zstd`).
     ChunksShort {
         found: Vec<u32>,
         zstd: bool,
+        context: bool,
         olds: Vec<u32>,
         refs: Vec<u32>,
         data: Vec<u8>,
@@ -582,6 +605,30 @@ fn put_ids(w: &mut Writer, ids: &[Id]) {
 fn get_ids(r: &mut Reader<'_>) -> Result<Vec<Id>, ProtoError> {
     let n = r.count(ferry_format::TAGGED_ID_BYTES)?;
     (0..n).map(|_| r.id()).collect()
+}
+
+/// path · count varint · (gap varint · length varint) × count, each gap from the end of the
+/// range before (from 0 for the first).
+fn get_context(r: &mut Reader<'_>) -> Result<Context, ProtoError> {
+    let path = get_path(r)?;
+    let n = r.count(2)?;
+    let bad = |why: &str| ProtoError::Invalid {
+        what: "context",
+        why: why.into(),
+    };
+    let (mut end, mut total) = (0u64, 0u64);
+    let mut ranges = Vec::with_capacity(n);
+    for _ in 0..n {
+        let offset = end.checked_add(r.varint()?).ok_or_else(|| bad("offset"))?;
+        let len = r.varint()?;
+        total = total.saturating_add(len);
+        if total > MAX_CONTEXT {
+            return Err(bad("more bytes than MAX_CONTEXT"));
+        }
+        end = offset.checked_add(len).ok_or_else(|| bad("offset"))?;
+        ranges.push((offset, len));
+    }
+    Ok(Context { path, ranges })
 }
 
 /// count varint · short id (u64le) × count.
@@ -776,18 +823,35 @@ impl Message {
                     runs,
                     keys,
                     olds,
+                    context,
                 } => {
                     put_short_ids(&mut w, ids);
                     let short = matches!(olds, Some(OldIds::Short(_)));
-                    w.u8(*key_bytes
-                        | if *runs { RUNS_BIT } else { 0 }
-                        | if short { SHORT_OLDS_BIT } else { 0 });
+                    let flags = [
+                        (*runs, RUNS_BIT),
+                        (short, SHORT_OLDS_BIT),
+                        (context.is_some(), CONTEXT_BIT),
+                    ];
+                    w.u8(flags
+                        .iter()
+                        .filter(|f| f.0)
+                        .fold(*key_bytes, |b, f| b | f.1));
                     let n = (*key_bytes as usize).min(8);
                     put_opt(&mut w, keys.as_ref(), |w, k| put_keys(w, k, n));
                     put_opt(&mut w, olds.as_ref(), |w, olds| match olds {
                         OldIds::Whole(ids) => put_ids(w, ids),
                         OldIds::Short(ids) => put_short_ids(w, ids),
                     });
+                    if let Some(c) = context {
+                        put_path(&mut w, &c.path);
+                        w.varint(c.ranges.len() as u64);
+                        let mut end = 0;
+                        for &(offset, len) in &c.ranges {
+                            w.varint(offset - end);
+                            w.varint(len);
+                            end = offset + len;
+                        }
+                    }
                     code::GET_CHUNKS_SHORT
                 }
                 Request::Have { ids } => {
@@ -937,12 +1001,13 @@ impl Message {
                 Reply::ChunksShort {
                     found,
                     zstd,
+                    context,
                     olds,
                     refs,
                     data,
                 } => {
                     put_indices(&mut w, found);
-                    w.u8(*zstd as u8);
+                    w.u8(if *context { 2 } else { *zstd as u8 });
                     put_indices(&mut w, olds);
                     put_indices(&mut w, refs);
                     w.bytes(data);
@@ -1046,7 +1111,7 @@ impl Message {
                 let ids = get_short_ids(&mut r)?;
                 let b = r.u8()?;
                 let (runs, short) = (b & RUNS_BIT != 0, b & SHORT_OLDS_BIT != 0);
-                let key_bytes = b & !(RUNS_BIT | SHORT_OLDS_BIT);
+                let key_bytes = b & !(RUNS_BIT | SHORT_OLDS_BIT | CONTEXT_BIT);
                 let lengths = if runs { RUN_KEY_BYTES } else { SHORT_KEY_BYTES };
                 if !lengths.contains(&key_bytes) {
                     return Err(ProtoError::Invalid {
@@ -1062,12 +1127,18 @@ impl Message {
                         OldIds::Whole(get_ids(r)?)
                     })
                 })?;
+                let context = if b & CONTEXT_BIT != 0 {
+                    Some(get_context(&mut r)?)
+                } else {
+                    None
+                };
                 Message::Request(Request::GetChunksShort {
                     ids,
                     key_bytes,
                     runs,
                     keys,
                     olds,
+                    context,
                 })
             }
             code::HAVE => Message::Request(Request::Have {
@@ -1222,9 +1293,10 @@ impl Message {
             }
             code::R_CHUNKS_SHORT => {
                 let found = get_indices(&mut r)?;
-                let zstd = match r.u8()? {
-                    0 => false,
-                    1 => true,
+                let (zstd, context) = match r.u8()? {
+                    0 => (false, false),
+                    1 => (true, false),
+                    2 => (true, true),
                     t => {
                         return Err(ProtoError::Invalid {
                             what: "chunks reply",
@@ -1238,6 +1310,7 @@ impl Message {
                 Message::Reply(Reply::ChunksShort {
                     found,
                     zstd,
+                    context,
                     olds,
                     refs,
                     data,
@@ -1404,6 +1477,7 @@ mod tests {
                 runs: true,
                 keys: Some(vec![0xff_ffff, 0]),
                 olds: None,
+                context: None,
             }),
             Message::Request(Request::GetChunksShort {
                 ids: vec![0, u64::MAX],
@@ -1411,6 +1485,7 @@ mod tests {
                 runs: false,
                 keys: Some(vec![0, (1 << 32) - 1]),
                 olds: Some(OldIds::Whole(vec![id(3)])),
+                context: None,
             }),
             Message::Request(Request::GetChunksShort {
                 ids: vec![0],
@@ -1418,9 +1493,29 @@ mod tests {
                 runs: true,
                 keys: None,
                 olds: Some(OldIds::Short(vec![5, u64::MAX])),
+                context: None,
             }),
             Message::Request(Request::GetFilesShort {
                 files: vec![("f".into(), vec![1, 2]), ("g".into(), vec![])],
+            }),
+            Message::Request(Request::GetChunksShort {
+                ids: vec![3],
+                key_bytes: 4,
+                runs: false,
+                keys: Some(vec![]),
+                olds: None,
+                context: Some(Context {
+                    path: "d/f".into(),
+                    ranges: vec![(0, 10), (20, 5), (MAX_CONTEXT, MAX_CONTEXT - 15)],
+                }),
+            }),
+            Message::Reply(Reply::ChunksShort {
+                found: vec![0],
+                zstd: true,
+                context: true,
+                olds: vec![],
+                refs: vec![],
+                data: vec![1],
             }),
             Message::Request(Request::GetChunksShort {
                 ids: vec![7],
@@ -1428,6 +1523,7 @@ mod tests {
                 runs: false,
                 keys: Some(vec![u64::MAX]),
                 olds: None,
+                context: None,
             }),
             Message::Request(Request::GetChunksShort {
                 ids: vec![7],
@@ -1435,10 +1531,12 @@ mod tests {
                 runs: false,
                 keys: None,
                 olds: None,
+                context: None,
             }),
             Message::Reply(Reply::ChunksShort {
                 found: vec![0, 2],
                 zstd: true,
+                context: false,
                 olds: vec![1],
                 refs: vec![1, 0, 300],
                 data: vec![0x28, 0xb5, 0x2f, 0xfd],
@@ -1446,6 +1544,7 @@ mod tests {
             Message::Reply(Reply::ChunksShort {
                 found: vec![],
                 zstd: false,
+                context: false,
                 olds: vec![],
                 refs: vec![],
                 data: vec![],
@@ -1594,6 +1693,7 @@ mod tests {
             runs: false,
             keys: Some(vec![0x0403_0201]),
             olds: None,
+            context: None,
         })
         .encode(3, false)
         .unwrap();
@@ -1613,6 +1713,7 @@ mod tests {
             runs: true,
             keys: Some(vec![0x03_0201]),
             olds: None,
+            context: None,
         })
         .encode(3, false)
         .unwrap();
@@ -1625,6 +1726,33 @@ mod tests {
         let mut d = FrameDecoder::new();
         d.feed(&bad);
         assert!(Message::decode(&d.next_frame().unwrap().unwrap()).is_err());
+        // A context: bit 5, then the path and the ranges, each from the end of the one before.
+        let b = Message::Request(Request::GetChunksShort {
+            ids: vec![],
+            key_bytes: 4,
+            runs: false,
+            keys: None,
+            olds: None,
+            context: Some(Context {
+                path: "f".into(),
+                ranges: vec![(1, 2), (5, 3)],
+            }),
+        })
+        .encode(3, false)
+        .unwrap();
+        assert_eq!(
+            b,
+            [17, 0, 0, 0, 0x23, 0, 3, 0, 0, 0, 0, 0x24, 0, 0, 1, b'f', 2, 1, 2, 2, 3]
+        );
+        // More than MAX_CONTEXT bytes is refused.
+        let mut bad = b.clone();
+        bad[20] = 0x80;
+        bad.extend_from_slice(&[0x80, 0x80, 0x02]);
+        bad[0] += 3;
+        let mut d = FrameDecoder::new();
+        d.feed(&bad);
+        let f = d.next_frame().unwrap().unwrap();
+        assert!(Message::decode(&f).is_err(), "{:?}", Message::decode(&f));
         // Short olds: bit 6 of the key length byte.
         let b = Message::Request(Request::GetChunksShort {
             ids: vec![],
@@ -1632,6 +1760,7 @@ mod tests {
             runs: false,
             keys: None,
             olds: Some(OldIds::Short(vec![0x0807_0605_0403_0201])),
+            context: None,
         })
         .encode(3, false)
         .unwrap();
@@ -1651,6 +1780,7 @@ mod tests {
         let b = Message::Reply(Reply::ChunksShort {
             found: vec![0, 2],
             zstd: true,
+            context: false,
             olds: vec![],
             refs: vec![300],
             data: vec![9],

@@ -256,6 +256,46 @@ fn changed_chunks_travel_compressed_against_the_old_file() {
     );
 }
 
+#[test]
+fn appended_data_comes_against_the_part_of_the_file_held_here() {
+    // A log-like file: 900 KB of random records, then 100 KB appended, each record a copy of
+    // one far back. Only the file's held part can tell the server so; the old chunk that the
+    // append replaced, and the session's stream, cannot.
+    let record = |i: u64| {
+        let r = bytes(1000 + i, 600);
+        let mut v = format!("record {i}: ").into_bytes();
+        v.extend(r.iter().map(|b| b'a' + b % 26));
+        v.push(b'\n');
+        v
+    };
+    let old: Vec<u8> = (0..1500).flat_map(record).collect();
+    let mut new = old.clone();
+    for i in 0..165u64 {
+        new.extend(record(i * 7 % 1500));
+    }
+    let received = |features: u64| {
+        let t = tempfile::tempdir().unwrap();
+        let srv = t.path().join("srv");
+        fs::create_dir(&srv).unwrap();
+        fs::write(t.path().join("local"), &old).unwrap();
+        fs::write(srv.join("f"), &new).unwrap();
+        let mut c = connect_offering(&srv, None, features);
+        let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+        get(&mut c, "f", &t.path().join("local"), &cache).unwrap();
+        assert_eq!(fs::read(t.path().join("local")).unwrap(), new);
+        c.traffic().bytes_received
+    };
+    let all = ferry_proto::FEATURES;
+    let with = received(all);
+    let without = received(all & !ferry_proto::FEATURE_CONTEXT);
+    // ~100 KB of letters: ~60 KB compressed alone; a few bytes a record against the context.
+    assert!(without > 50_000, "{without} bytes without a context");
+    assert!(
+        with * 10 < without,
+        "{with} bytes with a context, {without} without"
+    );
+}
+
 /// Fetches a changed file with a server offering `features`; returns the bytes both ways.
 fn changed_chunks_against_the_old_file(features: u64) -> u64 {
     let t = tempfile::tempdir().unwrap();
