@@ -296,6 +296,52 @@ fn appended_data_comes_against_the_part_of_the_file_held_here() {
     );
 }
 
+#[test]
+fn a_new_file_is_built_against_the_one_it_replaced() {
+    // Moved and renamed files: `b/de/format.rs` moved up to `b/format.rs`, `a/wasi.rs` became
+    // `a/wasi/mod.rs`, a versioned directory renamed; each new version has one byte changed.
+    // Random data, so only the old files can save the bytes.
+    let t = tempfile::tempdir().unwrap();
+    let (srv, dst) = (t.path().join("srv"), t.path().join("dst"));
+    let moves = [
+        ("b/de/format.rs", "b/format.rs"),
+        ("a/wasi.rs", "a/wasi/mod.rs"),
+        ("pkg-1.0.dist-info/RECORD", "pkg-1.1.dist-info/RECORD"),
+    ];
+    for (i, (old, new)) in moves.iter().enumerate() {
+        let data = bytes(200 + i as u64, 40_000);
+        for (root, path) in [(&dst, old), (&srv, new)] {
+            let p = root.join(path);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(&p, &data).unwrap();
+        }
+        let mut edited = data.clone();
+        edited[20_000] ^= 1;
+        fs::write(srv.join(new), edited).unwrap();
+    }
+    // Another file of the same name, farther away, is not the one taken.
+    fs::create_dir_all(dst.join("c")).unwrap();
+    fs::write(dst.join("c/RECORD"), bytes(300, 40_000)).unwrap();
+    let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+    let mut c = connect(&srv);
+    let mut stats = GetStats::default();
+    let src = Sources {
+        cache: &cache,
+        chunker: ChunkerSpec::default(),
+        delete: true,
+        dry_run: false,
+        progress: None,
+        cold: true,
+    };
+    ferry_fs::get(&mut c, &WirePath::default(), &dst, &src, &mut stats).unwrap();
+    // The old files were read before `--delete` removed them.
+    same_tree(&srv, &dst);
+    same_tree(&dst, &srv);
+    assert_eq!(stats.deleted, 4, "{stats:?}");
+    let received = c.traffic().bytes_received;
+    assert!(received < 10_000, "{received} bytes received; {stats:?}");
+}
+
 /// Fetches a changed file with a server offering `features`; returns the bytes both ways.
 fn changed_chunks_against_the_old_file(features: u64) -> u64 {
     let t = tempfile::tempdir().unwrap();
