@@ -1076,6 +1076,8 @@ enum KeyKind {
     /// The same, pieces cut the second way, and keys shorter still where they count only in
     /// runs (FEATURE_PIECES_2).
     Pieces2,
+    /// The same, and keys from 3 bytes even where they count alone (FEATURE_KEYS_3).
+    Keys3,
 }
 
 impl KeyKind {
@@ -1083,17 +1085,24 @@ impl KeyKind {
         match (
             offers(conn, ferry_proto::FEATURE_SHORT_IDS),
             offers(conn, ferry_proto::FEATURE_PIECES_2),
+            offers(conn, ferry_proto::FEATURE_KEYS_3),
         ) {
-            (false, _) => KeyKind::Fixed,
-            (true, false) => KeyKind::Short,
-            (true, true) => KeyKind::Pieces2,
+            (false, _, _) => KeyKind::Fixed,
+            (true, false, _) => KeyKind::Short,
+            (true, true, false) => KeyKind::Pieces2,
+            (true, true, true) => KeyKind::Keys3,
         }
+    }
+
+    /// Whether keys may count only in runs.
+    fn runs(self) -> bool {
+        matches!(self, KeyKind::Pieces2 | KeyKind::Keys3)
     }
 
     /// How the pieces are cut.
     fn cut(self) -> crate::delta::Cut {
         match self {
-            KeyKind::Pieces2 => crate::delta::Cut::Lbfs,
+            KeyKind::Pieces2 | KeyKind::Keys3 => crate::delta::Cut::Lbfs,
             KeyKind::Fixed | KeyKind::Short => crate::delta::Cut::FastCdc,
         }
     }
@@ -1329,7 +1338,7 @@ impl AgainstOld {
         for (start, end) in runs {
             buf.resize((end - start) as usize, 0);
             a.file.read_exact_at(&mut buf, start).ok()?;
-            if kind == KeyKind::Pieces2 {
+            if kind.runs() {
                 sample.sample(&buf);
             }
             for r in crate::delta::pieces(&buf, cut) {
@@ -1357,9 +1366,10 @@ impl AgainstOld {
         // compresses meets new data in long runs or not at all: there, keys count only in
         // runs, and are shorter.
         if kind != KeyKind::Fixed {
-            a.runs = kind == KeyKind::Pieces2 && sample.incompressible();
+            a.runs = kind.runs() && sample.incompressible();
             let new = bytes.min(crate::delta::MAX_DATA as u64) as usize / 256;
-            a.key_bytes = crate::delta::key_bytes(a.keys.len(), new, a.runs);
+            let shortest = if kind == KeyKind::Keys3 { 3 } else { 4 };
+            a.key_bytes = crate::delta::key_bytes(a.keys.len(), new, a.runs, shortest);
         }
         let mask = u64::MAX >> (64 - 8 * a.key_bytes as u32);
         a.keys.iter_mut().for_each(|k| *k &= mask);

@@ -83,18 +83,19 @@ pub fn piece_key(piece: &[u8], bytes: usize) -> u64 {
 }
 
 /// How long piece keys must be so that `old` keys against `new` pieces match falsely with odds
-/// under 1 in 1,000: from 4 bytes (a file of a few hundred KB) up to 8. Keys that count only in
+/// under 1 in 1,000: from `shortest` bytes (3 with [`ferry_proto::FEATURE_KEYS_3`], enough for
+/// a small file's pieces; else 4, a file of a few hundred KB) up to 8. Keys that count only in
 /// runs (`runs`) match falsely only in pairs, at odds of about 2 × old × new / 2^(16 × length):
 /// from 3 bytes.
-pub fn key_bytes(old: usize, new: usize, runs: bool) -> u8 {
+pub fn key_bytes(old: usize, new: usize, runs: bool, shortest: u8) -> u8 {
     let pairs = (old as u128 * new as u128).saturating_mul(if runs { 2000 } else { 1000 });
-    let (lengths, bits) = if runs {
-        (ferry_proto::RUN_KEY_BYTES, 16)
+    let (shortest, bits) = if runs {
+        (*ferry_proto::RUN_KEY_BYTES.start(), 16)
     } else {
-        (ferry_proto::SHORT_KEY_BYTES, 8)
+        (shortest, 8)
     };
-    let mut n = *lengths.start();
-    while n < *lengths.end() && pairs >> (bits * n as u32).min(127) != 0 {
+    let mut n = shortest;
+    while n < 8 && pairs >> (bits * n as u32).min(127) != 0 {
         n += 1;
     }
     n
@@ -388,19 +389,22 @@ mod tests {
 
     #[test]
     fn keys_grow_with_the_pieces_they_may_meet() {
-        assert_eq!(key_bytes(0, 0, false), 4);
-        assert_eq!(key_bytes(1000, 1000, false), 4);
+        assert_eq!(key_bytes(0, 0, false, 4), 4);
+        assert_eq!(key_bytes(1000, 1000, false, 4), 4);
+        // A changed chunk of a small file: 37 pieces each side.
+        assert_eq!(key_bytes(37, 37, false, 3), 3);
+        assert_eq!(key_bytes(1000, 1000, false, 3), 4);
         // A wholly changed 10 MB file: 40,000 pieces each side, a request's 8,000 new ones.
-        assert_eq!(key_bytes(40_000, 8_000, false), 5);
-        assert_eq!(key_bytes(40_000, 8_000, true), 3);
-        assert_eq!(key_bytes(usize::MAX, usize::MAX, false), 8);
-        assert_eq!(key_bytes(usize::MAX, usize::MAX, true), 8);
+        assert_eq!(key_bytes(40_000, 8_000, false, 4), 5);
+        assert_eq!(key_bytes(40_000, 8_000, true, 4), 3);
+        assert_eq!(key_bytes(usize::MAX, usize::MAX, false, 3), 8);
+        assert_eq!(key_bytes(usize::MAX, usize::MAX, true, 4), 8);
         for (old, new) in [(10, 10), (5000, 8000), (1 << 20, 8000), (1 << 30, 1 << 30)] {
             let (old, new) = (old as f64, new as f64);
             // Odds of a false match under 1 in 1,000 (or the longest key).
-            let n = key_bytes(old as usize, new as usize, false) as i32;
+            let n = key_bytes(old as usize, new as usize, false, 3) as i32;
             assert!(n == 8 || old * new * 1000.0 < 2f64.powi(8 * n));
-            let n = key_bytes(old as usize, new as usize, true) as i32;
+            let n = key_bytes(old as usize, new as usize, true, 4) as i32;
             assert!(n == 8 || old * new * 2000.0 < 2f64.powi(16 * n));
         }
     }

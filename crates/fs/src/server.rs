@@ -536,6 +536,13 @@ impl Server {
                         "keys that count in runs need the PIECES_2 feature",
                     ));
                 }
+                let three = key_bytes < *ferry_proto::SHORT_KEY_BYTES.start() && !runs;
+                if three && keys.is_some() && self.features & ferry_proto::FEATURE_KEYS_3 == 0 {
+                    return one(error(
+                        ErrorCode::BadRequest,
+                        "3-byte keys need the KEYS_3 feature unless they count in runs",
+                    ));
+                }
                 if context.is_some() && self.features & ferry_proto::FEATURE_CONTEXT == 0 {
                     return one(error(
                         ErrorCode::BadRequest,

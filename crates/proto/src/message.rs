@@ -12,8 +12,8 @@ pub const MAGIC: &[u8; 5] = b"FERRY";
 pub const VERSION: u16 = 1;
 /// Feature bits this build understands: [`FEATURE_ZSTD_STREAM`](crate::FEATURE_ZSTD_STREAM),
 /// [`FEATURE_TREE_DIGEST`](crate::FEATURE_TREE_DIGEST), [`FEATURE_READ_FILE`],
-/// [`FEATURE_HISTORY`], [`FEATURE_SHORT_IDS`], [`FEATURE_PIECES_2`], [`FEATURE_SHORT_OLDS`]
-/// and [`FEATURE_CONTEXT`].
+/// [`FEATURE_HISTORY`], [`FEATURE_SHORT_IDS`], [`FEATURE_PIECES_2`], [`FEATURE_SHORT_OLDS`],
+/// [`FEATURE_CONTEXT`] and [`FEATURE_KEYS_3`].
 pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | crate::FEATURE_TREE_DIGEST
     | FEATURE_READ_FILE
@@ -21,7 +21,8 @@ pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | FEATURE_SHORT_IDS
     | FEATURE_PIECES_2
     | FEATURE_SHORT_OLDS
-    | FEATURE_CONTEXT;
+    | FEATURE_CONTEXT
+    | FEATURE_KEYS_3;
 /// Hello feature bit: the server answers ReadFile.
 pub const FEATURE_READ_FILE: u64 = 4;
 /// The server keeps a history of the data it has served (chunks by id): a client names the
@@ -44,6 +45,9 @@ pub const FEATURE_SHORT_OLDS: u64 = 64;
 /// GetChunksShort may name a [`Context`]: bytes of the file being fetched that the client
 /// already holds, which head the prefix of the reply's frame (kind 2 of [`Reply::ChunksShort`]).
 pub const FEATURE_CONTEXT: u64 = 128;
+/// GetChunksShort's keys may be 3 bytes long even when they do not count only in runs (for a
+/// small file's pieces, 3 bytes keep the odds of a false match under 1 in 1,000).
+pub const FEATURE_KEYS_3: u64 = 256;
 /// The most bytes a [`Context`] names.
 pub const MAX_CONTEXT: u64 = 4 << 20;
 /// A chunk's short id in GetChunksShort: the first 8 bytes of its digest, little-endian.
@@ -53,7 +57,8 @@ pub fn short_id(id: &Id) -> u64 {
 
 /// Shortest and longest piece keys GetChunksShort carries, in bytes.
 pub const SHORT_KEY_BYTES: std::ops::RangeInclusive<u8> = 4..=8;
-/// The same for keys that count only in runs (GetChunksShort with `runs`).
+/// The same for keys that count only in runs (GetChunksShort with `runs`), and for any keys
+/// with [`FEATURE_KEYS_3`]: what a GetChunksShort may carry.
 pub const RUN_KEY_BYTES: std::ops::RangeInclusive<u8> = 3..=8;
 /// Bit of GetChunksShort's key length byte that says the keys count only in runs.
 const RUNS_BIT: u8 = 0x80;
@@ -1112,8 +1117,9 @@ impl Message {
                 let b = r.u8()?;
                 let (runs, short) = (b & RUNS_BIT != 0, b & SHORT_OLDS_BIT != 0);
                 let key_bytes = b & !(RUNS_BIT | SHORT_OLDS_BIT | CONTEXT_BIT);
-                let lengths = if runs { RUN_KEY_BYTES } else { SHORT_KEY_BYTES };
-                if !lengths.contains(&key_bytes) {
+                // Whether 3 bytes without runs may be used is the server's to judge (it needs
+                // FEATURE_KEYS_3).
+                if !RUN_KEY_BYTES.contains(&key_bytes) {
                     return Err(ProtoError::Invalid {
                         what: "piece keys",
                         why: format!("{key_bytes} bytes a key (runs: {runs})"),
@@ -1701,12 +1707,14 @@ mod tests {
             23, 0, 0, 0, 0x23, 0, 3, 0, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 4, 1, 1, 1, 2, 3, 4, 0,
         ];
         assert_eq!(b, want);
-        // A key length out of range is refused: 3 bytes only for keys that count in runs.
-        let mut bad = b.clone();
-        bad[19] = 3;
-        let mut d = FrameDecoder::new();
-        d.feed(&bad);
-        assert!(Message::decode(&d.next_frame().unwrap().unwrap()).is_err());
+        // A key length out of range is refused: 3 to 8 bytes.
+        for n in [2, 9] {
+            let mut bad = b.clone();
+            bad[19] = n;
+            let mut d = FrameDecoder::new();
+            d.feed(&bad);
+            assert!(Message::decode(&d.next_frame().unwrap().unwrap()).is_err());
+        }
         let b = Message::Request(Request::GetChunksShort {
             ids: vec![],
             key_bytes: 3,

@@ -342,6 +342,40 @@ fn a_new_file_is_built_against_the_one_it_replaced() {
     assert!(received < 10_000, "{received} bytes received; {stats:?}");
 }
 
+#[test]
+fn a_small_files_keys_are_three_bytes() {
+    // Text (so keys count alone, not only in runs), 40 KB, one line edited: the old chunk's
+    // ~37 pieces need only 3-byte keys for odds under 1 in 1,000, from a server that reads them.
+    let text: Vec<u8> = (0..4000u32)
+        .flat_map(|i| format!("line {i}: the quick brown fox {}\n", i * 7919 % 1000).into_bytes())
+        .collect();
+    let sent = |features: u64| {
+        let t = tempfile::tempdir().unwrap();
+        let srv = t.path().join("srv");
+        fs::create_dir(&srv).unwrap();
+        let mut new = text.clone();
+        new[20_000] = b'#';
+        fs::write(t.path().join("local"), &text).unwrap();
+        fs::write(srv.join("f"), &new).unwrap();
+        // Same size: an older mtime says it changed.
+        let yesterday = std::time::SystemTime::now() - std::time::Duration::from_secs(86_400);
+        let local = fs::File::options().write(true).open(t.path().join("local"));
+        local.unwrap().set_modified(yesterday).unwrap();
+        let mut c = connect_offering(&srv, None, features);
+        let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+        let s = get(&mut c, "f", &t.path().join("local"), &cache).unwrap();
+        assert!(fs::read(t.path().join("local")).unwrap() == new);
+        assert!(s.against_old >= 1, "{s:?}");
+        c.traffic().bytes_sent
+    };
+    let all = ferry_proto::FEATURES;
+    let (three, four) = (sent(all), sent(all & !ferry_proto::FEATURE_KEYS_3));
+    assert!(
+        three + 25 < four,
+        "{three} bytes sent with 3-byte keys, {four} with 4"
+    );
+}
+
 /// Fetches a changed file with a server offering `features`; returns the bytes both ways.
 fn changed_chunks_against_the_old_file(features: u64) -> u64 {
     let t = tempfile::tempdir().unwrap();
