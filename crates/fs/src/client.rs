@@ -1031,11 +1031,8 @@ fn fetch_files<R: io::Read, W: Write>(
             }
         }
         let history = history.then_some(src.cache);
-        // The chunks of the new version held here (and so not missing), for a context.
-        let context = context.then_some(Context {
-            path: j.remote.clone(),
-            ranges: vec![],
-        });
+        // A server that takes a context gets the parts of the new version held here.
+        let remote = context.then(|| j.remote.clone());
         match AgainstOld::new(
             j.old(),
             &old,
@@ -1043,8 +1040,8 @@ fn fetch_files<R: io::Read, W: Write>(
             &file_missing,
             history,
             keys,
-            context,
-            src,
+            remote,
+            src.cache,
         ) {
             Some(a) => against.push((a, file_missing)),
             None => missing.extend(file_missing.iter().map(|c| c.id)),
@@ -1268,8 +1265,9 @@ type Held = (u64, ChunkRef, Option<u64>);
 
 impl AgainstOld {
     /// `None` when there is nothing old to compress against: no pieces or old chunks worth
-    /// naming (naming them costs more than they could save), and no context (`context`, the
-    /// file's path on a server that takes one: the parts of the new version held here).
+    /// naming (naming them costs more than they could save), and no context (`remote`, the
+    /// file's path on a server that takes one: the parts of the new version held here, in the
+    /// old file or `cache`).
     #[allow(clippy::too_many_arguments)]
     fn new(
         path: &Path,
@@ -1278,8 +1276,8 @@ impl AgainstOld {
         missing: &[ChunkRef],
         history: Option<&dyn ChunkStore>,
         kind: KeyKind,
-        context: Option<Context>,
-        src: &Sources<'_>,
+        remote: Option<WirePath>,
+        cache: &dyn ChunkStore,
     ) -> Option<Self> {
         use std::os::unix::fs::FileExt;
         if missing.is_empty() || old.order.is_empty() {
@@ -1295,7 +1293,7 @@ impl AgainstOld {
             key_bytes: ferry_proto::PIECE_KEY_BYTES as u8,
             runs: false,
             olds: vec![],
-            remote: context.map(|c| c.path),
+            remote,
             held: vec![],
             missing_at: HashMap::new(),
             context_budget: 0,
@@ -1308,7 +1306,7 @@ impl AgainstOld {
                     a.missing_at.entry(c.id).or_insert(at);
                 } else if let Some(&(off, _)) = old.at.get(&c.id) {
                     a.held.push((at, *c, Some(off)));
-                } else if src.cache.contains(&c.id).unwrap_or(false) {
+                } else if cache.contains(&c.id).unwrap_or(false) {
                     a.held.push((at, *c, None));
                 }
                 at += c.len as u64;
@@ -1318,9 +1316,10 @@ impl AgainstOld {
         // unless it was trimmed since: those are named by id. The rest are cut into pieces,
         // each run of adjacent ones on its own, as the server cuts each run of new ones.
         let mut runs: Vec<(u64, u64)> = vec![];
-        let mut offset = 0u64;
+        let (mut offset, mut dropped) = (0u64, 0u64);
         for c in &old.order {
             if !used.contains(&c.id) {
+                dropped += c.len as u64;
                 if history.is_some_and(|cache| cache.contains(&c.id).unwrap_or(false)) {
                     a.olds.push((*c, offset));
                 } else {
@@ -1352,12 +1351,6 @@ impl AgainstOld {
         // old pieces already give the text around it, and a large context would only cost
         // the server time (measured: mbox-append 66,983 → 45,076 bytes; the trees of code
         // within 0.5 %, numpy-whl-tree's machine code 0.1 %). A little always helps a little.
-        let dropped: u64 = old
-            .order
-            .iter()
-            .filter(|c| !used.contains(&c.id))
-            .map(|c| c.len as u64)
-            .sum();
         let net = bytes.saturating_sub(dropped);
         a.context_budget = (net * 16 + CONTEXT_FLOOR).min(ferry_proto::MAX_CONTEXT);
         // Keys as short as the pieces at hand allow (the new ones counted as one per 256 bytes

@@ -111,16 +111,26 @@ impl Export {
     }
 
     /// Opens a regular file for reading, beneath the root. Symlinks inside the export are
-    /// followed as long as they stay inside it.
+    /// followed as long as they stay inside it. Anything else is an error: a directory, and a
+    /// FIFO, socket or device, whose reads could block or never end.
     pub fn open_file(&self, p: &WirePath) -> io::Result<File> {
+        // Non-blocking, so that opening a FIFO cannot hang the session before the check
+        // (reads of a regular file are unaffected).
         let fd = openat2(
             &self.root,
             wire_to_rel(p),
-            OFlags::RDONLY | OFlags::CLOEXEC,
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK,
             Mode::empty(),
             beneath(),
         )?;
-        Ok(File::from(fd))
+        match rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode) {
+            rustix::fs::FileType::RegularFile => Ok(File::from(fd)),
+            rustix::fs::FileType::Directory => Err(io::ErrorKind::IsADirectory.into()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            )),
+        }
     }
 
     /// Opens a directory beneath the root.
@@ -217,6 +227,12 @@ impl Export {
             // A single component relative to a descriptor of the directory: it cannot escape.
             let st =
                 rustix::fs::statat(&dir, e.file_name(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+            // FIFOs, sockets and devices are not served (no file could hold what they give).
+            use rustix::fs::FileType as T;
+            let served = [T::RegularFile, T::Directory, T::Symlink];
+            if !served.contains(&T::from_raw_mode(st.st_mode)) {
+                continue;
+            }
             let (attr, _) = attr_of(&st);
             out.push((name.to_vec(), attr));
         }

@@ -76,6 +76,9 @@ enum Against {
     },
 }
 
+/// Old chunks named by short ids that a request may have looked up in the history.
+const MAX_OLDS: usize = 8192;
+
 /// Where a chunk was last seen: a hint, verified before use.
 #[derive(Clone, Debug)]
 struct Hint {
@@ -1104,13 +1107,19 @@ impl Server {
         (used, prefix, every)
     }
 
-    /// The chunks of the history that short ids name (FEATURE_SHORT_OLDS), by place.
+    /// The chunks of the history that short ids name (FEATURE_SHORT_OLDS), by place. Each
+    /// lookup reads a record, so only the first [`MAX_OLDS`] are looked up: more than a
+    /// prefix can hold (a client names at most 8 MiB of old chunks, of 2 KiB at least).
     fn find_olds(&self, short: &[u64]) -> Vec<Option<Id>> {
         let find = |p: u64| {
             let h = self.history.as_ref()?;
             h.find_prefix(p).ok().flatten()
         };
-        short.iter().map(|&p| find(p)).collect()
+        let looked_up = short.iter().take(MAX_OLDS).map(|&p| find(p));
+        looked_up
+            .chain(std::iter::repeat(None))
+            .take(short.len())
+            .collect()
     }
 
     /// The bytes a context names, read from the file as it is now; `None` if they cannot all

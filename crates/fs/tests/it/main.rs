@@ -376,6 +376,44 @@ fn a_small_files_keys_are_three_bytes() {
     );
 }
 
+#[test]
+fn a_fifo_in_the_export_cannot_hang_the_session() {
+    // Opening a FIFO for reading blocks until a writer comes, unless it is non-blocking; and
+    // read, it gives whatever a writer puts in (or nothing), no file's content.
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir(&srv).unwrap();
+    let mode = rustix::fs::Mode::from_raw_mode(0o644);
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        srv.join("p"),
+        rustix::fs::FileType::Fifo,
+        mode,
+        0,
+    )
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut c = connect(&srv);
+        let list = c.call(Request::ReadDir {
+            path: WirePath::default(),
+        });
+        let read = c.call(Request::ReadFile { path: "p".into() });
+        let recipe = c.call(Request::GetRecipe {
+            path: "p".into(),
+            from: 0,
+        });
+        tx.send((format!("{list:?}"), format!("{read:?} {recipe:?}")))
+            .unwrap();
+    });
+    let (list, answers) = rx
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the session hung on a FIFO");
+    // Not listed, and not read when named.
+    assert_eq!(list, "Ok([DirEntries([])])");
+    assert_eq!(answers.matches("not a regular file").count(), 2, "{answers}");
+}
+
 /// Fetches a changed file with a server offering `features`; returns the bytes both ways.
 fn changed_chunks_against_the_old_file(features: u64) -> u64 {
     let t = tempfile::tempdir().unwrap();
