@@ -411,7 +411,11 @@ fn a_fifo_in_the_export_cannot_hang_the_session() {
         .expect("the session hung on a FIFO");
     // Not listed, and not read when named.
     assert_eq!(list, "Ok([DirEntries([])])");
-    assert_eq!(answers.matches("not a regular file").count(), 2, "{answers}");
+    assert_eq!(
+        answers.matches("not a regular file").count(),
+        2,
+        "{answers}"
+    );
 }
 
 /// Fetches a changed file with a server offering `features`; returns the bytes both ways.
