@@ -354,17 +354,33 @@ impl LocalStore {
             .map_err(|e| (None, format!("read: {e}")))?;
         let h = RecordHeader::decode(buf[..RECORD_HEADER_LEN].try_into().unwrap())
             .map_err(|e| (None, e))?;
-        if h.kind != Kind::Chunk
-            || ckey(&h.id) != *key
-            || h.stored_len != loc.stored_len
-            || h.raw_len != loc.raw_len
-        {
+        if !Self::header_matches(&h, key, loc) {
             return Err((None, "record does not match its index entry".into()));
         }
         match pack::decode_payload(&h, &buf[RECORD_HEADER_LEN..]) {
             Ok(data) => Ok((h.id, data)),
             Err(why) => Err((Some(h.id), why)),
         }
+    }
+
+    /// The id in the header of the chunk record at `loc`, if it matches its index entry: a
+    /// hint, read without the payload (a read of the chunk verifies it).
+    fn record_id(&self, key: &[u8; 16], loc: Loc) -> Option<Id> {
+        let _g = self.packs_lock.read().unwrap();
+        let mut buf = [0u8; RECORD_HEADER_LEN];
+        self.reader(loc.pack)
+            .ok()?
+            .read_exact_at(&mut buf, loc.offset as u64)
+            .ok()?;
+        let h = RecordHeader::decode(&buf).ok()?;
+        Self::header_matches(&h, key, loc).then_some(h.id)
+    }
+
+    fn header_matches(h: &RecordHeader, key: &[u8; 16], loc: Loc) -> bool {
+        h.kind == Kind::Chunk
+            && ckey(&h.id) == *key
+            && h.stored_len == loc.stored_len
+            && h.raw_len == loc.raw_len
     }
 
     /// Records a use of pack `num` in its modification time, at most once a minute.
@@ -739,12 +755,9 @@ impl ChunkStore for LocalStore {
             .transpose()
             .map_err(db_err(&self.index_path))?
             .map(|(k, v)| (*k.value(), Loc::decode(v.value())));
-        if let Some((key, loc)) = first {
-            // The index holds 16 bytes of the digest; the record holds the whole id.
-            if let Ok((id, data)) = self.read_record(&key, loc) {
-                self.cache.lock().unwrap().insert(id, data);
-                return Ok(Some(id));
-            }
+        // The index holds 16 bytes of the digest; the record's header holds the whole id.
+        if let Some(id) = first.and_then(|(key, loc)| self.record_id(&key, loc)) {
+            return Ok(Some(id));
         }
         let st = self.state.lock().unwrap();
         Ok(st
