@@ -129,11 +129,22 @@ fn get(
     dest: &Path,
     cache: &dyn ferry_store::ChunkStore,
 ) -> Result<GetStats, GetError> {
+    get_deleting(conn, path, dest, cache, false)
+}
+
+/// [`get`], and with `delete` an exact mirror.
+fn get_deleting(
+    conn: &mut Connection<UnixStream, UnixStream>,
+    path: &str,
+    dest: &Path,
+    cache: &dyn ferry_store::ChunkStore,
+    delete: bool,
+) -> Result<GetStats, GetError> {
     let mut stats = GetStats::default();
     let src = Sources {
         cache,
         chunker: ChunkerSpec::default(),
-        delete: false,
+        delete,
         dry_run: false,
         progress: None,
         cold: cache.is_empty().unwrap(),
@@ -324,16 +335,7 @@ fn a_new_file_is_built_against_the_one_it_replaced() {
     fs::write(dst.join("c/RECORD"), bytes(300, 40_000)).unwrap();
     let cache = MemStore::new(ferry_format::HashAlg::Blake3);
     let mut c = connect(&srv);
-    let mut stats = GetStats::default();
-    let src = Sources {
-        cache: &cache,
-        chunker: ChunkerSpec::default(),
-        delete: true,
-        dry_run: false,
-        progress: None,
-        cold: true,
-    };
-    ferry_fs::get(&mut c, &WirePath::default(), &dst, &src, &mut stats).unwrap();
+    let stats = get_deleting(&mut c, "", &dst, &cache, true).unwrap();
     // The old files were read before `--delete` removed them.
     same_tree(&srv, &dst);
     same_tree(&dst, &srv);
@@ -1128,16 +1130,7 @@ fn delete_mirrors_both_ways_without_following_symlinks() {
     fs::create_dir_all(dst.join("src/old/deeper")).unwrap();
     fs::write(dst.join("src/old/deeper/f"), b"y").unwrap();
     std::os::unix::fs::symlink(&outside, dst.join("src/link-out")).unwrap();
-    let mut stats = GetStats::default();
-    let src = Sources {
-        cache: &cache,
-        chunker: ChunkerSpec::default(),
-        delete: true,
-        dry_run: false,
-        progress: None,
-        cold: false,
-    };
-    ferry_fs::get(&mut c, &WirePath::default(), &dst, &src, &mut stats).unwrap();
+    let stats = get_deleting(&mut c, "", &dst, &cache, true).unwrap();
     assert_eq!(stats.deleted, 3, "{stats:?}");
     assert!(!dst.join("extra").exists() && !dst.join("src/old").exists());
     assert!(fs::symlink_metadata(dst.join("src/link-out")).is_err());
