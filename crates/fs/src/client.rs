@@ -882,7 +882,7 @@ fn recipe_from(replies: Vec<Reply>, known: &[&[ChunkRef]], size: u64) -> Result<
 /// the cache nor the files already at the destination hold, then each file assembled.
 fn fetch_files<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
-    jobs: Vec<FileJob>,
+    mut jobs: Vec<FileJob>,
     src: &Sources<'_>,
     stats: &mut GetStats,
 ) -> Result<(), GetError> {
@@ -898,9 +898,18 @@ fn fetch_files<R: io::Read, W: Write>(
     let context = keys != KeyKind::Fixed && offers(conn, ferry_proto::FEATURE_CONTEXT);
     // Files that come whole against their old versions, in batches: (job indices, new bytes).
     let mut batches: Vec<(Vec<usize>, u64)> = vec![];
-    for (i, j) in jobs.iter().enumerate() {
-        let old = index_local(j.old(), &src.chunker, HashAlg::Blake3)
-            .map_err(GetError::local("read", j.old()))?;
+    for i in 0..jobs.len() {
+        let old = match index_local(jobs[i].old(), &src.chunker, HashAlg::Blake3) {
+            Ok(old) => old,
+            // A basis that cannot be read is no basis.
+            Err(e) if jobs[i].basis.is_some() => {
+                tracing::debug!("basis {:?}: {e}", jobs[i].basis);
+                jobs[i].basis = None;
+                LocalIndex::default()
+            }
+            Err(e) => return Err(GetError::local("read", jobs[i].old())(e)),
+        };
+        let j = &jobs[i];
         let path = j.remote.clone();
         // An old version this client fetched (its chunks are in the cache) is in the server's
         // history: a small file comes whole against it, with no recipe or chunk ids.

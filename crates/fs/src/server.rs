@@ -557,9 +557,10 @@ impl Server {
                     .and_then(|c| self.read_context(&c))
                     .unwrap_or_default();
                 let short_keys = |k| crate::delta::Keys::new(k, key_bytes as usize, runs, cut);
+                let mut budget = MAX_OLDS;
                 let olds = olds.map(|o| match o {
                     OldIds::Whole(ids) => ids.into_iter().map(Some).collect(),
-                    OldIds::Short(ids) => self.find_olds(&ids),
+                    OldIds::Short(ids) => self.find_olds(&ids, &mut budget),
                 });
                 one(
                     match self.chunks_against(&asked, keys.map(short_keys), olds, context) {
@@ -679,9 +680,10 @@ impl Server {
                 Err(e) => io_error(&path, &e),
             }),
             Request::GetFilesShort { files } => {
+                let mut budget = MAX_OLDS;
                 let files = files
                     .into_iter()
-                    .map(|(path, olds)| (path, self.find_olds(&olds)))
+                    .map(|(path, olds)| (path, self.find_olds(&olds, &mut budget)))
                     .collect();
                 one(self.files_against(files))
             }
@@ -1108,17 +1110,19 @@ impl Server {
     }
 
     /// The chunks of the history that short ids name (FEATURE_SHORT_OLDS), by place. Each
-    /// lookup reads a record, so only the first [`MAX_OLDS`] are looked up: more than a
-    /// prefix can hold (a client names at most 8 MiB of old chunks, of 2 KiB at least).
-    fn find_olds(&self, short: &[u64]) -> Vec<Option<Id>> {
-        let find = |p: u64| {
-            let h = self.history.as_ref()?;
-            h.find_prefix(p).ok().flatten()
+    /// lookup reads a record's header, so a request looks up at most [`MAX_OLDS`] (`budget`,
+    /// what is left of them): more than a prefix can hold (a client names at most 8 MiB of
+    /// old chunks, of 2 KiB at least); the rest are `None`.
+    fn find_olds(&self, short: &[u64], budget: &mut usize) -> Vec<Option<Id>> {
+        let Some(h) = &self.history else {
+            return vec![None; short.len()];
         };
-        let looked_up = short.iter().take(MAX_OLDS).map(|&p| find(p));
-        looked_up
-            .chain(std::iter::repeat(None))
-            .take(short.len())
+        short
+            .iter()
+            .map(|&p| {
+                *budget = budget.checked_sub(1)?;
+                h.find_prefix(p).ok().flatten()
+            })
             .collect()
     }
 

@@ -54,6 +54,8 @@ pub use scan::RebuildReport;
 type ChunkTable = redb::ReadOnlyTable<&'static [u8; 16], &'static [u8; 16]>;
 
 const MARKER: &str = "ferry-store";
+/// Chunks put and not yet flushed that `find_prefix` scans, at most.
+const PENDING_SCAN: usize = 4096;
 const MARKER_VERSION: &str = "ferry-store 1";
 
 /// Tuning for a [`LocalStore`].
@@ -759,7 +761,12 @@ impl ChunkStore for LocalStore {
         if let Some(id) = first.and_then(|(key, loc)| self.record_id(&key, loc)) {
             return Ok(Some(id));
         }
+        // Chunks put since the last flush are not in the table: scanned, while they are few
+        // (a hint may miss; the lookup must stay cheap).
         let st = self.state.lock().unwrap();
+        if st.pending.len() > PENDING_SCAN {
+            return Ok(None);
+        }
         Ok(st
             .pending
             .keys()
