@@ -1386,7 +1386,8 @@ impl AgainstOld {
     }
 
     /// The held chunks to name as the context of the request for `group`: the nearest to it
-    /// in the new version, up to 16 times its bytes and the file's budget, in file order.
+    /// in the new version, up to 16 times its bytes and the file's budget, in file order (none
+    /// when the server takes no context: then nothing is held).
     fn context_for(&self, group: &[ChunkRef]) -> Vec<Held> {
         let spans = group.iter().filter_map(|c| {
             let at = *self.missing_at.get(&c.id)?;
@@ -1411,6 +1412,23 @@ impl AgainstOld {
         });
         near.sort_by_key(|h| h.0);
         near
+    }
+
+    /// The context that names the held chunks `held` (in file order), as merged ranges;
+    /// `None` when there are none.
+    fn context(&self, held: &[Held]) -> Option<Context> {
+        let path = self.remote.as_ref().filter(|_| !held.is_empty())?;
+        let mut ranges: Vec<(u64, u64)> = vec![];
+        for (at, c, _) in held {
+            match ranges.last_mut() {
+                Some(r) if r.0 + r.1 == *at => r.1 += c.len as u64,
+                _ => ranges.push((*at, c.len as u64)),
+            }
+        }
+        Some(Context {
+            path: path.clone(),
+            ranges,
+        })
     }
 
     /// The bytes of the held chunks `held`, concatenated, from the old file or the cache.
@@ -1541,43 +1559,27 @@ fn fetch_against<R: io::Read, W: Write>(
             let keys = (n == 0).then(|| a.keys.clone());
             let olds = a.olds_for(missing, at, group.len());
             at += group.len();
-            // Named even when empty: a list left out is the previous request's.
-            let named = history;
+            // Olds are named even when empty when the server keeps a history: a list left out
+            // is the previous request's.
             let whole = || olds.iter().map(|(c, _)| c.id).collect();
-            let held = match &a.remote {
-                Some(_) => a.context_for(group),
-                None => vec![],
-            };
-            let context = a.remote.as_ref().filter(|_| !held.is_empty()).map(|path| {
-                let mut ranges: Vec<(u64, u64)> = vec![];
-                for (at, c, _) in &held {
-                    match ranges.last_mut() {
-                        Some(r) if r.0 + r.1 == *at => r.1 += c.len as u64,
-                        _ => ranges.push((*at, c.len as u64)),
-                    }
-                }
-                Context {
-                    path: path.clone(),
-                    ranges,
-                }
-            });
+            let held = a.context_for(group);
             let id = conn.send(if short {
                 Request::GetChunksShort {
-                    ids: group.iter().map(|c| ferry_proto::short_id(&c.id)).collect(),
+                    ids: group.iter().map(|c| short_id(&c.id)).collect(),
                     key_bytes: a.key_bytes,
                     runs: a.runs,
                     keys,
-                    olds: named.then(|| match short_olds {
+                    olds: history.then(|| match short_olds {
                         true => OldIds::Short(olds.iter().map(|(c, _)| short_id(&c.id)).collect()),
                         false => OldIds::Whole(whole()),
                     }),
-                    context,
+                    context: a.context(&held),
                 }
             } else {
                 Request::GetChunksAgainst {
                     ids: group.iter().map(|c| c.id).collect(),
                     keys,
-                    olds: named.then(whole),
+                    olds: history.then(whole),
                 }
             })?;
             sent.push((id, i, group, olds, held));
