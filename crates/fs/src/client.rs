@@ -893,6 +893,9 @@ fn fetch_files<R: io::Read, W: Write>(
     // A receiver with nothing cached reads small new files whole: their recipes and chunk ids
     // would only add to the bytes. With a cache, recipes let it find what it already holds.
     let read_file = offers(conn, ferry_proto::FEATURE_READ_FILE) && src.cold;
+    // Larger ones likewise, a range at a time.
+    let read_range = offers(conn, ferry_proto::FEATURE_READ_RANGE) && src.cold;
+    let mut ranged = vec![];
     let history = offers(conn, ferry_proto::FEATURE_HISTORY);
     let keys = KeyKind::of(conn);
     let context = keys != KeyKind::Fixed && offers(conn, ferry_proto::FEATURE_CONTEXT);
@@ -931,6 +934,11 @@ fn fetch_files<R: io::Read, W: Write>(
                 }
                 _ => batches.push((vec![i], j.attr.size)),
             }
+            ids.push(None);
+            continue;
+        }
+        if read_range && olds[i].order.is_empty() && j.attr.size > WHOLE_FILE {
+            ranged.push(i);
             ids.push(None);
             continue;
         }
@@ -975,6 +983,9 @@ fn fetch_files<R: io::Read, W: Write>(
             Ok((conn.send(request)?, b))
         })
         .collect::<Result<_, GetError>>()?;
+    // The first ranges go with the recipe requests: no round trip of their own.
+    let mut ranges = Ranges::new(&jobs, &ranged);
+    ranges.send(conn, &jobs)?;
     conn.flush()?;
     let mut fetched = std::collections::HashSet::new();
     let mut whole: HashMap<usize, Recipe> = HashMap::new();
@@ -1002,14 +1013,18 @@ fn fetch_files<R: io::Read, W: Write>(
     let mut against = vec![];
     for (i, ((id, j), old)) in ids.into_iter().zip(&jobs).zip(olds).enumerate() {
         if let Some(recipe) = whole.remove(&i) {
-            recipes.push((recipe, old.at));
+            recipes.push((i, recipe, old.at));
             continue;
         }
-        let mut replies = conn.replies(id.expect("asked"))?;
+        let Some(id) = id else {
+            // Read by ranges.
+            continue;
+        };
+        let mut replies = conn.replies(id)?;
         if let [Reply::Data(data)] = &mut replies[..] {
             let data = std::mem::take(data);
             let (recipe, _) = whole_file(&data, src, stats, &mut fetched)?;
-            recipes.push((recipe, old.at));
+            recipes.push((i, recipe, old.at));
             continue;
         }
         let recipe = match recipe_from(replies, &ferry_format::pages(&old.order), j.attr.size) {
@@ -1055,14 +1070,14 @@ fn fetch_files<R: io::Read, W: Write>(
             Some(a) => against.push((a, file_missing)),
             None => missing.extend(file_missing.iter().map(|c| c.id)),
         }
-        recipes.push((recipe, old.at));
+        recipes.push((i, recipe, old.at));
     }
     missing.extend(fetch_against(conn, against, src, stats, &mut fetched)?);
     fetched.extend(fetch_chunks(conn, &missing, src, stats)?);
-    for (j, (recipe, here)) in jobs.iter().zip(recipes) {
-        assemble(j, &recipe, &here, &fetched, src, stats)?;
+    for (i, recipe, here) in recipes {
+        assemble(&jobs[i], &recipe, &here, &fetched, src, stats)?;
     }
-    Ok(())
+    ranges.fetch(conn, &jobs, src, stats)
 }
 
 /// Whether the server offers `feature` (a Hello feature bit).
@@ -1761,6 +1776,188 @@ fn fetch_chunks<R: io::Read, W: Write>(
     Ok(fetched)
 }
 
+/// Bytes asked for per ReadRange, and ReadRange requests kept in flight.
+const RANGE_BYTES: u32 = 2 << 20;
+const RANGES_IN_FLIGHT: usize = 4;
+
+/// Large new files that a receiver with nothing reads whole (ReadRange), a range at a time, in
+/// order: no recipe and no chunk ids travel, only the files' bytes in the session stream.
+struct Ranges {
+    /// (job, offset, length) of every range to ask for, files one after another.
+    all: Vec<(usize, u64, u32)>,
+    /// How many of them were asked for, and the request ids of those not yet taken.
+    sent: usize,
+    waiting: std::collections::VecDeque<u32>,
+}
+
+impl Ranges {
+    fn new(jobs: &[FileJob], files: &[usize]) -> Self {
+        let mut all = vec![];
+        for &i in files {
+            let size = jobs[i].attr.size;
+            all.extend((0..size.div_ceil(RANGE_BYTES as u64)).map(|k| {
+                let offset = k * RANGE_BYTES as u64;
+                (i, offset, (size - offset).min(RANGE_BYTES as u64) as u32)
+            }));
+        }
+        Ranges {
+            all,
+            sent: 0,
+            waiting: Default::default(),
+        }
+    }
+
+    /// Asks for ranges until [`RANGES_IN_FLIGHT`] are on their way: the first window costs a
+    /// round trip, refills only keep the stream going.
+    fn send<R: io::Read, W: Write>(
+        &mut self,
+        conn: &mut Connection<R, W>,
+        jobs: &[FileJob],
+    ) -> Result<(), GetError> {
+        while self.sent < self.all.len() && self.waiting.len() < RANGES_IN_FLIGHT {
+            let (job, offset, len) = self.all[self.sent];
+            let r = Request::ReadRange {
+                path: jobs[job].remote.clone(),
+                offset,
+                len,
+            };
+            let id = if self.sent < RANGES_IN_FLIGHT {
+                conn.send(r)?
+            } else {
+                conn.send_paced(r)?
+            };
+            self.waiting.push_back(id);
+            self.sent += 1;
+        }
+        Ok(())
+    }
+
+    /// Takes every range, writing each file beside its destination and cutting it into the
+    /// cache as it arrives (a cut transfer resumes from what arrived); a file whose bytes do
+    /// not hash to the object id the server named for them all never replaces anything.
+    fn fetch<R: io::Read, W: Write>(
+        mut self,
+        conn: &mut Connection<R, W>,
+        jobs: &[FileJob],
+        src: &Sources<'_>,
+        stats: &mut GetStats,
+    ) -> Result<(), GetError> {
+        let mut file: Option<RangeFile> = None;
+        let mut unflushed = 0;
+        for k in 0..self.all.len() {
+            self.send(conn, jobs)?;
+            let (job, _, len) = self.all[k];
+            let id = self.waiting.pop_front().expect("asked");
+            let mut replies = conn.replies(id)?;
+            let [Reply::Range { oid, data }] = &mut replies[..] else {
+                return Err(ConnError::Unexpected(format!("{replies:?}")).into());
+            };
+            let f = match &mut file {
+                Some(f) if f.job == job => f,
+                f => f.insert(RangeFile::new(job, *oid, &jobs[job].local, &src.chunker)?),
+            };
+            if f.oid != *oid || data.len() > len as usize {
+                return Err(changed_while_fetched());
+            }
+            f.write(data, &jobs[job].local, src, stats)?;
+            unflushed += data.len();
+            if unflushed >= RESUME_FLUSH_BYTES {
+                src.cache.flush()?;
+                unflushed = 0;
+            }
+            if self.all.get(k + 1).is_none_or(|n| n.0 != job) {
+                let f = file.take().expect("a file");
+                f.finish(&jobs[job], src, stats)?;
+            }
+        }
+        src.cache.flush()?;
+        Ok(())
+    }
+}
+
+fn changed_while_fetched() -> GetError {
+    ConnError::Unexpected(
+        "a file changed on the server while it was fetched; run the command again".into(),
+    )
+    .into()
+}
+
+/// A file being read by ranges: the temporary file it goes into, and its chunking so far.
+struct RangeFile {
+    job: usize,
+    oid: Id,
+    tmp: tempfile::NamedTempFile,
+    cutter: Box<dyn ferry_chunk::Cutter>,
+    /// The bytes of the chunk not yet cut off.
+    pending: Vec<u8>,
+    whole: ferry_format::IdHasher,
+}
+
+impl RangeFile {
+    fn new(job: usize, oid: Id, local: &Path, chunker: &ChunkerSpec) -> Result<Self, GetError> {
+        Ok(RangeFile {
+            job,
+            oid,
+            tmp: temp_beside(local)?,
+            cutter: chunker.build(),
+            pending: vec![],
+            whole: ferry_format::IdHasher::new(oid.alg()),
+        })
+    }
+
+    fn write(
+        &mut self,
+        mut data: &[u8],
+        local: &Path,
+        src: &Sources<'_>,
+        stats: &mut GetStats,
+    ) -> Result<(), GetError> {
+        self.tmp
+            .as_file()
+            .write_all(data)
+            .map_err(GetError::local("write", local))?;
+        self.whole.update(data);
+        while let Some(n) = self.cutter.next_cut(data) {
+            self.pending.extend_from_slice(&data[..n]);
+            self.cut(src, stats)?;
+            data = &data[n..];
+        }
+        self.pending.extend_from_slice(data);
+        Ok(())
+    }
+
+    /// The pending bytes are a chunk: into the cache.
+    fn cut(&mut self, src: &Sources<'_>, stats: &mut GetStats) -> Result<(), GetError> {
+        let len = self.pending.len() as u64;
+        src.cache
+            .put(&VerifiedChunk::hash(HashAlg::Blake3, &self.pending))?;
+        self.pending.clear();
+        stats.from_server += 1;
+        stats.bytes_from_server += len;
+        stats.chunks += 1;
+        stats.bytes += len;
+        if let Some(p) = src.progress {
+            p(len);
+        }
+        Ok(())
+    }
+
+    fn finish(
+        mut self,
+        j: &FileJob,
+        src: &Sources<'_>,
+        stats: &mut GetStats,
+    ) -> Result<(), GetError> {
+        if !self.pending.is_empty() {
+            self.cut(src, stats)?;
+        }
+        if self.whole.finish() != self.oid {
+            return Err(changed_while_fetched());
+        }
+        install(self.tmp, j, stats)
+    }
+}
+
 /// Writes a file from its recipe into a temporary file beside the destination, then renames it
 /// over the destination.
 fn assemble(
@@ -1777,13 +1974,7 @@ fn assemble(
     } else {
         File::open(j.old()).ok()
     };
-    let dir = local
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    fs::create_dir_all(dir).map_err(GetError::local("create directory", dir))?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)
-        .map_err(GetError::local("create a temporary file in", dir))?;
+    let mut tmp = temp_beside(local)?;
     {
         let mut out = BufWriter::with_capacity(1 << 20, tmp.as_file_mut());
         let mut buf = vec![];
@@ -1818,6 +2009,32 @@ fn assemble(
         }
         out.flush().map_err(GetError::local("write", local))?;
     }
+    install(tmp, j, stats)
+}
+
+/// The directory a file goes into (made if need be).
+fn parent_dir(local: &Path) -> &Path {
+    local
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
+/// A temporary file beside `local`, to be renamed over it once whole.
+fn temp_beside(local: &Path) -> Result<tempfile::NamedTempFile, GetError> {
+    let dir = parent_dir(local);
+    fs::create_dir_all(dir).map_err(GetError::local("create directory", dir))?;
+    tempfile::NamedTempFile::new_in(dir).map_err(GetError::local("create a temporary file in", dir))
+}
+
+/// Gives a file written in full to `tmp` its mode and mtime, and renames it over its
+/// destination, durably.
+fn install(
+    tmp: tempfile::NamedTempFile,
+    j: &FileJob,
+    stats: &mut GetStats,
+) -> Result<(), GetError> {
+    let (local, dir) = (&j.local, parent_dir(&j.local));
     let f = tmp.as_file();
     f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
         j.attr.mode & 0o7777,

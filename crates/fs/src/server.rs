@@ -679,6 +679,12 @@ impl Server {
                 Ok(data) => Reply::Data(data),
                 Err(e) => io_error(&path, &e),
             }),
+            Request::ReadRange { path, offset, len } => {
+                one(match self.read_range(&path, offset, len) {
+                    Ok((oid, data)) => Reply::Range { oid, data },
+                    Err(e) => io_error(&path, &e),
+                })
+            }
             Request::GetFilesShort { files } => {
                 let mut budget = MAX_OLDS;
                 let files = files
@@ -1150,6 +1156,29 @@ impl Server {
             })?;
         }
         Ok(data)
+    }
+
+    /// Bytes `offset..offset + len` of a file (fewer at its end), with the object id of the
+    /// whole version they were read from (ReadRange). The id comes with the file's recipe, cut
+    /// (and kept in the history) once per version, as for GetRecipe.
+    fn read_range(&mut self, path: &WirePath, offset: u64, len: u32) -> io::Result<(Id, Vec<u8>)> {
+        let file = self.export.open_file(path)?;
+        let (attr, fid) = crate::export::attr_of(&rustix::fs::fstat(&file)?);
+        if attr.kind != FileKind::File {
+            return Err(io::Error::from(io::ErrorKind::IsADirectory));
+        }
+        if !self.recipes.contains_key(&fid) {
+            self.recipe(path)?;
+        }
+        let changed = || io::Error::other("the file changed while it was read; fetch it again");
+        let oid = self.recipes.get(&fid).ok_or_else(changed)?.1.id();
+        let mut data = vec![0u8; (len as u64).min(attr.size.saturating_sub(offset)) as usize];
+        file.read_exact_at(&mut data, offset)
+            .map_err(|_| changed())?;
+        if crate::export::attr_of(&rustix::fs::fstat(&file)?).1 != fid {
+            return Err(changed());
+        }
+        Ok((oid, data))
     }
 
     /// A regular file's bytes, whole, if it is at most `limit` bytes long.

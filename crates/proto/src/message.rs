@@ -13,7 +13,7 @@ pub const VERSION: u16 = 1;
 /// Feature bits this build understands: [`FEATURE_ZSTD_STREAM`](crate::FEATURE_ZSTD_STREAM),
 /// [`FEATURE_TREE_DIGEST`](crate::FEATURE_TREE_DIGEST), [`FEATURE_READ_FILE`],
 /// [`FEATURE_HISTORY`], [`FEATURE_SHORT_IDS`], [`FEATURE_PIECES_2`], [`FEATURE_SHORT_OLDS`],
-/// [`FEATURE_CONTEXT`] and [`FEATURE_KEYS_3`].
+/// [`FEATURE_CONTEXT`], [`FEATURE_KEYS_3`] and [`FEATURE_READ_RANGE`].
 pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | crate::FEATURE_TREE_DIGEST
     | FEATURE_READ_FILE
@@ -22,7 +22,8 @@ pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | FEATURE_PIECES_2
     | FEATURE_SHORT_OLDS
     | FEATURE_CONTEXT
-    | FEATURE_KEYS_3;
+    | FEATURE_KEYS_3
+    | FEATURE_READ_RANGE;
 /// Hello feature bit: the server answers ReadFile.
 pub const FEATURE_READ_FILE: u64 = 4;
 /// The server keeps a history of the data it has served (chunks by id): a client names the
@@ -48,6 +49,11 @@ pub const FEATURE_CONTEXT: u64 = 128;
 /// GetChunksShort's keys may be 3 bytes long even when they do not count only in runs (for a
 /// small file's pieces, 3 bytes keep the odds of a false match under 1 in 1,000).
 pub const FEATURE_KEYS_3: u64 = 256;
+/// The server answers ReadRange: a receiver with nothing reads large new files whole, a range
+/// at a time, each reply naming the file's object id, instead of a recipe and chunk ids.
+pub const FEATURE_READ_RANGE: u64 = 512;
+/// The most bytes one ReadRange asks for.
+pub const MAX_READ_RANGE: u32 = 4 << 20;
 /// The most bytes a [`Context`] names.
 pub const MAX_CONTEXT: u64 = 4 << 20;
 /// A chunk's short id in GetChunksShort: the first 8 bytes of its digest, little-endian.
@@ -379,6 +385,14 @@ pub enum Request {
     ReadFile {
         path: WirePath,
     },
+    /// Bytes `offset..offset + len` of a file (fewer at its end; `len` at most
+    /// [`MAX_READ_RANGE`]), with the object id of the whole file as it is now
+    /// ([`FEATURE_READ_RANGE`]).
+    ReadRange {
+        path: WirePath,
+        offset: u64,
+        len: u32,
+    },
     /// READDIR against the entries the client holds, named by their 24-bit keys
     /// (`entry_key`): the server sends only the entries whose keys were not named.
     ReadDirAgainst {
@@ -461,6 +475,12 @@ pub enum Reply {
     Link(Vec<u8>),
     /// A file's bytes (ReadFile).
     Data(Vec<u8>),
+    /// A range of a file's bytes (ReadRange), and the object id of the whole file they were
+    /// read from: the receiver checks the file it puts together against it.
+    Range {
+        oid: Id,
+        data: Vec<u8>,
+    },
     /// A listing against the client's entries (ReadDirAgainst): which of the keys named are
     /// keys of entries here (one flag per key, in the first frame only; empty in the rest),
     /// and the entries whose keys were not named. MORE says whether frames follow.
@@ -512,6 +532,7 @@ mod code {
     pub const GET_FILES_AGAINST: u8 = 0x22;
     pub const GET_CHUNKS_SHORT: u8 = 0x23;
     pub const GET_FILES_SHORT: u8 = 0x24;
+    pub const READ_RANGE: u8 = 0x25;
     pub const R_ATTR: u8 = 0x40;
     pub const R_DIR_ENTRIES: u8 = 0x41;
     pub const R_RECIPE: u8 = 0x42;
@@ -526,6 +547,7 @@ mod code {
     pub const R_DIR_DELTA: u8 = 0x4b;
     pub const R_FILES_AGAINST: u8 = 0x4c;
     pub const R_CHUNKS_SHORT: u8 = 0x4d;
+    pub const R_RANGE: u8 = 0x4e;
     pub const INVALIDATE: u8 = 0x60;
 }
 
@@ -924,6 +946,12 @@ impl Message {
                     put_path(&mut w, path);
                     code::READ_FILE
                 }
+                Request::ReadRange { path, offset, len } => {
+                    put_path(&mut w, path);
+                    w.varint(*offset);
+                    w.varint(*len as u64);
+                    code::READ_RANGE
+                }
                 Request::ReadDirAgainst { path, keys } => {
                     put_path(&mut w, path);
                     w.varint(keys.len() as u64);
@@ -1052,6 +1080,11 @@ impl Message {
                 Reply::Data(d) => {
                     w.bytes(d);
                     code::R_DATA
+                }
+                Reply::Range { oid, data } => {
+                    w.id(oid);
+                    w.bytes(data);
+                    code::R_RANGE
                 }
             },
         };
@@ -1198,6 +1231,23 @@ impl Message {
             code::R_DATA => Message::Reply(Reply::Data(r.bytes()?.to_vec())),
             code::READ_FILE => Message::Request(Request::ReadFile {
                 path: get_path(&mut r)?,
+            }),
+            code::READ_RANGE => Message::Request(Request::ReadRange {
+                path: get_path(&mut r)?,
+                offset: r.varint()?,
+                len: match r.varint()? {
+                    n if n <= MAX_READ_RANGE as u64 => n as u32,
+                    _ => {
+                        return Err(ProtoError::Invalid {
+                            what: "ReadRange",
+                            why: "more bytes than MAX_READ_RANGE".into(),
+                        })
+                    }
+                },
+            }),
+            code::R_RANGE => Message::Reply(Reply::Range {
+                oid: r.id()?,
+                data: r.bytes()?.to_vec(),
             }),
             code::R_ATTR => Message::Reply(Reply::Attr(get_attr(&mut r)?)),
             code::R_DIR_ENTRIES => Message::Reply(Reply::DirEntries(get_entries(&mut r)?)),
@@ -1579,6 +1629,15 @@ mod tests {
                 data: vec![0x28, 0xb5, 0x2f, 0xfd],
             }),
             Message::Reply(Reply::Data(b"small".to_vec())),
+            Message::Request(Request::ReadRange {
+                path: "big".into(),
+                offset: 4 << 20,
+                len: MAX_READ_RANGE,
+            }),
+            Message::Reply(Reply::Range {
+                oid: id(3),
+                data: b"part".to_vec(),
+            }),
             Message::Reply(Reply::Error {
                 code: ErrorCode::Conflict,
                 message: "changed since version 3".into(),
@@ -1836,6 +1895,45 @@ mod tests {
         want.extend_from_slice(&[0xcc; 32]);
         want.extend_from_slice(&[0, 1, 1, 1, 7]);
         assert_eq!(b, want);
+    }
+
+    #[test]
+    fn read_range_golden() {
+        let b = Message::Request(Request::ReadRange {
+            path: "f".into(),
+            offset: 300,
+            len: 2,
+        })
+        .encode(7, false)
+        .unwrap();
+        assert_eq!(
+            b,
+            [11, 0, 0, 0, 0x25, 0, 7, 0, 0, 0, 1, b'f', 0xac, 0x02, 2]
+        );
+        let b = Message::Reply(Reply::Range {
+            oid: id(0xcc),
+            data: b"ab".to_vec(),
+        })
+        .encode(7, false)
+        .unwrap();
+        let mut want = vec![42, 0, 0, 0, 0x4e, 0, 7, 0, 0, 0, HashAlg::Blake3.tag()];
+        want.extend_from_slice(&[0xcc; 32]);
+        want.extend_from_slice(&[2, b'a', b'b']);
+        assert_eq!(b, want);
+        // More than MAX_READ_RANGE at once is refused at decode.
+        let mut b = Message::Request(Request::ReadRange {
+            path: "f".into(),
+            offset: 0,
+            len: MAX_READ_RANGE,
+        })
+        .encode(7, false)
+        .unwrap();
+        let n = b.len();
+        b[n - 4] += 1;
+        let mut d = FrameDecoder::new();
+        d.feed(&b);
+        let f = d.next_frame().unwrap().unwrap();
+        assert!(Message::decode(&f).is_err());
     }
 
     #[test]

@@ -692,6 +692,14 @@ fn requests_before_hello_and_garbage_are_refused() {
 fn fake_server(
     respond: impl Fn(Request) -> Reply + Send + 'static,
 ) -> Connection<UnixStream, UnixStream> {
+    fake_server_offering(0, respond)
+}
+
+/// Likewise, offering `features` (never the session stream).
+fn fake_server_offering(
+    features: u64,
+    respond: impl Fn(Request) -> Reply + Send + 'static,
+) -> Connection<UnixStream, UnixStream> {
     let (a, b) = UnixStream::pair().unwrap();
     std::thread::spawn(move || {
         use std::io::{Read, Write};
@@ -702,7 +710,7 @@ fn fake_server(
             while let Some(f) = dec.next_frame().unwrap() {
                 let reply = match Message::decode(&f).unwrap() {
                     // A plain server: no session compression.
-                    Message::Hello(h) => Message::Hello(ferry_proto::Hello { features: 0, ..h }),
+                    Message::Hello(h) => Message::Hello(ferry_proto::Hello { features, ..h }),
                     Message::Request(q) => Message::Reply(respond(q)),
                     _ => return,
                 };
@@ -790,6 +798,26 @@ fn a_lying_server_cannot_plant_data() {
     )
     .unwrap_err();
     assert!(matches!(err, GetError::BadData(_)), "{err}");
+    assert!(!dest.exists(), "nothing written");
+}
+
+#[test]
+fn a_lying_server_cannot_plant_data_by_ranges() {
+    let t = tempfile::tempdir().unwrap();
+    let good = bytes(5, 100_000);
+    let oid = ferry_format::Id::hash(ferry_format::HashAlg::Blake3, &good);
+    let mut c = fake_server_offering(ferry_proto::FEATURE_READ_RANGE, move |q| match q {
+        Request::GetAttr { .. } => Reply::Attr(attr(ferry_proto::FileKind::File, 100_000)),
+        Request::ReadRange { offset, len, .. } => Reply::Range {
+            oid,
+            data: bytes(6, 100_000)[offset as usize..][..len as usize].to_vec(),
+        },
+        _ => Reply::Ok,
+    });
+    let dest = t.path().join("f");
+    let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+    let err = get(&mut c, "f", &dest, &cache).unwrap_err();
+    assert!(err.to_string().contains("changed on the server"), "{err}");
     assert!(!dest.exists(), "nothing written");
 }
 
@@ -1056,6 +1084,38 @@ fn a_stale_update_is_refused_not_merged() {
 
 /// A connection cut in the middle of a large file loses nothing received: the next run fetches
 /// only the rest.
+#[test]
+fn a_receiver_with_nothing_reads_large_files_without_recipes() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir(&srv).unwrap();
+    fs::write(srv.join("big"), bytes(31, 5 << 20)).unwrap();
+    fs::write(srv.join("mid"), bytes(32, 300_000)).unwrap();
+    let cost = |features: u64, dest: &str| {
+        let mut c = connect_offering(&srv, None, features);
+        let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+        let s = get(&mut c, "", &t.path().join(dest), &cache).unwrap();
+        same_tree(&srv, &t.path().join(dest));
+        // Cut into the cache either way: a later fetch, or a resumed one, finds them.
+        assert!(
+            s.from_server >= 600 && ferry_store::ChunkStore::stats(&cache).unwrap().chunks >= 600,
+            "{s:?}"
+        );
+        let tr = c.traffic();
+        tr.bytes_received + tr.bytes_sent
+    };
+    let ranges = cost(ferry_proto::FEATURES, "a");
+    let recipes = cost(
+        ferry_proto::FEATURES & !ferry_proto::FEATURE_READ_RANGE,
+        "b",
+    );
+    // ~650 chunks: a recipe's id down and a GetChunks id up for each, saved.
+    assert!(
+        ranges + 30_000 < recipes,
+        "{ranges} by ranges, {recipes} by recipes"
+    );
+}
+
 #[test]
 fn a_cut_connection_resumes_inside_a_large_file() {
     use std::io::{Read, Write};
