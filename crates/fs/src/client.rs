@@ -106,6 +106,9 @@ pub struct Sources<'a> {
     pub dry_run: bool,
     /// The cache held nothing when the transfer began: small new files are read whole.
     pub cold: bool,
+    /// Nothing in the cache could hold chunks of new files (it was empty when the transfer
+    /// began): large new files are read whole too, by ranges, with no recipe.
+    pub ranges: bool,
     /// Told the bytes of each chunk written (for progress bars).
     pub progress: Option<&'a dyn Fn(u64)>,
 }
@@ -894,7 +897,7 @@ fn fetch_files<R: io::Read, W: Write>(
     // would only add to the bytes. With a cache, recipes let it find what it already holds.
     let read_file = offers(conn, ferry_proto::FEATURE_READ_FILE) && src.cold;
     // Larger ones likewise, a range at a time.
-    let read_range = offers(conn, ferry_proto::FEATURE_READ_RANGE) && src.cold;
+    let read_range = offers(conn, ferry_proto::FEATURE_READ_RANGE) && src.ranges;
     let mut ranged = vec![];
     let history = offers(conn, ferry_proto::FEATURE_HISTORY);
     let keys = KeyKind::of(conn);

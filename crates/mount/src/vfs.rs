@@ -683,6 +683,9 @@ impl Vfs {
             dry_run: false,
             // Small files with no copy here come whole (one round trip, no recipe).
             cold: true,
+            // Large ones by recipe: the chunk cache outlives the copies, and may hold chunks
+            // of a file evicted, renamed or copied on the server.
+            ranges: false,
             progress: None,
         }
     }

@@ -145,13 +145,15 @@ impl Demo {
 
     fn get(&self) -> Result<Traffic> {
         let mut s = self.session()?;
+        let cold = ferry_store::ChunkStore::is_empty(&self.cache)?;
         let src = Sources {
             cache: &self.cache,
             chunker: ChunkerSpec::default(),
             delete: true,
             dry_run: false,
             progress: None,
-            cold: ferry_store::ChunkStore::is_empty(&self.cache)?,
+            cold,
+            ranges: cold,
         };
         let mut stats = ferry_fs::GetStats::default();
         ferry_fs::get(

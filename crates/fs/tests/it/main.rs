@@ -148,6 +148,7 @@ fn get_deleting(
         dry_run: false,
         progress: None,
         cold: cache.is_empty().unwrap(),
+        ranges: cache.is_empty().unwrap(),
     };
     ferry_fs::get(
         conn,
@@ -1230,6 +1231,7 @@ fn dry_run_changes_nothing_and_says_what_it_would_do() {
         dry_run: true,
         progress: None,
         cold: false,
+        ranges: false,
     };
     let mut stats = GetStats::default();
     ferry_fs::get(&mut c, &WirePath::default(), &dst, &src, &mut stats).unwrap();
