@@ -216,14 +216,14 @@ pub fn get<R: io::Read, W: Write>(
     for job in plan.files {
         if !batch.is_empty() && (batch.len() >= BATCH_FILES || bytes + job.attr.size > BATCH_BYTES)
         {
-            fetch_files(conn, std::mem::take(&mut batch), src, stats)?;
+            fetch_files(conn, std::mem::take(&mut batch), src, stats, true)?;
             bytes = 0;
         }
         bytes += job.attr.size;
         batch.push(job);
     }
     if !batch.is_empty() {
-        fetch_files(conn, batch, src, stats)?;
+        fetch_files(conn, batch, src, stats, true)?;
     }
     for p in plan.deletes {
         remove_local(&p).map_err(GetError::local("delete", &p))?;
@@ -261,10 +261,11 @@ pub fn fetch_file<R: io::Read, W: Write>(
         local: local.to_path_buf(),
         basis: None,
     };
-    fetch_files(conn, vec![job], src, stats)
+    fetch_files(conn, vec![job], src, stats, true)
 }
 
 /// A remote file that differs from its local copy.
+#[derive(Clone)]
 struct FileJob {
     remote: WirePath,
     attr: Attr,
@@ -823,15 +824,25 @@ impl GetError {
     }
 }
 
-/// Puts the pages of a GetRecipe or GetRecipeDelta reply together; `known` are the pages the
-/// delta may refer to. A recipe rebuilt from references must match the server's check.
-/// `size` is the file's size as listed: a recipe of more chunks than a file of (at least
-/// 64 MiB, or) that size could have is refused, so page references cannot blow up memory.
-fn recipe_from(replies: Vec<Reply>, known: &[&[ChunkRef]], size: u64) -> Result<Recipe, GetError> {
+/// Puts the pages of a GetRecipe, GetRecipeDelta or GetRecipeShort reply together; `known` are
+/// the pages the delta may refer to. A recipe rebuilt from references must match the server's
+/// check. `size` is the file's size as listed: a recipe of more chunks than a file of (at
+/// least 64 MiB, or) that size could have is refused, so page references cannot blow up
+/// memory. Chunks named by short ids (only with `shorts`) get the ids `shorts` finds for them
+/// (placeholders for those held nowhere here); their recipe is checked only once they are all
+/// known, so the check comes back with it.
+fn recipe_from(
+    replies: Vec<Reply>,
+    known: &[&[ChunkRef]],
+    size: u64,
+    mut shorts: Option<&mut Shorts>,
+    find: &dyn Fn(u64) -> Result<Option<Id>, GetError>,
+) -> Result<(Recipe, Option<[u8; 32]>), GetError> {
     let max_chunks = size.max(64 << 20) / ferry_chunk::MIN_CHUNK_LIMIT as u64;
     let mut chunks: Vec<ChunkRef> = vec![];
     let mut alg = HashAlg::Blake3;
     let mut check = None;
+    let mut deferred = false;
     for r in replies {
         match r {
             Reply::RecipeDelta(d) => {
@@ -851,6 +862,19 @@ fn recipe_from(replies: Vec<Reply>, known: &[&[ChunkRef]], size: u64) -> Result<
                             })?)
                         }
                         RecipePart::Chunks(cs) => chunks.extend(cs),
+                        RecipePart::Short(cs) => {
+                            let shorts = shorts.as_deref_mut().ok_or_else(|| {
+                                ConnError::Unexpected("short ids in a recipe not asked so".into())
+                            })?;
+                            deferred = true;
+                            for (len, short) in cs {
+                                let id = shorts.id(alg, len, short, find)?;
+                                chunks.push(ChunkRef { id, len });
+                                if chunks.len() as u64 > d.total_chunks {
+                                    break;
+                                }
+                            }
+                        }
                     }
                     if chunks.len() as u64 > d.total_chunks {
                         return Err(
@@ -875,19 +899,81 @@ fn recipe_from(replies: Vec<Reply>, known: &[&[ChunkRef]], size: u64) -> Result<
         }
     }
     let recipe = Recipe::from_chunks(alg, chunks).map_err(ferry_proto::ProtoError::from)?;
+    if deferred {
+        return Ok((recipe, check));
+    }
     if check.is_some_and(|c| c != recipe.check()) {
         return Err(GetError::RecipeCheck);
     }
-    Ok(recipe)
+    Ok((recipe, None))
+}
+
+/// Chunks named by short ids in recipes (GetRecipeShort) and held nowhere here: each stands in
+/// its recipe under a placeholder id (the short id, then zeros) until it arrives and its real
+/// id is known.
+#[derive(Default)]
+struct Shorts {
+    /// Placeholders, with their chunks' lengths.
+    open: HashMap<Id, u32>,
+    /// Placeholders whose chunks arrived, and their real ids.
+    found: HashMap<Id, Id>,
+}
+
+impl Shorts {
+    /// The id of a chunk named by `short`: one held here with that prefix (`find`), else a
+    /// placeholder.
+    fn id(
+        &mut self,
+        alg: HashAlg,
+        len: u32,
+        short: u64,
+        find: &dyn Fn(u64) -> Result<Option<Id>, GetError>,
+    ) -> Result<Id, GetError> {
+        if let Some(id) = find(short)?.filter(|id| id.alg() == alg) {
+            return Ok(id);
+        }
+        let mut d = [0u8; 32];
+        d[..8].copy_from_slice(&short.to_le_bytes());
+        let id = Id::from_parts(alg, d);
+        self.open.insert(id, len);
+        Ok(id)
+    }
+
+    /// Bytes that arrived for `asked`: when it is a placeholder and they have its short id,
+    /// the chunk they are (verified: its id is their hash).
+    fn arrived<'a>(&mut self, asked: Id, bytes: &'a [u8]) -> Option<VerifiedChunk<'a>> {
+        self.open.get(&asked)?;
+        let v = VerifiedChunk::hash(asked.alg(), bytes);
+        (short_id(v.id()) == short_id(&asked)).then(|| {
+            self.found.insert(asked, *v.id());
+            v
+        })
+    }
+
+    /// A recipe with every placeholder replaced by the real id; `None` if some chunk never
+    /// arrived.
+    fn resolve(&self, recipe: &Recipe) -> Option<Recipe> {
+        let chunks = recipe.chunks().iter().map(|c| {
+            if self.open.contains_key(&c.id) {
+                self.found.get(&c.id).map(|&id| ChunkRef { id, len: c.len })
+            } else {
+                Some(*c)
+            }
+        });
+        Recipe::from_chunks(recipe.alg(), chunks.collect::<Option<_>>()?).ok()
+    }
 }
 
 /// Fetches a batch of files: every recipe asked for at once, then every chunk that neither
 /// the cache nor the files already at the destination hold, then each file assembled.
+///
+/// With `short_recipes` (and a server that offers them), recipes name chunks by short ids.
 fn fetch_files<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     mut jobs: Vec<FileJob>,
     src: &Sources<'_>,
     stats: &mut GetStats,
+    short_recipes: bool,
 ) -> Result<(), GetError> {
     // The file already at the destination is a chunk source (rsync's basis file,
     // generalised), and its recipe's pages let the server send only the pages that changed.
@@ -902,6 +988,9 @@ fn fetch_files<R: io::Read, W: Write>(
     let history = offers(conn, ferry_proto::FEATURE_HISTORY);
     let keys = KeyKind::of(conn);
     let context = keys != KeyKind::Fixed && offers(conn, ferry_proto::FEATURE_CONTEXT);
+    // Chunks named by short ids in recipes: those held nowhere here are fetched by them.
+    let short =
+        short_recipes && keys != KeyKind::Fixed && offers(conn, ferry_proto::FEATURE_SHORT_RECIPES);
     // Files that come whole against their old versions, in batches: (job indices, new bytes).
     let mut batches: Vec<(Vec<usize>, u64)> = vec![];
     for i in 0..jobs.len() {
@@ -950,12 +1039,19 @@ fn fetch_files<R: io::Read, W: Write>(
                 // Nothing old here to build on: a small file's bytes cost less than its recipe
                 // and chunk ids would.
                 Request::ReadFile { path }
-            } else if pages >= 2 {
-                let known = ferry_format::pages(&olds[i].order)
-                    .iter()
-                    .map(|p| ferry_format::page_key(p))
-                    .collect();
-                Request::GetRecipeDelta { path, known }
+            } else if pages >= 2 || short {
+                // A one-page old version is no page of a changed file's new one.
+                let known = match pages {
+                    0 | 1 => vec![],
+                    _ => ferry_format::pages(&olds[i].order)
+                        .iter()
+                        .map(|p| ferry_format::page_key(p))
+                        .collect(),
+                };
+                match short {
+                    true => Request::GetRecipeShort { path, known },
+                    false => Request::GetRecipeDelta { path, known },
+                }
             } else {
                 Request::GetRecipe { path, from: 0 }
             },
@@ -1014,6 +1110,9 @@ fn fetch_files<R: io::Read, W: Write>(
     let mut missing: Vec<Id> = vec![];
     let mut seen = std::collections::HashSet::new();
     let mut against = vec![];
+    let mut shorts = Shorts::default();
+    // The checks of recipes with chunks named by short ids, for once those have arrived.
+    let mut checks = HashMap::new();
     for (i, ((id, j), old)) in ids.into_iter().zip(&jobs).zip(olds).enumerate() {
         if let Some(recipe) = whole.remove(&i) {
             recipes.push((i, recipe, old.at));
@@ -1030,7 +1129,19 @@ fn fetch_files<R: io::Read, W: Write>(
             recipes.push((i, recipe, old.at));
             continue;
         }
-        let recipe = match recipe_from(replies, &ferry_format::pages(&old.order), j.attr.size) {
+        let by_short: HashMap<u64, Id> = match short {
+            true => old.order.iter().map(|c| (short_id(&c.id), c.id)).collect(),
+            false => HashMap::new(),
+        };
+        let find = |s: u64| -> Result<Option<Id>, GetError> {
+            match by_short.get(&s) {
+                Some(&id) => Ok(Some(id)),
+                None => Ok(src.cache.find_prefix(s)?),
+            }
+        };
+        let pages = ferry_format::pages(&old.order);
+        let with_shorts = short.then_some(&mut shorts);
+        let recipe = match recipe_from(replies, &pages, j.attr.size, with_shorts, &find) {
             Err(GetError::RecipeCheck) => {
                 // Two pages with one key (a 2^-64 chance): the whole recipe, then.
                 tracing::warn!(
@@ -1041,10 +1152,14 @@ fn fetch_files<R: io::Read, W: Write>(
                     path: j.remote.clone(),
                     from: 0,
                 })?;
-                recipe_from(r, &[], j.attr.size)?
+                recipe_from(r, &[], j.attr.size, None, &find)?
             }
             r => r?,
         };
+        let (recipe, check) = recipe;
+        if let Some(check) = check {
+            checks.insert(i, check);
+        }
         let old = if recipe.alg() == HashAlg::Blake3 {
             old
         } else {
@@ -1075,12 +1190,116 @@ fn fetch_files<R: io::Read, W: Write>(
         }
         recipes.push((i, recipe, old.at));
     }
-    missing.extend(fetch_against(conn, against, src, stats, &mut fetched)?);
+    missing.extend(fetch_against(
+        conn,
+        against,
+        src,
+        stats,
+        &mut fetched,
+        &mut shorts,
+    )?);
+    let (by_short, missing): (Vec<Id>, Vec<Id>) = missing
+        .into_iter()
+        .partition(|c| shorts.open.contains_key(c));
+    fetch_short(conn, &by_short, src, stats, &mut fetched, &mut shorts)?;
     fetched.extend(fetch_chunks(conn, &missing, src, stats)?);
+    let mut again = vec![];
     for (i, recipe, here) in recipes {
+        let recipe = match checks.get(&i) {
+            None => recipe,
+            Some(check) => match shorts.resolve(&recipe) {
+                None => return Err(changed_while_fetched()),
+                Some(r) if r.check() == *check => r,
+                Some(_) => {
+                    // A chunk held here has the short id of another (a 2^-64 chance), or the
+                    // server lied: by full ids, then.
+                    tracing::warn!(
+                        "{:?}: short ids misled; fetching by full ids",
+                        jobs[i].remote
+                    );
+                    again.push(jobs[i].clone());
+                    continue;
+                }
+            },
+        };
         assemble(&jobs[i], &recipe, &here, &fetched, src, stats)?;
     }
-    ranges.fetch(conn, &jobs, src, stats)
+    ranges.fetch(conn, &jobs, src, stats)?;
+    if again.is_empty() {
+        return Ok(());
+    }
+    fetch_files(conn, again, src, stats, false)
+}
+
+/// Fetches chunks of short recipes held nowhere here (`by_short`: placeholders), plainly, by
+/// their short ids; each is verified by its own hash and its short id.
+fn fetch_short<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    by_short: &[Id],
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+    fetched: &mut std::collections::HashSet<Id>,
+    shorts: &mut Shorts,
+) -> Result<(), GetError> {
+    let wanted: Vec<ChunkRef> = by_short
+        .iter()
+        .map(|&id| ChunkRef {
+            id,
+            len: shorts.open[&id],
+        })
+        .collect();
+    let olds = match offers(conn, ferry_proto::FEATURE_SHORT_OLDS) {
+        true => OldIds::Short(vec![]),
+        false => OldIds::Whole(vec![]),
+    };
+    let history = offers(conn, ferry_proto::FEATURE_HISTORY);
+    let mut sent = vec![];
+    for group in groups(&wanted, crate::delta::MAX_DATA) {
+        // No keys and no olds: the chunks come plainly.
+        let id = conn.send(Request::GetChunksShort {
+            ids: group.iter().map(|c| short_id(&c.id)).collect(),
+            key_bytes: 8,
+            runs: false,
+            keys: Some(vec![]),
+            olds: history.then(|| olds.clone()),
+            context: None,
+        })?;
+        sent.push((id, group));
+    }
+    conn.flush()?;
+    for (id, asked) in sent {
+        let Some(Reply::ChunksShort {
+            found,
+            zstd: false,
+            data,
+            ..
+        }) = conn.replies(id)?.pop()
+        else {
+            return Err(ConnError::Unexpected("chunks by short id, not plainly".into()).into());
+        };
+        if found.len() != asked.len() {
+            return Err(changed_while_fetched());
+        }
+        let mut at = 0;
+        for (n, c) in asked.iter().enumerate() {
+            let len = c.len as usize;
+            let bytes = data.get(at..at + len);
+            let v = bytes
+                .filter(|_| found[n] as usize == n)
+                .and_then(|b| shorts.arrived(c.id, b))
+                .ok_or(GetError::BadData(c.id))?;
+            src.cache.put(&v)?;
+            fetched.insert(*v.id());
+            stats.from_server += 1;
+            stats.bytes_from_server += len as u64;
+            at += len;
+        }
+        if at != data.len() {
+            return Err(GetError::BadData(asked[0].id));
+        }
+    }
+    src.cache.flush()?;
+    Ok(())
 }
 
 /// Whether the server offers `feature` (a Hello feature bit).
@@ -1562,6 +1781,7 @@ fn fetch_against<R: io::Read, W: Write>(
     src: &Sources<'_>,
     stats: &mut GetStats,
     fetched: &mut std::collections::HashSet<Id>,
+    shorts: &mut Shorts,
 ) -> Result<Vec<Id>, GetError> {
     let short = offers(conn, ferry_proto::FEATURE_SHORT_IDS);
     let short_olds = offers(conn, ferry_proto::FEATURE_SHORT_OLDS);
@@ -1614,10 +1834,14 @@ fn fetch_against<R: io::Read, W: Write>(
             if !asked.iter().any(|c| c.id == cid) {
                 return Err(GetError::BadData(cid));
             }
-            if let Ok(v) = VerifiedChunk::check(cid, bytes) {
+            // A placeholder's chunk is what has its short id.
+            let v = VerifiedChunk::check(cid, bytes)
+                .ok()
+                .or_else(|| shorts.arrived(cid, bytes));
+            if let Some(v) = v {
                 src.cache.put(&v)?;
                 stored.insert(cid);
-                fetched.insert(cid);
+                fetched.insert(*v.id());
                 stats.from_server += 1;
                 stats.against_old += against as u64;
                 stats.bytes_from_server += bytes.len() as u64;

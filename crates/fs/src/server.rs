@@ -473,7 +473,11 @@ impl Server {
                 Err(e) => one(io_error(&path, &e)),
             },
             Request::GetRecipeDelta { path, known } => match self.recipe(&path) {
-                Ok((recipe, version)) => recipe_delta(id, &recipe, version, &known),
+                Ok((recipe, version)) => recipe_delta(id, &recipe, version, &known, false),
+                Err(e) => one(io_error(&path, &e)),
+            },
+            Request::GetRecipeShort { path, known } => match self.recipe(&path) {
+                Ok((recipe, version)) => recipe_delta(id, &recipe, version, &known, true),
                 Err(e) => one(io_error(&path, &e)),
             },
             Request::GetChunks { ids } => {
@@ -1260,7 +1264,7 @@ fn trim_trash(trash: &OwnedFd, limit: u64) -> io::Result<()> {
 
 /// A recipe as parts against the pages the client named: the pages it holds go as their
 /// index in `known`, the rest in full, at most [`RECIPE_PAGE`] chunks a frame.
-fn recipe_delta(id: u32, recipe: &Recipe, version: u64, known: &[u64]) -> Vec<Frame> {
+fn recipe_delta(id: u32, recipe: &Recipe, version: u64, known: &[u64], short: bool) -> Vec<Frame> {
     let mut index = HashMap::with_capacity(known.len());
     for (i, k) in known.iter().enumerate() {
         index.entry(*k).or_insert(i as u32);
@@ -1273,17 +1277,26 @@ fn recipe_delta(id: u32, recipe: &Recipe, version: u64, known: &[u64]) -> Vec<Fr
             in_frame = 0;
         }
         let parts = frames.last_mut().expect("non-empty");
+        let page_len = page.len();
         in_frame += match index.get(&ferry_format::page_key(page)) {
             Some(&i) => {
                 parts.push(RecipePart::Known(i));
                 1
+            }
+            None if short => {
+                let page = page.iter().map(|c| (c.len, ferry_proto::short_id(&c.id)));
+                match parts.last_mut() {
+                    Some(RecipePart::Short(cs)) => cs.extend(page),
+                    _ => parts.push(RecipePart::Short(page.collect())),
+                }
+                page_len
             }
             None => {
                 match parts.last_mut() {
                     Some(RecipePart::Chunks(cs)) => cs.extend_from_slice(page),
                     _ => parts.push(RecipePart::Chunks(page.to_vec())),
                 }
-                page.len()
+                page_len
             }
         };
     }

@@ -13,7 +13,8 @@ pub const VERSION: u16 = 1;
 /// Feature bits this build understands: [`FEATURE_ZSTD_STREAM`](crate::FEATURE_ZSTD_STREAM),
 /// [`FEATURE_TREE_DIGEST`](crate::FEATURE_TREE_DIGEST), [`FEATURE_READ_FILE`],
 /// [`FEATURE_HISTORY`], [`FEATURE_SHORT_IDS`], [`FEATURE_PIECES_2`], [`FEATURE_SHORT_OLDS`],
-/// [`FEATURE_CONTEXT`], [`FEATURE_KEYS_3`] and [`FEATURE_READ_RANGE`].
+/// [`FEATURE_CONTEXT`], [`FEATURE_KEYS_3`], [`FEATURE_READ_RANGE`] and
+/// [`FEATURE_SHORT_RECIPES`].
 pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | crate::FEATURE_TREE_DIGEST
     | FEATURE_READ_FILE
@@ -23,7 +24,8 @@ pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | FEATURE_SHORT_OLDS
     | FEATURE_CONTEXT
     | FEATURE_KEYS_3
-    | FEATURE_READ_RANGE;
+    | FEATURE_READ_RANGE
+    | FEATURE_SHORT_RECIPES;
 /// Hello feature bit: the server answers ReadFile.
 pub const FEATURE_READ_FILE: u64 = 4;
 /// The server keeps a history of the data it has served (chunks by id): a client names the
@@ -52,6 +54,10 @@ pub const FEATURE_KEYS_3: u64 = 256;
 /// The server answers ReadRange: a receiver with nothing reads large new files whole, a range
 /// at a time, each reply naming the file's object id, instead of a recipe and chunk ids.
 pub const FEATURE_READ_RANGE: u64 = 512;
+/// The server answers GetRecipeShort: a recipe delta whose chunks are named by short ids
+/// ([`RecipePart::Short`]); the client finds those it holds by prefix, fetches the rest by
+/// short id, and checks the recipe it puts together against the delta's `check`.
+pub const FEATURE_SHORT_RECIPES: u64 = 2048;
 /// The most bytes one ReadRange asks for.
 pub const MAX_READ_RANGE: u32 = 4 << 20;
 /// The most bytes a [`Context`] names.
@@ -222,6 +228,8 @@ pub enum RecipePart {
     Known(u32),
     /// Chunks given in full.
     Chunks(Vec<ChunkRef>),
+    /// Chunks given by length and short id ([`short_id`]): only in replies to GetRecipeShort.
+    Short(Vec<(u32, u64)>),
 }
 
 /// Part of a file's recipe, sent against pages the client already holds; the frame's MORE
@@ -302,6 +310,12 @@ pub enum Request {
     /// GETHASH against the recipe pages the client holds (`ferry_format::pages`), named by
     /// their keys: pages the server's recipe shares with them come back as references.
     GetRecipeDelta {
+        path: WirePath,
+        known: Vec<u64>,
+    },
+    /// GetRecipeDelta, the chunks not in known pages named by short ids
+    /// ([`FEATURE_SHORT_RECIPES`]).
+    GetRecipeShort {
         path: WirePath,
         known: Vec<u64>,
     },
@@ -533,6 +547,7 @@ mod code {
     pub const GET_CHUNKS_SHORT: u8 = 0x23;
     pub const GET_FILES_SHORT: u8 = 0x24;
     pub const READ_RANGE: u8 = 0x25;
+    pub const GET_RECIPE_SHORT: u8 = 0x26;
     pub const R_ATTR: u8 = 0x40;
     pub const R_DIR_ENTRIES: u8 = 0x41;
     pub const R_RECIPE: u8 = 0x42;
@@ -568,22 +583,27 @@ fn put_chunk_refs(w: &mut Writer, cs: &[ChunkRef]) {
     }
 }
 
+/// A chunk length from a recipe: 1 to `MAX_CHUNK_LIMIT`.
+fn chunk_len(len: u64) -> Result<u32, ProtoError> {
+    if len == 0 || len > MAX_CHUNK_LIMIT as u64 {
+        return Err(ProtoError::Invalid {
+            what: "recipe page",
+            why: format!("chunk length {len}"),
+        });
+    }
+    Ok(len as u32)
+}
+
 fn get_chunk_refs(r: &mut Reader<'_>, alg: HashAlg) -> Result<Vec<ChunkRef>, ProtoError> {
     let n = r.count(33)?;
     let mut chunks = Vec::with_capacity(n);
     for _ in 0..n {
-        let len = r.varint()?;
-        if len == 0 || len > MAX_CHUNK_LIMIT as u64 {
-            return Err(ProtoError::Invalid {
-                what: "recipe page",
-                why: format!("chunk length {len}"),
-            });
-        }
+        let len = chunk_len(r.varint()?)?;
         let mut d = [0u8; 32];
         d.copy_from_slice(r.take_exact(32)?);
         chunks.push(ChunkRef {
             id: Id::from_parts(alg, d),
-            len: len as u32,
+            len,
         });
     }
     Ok(chunks)
@@ -824,13 +844,17 @@ impl Message {
                     w.varint(*from);
                     code::GET_RECIPE
                 }
-                Request::GetRecipeDelta { path, known } => {
+                Request::GetRecipeDelta { path, known }
+                | Request::GetRecipeShort { path, known } => {
                     put_path(&mut w, path);
                     w.varint(known.len() as u64);
                     for k in known {
                         w.u64(*k);
                     }
-                    code::GET_RECIPE_DELTA
+                    match self {
+                        Message::Request(Request::GetRecipeShort { .. }) => code::GET_RECIPE_SHORT,
+                        _ => code::GET_RECIPE_DELTA,
+                    }
                 }
                 Request::GetChunks { ids } => {
                     put_ids(&mut w, ids);
@@ -1011,6 +1035,14 @@ impl Message {
                                 w.u8(1);
                                 put_chunk_refs(&mut w, cs);
                             }
+                            RecipePart::Short(cs) => {
+                                w.u8(2);
+                                w.varint(cs.len() as u64);
+                                for (len, short) in cs {
+                                    w.varint(*len as u64);
+                                    w.u64(*short);
+                                }
+                            }
                         }
                     }
                     code::R_RECIPE_DELTA
@@ -1130,11 +1162,14 @@ impl Message {
                 path: get_path(&mut r)?,
                 from: r.varint()?,
             }),
-            code::GET_RECIPE_DELTA => {
+            code::GET_RECIPE_DELTA | code::GET_RECIPE_SHORT => {
                 let path = get_path(&mut r)?;
                 let n = r.count(8)?;
                 let known = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
-                Message::Request(Request::GetRecipeDelta { path, known })
+                Message::Request(match f.msg_type {
+                    code::GET_RECIPE_SHORT => Request::GetRecipeShort { path, known },
+                    _ => Request::GetRecipeDelta { path, known },
+                })
             }
             code::GET_CHUNKS => Message::Request(Request::GetChunks {
                 ids: get_ids(&mut r)?,
@@ -1318,6 +1353,14 @@ impl Message {
                             }
                         })?),
                         1 => RecipePart::Chunks(get_chunk_refs(&mut r, alg)?),
+                        2 => {
+                            let n = r.count(9)?;
+                            let mut cs = Vec::with_capacity(n);
+                            for _ in 0..n {
+                                cs.push((chunk_len(r.varint()?)?, r.u64()?));
+                            }
+                            RecipePart::Short(cs)
+                        }
                         t => {
                             return Err(ProtoError::Invalid {
                                 what: "recipe delta",
@@ -1629,6 +1672,20 @@ mod tests {
                 data: vec![0x28, 0xb5, 0x2f, 0xfd],
             }),
             Message::Reply(Reply::Data(b"small".to_vec())),
+            Message::Request(Request::GetRecipeShort {
+                path: "f".into(),
+                known: vec![1, u64::MAX],
+            }),
+            Message::Reply(Reply::RecipeDelta(RecipeDelta {
+                version: 3,
+                total_chunks: 4,
+                check: [7; 32],
+                alg: HashAlg::Blake3,
+                parts: vec![
+                    RecipePart::Known(0),
+                    RecipePart::Short(vec![(8192, 0x0807_0605_0403_0201), (1, 0)]),
+                ],
+            })),
             Message::Request(Request::ReadRange {
                 path: "big".into(),
                 offset: 4 << 20,
@@ -1894,6 +1951,35 @@ mod tests {
         want.push(HashAlg::Blake3.tag());
         want.extend_from_slice(&[0xcc; 32]);
         want.extend_from_slice(&[0, 1, 1, 1, 7]);
+        assert_eq!(b, want);
+    }
+
+    #[test]
+    fn short_recipe_golden() {
+        let b = Message::Request(Request::GetRecipeShort {
+            path: "f".into(),
+            known: vec![0x0807_0605_0403_0201],
+        })
+        .encode(2, false)
+        .unwrap();
+        assert_eq!(
+            b,
+            [17, 0, 0, 0, 0x26, 0, 2, 0, 0, 0, 1, b'f', 1, 1, 2, 3, 4, 5, 6, 7, 8]
+        );
+        let b = Message::Reply(Reply::RecipeDelta(RecipeDelta {
+            version: 1,
+            total_chunks: 2,
+            check: [0xcc; 32],
+            alg: HashAlg::Blake3,
+            parts: vec![RecipePart::Short(vec![(300, 0x0807_0605_0403_0201)])],
+        }))
+        .encode(2, false)
+        .unwrap();
+        let mut want = vec![68, 0, 0, 0, 0x48, 0, 2, 0, 0, 0];
+        want.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
+        want.extend_from_slice(&[0xcc; 32]);
+        want.extend_from_slice(&[HashAlg::Blake3.tag(), 1, 2, 1, 0xac, 0x02]);
+        want.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(b, want);
     }
 

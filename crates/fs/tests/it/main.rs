@@ -822,6 +822,56 @@ fn a_lying_server_cannot_plant_data_by_ranges() {
     assert!(!dest.exists(), "nothing written");
 }
 
+#[test]
+fn short_ids_that_mislead_cost_a_fetch_by_full_ids() {
+    use ferry_format::{ChunkRef, HashAlg, Id, Recipe};
+    let t = tempfile::tempdir().unwrap();
+    let (old, new) = (bytes(8, 3000), bytes(9, 3000));
+    let dest = t.path().join("f");
+    fs::write(&dest, &old).unwrap();
+    let chunk = |d: &[u8]| ChunkRef {
+        id: Id::hash(HashAlg::Blake3, d),
+        len: d.len() as u32,
+    };
+    let (a, b) = (chunk(&old), chunk(&new));
+    let real = Recipe::from_chunks(HashAlg::Blake3, vec![b]).unwrap();
+    let features = ferry_proto::FEATURE_SHORT_IDS | ferry_proto::FEATURE_SHORT_RECIPES;
+    let mut c = fake_server_offering(features, move |q| match q {
+        Request::GetAttr { .. } => Reply::Attr(attr(ferry_proto::FileKind::File, 3000)),
+        // The short id of the chunk held here, under the check of the real recipe: as if
+        // the two collided.
+        Request::GetRecipeShort { .. } => Reply::RecipeDelta(ferry_proto::RecipeDelta {
+            version: 1,
+            total_chunks: 1,
+            check: real.check(),
+            alg: HashAlg::Blake3,
+            parts: vec![ferry_proto::RecipePart::Short(vec![(
+                a.len,
+                ferry_proto::short_id(&a.id),
+            )])],
+        }),
+        Request::GetRecipe { .. } => Reply::Recipe(ferry_proto::RecipePage {
+            version: 1,
+            total_chunks: 1,
+            first: 0,
+            chunks: vec![b],
+        }),
+        Request::GetChunks { .. } => Reply::Chunks(vec![(b.id, new.clone())]),
+        Request::GetChunksShort { .. } => Reply::ChunksShort {
+            found: vec![0],
+            zstd: false,
+            context: false,
+            olds: vec![],
+            refs: vec![],
+            data: new.clone(),
+        },
+        _ => Reply::Ok,
+    });
+    let cache = MemStore::new(HashAlg::Blake3);
+    get(&mut c, "f", &dest, &cache).unwrap();
+    assert_eq!(fs::read(&dest).unwrap(), bytes(9, 3000));
+}
+
 /// CVE-2024-12087 class: a server lists a name as a symlink to a directory outside the
 /// destination, then again as a directory, hoping the client writes through the link.
 #[test]
@@ -1106,14 +1156,22 @@ fn a_receiver_with_nothing_reads_large_files_without_recipes() {
         tr.bytes_received + tr.bytes_sent
     };
     let ranges = cost(ferry_proto::FEATURES, "a");
-    let recipes = cost(
-        ferry_proto::FEATURES & !ferry_proto::FEATURE_READ_RANGE,
-        "b",
-    );
-    // ~650 chunks: a recipe's id down and a GetChunks id up for each, saved.
+    let no_ranges = ferry_proto::FEATURES & !ferry_proto::FEATURE_READ_RANGE;
+    let recipes = cost(no_ranges & !ferry_proto::FEATURE_SHORT_RECIPES, "b");
+    let short = cost(no_ranges, "c");
+    // ~650 chunks: a recipe's id down and a GetChunks id up for each, saved; with short ids
+    // in the recipe, 8 bytes each way.
     assert!(
         ranges + 30_000 < recipes,
         "{ranges} by ranges, {recipes} by recipes"
+    );
+    assert!(
+        ranges + 8_000 < short,
+        "{ranges} by ranges, {short} by short recipes"
+    );
+    assert!(
+        short + 20_000 < recipes,
+        "{short} by short recipes, {recipes} by recipes"
     );
 }
 
