@@ -57,7 +57,7 @@ pub const FEATURE_READ_RANGE: u64 = 512;
 /// The server answers GetRecipeShort: a recipe delta whose chunks are named by short ids
 /// ([`RecipePart::Short`]); the client finds those it holds by prefix, fetches the rest by
 /// short id, and checks the recipe it puts together against the delta's `check`.
-pub const FEATURE_SHORT_RECIPES: u64 = 2048;
+pub const FEATURE_SHORT_RECIPES: u64 = 1024;
 /// The most bytes one ReadRange asks for.
 pub const MAX_READ_RANGE: u32 = 4 << 20;
 /// The most bytes a [`Context`] names.
