@@ -967,13 +967,15 @@ impl Shorts {
 /// Fetches a batch of files: every recipe asked for at once, then every chunk that neither
 /// the cache nor the files already at the destination hold, then each file assembled.
 ///
-/// With `short_recipes` (and a server that offers them), recipes name chunks by short ids.
+/// With `shortcuts` (and a server that offers them), recipes name chunks by short ids and a
+/// receiver with nothing reads large files by ranges; a file they misled (a short id that led
+/// to the wrong chunk, a file that changed between ranges) is fetched again without them.
 fn fetch_files<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     mut jobs: Vec<FileJob>,
     src: &Sources<'_>,
     stats: &mut GetStats,
-    short_recipes: bool,
+    shortcuts: bool,
 ) -> Result<(), GetError> {
     // The file already at the destination is a chunk source (rsync's basis file,
     // generalised), and its recipe's pages let the server send only the pages that changed.
@@ -983,14 +985,14 @@ fn fetch_files<R: io::Read, W: Write>(
     // would only add to the bytes. With a cache, recipes let it find what it already holds.
     let read_file = offers(conn, ferry_proto::FEATURE_READ_FILE) && src.cold;
     // Larger ones likewise, a range at a time.
-    let read_range = offers(conn, ferry_proto::FEATURE_READ_RANGE) && src.ranges;
+    let read_range = shortcuts && offers(conn, ferry_proto::FEATURE_READ_RANGE) && src.ranges;
     let mut ranged = vec![];
     let history = offers(conn, ferry_proto::FEATURE_HISTORY);
     let keys = KeyKind::of(conn);
     let context = keys != KeyKind::Fixed && offers(conn, ferry_proto::FEATURE_CONTEXT);
     // Chunks named by short ids in recipes: those held nowhere here are fetched by them.
     let short =
-        short_recipes && keys != KeyKind::Fixed && offers(conn, ferry_proto::FEATURE_SHORT_RECIPES);
+        shortcuts && keys != KeyKind::Fixed && offers(conn, ferry_proto::FEATURE_SHORT_RECIPES);
     // Files that come whole against their old versions, in batches: (job indices, new bytes).
     let mut batches: Vec<(Vec<usize>, u64)> = vec![];
     for i in 0..jobs.len() {
@@ -1168,7 +1170,9 @@ fn fetch_files<R: io::Read, W: Write>(
         };
         let mut file_missing = vec![];
         for c in recipe.chunks() {
-            if seen.insert(c.id) && !old.at.contains_key(&c.id) && !src.cache.contains(&c.id)? {
+            // Held here or not, each chunk once (one file's old version holding it says
+            // nothing of another's).
+            if !old.at.contains_key(&c.id) && !src.cache.contains(&c.id)? && seen.insert(c.id) {
                 file_missing.push(*c);
             }
         }
@@ -1224,7 +1228,13 @@ fn fetch_files<R: io::Read, W: Write>(
         };
         assemble(&jobs[i], &recipe, &here, &fetched, src, stats)?;
     }
-    ranges.fetch(conn, &jobs, src, stats)?;
+    for i in ranges.fetch(conn, &jobs, src, stats)? {
+        tracing::warn!(
+            "{:?} changed while read by ranges; fetching it by recipe",
+            jobs[i].remote
+        );
+        again.push(jobs[i].clone());
+    }
     if again.is_empty() {
         return Ok(());
     }
@@ -2060,16 +2070,18 @@ impl Ranges {
     }
 
     /// Takes every range, writing each file beside its destination and cutting it into the
-    /// cache as it arrives (a cut transfer resumes from what arrived); a file whose bytes do
-    /// not hash to the object id the server named for them all never replaces anything.
+    /// cache as it arrives (a cut transfer resumes from what arrived). A file whose bytes do
+    /// not hash to the object id the server named for them all (it changed meanwhile) never
+    /// replaces anything: returns those, to fetch by recipe.
     fn fetch<R: io::Read, W: Write>(
         mut self,
         conn: &mut Connection<R, W>,
         jobs: &[FileJob],
         src: &Sources<'_>,
         stats: &mut GetStats,
-    ) -> Result<(), GetError> {
+    ) -> Result<Vec<usize>, GetError> {
         let mut file: Option<RangeFile> = None;
+        let mut changed = vec![];
         let mut unflushed = 0;
         for k in 0..self.all.len() {
             self.send(conn, jobs)?;
@@ -2079,12 +2091,17 @@ impl Ranges {
             let [Reply::Range { oid, data }] = &mut replies[..] else {
                 return Err(ConnError::Unexpected(format!("{replies:?}")).into());
             };
+            if changed.last() == Some(&job) {
+                continue;
+            }
             let f = match &mut file {
                 Some(f) if f.job == job => f,
                 f => f.insert(RangeFile::new(job, *oid, &jobs[job].local, &src.chunker)?),
             };
             if f.oid != *oid || data.len() > len as usize {
-                return Err(changed_while_fetched());
+                file = None;
+                changed.push(job);
+                continue;
             }
             f.write(data, &jobs[job].local, src, stats)?;
             unflushed += data.len();
@@ -2094,11 +2111,13 @@ impl Ranges {
             }
             if self.all.get(k + 1).is_none_or(|n| n.0 != job) {
                 let f = file.take().expect("a file");
-                f.finish(&jobs[job], src, stats)?;
+                if !f.finish(&jobs[job], src, stats)? {
+                    changed.push(job);
+                }
             }
         }
         src.cache.flush()?;
-        Ok(())
+        Ok(changed)
     }
 }
 
@@ -2126,7 +2145,11 @@ impl RangeFile {
             job,
             oid,
             tmp: temp_beside(local)?,
-            cutter: chunker.build(),
+            cutter: chunker.try_build().map_err(|e| GetError::Local {
+                op: "chunk",
+                path: local.to_path_buf(),
+                error: io::Error::new(io::ErrorKind::InvalidInput, e),
+            })?,
             pending: vec![],
             whole: ferry_format::IdHasher::new(oid.alg()),
         })
@@ -2169,19 +2192,21 @@ impl RangeFile {
         Ok(())
     }
 
+    /// Installs the file if its bytes hash to the object id named; says whether they did.
     fn finish(
         mut self,
         j: &FileJob,
         src: &Sources<'_>,
         stats: &mut GetStats,
-    ) -> Result<(), GetError> {
+    ) -> Result<bool, GetError> {
         if !self.pending.is_empty() {
             self.cut(src, stats)?;
         }
         if self.whole.finish() != self.oid {
-            return Err(changed_while_fetched());
+            return Ok(false);
         }
-        install(self.tmp, j, stats)
+        install(self.tmp, j, stats)?;
+        Ok(true)
     }
 }
 

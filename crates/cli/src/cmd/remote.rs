@@ -649,18 +649,19 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
     let cache = a.cache.open()?;
     let bar = a.mode.bar();
     let tick = |n: u64| bar.inc(n);
-    // An empty cache can hold none of the chunks: new files come whole, small and large.
-    let cold = ferry_store::ChunkStore::is_empty(&cache)?;
-    let src = Sources {
-        cache: &cache,
-        chunker: a.rsh.chunking.spec(),
-        delete: a.mode.delete,
-        dry_run: a.mode.dry_run,
-        progress: Some(&tick),
-        cold,
-        ranges: cold,
-    };
     let (stats, traffic) = with_retries(a.rsh.retry, || {
+        // An empty cache can hold none of the chunks: new files come whole, small and large.
+        // (Asked again on a retry: what arrived before is in the cache, and found there.)
+        let cold = ferry_store::ChunkStore::is_empty(&cache)?;
+        let src = Sources {
+            cache: &cache,
+            chunker: a.rsh.chunking.spec(),
+            delete: a.mode.delete,
+            dry_run: a.mode.dry_run,
+            progress: Some(&tick),
+            cold,
+            ranges: cold,
+        };
         let (mut s, wire) = connect(&a.remote, &a.rsh)?;
         let mut stats = ferry_fs::GetStats::default();
         ferry_fs::get(&mut s.conn, &wire, &a.local, &src, &mut stats)
