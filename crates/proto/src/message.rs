@@ -583,6 +583,15 @@ fn put_chunk_refs(w: &mut Writer, cs: &[ChunkRef]) {
     }
 }
 
+/// path · count varint · page key u64 × count (GetRecipeDelta, GetRecipeShort).
+fn put_known(w: &mut Writer, path: &WirePath, known: &[u64]) {
+    put_path(w, path);
+    w.varint(known.len() as u64);
+    for k in known {
+        w.u64(*k);
+    }
+}
+
 /// A chunk length from a recipe: 1 to `MAX_CHUNK_LIMIT`.
 fn chunk_len(len: u64) -> Result<u32, ProtoError> {
     if len == 0 || len > MAX_CHUNK_LIMIT as u64 {
@@ -844,17 +853,13 @@ impl Message {
                     w.varint(*from);
                     code::GET_RECIPE
                 }
-                Request::GetRecipeDelta { path, known }
-                | Request::GetRecipeShort { path, known } => {
-                    put_path(&mut w, path);
-                    w.varint(known.len() as u64);
-                    for k in known {
-                        w.u64(*k);
-                    }
-                    match self {
-                        Message::Request(Request::GetRecipeShort { .. }) => code::GET_RECIPE_SHORT,
-                        _ => code::GET_RECIPE_DELTA,
-                    }
+                Request::GetRecipeDelta { path, known } => {
+                    put_known(&mut w, path, known);
+                    code::GET_RECIPE_DELTA
+                }
+                Request::GetRecipeShort { path, known } => {
+                    put_known(&mut w, path, known);
+                    code::GET_RECIPE_SHORT
                 }
                 Request::GetChunks { ids } => {
                     put_ids(&mut w, ids);
