@@ -193,6 +193,43 @@ fn get_a_tree_then_only_what_changed() {
 }
 
 #[test]
+fn a_chunk_one_files_old_version_holds_is_fetched_for_another_that_lacks_it() {
+    // `a`'s old version here holds `shared`; `b`'s does not, and the new `b` needs it too.
+    // Each file is built from its own old version, the cache and what is fetched, so `shared`
+    // travels for `b`, although `a` finds it here. With full ids in recipes (a server without
+    // short ones) both files name the same chunks.
+    let shared = bytes(41, 200_000);
+    let cat = |parts: &[&[u8]]| parts.concat();
+    for features in [
+        ferry_proto::FEATURES,
+        ferry_proto::FEATURES & !ferry_proto::FEATURE_SHORT_RECIPES,
+    ] {
+        let t = tempfile::tempdir().unwrap();
+        let (srv, dst) = (t.path().join("srv"), t.path().join("dst"));
+        fs::create_dir(&srv).unwrap();
+        fs::create_dir(&dst).unwrap();
+        fs::write(dst.join("a"), cat(&[&shared, &bytes(42, 100_000)])).unwrap();
+        fs::write(dst.join("b"), bytes(43, 150_000)).unwrap();
+        // Older than the server's (a file of the same size and mtime is taken as current).
+        for f in ["a", "b"] {
+            let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30);
+            fs::File::options()
+                .write(true)
+                .open(dst.join(f))
+                .and_then(|f| f.set_modified(old))
+                .unwrap();
+        }
+        fs::write(srv.join("a"), cat(&[&shared, &bytes(44, 100_000)])).unwrap();
+        fs::write(srv.join("b"), cat(&[&bytes(43, 150_000), &shared])).unwrap();
+        let mut c = connect_offering(&srv, None, features);
+        let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+        let s = get(&mut c, "", &dst, &cache).unwrap();
+        same_tree(&srv, &dst);
+        assert!(s.from_local > 20, "{s:?}");
+    }
+}
+
+#[test]
 fn the_old_local_file_is_a_chunk_source() {
     let t = tempfile::tempdir().unwrap();
     let srv = t.path().join("srv");
