@@ -992,7 +992,7 @@ impl Server {
         }
         let olds: Vec<Option<Id>> = files.into_iter().flat_map(|(_, olds)| olds).collect();
         let (used, prefix, _) = self.olds_in_history(&olds);
-        let frame = self.frame_level.timed(data.len(), |level| {
+        let frame = self.frame_level.timed(data.len(), &data, |level| {
             crate::delta::encode(&data, &prefix, level)
         })?;
         Ok(Reply::FilesAgainst {
@@ -1061,7 +1061,7 @@ impl Server {
         // data is clearly worth more, judged against compressing them alone (a large frame's
         // at the session's level: quicker, and what the stream would mostly do).
         let floor = self.frame_level.floor();
-        let (against, alone) = self.frame_level.timed(work, |level| {
+        let (against, alone) = self.frame_level.timed(work, &data, |level| {
             let alone_level = if data.len() <= crate::delta::SMALL_FRAME {
                 level
             } else {
