@@ -310,8 +310,8 @@ impl FrameLevel {
         self.levels[self.at]
     }
 
-    /// Runs `compress` (a frame of `bytes` of data, and whatever goes with it) at the level
-    /// for it, timed for the next decision.
+    /// Runs `compress` (a frame of `bytes` of work: `data`, and whatever goes with it) at the
+    /// level for it, timed for the next decision.
     pub fn timed<T>(&mut self, bytes: usize, data: &[u8], compress: impl FnOnce(i32) -> T) -> T {
         let level = self.level(bytes, data);
         let started = std::time::Instant::now();
@@ -342,7 +342,6 @@ impl FrameLevel {
     }
 }
 
-/// Sender: compresses `data` as one zstd frame against `prefix`.
 /// Whether `data` hardly compresses on its own (already compressed, say), judged by level 1 on
 /// its first 128 KiB (well under a millisecond).
 fn hardly_compresses(data: &[u8]) -> bool {
@@ -350,6 +349,7 @@ fn hardly_compresses(data: &[u8]) -> bool {
     zstd::bulk::compress(sample, 1).is_ok_and(|c| c.len() * 10 >= sample.len() * 9)
 }
 
+/// Sender: compresses `data` as one zstd frame against `prefix`.
 pub fn encode(data: &[u8], prefix: &[u8], level: i32) -> io::Result<Vec<u8>> {
     let mut c = CCtx::create();
     c.set_parameter(CParameter::CompressionLevel(level))
