@@ -523,11 +523,12 @@ mod tests {
         const TEXT: &[u8] =
             b"fn main() { println!(\"hello\"); }\nfn main() { println!(\"hello\"); }\n";
         // A large frame compressed in `busy` ms, its write waiting `waited` ms: the next level.
-        let next = |f: &mut FrameLevel, busy: u64, waited: u64| {
+        let next_for = |f: &mut FrameLevel, busy: u64, waited: u64, data: &[u8]| {
             f.compressed(big, ms(busy));
             f.wrote(ms(waited));
-            f.level(big, TEXT)
+            f.level(big, data)
         };
+        let next = |f: &mut FrameLevel, busy: u64, waited: u64| next_for(f, busy, waited, TEXT);
         let mut f = FrameLevel::new(9);
         // Small frames: the top level, always; the first large one too.
         assert_eq!(f.level(1000, TEXT), 19);
@@ -575,21 +576,16 @@ mod tests {
         .take(200_000)
         .collect();
         assert!(hardly_compresses(&random) && !hardly_compresses(TEXT));
-        let next = |f: &mut FrameLevel, busy: u64, waited: u64, data: &[u8]| {
-            f.compressed(big, ms(busy));
-            f.wrote(ms(waited));
-            f.level(big, data)
-        };
         let mut f = FrameLevel::new(9);
         assert_eq!(f.level(1000, &random), 19, "small frames stay at the top");
         assert_eq!(f.level(big, &random), 9);
         // A LAN, where the peer's work makes writes wait a little: stays.
-        assert_eq!(next(&mut f, 100, 300, &random), 9);
-        assert_eq!(next(&mut f, 100, 300, TEXT), 19);
+        assert_eq!(next_for(&mut f, 100, 300, &random), 9);
+        assert_eq!(next_for(&mut f, 100, 300, TEXT), 19);
         let mut f = FrameLevel::new(9);
         assert_eq!(f.level(big, &random), 9);
-        assert_eq!(next(&mut f, 100, 10_000, &random), 19);
-        assert_eq!(next(&mut f, 3000, 5000, &random), 19);
-        assert_eq!(next(&mut f, 3000, 1000, &random), 9);
+        assert_eq!(next_for(&mut f, 100, 10_000, &random), 19);
+        assert_eq!(next_for(&mut f, 3000, 5000, &random), 19);
+        assert_eq!(next_for(&mut f, 3000, 1000, &random), 9);
     }
 }

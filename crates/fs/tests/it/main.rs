@@ -211,12 +211,11 @@ fn a_chunk_one_files_old_version_holds_is_fetched_for_another_that_lacks_it() {
         fs::write(dst.join("a"), cat(&[&shared, &bytes(42, 100_000)])).unwrap();
         fs::write(dst.join("b"), bytes(43, 150_000)).unwrap();
         // Older than the server's (a file of the same size and mtime is taken as current).
+        let then = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30);
         for f in ["a", "b"] {
-            let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30);
-            fs::File::options()
-                .write(true)
-                .open(dst.join(f))
-                .and_then(|f| f.set_modified(old))
+            fs::File::open(dst.join(f))
+                .unwrap()
+                .set_modified(then)
                 .unwrap();
         }
         fs::write(srv.join("a"), cat(&[&shared, &bytes(44, 100_000)])).unwrap();
