@@ -381,7 +381,7 @@ fn get_over_a_remote_shell() {
 #[test]
 fn a_server_killed_during_commit_leaves_old_or_new() {
     use ferry_format::{chunk_object, HashAlg};
-    use ferry_proto::{Hello, Message, Request};
+    use ferry_proto::{Hello, Message, Payload, Request, WritePart};
     use std::io::Write;
     use std::process::{Command, Stdio};
 
@@ -391,7 +391,7 @@ fn a_server_killed_during_commit_leaves_old_or_new() {
     let old = data(8 << 20, 1);
     let new = data(8 << 20, 2);
     let mut chunks = vec![];
-    let (recipe, _) = chunk_object(
+    let (_, oid) = chunk_object(
         &new[..],
         &ferry_chunk::ChunkerSpec::default(),
         HashAlg::Blake3,
@@ -415,33 +415,48 @@ fn a_server_killed_during_commit_leaves_old_or_new() {
             .unwrap();
         let mut stdin = child.stdin.take().unwrap();
         let mut bytes = Message::Hello(Hello {
-            version: 1,
+            version: ferry_proto::VERSION,
             features: 0,
             agent: "test".into(),
         })
         .encode(0, false)
         .unwrap();
-        for (i, batch) in chunks.chunks(64).enumerate() {
-            bytes.extend(
-                Message::Request(Request::PutChunks {
-                    chunks: batch.to_vec(),
-                })
-                .encode(i as u32 + 1, false)
-                .unwrap(),
-            );
-        }
         // Any version: the test commits against whatever is there (it reads the stat first).
         let version = {
             let export = ferry_fs::Export::open(&srv).unwrap();
             export.stat(&"f".into()).unwrap().0.version
         };
         bytes.extend(
-            Message::Request(Request::Commit {
+            Message::Request(Request::Create {
+                handle: 1,
                 path: "f".into(),
-                if_version: Some(version),
-                recipe: recipe.clone(),
+                base: Some(version),
+            })
+            .encode(1, false)
+            .unwrap(),
+        );
+        for (i, batch) in chunks.chunks(64).enumerate() {
+            let lens = batch.iter().map(|(_, d)| d.len() as u32).collect();
+            let data = batch.iter().flat_map(|(_, d)| d.iter().copied()).collect();
+            bytes.extend(
+                Message::Request(Request::Write {
+                    handle: 1,
+                    parts: vec![WritePart::Data {
+                        lens,
+                        payload: Payload::Plain(data),
+                    }],
+                })
+                .encode(i as u32 + 2, false)
+                .unwrap(),
+            );
+        }
+        bytes.extend(
+            Message::Request(Request::Commit {
+                handle: 1,
                 mode: 0o644,
                 mtime_ns: 0,
+                size: new.len() as u64,
+                oid: oid.id(),
             })
             .encode(1000, false)
             .unwrap(),
@@ -483,7 +498,11 @@ fn a_server_killed_during_commit_leaves_old_or_new() {
     // And one certainly left by a process that is gone (pid 4194303 is past Linux's default
     // pid_max of 4194304 only on the largest systems; check it is not running).
     if !Path::new("/proc/4194303").exists() {
-        std::fs::write(srv.join(".ferry-4194303-1.tmp"), b"half a commit").unwrap();
+        std::fs::write(
+            srv.join(".ferry-4194303-00000000000000ff-1.tmp"),
+            b"half a commit",
+        )
+        .unwrap();
     }
     assert!(temps(&srv) > 0);
     let rsh = t.path().join("fake-ssh");
@@ -688,13 +707,25 @@ fn tls_daemon_serves_authorized_keys_and_pins_its_own() {
         let ep = ferry_net::Endpoint::parse(&d.url("")).unwrap().unwrap();
         let mut sess = ferry_net::connect(&ep, &me, &data_dir.join("known_hosts"), |_| {}).unwrap();
         if put {
-            sess.conn
-                .call(Request::PutChunks {
-                    chunks: vec![(id, secret.clone())],
-                })
-                .unwrap();
+            // The chunk sent as the data of an upload, which is then dropped: it stays staged.
+            let create = Request::Create {
+                handle: 1,
+                path: "upload".into(),
+                base: None,
+            };
+            sess.conn.call(create).unwrap();
+            let write = Request::Write {
+                handle: 1,
+                parts: vec![ferry_proto::WritePart::Data {
+                    lens: vec![secret.len() as u32],
+                    payload: ferry_proto::Payload::Plain(secret.clone()),
+                }],
+            };
+            sess.conn.call(write).unwrap();
+            sess.conn.call(Request::Abort { handle: 1 }).unwrap();
         }
-        let r = sess.conn.call(Request::Have { ids: vec![id] }).unwrap();
+        let ids = ferry_proto::Ids::Full(vec![id]);
+        let r = sess.conn.call(Request::Have { ids }).unwrap();
         sess.close().unwrap();
         match &r[..] {
             [Reply::Have(v)] => v[0],

@@ -213,6 +213,8 @@ struct FrameWriter {
     thread: Option<std::thread::JoinHandle<Result<(), ConnError>>>,
     /// Bytes handed to the transport.
     sent: Arc<AtomicU64>,
+    /// Writes to the transport, and how long they waited in all (nanoseconds).
+    writes: Arc<(AtomicU64, AtomicU64)>,
 }
 
 impl FrameWriter {
@@ -220,6 +222,8 @@ impl FrameWriter {
         let (tx, rx) = std::sync::mpsc::channel::<Outgoing>();
         let sent = Arc::new(AtomicU64::new(0));
         let counter = sent.clone();
+        let writes = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+        let waits = writes.clone();
         let thread = std::thread::Builder::new()
             .name("ferry-send".into())
             .spawn(move || {
@@ -249,8 +253,12 @@ impl FrameWriter {
                     };
                     if flush || bytes.len() >= READ_BUF {
                         let n = bytes.len() as u64;
-                        write_out(&mut out, &mut w, &mut bytes)?;
+                        let waited = write_out(&mut out, &mut w, &mut bytes)?;
                         counter.fetch_add(n, Ordering::Relaxed);
+                        waits
+                            .1
+                            .fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
+                        waits.0.fetch_add(1, Ordering::Release);
                     }
                     if flush {
                         w.flush()?;
@@ -264,6 +272,7 @@ impl FrameWriter {
             tx,
             thread: Some(thread),
             sent,
+            writes,
         })
     }
 
@@ -347,8 +356,11 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             }
             Message::Hello(h) => {
                 return Err(ConnError::Unexpected(format!(
-                    "server speaks protocol {}, this client {VERSION}",
-                    h.version
+                    "the server ({}) speaks protocol {}, this client (ferry {}) protocol \
+                     {VERSION}: install the same version of ferry on both sides",
+                    h.agent,
+                    h.version,
+                    env!("CARGO_PKG_VERSION")
                 )))
             }
             Message::Reply(Reply::Error { code, message }) => {
@@ -372,6 +384,24 @@ impl<R: Read, W> Connection<R, W> {
             bytes_sent: self.writer.sent.load(Ordering::Relaxed),
             ..self.traffic.clone()
         }
+    }
+
+    /// Whether the server offers `feature` (a Hello feature bit).
+    pub fn offers(&self, feature: u64) -> bool {
+        self.server
+            .as_ref()
+            .is_some_and(|h| h.features & feature != 0)
+    }
+
+    /// The writes to the transport so far, and how long they waited in all: how the link takes
+    /// what this side sends (a sender picks its frames' levels by it).
+    pub fn write_waits(&self) -> (u64, std::time::Duration) {
+        let (n, ns) = &*self.writer.writes;
+        let n = n.load(Ordering::Acquire);
+        (
+            n,
+            std::time::Duration::from_nanos(ns.load(Ordering::Relaxed)),
+        )
     }
 
     /// Sends a request without waiting (it is queued for the sending thread); returns its id.

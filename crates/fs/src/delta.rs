@@ -1,4 +1,5 @@
-//! Compressing new chunks against old data the receiver holds (GetChunksAgainst).
+//! Compressing new chunks against old data the receiver holds (GetChunks with `against`, and
+//! the data parts of Write).
 //!
 //! A chunk that changed is mostly the old chunk it replaced: a line edited, a field bumped.
 //! The receiver cuts the old chunks that the new recipe no longer uses into small
@@ -31,51 +32,25 @@ pub const SMALL_FRAME: usize = 256 << 10;
 /// Prefix bytes at most (the window bounds it anyway).
 pub const MAX_PREFIX: usize = 16 << 20;
 
-/// How both sides cut pieces.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Cut {
-    /// FastCDC, 64 B / 256 B / 2 KiB: GetChunksAgainst, and GetChunksShort without
-    /// [`ferry_proto::FEATURE_PIECES_2`] (measured on the public workloads: 1 KiB pieces cost
-    /// crates-vendor 23 % more bytes, 512 B 5 % more).
-    #[default]
-    FastCdc,
-    /// The LBFS chunker, 96 B minimum, a cut after 1 window in 128, 2 KiB maximum:
-    /// GetChunksShort with [`ferry_proto::FEATURE_PIECES_2`]. Sizes spread wider than
-    /// FastCDC's (which pulls them toward the average): more small pieces around an edit, and
-    /// fewer keys in all. Measured against FastCDC's pieces, cold: crates-vendor 184,165 →
-    /// 158,756 bytes, django-tree 248,487 → 228,960, numpy-whl-tree 1,625,309 → 1,545,676.
-    Lbfs,
-}
-
-impl Cut {
-    /// The cut a session's agreed features call for (GetChunksShort).
-    pub fn of(features: u64) -> Self {
-        if features & ferry_proto::FEATURE_PIECES_2 != 0 {
-            Cut::Lbfs
-        } else {
-            Cut::FastCdc
-        }
-    }
-
-    pub fn spec(self) -> ChunkerSpec {
-        match self {
-            Cut::FastCdc => ChunkerSpec::fastcdc(64, 256, 2048),
-            Cut::Lbfs => ChunkerSpec {
-                algorithm: ferry_chunk::Algorithm::Lbfs,
-                min: 96,
-                avg: 128,
-                max: 2048,
-                key: None,
-            },
-        }
+/// How both sides cut pieces: the LBFS chunker (`lbfs-v1`, docs/chunking.md) with a 96-byte
+/// minimum, a cut after one window in 128 and a 2 KiB maximum. Sizes spread wider than
+/// FastCDC's (which pulls them toward the average): more small pieces around an edit, where they
+/// match more of the old text, and fewer keys in all. Measured against FastCDC 64 B / 256 B /
+/// 2 KiB pieces, a server that never saw the old tree: crates-vendor 184,165 → 158,756 bytes,
+/// django-tree 248,487 → 228,960, numpy-whl-tree 1,625,309 → 1,545,676.
+pub fn piece_spec() -> ChunkerSpec {
+    ChunkerSpec {
+        algorithm: ferry_chunk::Algorithm::Lbfs,
+        min: 96,
+        avg: 128,
+        max: 2048,
+        key: None,
     }
 }
 
-/// A piece's key: the first `bytes` bytes of its BLAKE3 hash, as a little-endian number. At 5
-/// bytes (GetChunksAgainst), with 10^4 pieces on each side a false match has odds of about 1 in
-/// 10,000; GetChunksShort takes the length [`key_bytes`] picks. A false match puts the wrong
-/// bytes in the prefix: the frame fails to decode or its chunks fail verification, and they
-/// are fetched again plainly.
+/// A piece's key: the first `bytes` bytes of its BLAKE3 hash, as a little-endian number, of the
+/// length [`key_bytes`] picks. A false match puts the wrong bytes in the prefix: the frame fails
+/// to decode or its chunks fail verification, and they are sent again plainly.
 pub fn piece_key(piece: &[u8], bytes: usize) -> u64 {
     let mut k = [0u8; 8];
     k[..bytes].copy_from_slice(&blake3::hash(piece).as_bytes()[..bytes]);
@@ -83,18 +58,13 @@ pub fn piece_key(piece: &[u8], bytes: usize) -> u64 {
 }
 
 /// How long piece keys must be so that `old` keys against `new` pieces match falsely with odds
-/// under 1 in 1,000: from `shortest` bytes (3 with [`ferry_proto::FEATURE_KEYS_3`], enough for
-/// a small file's pieces; else 4, a file of a few hundred KB) up to 8. Keys that count only in
-/// runs (`runs`) match falsely only in pairs, at odds of about 2 × old × new / 2^(16 × length):
-/// from 3 bytes.
-pub fn key_bytes(old: usize, new: usize, runs: bool, shortest: u8) -> u8 {
+/// under 1 in 1,000: from 3 bytes (enough for a small file's pieces) up to 8. Keys that count
+/// only in runs (`runs`) match falsely only in pairs, at odds of about 2 × old × new /
+/// 2^(16 × length).
+pub fn key_bytes(old: usize, new: usize, runs: bool) -> u8 {
     let pairs = (old as u128 * new as u128).saturating_mul(if runs { 2000 } else { 1000 });
-    let (shortest, bits) = if runs {
-        (*ferry_proto::RUN_KEY_BYTES.start(), 16)
-    } else {
-        (shortest, 8)
-    };
-    let mut n = shortest;
+    let bits = if runs { 16 } else { 8 };
+    let mut n = *ferry_proto::KEY_BYTES.start();
     while n < 8 && pairs >> (bits * n as u32).min(127) != 0 {
         n += 1;
     }
@@ -144,12 +114,10 @@ pub struct Keys {
     bytes: usize,
     /// Whether a key counts only in a run (a neighbouring piece matching the neighbouring key).
     runs: bool,
-    /// How the pieces were cut.
-    cut: Cut,
 }
 
 impl Keys {
-    pub fn new(list: Vec<u64>, bytes: usize, runs: bool, cut: Cut) -> Self {
+    pub fn new(list: Vec<u64>, bytes: usize, runs: bool) -> Self {
         let mut first = HashMap::with_capacity(list.len());
         for (i, k) in list.iter().enumerate() {
             first.entry(*k).or_insert(i as u32);
@@ -159,7 +127,6 @@ impl Keys {
             list,
             bytes,
             runs,
-            cut,
         }
     }
 
@@ -187,8 +154,8 @@ impl Keys {
 }
 
 /// The pieces of `data`, as ranges.
-pub fn pieces(data: &[u8], cut: Cut) -> Vec<Range<usize>> {
-    let mut cutter = cut.spec().build();
+pub fn pieces(data: &[u8]) -> Vec<Range<usize>> {
+    let mut cutter = piece_spec().build();
     let mut at = 0;
     ferry_chunk::cut_lengths(cutter.as_mut(), data)
         .into_iter()
@@ -216,7 +183,7 @@ pub fn find<'a>(runs: impl IntoIterator<Item = &'a [u8]>, keys: &Keys) -> (Vec<u
     let mut used = HashSet::new();
     let all: Vec<&[u8]> = runs
         .into_iter()
-        .flat_map(|c| pieces(c, keys.cut).into_iter().map(move |r| &c[r]))
+        .flat_map(|c| pieces(c).into_iter().map(move |r| &c[r]))
         .collect();
     let hashes: Vec<u64> = all.iter().map(|p| piece_key(p, keys.bytes)).collect();
     let mut last = None;
@@ -256,6 +223,8 @@ pub struct FrameLevel {
     /// The link is far slower than compressing: writes waited 8 times as long as the last
     /// large frame took (and since, at least as long).
     thin: bool,
+    /// The writes counted so far by [`saw_writes`](Self::saw_writes).
+    seen: (u64, std::time::Duration),
 }
 
 impl FrameLevel {
@@ -274,6 +243,7 @@ impl FrameLevel {
             writes: 0,
             waited: Default::default(),
             thin: false,
+            seen: Default::default(),
         }
     }
 
@@ -340,6 +310,18 @@ impl FrameLevel {
         self.writes += 1;
         self.waited += waited;
     }
+
+    /// The transport's writes so far (how many, how long they waited in all), as a sender
+    /// whose writes happen elsewhere (the client's sending thread) counts them: those since the
+    /// last call count as [`wrote`](Self::wrote) would.
+    pub fn saw_writes(&mut self, writes: u64, waited: std::time::Duration) {
+        let (n, w) = self.seen;
+        if writes > n {
+            self.writes += (writes - n).min(u32::MAX as u64) as u32;
+            self.waited += waited.saturating_sub(w);
+            self.seen = (writes, waited);
+        }
+    }
 }
 
 /// Whether `data` hardly compresses on its own (already compressed, say), judged by level 1 on
@@ -347,6 +329,38 @@ impl FrameLevel {
 fn hardly_compresses(data: &[u8]) -> bool {
     let sample = &data[..data.len().min(128 << 10)];
     zstd::bulk::compress(sample, 1).is_ok_and(|c| c.len() * 10 >= sample.len() * 9)
+}
+
+/// Sender: `data` as one frame against `prefix` (`work` bytes in all, the prefix's share
+/// included, at the level `level` picks), or `None` when that does not clearly pay. Plain data
+/// compresses in the session's stream with the context of everything sent before (other files
+/// like this one): when it compresses at all, it goes so unless the old data is worth 10 % more,
+/// judged against compressing it alone (a large frame's at the session's level: quicker, and
+/// what the stream would mostly do).
+pub fn worth_a_frame(
+    level: &mut FrameLevel,
+    data: &[u8],
+    prefix: &[u8],
+    work: usize,
+) -> io::Result<Option<Vec<u8>>> {
+    let floor = level.floor();
+    let (against, alone) = level.timed(work, data, |level| {
+        let alone_level = if data.len() <= SMALL_FRAME {
+            level
+        } else {
+            floor
+        };
+        let alone = encode(data, &[], alone_level).map_or(usize::MAX, |f| f.len());
+        (encode(data, prefix, level), alone)
+    });
+    let against = against?;
+    let compressible = alone * 10 < data.len() * 9;
+    let worth = if compressible {
+        against.len() * 10 < alone * 9
+    } else {
+        against.len() < alone
+    };
+    Ok(worth.then_some(against))
 }
 
 /// Sender: compresses `data` as one zstd frame against `prefix`.
@@ -410,22 +424,21 @@ mod tests {
 
     #[test]
     fn keys_grow_with_the_pieces_they_may_meet() {
-        assert_eq!(key_bytes(0, 0, false, 4), 4);
-        assert_eq!(key_bytes(1000, 1000, false, 4), 4);
+        assert_eq!(key_bytes(0, 0, false), 3);
         // A changed chunk of a small file: 37 pieces each side.
-        assert_eq!(key_bytes(37, 37, false, 3), 3);
-        assert_eq!(key_bytes(1000, 1000, false, 3), 4);
+        assert_eq!(key_bytes(37, 37, false), 3);
+        assert_eq!(key_bytes(1000, 1000, false), 4);
         // A wholly changed 10 MB file: 40,000 pieces each side, a request's 8,000 new ones.
-        assert_eq!(key_bytes(40_000, 8_000, false, 4), 5);
-        assert_eq!(key_bytes(40_000, 8_000, true, 4), 3);
-        assert_eq!(key_bytes(usize::MAX, usize::MAX, false, 3), 8);
-        assert_eq!(key_bytes(usize::MAX, usize::MAX, true, 4), 8);
+        assert_eq!(key_bytes(40_000, 8_000, false), 5);
+        assert_eq!(key_bytes(40_000, 8_000, true), 3);
+        assert_eq!(key_bytes(usize::MAX, usize::MAX, false), 8);
+        assert_eq!(key_bytes(usize::MAX, usize::MAX, true), 8);
         for (old, new) in [(10, 10), (5000, 8000), (1 << 20, 8000), (1 << 30, 1 << 30)] {
             let (old, new) = (old as f64, new as f64);
             // Odds of a false match under 1 in 1,000 (or the longest key).
-            let n = key_bytes(old as usize, new as usize, false, 3) as i32;
+            let n = key_bytes(old as usize, new as usize, false) as i32;
             assert!(n == 8 || old * new * 1000.0 < 2f64.powi(8 * n));
-            let n = key_bytes(old as usize, new as usize, true, 4) as i32;
+            let n = key_bytes(old as usize, new as usize, true) as i32;
             assert!(n == 8 || old * new * 2000.0 < 2f64.powi(16 * n));
         }
     }
@@ -440,9 +453,9 @@ mod tests {
         );
         new[50_000] ^= 0x20;
         // Receiver: keys of its old data's pieces.
-        let ranges = pieces(&old, Cut::Lbfs);
+        let ranges = pieces(&old);
         let list = ranges.iter().map(|r| piece_key(&old[r.clone()], 4));
-        let (refs, prefix) = find([&new[..]], &Keys::new(list.collect(), 4, false, Cut::Lbfs));
+        let (refs, prefix) = find([&new[..]], &Keys::new(list.collect(), 4, false));
         let frame = encode(&new, &prefix, 19).unwrap();
         let alone = zstd::bulk::compress(&new, 19).unwrap();
         assert!(
@@ -487,7 +500,7 @@ mod tests {
         assert!(!t.incompressible());
         // The new version: the first half with every other piece changed (its first byte,
         // which moves no cut), the second half as it was.
-        let ranges = pieces(&old, Cut::Lbfs);
+        let ranges = pieces(&old);
         let half = ranges.len() / 2;
         let mut new = old.clone();
         for r in ranges[..half].iter().skip(1).step_by(2) {
@@ -497,9 +510,9 @@ mod tests {
             .iter()
             .map(|r| piece_key(&old[r.clone()], 3))
             .collect();
-        let (refs, _) = find([&new[..]], &Keys::new(list.clone(), 3, false, Cut::Lbfs));
+        let (refs, _) = find([&new[..]], &Keys::new(list.clone(), 3, false));
         assert_eq!(refs.len(), ranges.len() - half / 2);
-        let (refs, prefix) = find([&new[..]], &Keys::new(list, 3, true, Cut::Lbfs));
+        let (refs, prefix) = find([&new[..]], &Keys::new(list, 3, true));
         // Pieces alone do not count; the run does.
         let want: Vec<u32> = (half as u32 - half as u32 % 2..ranges.len() as u32).collect();
         assert_eq!(refs, want);
@@ -511,7 +524,7 @@ mod tests {
             .map(|r| piece_key(&old[r.clone()], 3))
             .step_by(2)
             .collect();
-        let (refs, _) = find([&old[..]], &Keys::new(scrambled, 3, true, Cut::Lbfs));
+        let (refs, _) = find([&old[..]], &Keys::new(scrambled, 3, true));
         assert!(refs.is_empty(), "{refs:?}");
     }
 

@@ -44,14 +44,31 @@ fn wire_to_rel(p: &WirePath) -> PathBuf {
 /// Hidden from listings (at any level: the export root depends on how a client names a path).
 pub const TRASH: &str = ".ferry-trash";
 
-/// The name of a commit's temporary file: `.ferry-<pid>-<n>.tmp`. Not user data: hidden from
-/// listings, and removed once the process that made it is gone.
-pub(crate) fn commit_temp_name(n: u64) -> String {
-    format!(".ferry-{}-{n}.tmp", std::process::id())
+/// The name of an upload's temporary file: `.ferry-<pid>-<tag>-<n>.tmp`, `tag` 16 hex digits
+/// of the session's own (sessions of one daemon share its pid). Not user data: hidden from
+/// listings, and removed once the process that made it is gone. The pattern is strict, so a
+/// user's own `.ferry-notes.tmp` is neither hidden nor removed.
+pub(crate) fn commit_temp_name(tag: u64, n: u64) -> String {
+    format!(".ferry-{}-{tag:016x}-{n}.tmp", std::process::id())
+}
+
+/// The pid of the process that made commit temporary `name`, if that is what it is.
+fn commit_temp_pid(name: &[u8]) -> Option<u32> {
+    let rest = name.strip_prefix(b".ferry-")?.strip_suffix(b".tmp")?;
+    let mut parts = rest.split(|&b| b == b'-');
+    let (pid, tag, n) = (parts.next()?, parts.next()?, parts.next()?);
+    let digits = |p: &[u8]| !p.is_empty() && p.iter().all(u8::is_ascii_digit);
+    let hex = tag.len() == 16
+        && tag
+            .iter()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+    (parts.next().is_none() && digits(pid) && hex && digits(n))
+        .then(|| std::str::from_utf8(pid).ok()?.parse().ok())
+        .flatten()
 }
 
 pub(crate) fn is_commit_temp(name: &[u8]) -> bool {
-    name.starts_with(b".ferry-") && name.ends_with(b".tmp")
+    commit_temp_pid(name).is_some()
 }
 
 /// Removes commit temporaries in `dir` left by server processes that no longer run (a crash
@@ -61,16 +78,10 @@ pub(crate) fn remove_stale_temps(dir: &OwnedFd) {
         return;
     };
     for e in entries.flatten() {
-        let name = e.file_name().to_bytes();
-        if !is_commit_temp(name) {
+        let Some(pid) = commit_temp_pid(e.file_name().to_bytes()) else {
             continue;
-        }
-        let pid = name[b".ferry-".len()..]
-            .split(|&b| b == b'-')
-            .next()
-            .and_then(|p| std::str::from_utf8(p).ok());
-        let alive = pid.is_some_and(|p| Path::new("/proc").join(p).exists());
-        if !alive {
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
             let _ = rustix::fs::unlinkat(dir, e.file_name(), rustix::fs::AtFlags::empty());
         }
     }

@@ -12,7 +12,7 @@
 //! - [`client`]: `ls`, `get` and `put` over a remote shell (`ssh host ferry serve --stdio DIR`),
 //!   with the persistent cache, the destination's existing files, the server's files and its
 //!   trash as chunk sources; `--delete` and dry runs.
-//! - [`delta`]: new chunks compressed against pieces of the old data the receiver holds.
+//! - [`delta`]: new chunks compressed against the old data the receiver holds, both ways.
 //!
 //! The transports (stdio under a remote shell, the TLS daemon of `ferry-net`) only carry bytes.
 

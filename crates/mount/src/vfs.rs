@@ -571,9 +571,12 @@ impl Vfs {
         let asked = Instant::now();
         let r = self.link.run(|c| {
             let mut out = vec![];
-            for r in c.call(Request::ReadDir { path: dir.clone() })? {
+            for r in c.call(Request::ReadDir {
+                path: dir.clone(),
+                keys: vec![],
+            })? {
                 match r {
-                    Reply::DirEntries(es) => out.extend(es),
+                    Reply::Entries { entries, .. } => out.extend(entries),
                     other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
                 }
             }
@@ -686,6 +689,7 @@ impl Vfs {
             // Large ones by recipe: the chunk cache outlives the copies, and may hold chunks
             // of a file evicted, renamed or copied on the server.
             ranges: false,
+            short_ids: true,
             progress: None,
         }
     }
@@ -1043,12 +1047,13 @@ impl Vfs {
         r
     }
 
-    fn put_options(&self) -> PutOptions<'static> {
+    fn put_options(&self) -> PutOptions<'_> {
         PutOptions {
             chunker: self.opts.chunker.clone(),
             delete: false,
             dry_run: false,
             progress: None,
+            cache: Some(&self.chunks),
         }
     }
 
@@ -1147,8 +1152,7 @@ impl Vfs {
                         Err(f) => return Err(errno_of(&f)),
                     };
                 }
-                Err(Failure::Failed(GetError::Local { op, .. }))
-                    if op.starts_with("file changed") && attempt < 4 => {}
+                Err(Failure::Failed(GetError::LocalChanged(_))) if attempt < 4 => {}
                 Err(f) => {
                     tracing::warn!("{path:?}: cannot write back: {f}");
                     return Err(errno_of(&f));
@@ -1433,7 +1437,6 @@ impl Vfs {
                         path: path.clone(),
                         mode: mode.map(|m| m & 0o7777),
                         mtime_ns,
-                        size: None,
                     },
                     &path,
                 )?;

@@ -148,7 +148,4 @@ impl<'a> Reader<'a> {
     pub fn rest_len(&self) -> usize {
         self.buf.len()
     }
-    pub fn rest(&mut self) -> &'a [u8] {
-        std::mem::take(&mut self.buf)
-    }
 }

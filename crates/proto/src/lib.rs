@@ -44,11 +44,10 @@ pub use frame::{
     Frame, FrameDecoder, FLAG_COMPRESSED, FLAG_MORE, FRAME_HEADER_LEN, MAX_BODY, MAX_FRAME,
 };
 pub use message::{
-    short_id, Attr, Context, DirEntry, ErrorCode, FileKind, Hello, Message, OldIds, RecipeDelta,
-    RecipePage, RecipePart, Reply, Request, WirePath, FEATURES, FEATURE_CONTEXT, FEATURE_HISTORY,
-    FEATURE_KEYS_3, FEATURE_PIECES_2, FEATURE_READ_FILE, FEATURE_READ_RANGE, FEATURE_SHORT_IDS,
-    FEATURE_SHORT_OLDS, FEATURE_SHORT_RECIPES, MAGIC, MAX_CONTEXT, MAX_FILES_AGAINST,
-    MAX_READ_FILE, MAX_READ_RANGE, PIECE_KEY_BYTES, RUN_KEY_BYTES, SHORT_KEY_BYTES, VERSION,
+    short_id, Against, Attr, Chunks, Context, DirEntry, ErrorCode, FileKind, GetChunks, Hello, Ids,
+    KeyOlds, Keys, Located, Message, Payload, RecipeDelta, RecipePart, Reply, Request, Target,
+    WirePath, WritePart, FEATURES, FEATURE_HISTORY, KEY_BYTES, MAGIC, MAX_CONTEXT, MAX_FILES_DATA,
+    MAX_READ_FILE, MAX_READ_RANGE, MAX_WRITE_DATA, VERSION,
 };
 pub use stream::{Inflow, Level, Outflow, FEATURE_ZSTD_STREAM, MAX_WINDOW_LOG};
-pub use tree::{entry_key, tree_digest, TreeItem, FEATURE_TREE_DIGEST};
+pub use tree::{entry_key, tree_digest, TreeItem};

@@ -1,8 +1,8 @@
 //! Tree digests: a Merkle hash over a directory's entries and, recursively, the subtrees below
 //! it, so two sides can agree that a whole subtree is unchanged in one exchange.
 //!
-//! With [`FEATURE_TREE_DIGEST`] agreed in the Hellos, the server gives every directory it
-//! reports (in `Attr` and in listings) its tree digest in the `oid` field, as a BLAKE3 id. A
+//! The server gives every directory it reports (in `Attr` and in listings) its tree digest in
+//! the `oid` field, as a BLAKE3 id. A
 //! client that computes the same digest over its own copy skips every subtree whose digest,
 //! mode and modification time match: an unchanged tree costs one `GetAttr`.
 //!
@@ -19,15 +19,12 @@
 //!
 //! A directory's own mode and time are in its parent's record, not in its own digest.
 //!
-//! An entry's key (ReadDirAgainst) is the first 3 bytes, little endian, of
+//! An entry's key (ReadDir with keys) is the first 3 bytes, little endian, of
 //! `BLAKE3("ferry-entry-v1\0" · the entry's record as above)`: a client names the entries it
 //! holds by these keys and the server sends only the entries whose keys it did not name. Keys
 //! may collide; the client checks what it rebuilt against the directory's tree digest.
 
 use crate::FileKind;
-
-/// Hello feature bit: directories carry their tree digest.
-pub const FEATURE_TREE_DIGEST: u64 = 2;
 
 const DOMAIN: &[u8] = b"ferry-tree-v1\0";
 

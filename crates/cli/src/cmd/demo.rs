@@ -154,6 +154,7 @@ impl Demo {
             progress: None,
             cold,
             ranges: cold,
+            short_ids: true,
         };
         let mut stats = ferry_fs::GetStats::default();
         ferry_fs::get(
@@ -175,6 +176,7 @@ impl Demo {
             delete: true,
             dry_run: false,
             progress: None,
+            cache: Some(&self.cache),
         };
         let mut stats = ferry_fs::PutStats::default();
         ferry_fs::put(

@@ -257,6 +257,8 @@ pub struct GetArgs {
 pub struct PutArgs {
     #[command(flatten)]
     rsh: Rsh,
+    #[command(flatten)]
+    cache: CacheArgs,
     /// Print a JSON summary.
     #[arg(long)]
     json: bool,
@@ -298,6 +300,7 @@ pub fn sync(a: SyncArgs) -> Result<ExitCode> {
         }),
         (false, true) => put(PutArgs {
             rsh: a.rsh,
+            cache: a.cache,
             json: a.json,
             mode: a.mode,
             local: a.src.into(),
@@ -661,6 +664,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
             progress: Some(&tick),
             cold,
             ranges: cold,
+            short_ids: true,
         };
         let (mut s, wire) = connect(&a.remote, &a.rsh)?;
         let mut stats = ferry_fs::GetStats::default();
@@ -716,11 +720,19 @@ pub fn put(a: PutArgs) -> Result<ExitCode> {
     }
     let bar = a.mode.bar();
     let tick = |n: u64| bar.inc(n);
+    // Old data held here (it came from the server) is what new data compresses against best;
+    // a cache another ferry holds is gone without.
+    let cache = a
+        .cache
+        .open()
+        .map_err(|e| tracing::debug!("no cache for this upload: {e:#}"))
+        .ok();
     let opts = ferry_fs::PutOptions {
         chunker: a.rsh.chunking.spec(),
         delete: a.mode.delete,
         dry_run: a.mode.dry_run,
         progress: Some(&tick),
+        cache: cache.as_ref().map(|c| c as &dyn ferry_store::ChunkStore),
     };
     let (stats, traffic) = with_retries(a.rsh.retry, || {
         let (mut s, wire) = connect(&a.remote, &a.rsh)?;

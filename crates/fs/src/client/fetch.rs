@@ -1,0 +1,768 @@
+//! A batch of files: every recipe asked for at once (or the files whole, when that costs
+//! less), then every chunk that neither the cache nor the files already at the destination
+//! hold, then each file assembled.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::Path;
+
+use ferry_chunk::ChunkerSpec;
+use ferry_format::{ChunkRef, HashAlg, Id, Recipe};
+use ferry_proto::{short_id, Chunks, GetChunks, Ids, Payload, Reply, Request, Target};
+use ferry_store::VerifiedChunk;
+
+use super::against::{fetch_against, found_places, groups, AgainstOld};
+use super::install::{assemble, install, temp_beside};
+use super::local::{index_local, LocalIndex};
+use super::recipes::{recipe_from, Shorts};
+use super::walk::FileJob;
+use super::{GetError, GetStats, Sources};
+use crate::conn::{ConnError, Connection};
+
+/// Chunks asked for per plain GetChunks (at most this many bytes), and requests kept in flight.
+const CHUNKS_PER_REQUEST: usize = 256;
+const BYTES_PER_REQUEST: usize = 4 << 20;
+const REQUESTS_IN_FLIGHT: usize = 4;
+/// Fetched chunk bytes between cache flushes (each flush is an fsync).
+const RESUME_FLUSH_BYTES: usize = 16 << 20;
+/// Files at most this large, with no old version at the destination, are read whole.
+const WHOLE_FILE: u64 = ferry_proto::MAX_READ_FILE as u64;
+/// Files at most this large, with an old version here that came from the server, come whole
+/// against it, as many together as fit in [`FILES_BATCH`] bytes.
+const FILE_AGAINST: u64 = 256 << 10;
+const FILES_BATCH: u64 = 2 << 20;
+
+/// How a file of a batch is asked for.
+enum Ask {
+    /// By recipe: the request.
+    Recipe(u32),
+    /// Whole (ReadFiles), or by ranges: nothing of its own.
+    Other,
+}
+
+/// Fetches a batch of files: every recipe asked for at once, then every chunk that neither
+/// the cache nor the files already at the destination hold, then each file assembled.
+///
+/// With `shortcuts`, recipes name chunks by short ids and a receiver with nothing reads large
+/// files by ranges; a file they misled (a short id that led to the wrong chunk, a file that
+/// changed between ranges) is fetched again without them.
+pub(crate) fn fetch_files<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    mut jobs: Vec<FileJob>,
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+    shortcuts: bool,
+) -> Result<(), GetError> {
+    // The file already at the destination is a chunk source (rsync's basis file,
+    // generalised), and its recipe's pages let the server send only the pages that changed.
+    let mut asks = Vec::with_capacity(jobs.len());
+    let mut olds = Vec::with_capacity(jobs.len());
+    let mut ranged = vec![];
+    let history = conn.offers(ferry_proto::FEATURE_HISTORY);
+    // Chunks named by short ids in recipes: those held nowhere here are fetched by them.
+    let short = shortcuts && src.short_ids;
+    // Files that come whole, in batches: (job indices, bytes). A receiver with nothing cached
+    // reads small new files whole (their recipes and chunk ids would only add to the bytes);
+    // with a cache, recipes let it find what it already holds. Files whose old version came
+    // from the server come whole against it.
+    let mut cold: Vec<(Vec<usize>, u64)> = vec![];
+    let mut warm: Vec<(Vec<usize>, u64)> = vec![];
+    for i in 0..jobs.len() {
+        let old = match index_local(jobs[i].old(), &src.chunker, HashAlg::Blake3) {
+            Ok(old) => old,
+            // A basis that cannot be read is no basis.
+            Err(e) if jobs[i].basis.is_some() => {
+                tracing::debug!("basis {:?}: {e}", jobs[i].basis);
+                jobs[i].basis = None;
+                LocalIndex::default()
+            }
+            Err(e) => return Err(GetError::local("read", jobs[i].old())(e)),
+        };
+        let size = jobs[i].attr.size;
+        // An old version this client fetched (its chunks are in the cache) is in the server's
+        // history: a small file comes whole against it, with no recipe or chunk ids.
+        let against = history
+            && !old.order.is_empty()
+            && size <= FILE_AGAINST
+            && old.order.iter().map(|c| c.len as u64).sum::<u64>() <= FILE_AGAINST
+            && old
+                .order
+                .iter()
+                .all(|c| src.cache.contains(&c.id).unwrap_or(false));
+        let empty = old.order.is_empty();
+        olds.push(old);
+        if against {
+            add_to_batch(&mut warm, i, size);
+            asks.push(Ask::Other);
+        } else if empty && src.cold && size <= WHOLE_FILE {
+            add_to_batch(&mut cold, i, size);
+            asks.push(Ask::Other);
+        } else if empty && shortcuts && src.ranges {
+            // Large ones likewise, a range at a time.
+            ranged.push(i);
+            asks.push(Ask::Other);
+        } else {
+            asks.push(Ask::Recipe(ask_recipe(conn, &jobs[i], &olds[i], short)?));
+        }
+    }
+    let mut batches = vec![];
+    for (b, _) in warm {
+        let files = b
+            .iter()
+            .map(|&i| {
+                let olds = olds[i].order.iter().map(|c| short_id(&c.id)).collect();
+                (jobs[i].remote.clone(), olds)
+            })
+            .collect();
+        batches.push((conn.send(Request::ReadFiles { files })?, b));
+    }
+    for (b, _) in cold {
+        let files = b
+            .iter()
+            .map(|&i| (jobs[i].remote.clone(), vec![]))
+            .collect();
+        batches.push((conn.send(Request::ReadFiles { files })?, b));
+    }
+    // The first ranges go with the recipe requests: no round trip of their own.
+    let mut ranges = Ranges::new(&jobs, &ranged);
+    ranges.send(conn, &jobs)?;
+    conn.flush()?;
+    let mut fetched = HashSet::new();
+    let mut whole: HashMap<usize, Recipe> = HashMap::new();
+    for (id, b) in batches {
+        for (i, recipe) in read_files(conn, id, &b, &jobs, &olds, src, stats, &mut fetched)? {
+            match recipe {
+                Some(r) => {
+                    whole.insert(i, r);
+                }
+                // Not sent, or not what the server named (the old version here changed
+                // meanwhile, say): by recipe, then.
+                None => {
+                    asks[i] =
+                        Ask::Recipe(ask_recipe(conn, &jobs[i], &LocalIndex::default(), false)?)
+                }
+            }
+        }
+    }
+    conn.flush()?;
+    let mut recipes = Vec::with_capacity(jobs.len());
+    let mut missing: Vec<ChunkRef> = vec![];
+    let mut seen = HashSet::new();
+    let mut against = vec![];
+    let mut shorts = Shorts::default();
+    // The checks of recipes with chunks named by short ids, for once those have arrived.
+    let mut checks = HashMap::new();
+    for (i, (ask, old)) in asks.into_iter().zip(olds).enumerate() {
+        let j = &jobs[i];
+        if let Some(recipe) = whole.remove(&i) {
+            recipes.push((i, recipe, old.at));
+            continue;
+        }
+        let Ask::Recipe(id) = ask else {
+            // Read by ranges.
+            continue;
+        };
+        let replies = conn.replies(id)?;
+        let by_short: HashMap<u64, Id> = match short {
+            true => old.order.iter().map(|c| (short_id(&c.id), c.id)).collect(),
+            false => HashMap::new(),
+        };
+        let find = |s: u64| -> Result<Option<Id>, GetError> {
+            match by_short.get(&s) {
+                Some(&id) => Ok(Some(id)),
+                None => Ok(src.cache.find_prefix(s)?),
+            }
+        };
+        let pages = ferry_format::pages(&old.order);
+        let with_shorts = short.then_some(&mut shorts);
+        let recipe = match recipe_from(replies, &pages, j.attr.size, with_shorts, &find) {
+            Err(GetError::RecipeCheck) => {
+                // Two pages with one key (a 2^-64 chance): the whole recipe, then.
+                tracing::warn!(
+                    "{:?}: rebuilt recipe failed its check; fetching it whole",
+                    j.remote
+                );
+                let id = ask_recipe(conn, j, &LocalIndex::default(), false)?;
+                let r = conn.replies(id)?;
+                recipe_from(r, &[], j.attr.size, None, &find)?
+            }
+            r => r?,
+        };
+        let (recipe, check) = recipe;
+        if let Some(check) = check {
+            checks.insert(i, check);
+        }
+        let old = if recipe.alg() == HashAlg::Blake3 {
+            old
+        } else {
+            index_local(j.old(), &src.chunker, recipe.alg())
+                .map_err(GetError::local("read", j.old()))?
+        };
+        let mut file_missing = vec![];
+        for c in recipe.chunks() {
+            // Held here or not, each chunk once (one file's old version holding it says
+            // nothing of another's).
+            if !old.at.contains_key(&c.id) && !src.cache.contains(&c.id)? && seen.insert(c.id) {
+                file_missing.push(*c);
+            }
+        }
+        let history = history.then_some(src.cache);
+        match AgainstOld::new(
+            j.old(),
+            &old,
+            &recipe,
+            &file_missing,
+            history,
+            Some(j.remote.clone()),
+            src.cache,
+        ) {
+            Some(a) => against.push((a, file_missing)),
+            None => missing.extend(file_missing),
+        }
+        recipes.push((i, recipe, old.at));
+    }
+    // What did not come against old data comes plainly.
+    missing.extend(fetch_against(
+        conn,
+        against,
+        src,
+        stats,
+        &mut fetched,
+        &mut shorts,
+    )?);
+    let (by_short, missing): (Vec<ChunkRef>, Vec<ChunkRef>) = missing
+        .into_iter()
+        .partition(|c| shorts.open.contains_key(&c.id));
+    fetch_short(conn, &by_short, src, stats, &mut fetched, &mut shorts)?;
+    fetched.extend(fetch_chunks(conn, &missing, src, stats)?);
+    let mut again = vec![];
+    for (i, recipe, here) in recipes {
+        let recipe = match checks.get(&i) {
+            None => recipe,
+            Some(check) => match shorts.resolve(&recipe) {
+                None => return Err(GetError::Changed),
+                Some(r) if r.check() == *check => r,
+                Some(_) => {
+                    // A chunk held here has the short id of another (a 2^-64 chance), or the
+                    // server lied: by full ids, then.
+                    tracing::warn!(
+                        "{:?}: short ids misled; fetching by full ids",
+                        jobs[i].remote
+                    );
+                    again.push(jobs[i].clone());
+                    continue;
+                }
+            },
+        };
+        assemble(&jobs[i], &recipe, &here, &fetched, src, stats)?;
+    }
+    for i in ranges.fetch(conn, &jobs, src, stats)? {
+        tracing::warn!(
+            "{:?} changed while read by ranges; fetching it by recipe",
+            jobs[i].remote
+        );
+        again.push(jobs[i].clone());
+    }
+    if again.is_empty() {
+        return Ok(());
+    }
+    fetch_files(conn, again, src, stats, false)
+}
+
+fn add_to_batch(batches: &mut Vec<(Vec<usize>, u64)>, i: usize, size: u64) {
+    match batches.last_mut() {
+        Some((b, bytes)) if *bytes + size <= FILES_BATCH => {
+            b.push(i);
+            *bytes += size;
+        }
+        _ => batches.push((vec![i], size)),
+    }
+}
+
+/// Asks for the recipe of a job's file, against the pages of the old version held here (a
+/// one-page old version is no page of a changed file's new one).
+fn ask_recipe<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    j: &FileJob,
+    old: &LocalIndex,
+    short: bool,
+) -> Result<u32, GetError> {
+    let pages = ferry_format::pages(&old.order);
+    let known = match pages.len() {
+        0 | 1 => vec![],
+        _ => pages.iter().map(|p| ferry_format::page_key(p)).collect(),
+    };
+    Ok(conn.send(Request::GetRecipe {
+        target: Target::Path(j.remote.clone()),
+        short,
+        known,
+    })?)
+}
+
+/// Fetches chunks of short recipes held nowhere here (`by_short`: placeholders), plainly, by
+/// their short ids; each is verified by its own hash and its short id.
+fn fetch_short<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    by_short: &[ChunkRef],
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+    fetched: &mut HashSet<Id>,
+    shorts: &mut Shorts,
+) -> Result<(), GetError> {
+    let mut sent = vec![];
+    for group in groups(by_short, crate::delta::MAX_DATA) {
+        let id = conn.send(Request::GetChunks(GetChunks {
+            ids: Ids::Short(group.iter().map(|c| short_id(&c.id)).collect()),
+            at: None,
+            against: None,
+        }))?;
+        sent.push((id, group));
+    }
+    conn.flush()?;
+    for (id, asked) in sent {
+        let mut got = 0;
+        for (p, bytes) in plain_chunks(conn.replies(id)?, asked)? {
+            let c = asked[p];
+            let v = shorts
+                .arrived(c.id, &bytes)
+                .ok_or(GetError::BadData(c.id))?;
+            src.cache.put(&v)?;
+            fetched.insert(*v.id());
+            stats.from_server += 1;
+            stats.bytes_from_server += bytes.len() as u64;
+            got += 1;
+        }
+        if got != asked.len() {
+            return Err(GetError::Changed);
+        }
+    }
+    src.cache.flush()?;
+    Ok(())
+}
+
+/// The chunks a plain Chunks reply (one or more frames) carries for a request of `asked`:
+/// (place in the request, bytes), each place at most once.
+fn plain_chunks(
+    replies: Vec<Reply>,
+    asked: &[ChunkRef],
+) -> Result<Vec<(usize, Vec<u8>)>, GetError> {
+    let mut out = vec![];
+    let mut next = 0;
+    for r in replies {
+        let Reply::Chunks(Chunks {
+            found,
+            payload: Payload::Plain(data),
+        }) = r
+        else {
+            return Err(ConnError::Unexpected(format!("{r:?} for plain chunks")).into());
+        };
+        let places = found_places(&found, asked.len())?;
+        if places.first().is_some_and(|&p| p < next) {
+            return Err(ConnError::Unexpected("chunks sent twice".into()).into());
+        }
+        let total: usize = places.iter().map(|&p| asked[p].len as usize).sum();
+        if total != data.len() {
+            return Err(ConnError::Unexpected(format!(
+                "{} bytes of chunks where {total} were expected",
+                data.len()
+            ))
+            .into());
+        }
+        let mut at = 0;
+        for p in places {
+            let len = asked[p].len as usize;
+            out.push((p, data[at..at + len].to_vec()));
+            at += len;
+            next = p + 1;
+        }
+    }
+    Ok(out)
+}
+
+/// Fetches `missing` into the cache, pipelined; returns what arrived.
+fn fetch_chunks<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    missing: &[ChunkRef],
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+) -> Result<HashSet<Id>, GetError> {
+    let batches = groups_of(missing, CHUNKS_PER_REQUEST, BYTES_PER_REQUEST);
+    let mut next = 0;
+    let mut waiting = std::collections::VecDeque::new();
+    let mut fetched = HashSet::new();
+    let mut unflushed = 0usize;
+    while next < batches.len() || !waiting.is_empty() {
+        while next < batches.len() && waiting.len() < REQUESTS_IN_FLIGHT {
+            let r = Request::GetChunks(GetChunks {
+                ids: Ids::Full(batches[next].iter().map(|c| c.id).collect()),
+                at: None,
+                against: None,
+            });
+            // The first window costs a round trip; refills only keep the stream going.
+            let id = if next < REQUESTS_IN_FLIGHT {
+                conn.send(r)?
+            } else {
+                conn.send_paced(r)?
+            };
+            waiting.push_back((id, batches[next]));
+            next += 1;
+        }
+        conn.flush()?;
+        let (id, asked) = waiting.pop_front().expect("non-empty");
+        let mut got = 0;
+        for (p, data) in plain_chunks(conn.replies(id)?, asked)? {
+            let cid = asked[p].id;
+            let v = VerifiedChunk::check(cid, &data).map_err(|_| GetError::BadData(cid))?;
+            src.cache.put(&v)?;
+            fetched.insert(cid);
+            stats.from_server += 1;
+            stats.bytes_from_server += data.len() as u64;
+            unflushed += data.len();
+            got += 1;
+        }
+        // What arrived is kept: a cut connection, or a killed client, resumes from here.
+        if unflushed >= RESUME_FLUSH_BYTES {
+            src.cache.flush()?;
+            unflushed = 0;
+        }
+        if got < asked.len() {
+            // The server no longer has some chunk of a recipe it sent (the file changed).
+            return Err(GetError::Changed);
+        }
+    }
+    src.cache.flush()?;
+    Ok(fetched)
+}
+
+/// Splits `chunks` into runs of at most `n` chunks and `max` bytes (or one chunk).
+fn groups_of(chunks: &[ChunkRef], n: usize, max: usize) -> Vec<&[ChunkRef]> {
+    let mut out = vec![];
+    for g in groups(chunks, max) {
+        out.extend(g.chunks(n));
+    }
+    out
+}
+
+/// The reply to ReadFiles `id` for the jobs `batch`: each job's recipe, or `None` for those to
+/// fetch by recipe instead. The files sent go into the cache like fetched chunks.
+#[allow(clippy::too_many_arguments)]
+fn read_files<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    id: u32,
+    batch: &[usize],
+    jobs: &[FileJob],
+    olds: &[LocalIndex],
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+    fetched: &mut HashSet<Id>,
+) -> Result<Vec<(usize, Option<Recipe>)>, GetError> {
+    let none = || batch.iter().map(|&i| (i, None)).collect();
+    let (files, payload) = match conn.replies(id)?.pop() {
+        Some(Reply::Files { files, payload }) if files.len() == batch.len() => (files, payload),
+        other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+    };
+    let total: u64 = files.iter().flatten().map(|(len, _)| len).sum();
+    if total > ferry_proto::MAX_FILES_DATA {
+        return Err(ConnError::Unexpected("more file bytes than a reply may carry".into()).into());
+    }
+    let framed = matches!(payload, Payload::Frame { .. });
+    let decoded = match payload {
+        Payload::Plain(data) if data.len() as u64 == total => Ok(data),
+        Payload::Plain(data) => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} bytes where {total} were expected", data.len()),
+        )),
+        Payload::Frame { context: true, .. } => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a context that was never named",
+        )),
+        Payload::Frame {
+            olds: used, data, ..
+        } => prefix_of(batch, jobs, olds, &used)
+            .and_then(|prefix| crate::delta::decode(&data, &prefix, total as usize)),
+    };
+    let decoded = match decoded {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!("files read whole: {e}; fetching them by recipe");
+            return Ok(none());
+        }
+    };
+    let mut out = vec![];
+    let mut at = 0;
+    for (&i, f) in batch.iter().zip(files) {
+        let Some((len, oid)) = f else {
+            out.push((i, None));
+            continue;
+        };
+        let bytes = &decoded[at..at + len as usize];
+        at += len as usize;
+        let (recipe, got) = whole_file(bytes, src, stats, fetched)?;
+        // What was rebuilt against old data is checked by its id; plain bytes have none.
+        if oid.map_or(!framed, |oid| got.id() == oid) {
+            if !olds[i].order.is_empty() {
+                stats.against_old += recipe.len() as u64;
+            }
+            out.push((i, Some(recipe)));
+        } else {
+            tracing::warn!("{:?}: not the file the server named", jobs[i].remote);
+            out.push((i, None));
+        }
+    }
+    Ok(out)
+}
+
+/// The old chunks `used` names (indices into the batch's old chunk lists, concatenated), read
+/// from the old files at the destination and concatenated: the prefix the server used.
+fn prefix_of(
+    batch: &[usize],
+    jobs: &[FileJob],
+    olds: &[LocalIndex],
+    used: &[u32],
+) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+    // (job, offset, length) of each old chunk, in the order the request named them.
+    let mut all = vec![];
+    for &i in batch {
+        let mut at = 0u64;
+        for c in &olds[i].order {
+            all.push((i, at, c.len));
+            at += c.len as u64;
+        }
+    }
+    let mut open: HashMap<usize, File> = HashMap::new();
+    let mut prefix = vec![];
+    for &u in used {
+        let &(i, off, n) = all
+            .get(u as usize)
+            .ok_or_else(|| bad("no such old chunk"))?;
+        if prefix.len() + n as usize > crate::delta::MAX_PREFIX {
+            return Err(bad("prefix too long"));
+        }
+        let file = match open.entry(i) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(File::open(jobs[i].old())?),
+        };
+        let start = prefix.len();
+        prefix.resize(start + n as usize, 0);
+        file.read_exact_at(&mut prefix[start..], off)?;
+    }
+    Ok(prefix)
+}
+
+/// A file read whole (ReadFiles): its chunks go into the cache like fetched
+/// ones; returns its recipe and object id.
+fn whole_file(
+    data: &[u8],
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+    fetched: &mut HashSet<Id>,
+) -> Result<(Recipe, ferry_format::Oid), GetError> {
+    let mut chunks = vec![];
+    let (recipe, oid) = ferry_format::chunk_object(data, &src.chunker, HashAlg::Blake3, |c, b| {
+        chunks.push((c.id, b.to_vec()));
+        Ok::<_, io::Error>(())
+    })
+    .map_err(ConnError::Io)?;
+    for (id, bytes) in chunks {
+        let v = VerifiedChunk::check(id, &bytes).map_err(|_| GetError::BadData(id))?;
+        src.cache.put(&v)?;
+        if fetched.insert(id) {
+            stats.from_server += 1;
+            stats.bytes_from_server += bytes.len() as u64;
+        }
+    }
+    Ok((recipe, oid))
+}
+
+/// Bytes asked for per ReadRange, and ReadRange requests kept in flight.
+const RANGE_BYTES: u32 = 2 << 20;
+const RANGES_IN_FLIGHT: usize = 4;
+
+/// Large new files that a receiver with nothing reads whole (ReadRange), a range at a time, in
+/// order: no recipe and no chunk ids travel, only the files' bytes in the session stream.
+struct Ranges {
+    /// (job, offset, length) of every range to ask for, files one after another.
+    all: Vec<(usize, u64, u32)>,
+    /// How many of them were asked for, and the request ids of those not yet taken.
+    sent: usize,
+    waiting: std::collections::VecDeque<u32>,
+}
+
+impl Ranges {
+    fn new(jobs: &[FileJob], files: &[usize]) -> Self {
+        let mut all = vec![];
+        for &i in files {
+            let size = jobs[i].attr.size;
+            all.extend((0..size.div_ceil(RANGE_BYTES as u64)).map(|k| {
+                let offset = k * RANGE_BYTES as u64;
+                (i, offset, (size - offset).min(RANGE_BYTES as u64) as u32)
+            }));
+        }
+        Ranges {
+            all,
+            sent: 0,
+            waiting: Default::default(),
+        }
+    }
+
+    /// Asks for ranges until [`RANGES_IN_FLIGHT`] are on their way: the first window costs a
+    /// round trip, refills only keep the stream going.
+    fn send<R: io::Read, W: Write>(
+        &mut self,
+        conn: &mut Connection<R, W>,
+        jobs: &[FileJob],
+    ) -> Result<(), GetError> {
+        while self.sent < self.all.len() && self.waiting.len() < RANGES_IN_FLIGHT {
+            let (job, offset, len) = self.all[self.sent];
+            let r = Request::ReadRange {
+                target: Target::Path(jobs[job].remote.clone()),
+                offset,
+                len,
+            };
+            let id = if self.sent < RANGES_IN_FLIGHT {
+                conn.send(r)?
+            } else {
+                conn.send_paced(r)?
+            };
+            self.waiting.push_back(id);
+            self.sent += 1;
+        }
+        Ok(())
+    }
+
+    /// Takes every range, writing each file beside its destination and cutting it into the
+    /// cache as it arrives (a cut transfer resumes from what arrived). A file whose bytes do
+    /// not hash to the object id the server named for them all (it changed meanwhile) never
+    /// replaces anything: returns those, to fetch by recipe.
+    fn fetch<R: io::Read, W: Write>(
+        mut self,
+        conn: &mut Connection<R, W>,
+        jobs: &[FileJob],
+        src: &Sources<'_>,
+        stats: &mut GetStats,
+    ) -> Result<Vec<usize>, GetError> {
+        let mut file: Option<RangeFile> = None;
+        let mut changed = vec![];
+        let mut unflushed = 0;
+        for k in 0..self.all.len() {
+            self.send(conn, jobs)?;
+            let (job, _, len) = self.all[k];
+            let id = self.waiting.pop_front().expect("asked");
+            let mut replies = conn.replies(id)?;
+            let [Reply::Range { oid, data }] = &mut replies[..] else {
+                return Err(ConnError::Unexpected(format!("{replies:?}")).into());
+            };
+            if changed.last() == Some(&job) {
+                continue;
+            }
+            let f = match &mut file {
+                Some(f) if f.job == job => f,
+                f => f.insert(RangeFile::new(job, *oid, &jobs[job].local, &src.chunker)?),
+            };
+            if f.oid != *oid || data.len() > len as usize {
+                file = None;
+                changed.push(job);
+                continue;
+            }
+            f.write(data, &jobs[job].local, src, stats)?;
+            unflushed += data.len();
+            if unflushed >= RESUME_FLUSH_BYTES {
+                src.cache.flush()?;
+                unflushed = 0;
+            }
+            if self.all.get(k + 1).is_none_or(|n| n.0 != job) {
+                let f = file.take().expect("a file");
+                if !f.finish(&jobs[job], src, stats)? {
+                    changed.push(job);
+                }
+            }
+        }
+        src.cache.flush()?;
+        Ok(changed)
+    }
+}
+
+/// A file being read by ranges: the temporary file it goes into, and its chunking so far.
+struct RangeFile {
+    job: usize,
+    oid: Id,
+    tmp: tempfile::NamedTempFile,
+    cutter: Box<dyn ferry_chunk::Cutter>,
+    /// The bytes of the chunk not yet cut off.
+    pending: Vec<u8>,
+    whole: ferry_format::IdHasher,
+}
+
+impl RangeFile {
+    fn new(job: usize, oid: Id, local: &Path, chunker: &ChunkerSpec) -> Result<Self, GetError> {
+        Ok(RangeFile {
+            job,
+            oid,
+            tmp: temp_beside(local)?,
+            cutter: chunker.try_build().map_err(|e| GetError::Local {
+                op: "chunk",
+                path: local.to_path_buf(),
+                error: io::Error::new(io::ErrorKind::InvalidInput, e),
+            })?,
+            pending: vec![],
+            whole: ferry_format::IdHasher::new(oid.alg()),
+        })
+    }
+
+    fn write(
+        &mut self,
+        mut data: &[u8],
+        local: &Path,
+        src: &Sources<'_>,
+        stats: &mut GetStats,
+    ) -> Result<(), GetError> {
+        self.tmp
+            .as_file()
+            .write_all(data)
+            .map_err(GetError::local("write", local))?;
+        self.whole.update(data);
+        while let Some(n) = self.cutter.next_cut(data) {
+            self.pending.extend_from_slice(&data[..n]);
+            self.cut(src, stats)?;
+            data = &data[n..];
+        }
+        self.pending.extend_from_slice(data);
+        Ok(())
+    }
+
+    /// The pending bytes are a chunk: into the cache.
+    fn cut(&mut self, src: &Sources<'_>, stats: &mut GetStats) -> Result<(), GetError> {
+        let len = self.pending.len() as u64;
+        src.cache
+            .put(&VerifiedChunk::hash(HashAlg::Blake3, &self.pending))?;
+        self.pending.clear();
+        stats.from_server += 1;
+        stats.bytes_from_server += len;
+        stats.chunks += 1;
+        stats.bytes += len;
+        if let Some(p) = src.progress {
+            p(len);
+        }
+        Ok(())
+    }
+
+    /// Installs the file if its bytes hash to the object id named; says whether they did.
+    fn finish(
+        mut self,
+        j: &FileJob,
+        src: &Sources<'_>,
+        stats: &mut GetStats,
+    ) -> Result<bool, GetError> {
+        if !self.pending.is_empty() {
+            self.cut(src, stats)?;
+        }
+        if self.whole.finish() != self.oid {
+            return Ok(false);
+        }
+        install(self.tmp, j, stats)?;
+        Ok(true)
+    }
+}

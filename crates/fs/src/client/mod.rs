@@ -1,0 +1,221 @@
+//! The client: list, fetch and upload files and trees, sending only what the other side
+//! cannot find.
+//!
+//! - `walk`: a fetch's plan (listings breadth first, against the entries held here; bases for
+//!   new files) and its symlinks and directories.
+//! - `fetch`: a batch of files: recipes, whole small files, ranges, then the chunks not found
+//!   here; `against`: chunks compressed against the old version held here.
+//! - `recipes`: recipes put together from pages and short ids, checked.
+//! - `install`: files assembled beside their destination and renamed over it.
+//! - `upload`: the same exchange pointed the other way.
+//! - `local`: files and trees here as the protocol sees them (chunk indexes, tree digests).
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use ferry_chunk::ChunkerSpec;
+use ferry_format::Id;
+use ferry_proto::{Attr, DirEntry, FileKind, Reply, Request, WirePath};
+use ferry_store::ChunkStore;
+
+use crate::conn::{ConnError, Connection};
+
+mod against;
+mod fetch;
+mod install;
+mod local;
+mod push;
+mod recipes;
+mod upload;
+mod walk;
+
+pub use upload::{put, put_file};
+pub use walk::{fetch_file, get};
+
+/// `host:path`, as rsync and scp write it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteSpec {
+    pub host: String,
+    pub path: String,
+}
+
+impl RemoteSpec {
+    /// Parses `host:path`; `None` if `s` is not a remote (a local path, or `./a:b`).
+    pub fn parse(s: &str) -> Option<RemoteSpec> {
+        let (host, path) = s.split_once(':')?;
+        if host.is_empty() || host.contains('/') {
+            return None;
+        }
+        Some(RemoteSpec {
+            host: host.to_string(),
+            path: if path.is_empty() {
+                ".".into()
+            } else {
+                path.to_string()
+            },
+        })
+    }
+}
+
+/// One `ls` entry.
+pub type Listing = Vec<DirEntry>;
+
+/// Attributes of `path`, and its entries when it is a directory.
+pub fn list<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    path: &WirePath,
+) -> Result<(Attr, Listing), ConnError> {
+    let attr = get_attr(conn, path)?;
+    if attr.kind != FileKind::Dir {
+        return Ok((attr, vec![]));
+    }
+    let mut out = vec![];
+    for r in conn.call(Request::ReadDir {
+        path: path.clone(),
+        keys: vec![],
+    })? {
+        match r {
+            Reply::Entries { entries, .. } => out.extend(entries),
+            other => return Err(ConnError::Unexpected(format!("{other:?}"))),
+        }
+    }
+    Ok((attr, out))
+}
+
+pub(crate) fn get_attr<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    path: &WirePath,
+) -> Result<Attr, ConnError> {
+    match conn.call(Request::GetAttr { path: path.clone() })?.pop() {
+        Some(Reply::Attr(a)) => Ok(a),
+        other => Err(ConnError::Unexpected(format!("{other:?}"))),
+    }
+}
+
+/// What a fetch cost and where its chunks came from.
+#[derive(Clone, Debug, Default)]
+pub struct GetStats {
+    /// Files fetched.
+    pub files: u64,
+    /// Files skipped because size, mtime and mode already matched.
+    pub unchanged: u64,
+    /// Entries removed from the destination (with `delete`).
+    pub deleted: u64,
+    /// With `dry_run`: what would be done, one line each (`fetch PATH`, `delete PATH`, …).
+    pub planned: Vec<String>,
+    pub bytes: u64,
+    pub chunks: u64,
+    pub from_cache: u64,
+    pub from_local: u64,
+    pub from_server: u64,
+    pub bytes_from_server: u64,
+    /// Of the chunks from the server, those sent compressed against the old local file.
+    pub against_old: u64,
+}
+
+/// Chunk sources on the receiving side, tried before the server.
+pub struct Sources<'a> {
+    /// The persistent client cache.
+    pub cache: &'a dyn ChunkStore,
+    pub chunker: ChunkerSpec,
+    /// Also remove what the destination has and the server does not (rsync's `--delete`).
+    pub delete: bool,
+    /// Change nothing locally: list what would be fetched and deleted in `GetStats::planned`.
+    pub dry_run: bool,
+    /// The cache held nothing when the transfer began: small new files are read whole.
+    pub cold: bool,
+    /// Nothing in the cache could hold chunks of new files (it was empty when the transfer
+    /// began): large new files are read whole too, by ranges, with no recipe.
+    pub ranges: bool,
+    /// Recipes name the chunks held nowhere here by 8-byte short ids (the client finds what it
+    /// holds by prefix, checks the whole recipe once the rest arrived). Off, they come with full
+    /// ids: what other sources than the server (mirrors) need to serve them.
+    pub short_ids: bool,
+    /// Told the bytes of each chunk written (for progress bars).
+    pub progress: Option<&'a dyn Fn(u64)>,
+}
+
+/// How to upload.
+pub struct PutOptions<'a> {
+    pub chunker: ChunkerSpec,
+    /// Also remove what the server has and the local tree does not.
+    pub delete: bool,
+    /// Change nothing on the server: list what would be sent and deleted in `PutStats::planned`.
+    pub dry_run: bool,
+    /// Told the bytes of each file committed (for progress bars).
+    pub progress: Option<&'a dyn Fn(u64)>,
+    /// The client's chunk cache, if any: old data held here (it came from the server) that new
+    /// data is compressed against without asking the server for keys.
+    pub cache: Option<&'a dyn ChunkStore>,
+}
+
+/// Removes a local file, symlink or whole directory (never following a symlink).
+pub(crate) fn remove_local(p: &Path) -> io::Result<()> {
+    if fs::symlink_metadata(p)?.is_dir() {
+        fs::remove_dir_all(p)
+    } else {
+        fs::remove_file(p)
+    }
+}
+
+pub(crate) fn mtime(attr: &Attr) -> std::time::SystemTime {
+    if attr.mtime_ns >= 0 {
+        std::time::UNIX_EPOCH + std::time::Duration::from_nanos(attr.mtime_ns as u64)
+    } else {
+        std::time::UNIX_EPOCH - std::time::Duration::from_nanos(attr.mtime_ns.unsigned_abs())
+    }
+}
+
+/// Recreates symlinks as they are on the server, all targets asked for at once. A target is
+
+#[derive(Debug, thiserror::Error)]
+pub enum GetError {
+    #[error(transparent)]
+    Conn(#[from] ConnError),
+    /// The OS error is part of the message (not a separate source, which would print twice).
+    #[error("{op} {}: {error}", path.display())]
+    Local {
+        op: &'static str,
+        path: PathBuf,
+        error: io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] ferry_store::StoreError),
+    #[error(transparent)]
+    Proto(#[from] ferry_proto::ProtoError),
+    #[error("server sent chunk {0} that does not match its id, or a recipe it cannot serve")]
+    BadData(Id),
+    #[error("a recipe rebuilt from the pages held here does not match the server's check")]
+    RecipeCheck,
+    /// Not the link failing: asking again gets the new version.
+    #[error("a file changed on the server while it was fetched; run the command again")]
+    Changed,
+    /// A local file changed while it was uploaded: reading it again gets the new version.
+    #[error("{} changed while it was uploaded", .0.display())]
+    LocalChanged(PathBuf),
+}
+
+impl GetError {
+    pub(crate) fn local(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> GetError {
+        let path = path.to_path_buf();
+        move |error| GetError::Local { op, path, error }
+    }
+}
+
+/// What an upload cost.
+#[derive(Clone, Debug, Default)]
+pub struct PutStats {
+    pub files: u64,
+    pub bytes: u64,
+    pub chunks: u64,
+    /// Entries removed from the server (with `delete`).
+    pub deleted: u64,
+    /// Files skipped because size, mtime and mode already matched.
+    pub unchanged: u64,
+    /// With `dry_run`: what would be done, one line each.
+    pub planned: Vec<String>,
+    /// Chunks the server lacked, and their bytes: what had to travel.
+    pub chunks_sent: u64,
+    pub chunk_bytes_sent: u64,
+}

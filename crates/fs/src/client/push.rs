@@ -1,0 +1,786 @@
+//! Sending a batch of files: the fetch's exchange pointed the other way.
+//!
+//! 1. For a file that replaces a version on the server, that version's recipe, against the pages
+//!    of the new one (GetRecipe; the pages both hold come back as references, the rest by
+//!    short id). For a new file, which of its chunks the server holds anywhere (Have).
+//! 2. For a replacing file with new data: which of the new chunks the server holds anywhere
+//!    (Have), and keys of pieces of the old data the new version dropped (GetKeys), unless the
+//!    cache here holds that old data (it came from the server).
+//! 3. The new version as a stream of Writes: pages and chunks the server holds by reference,
+//!    new data compressed against the old data both sides hold (the parts of the old version
+//!    the new one keeps, near the new data; old chunks held here; pieces whose keys the server
+//!    sent), then Commit with the whole object's id.
+//!
+//! Each step is one round trip for the whole batch. A file under 8 KiB skips the first two:
+//! its bytes go with its commit, one round trip (LBFS §3.3). No message grows with a file:
+//! Have and Write are paged, and the server writes the file as the Writes arrive.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+use ferry_format::{HashAlg, Id, Oid, Recipe};
+use ferry_proto::{
+    short_id, Attr, ErrorCode, Ids, KeyOlds, Payload, RecipePart, Reply, Request, Target, WirePath,
+    WritePart,
+};
+
+use super::upload::check;
+use super::{GetError, PutOptions, PutStats};
+use crate::conn::{ConnError, Connection};
+use crate::delta::{FrameLevel, Keys};
+
+/// Files smaller than this travel whole with their commit, in one round trip (LBFS §3.3).
+const SMALL_FILE: u64 = 8 * 1024;
+/// Chunk ids per Have request.
+const HAVE_IDS: usize = 64 << 10;
+/// A file replacing a version, of at most this many chunks, asks in one round trip what a
+/// larger one asks in two: the old recipe, which of its own chunks the server holds, and keys
+/// of every old chunk it dropped (naming all its chunks costs less than the round trip).
+const ONE_ASK_CHUNKS: usize = 64;
+/// Refs per Write at most, and bytes of the upload stream's requests kept unanswered at most:
+/// memory stays bounded however large the files, and the link stays full.
+const WRITE_REFS: usize = 4096;
+const IN_FLIGHT_BYTES: usize = 16 << 20;
+/// Bytes of old data named whole as a frame's prefix (the old chunks held here) at most.
+const OLDS_BYTES: u64 = 8 << 20;
+/// Bytes of the new version around new data that head a frame's prefix, whatever the data's
+/// size; and at most.
+const CONTEXT_FLOOR: u64 = 64 << 10;
+const CONTEXT_MAX: u64 = 4 << 20;
+
+/// A local file to upload, and what the server has at its path.
+pub(crate) struct PutJob {
+    pub(crate) local: PathBuf,
+    pub(crate) meta: fs::Metadata,
+    /// The permission bits to give the file on the server.
+    pub(crate) mode: u32,
+    pub(crate) remote: WirePath,
+    /// The version of the file being replaced (`None`: there is none).
+    pub(crate) if_version: Option<u64>,
+}
+
+/// The version on the server that an upload replaces, as the client learns it.
+struct BaseView {
+    version: u64,
+    /// Each chunk: length and short id.
+    chunks: Vec<(u32, u64)>,
+    /// Short id → index.
+    by_short: HashMap<u64, usize>,
+    /// Pages of the new version the base holds too (by index in the new version's pages).
+    known_pages: HashSet<usize>,
+    /// The base index of each chunk of the new version the base holds, by the new index.
+    shared: HashMap<usize, usize>,
+}
+
+/// How a chunk of the new version goes.
+#[derive(Clone, Copy, PartialEq)]
+enum How {
+    /// In a page the base holds.
+    Page,
+    /// A chunk of the base, by short id.
+    Short,
+    /// A chunk the server holds (Have said so, or it went earlier in this batch).
+    Held,
+    /// As data.
+    Data,
+}
+
+/// A file of a batch and what is known of it.
+struct Chunked {
+    file: File,
+    recipe: Recipe,
+    oid: Oid,
+    offsets: Vec<u64>,
+    /// The pages of the new version: (first chunk, chunks, key).
+    pages: Vec<(usize, usize, u64)>,
+    base_ask: Option<u32>,
+    /// Have and GetKeys went with the GetRecipe (a file of few chunks).
+    asked_all: bool,
+    base: Option<BaseView>,
+    /// Have requests: (request id, the new chunks asked about).
+    have_asks: Vec<(u32, Vec<usize>)>,
+    keys_ask: Option<u32>,
+    keys: Option<Keys>,
+    /// Old chunks the cache here holds that the new version dropped: (base index, id).
+    held_olds: Vec<(usize, Id)>,
+    how: Vec<How>,
+    /// A small file's bytes.
+    small: Option<Vec<u8>>,
+}
+
+/// Uploads a batch of files (see the module documentation). Returns the server's attributes of
+/// each file committed.
+pub(crate) fn put_files<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    jobs: Vec<PutJob>,
+    pending: &mut Vec<u32>,
+    opts: &PutOptions<'_>,
+    stats: &mut PutStats,
+) -> Result<Vec<Attr>, GetError> {
+    let mut files = Vec::with_capacity(jobs.len());
+    for j in &jobs {
+        files.push(chunk_file(conn, j, opts)?);
+    }
+    conn.flush()?;
+    // Step 2: what the server holds, and keys of the old data.
+    for (j, c) in jobs.iter().zip(&mut files) {
+        if let Some(id) = c.base_ask.take() {
+            c.base = Some(base_view(conn.replies(id)?, c, j)?);
+            plan_against_base(conn, j, c, opts)?;
+        }
+    }
+    conn.flush()?;
+    let mut sent: HashSet<Id> = HashSet::new();
+    for c in &mut files {
+        take_haves(conn, c, &sent)?;
+        if let Some(id) = c.keys_ask.take() {
+            c.keys = match conn.replies(id)?.pop() {
+                Some(Reply::Keys(k)) => Some(Keys::new(k.keys, k.key_bytes as usize, k.runs)),
+                other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+            };
+        }
+        // A chunk sent for an earlier file of the batch is held by the time this one's write
+        // arrives.
+        for (k, ch) in c.recipe.chunks().iter().enumerate() {
+            if c.how[k] == How::Data && !sent.insert(ch.id) {
+                c.how[k] = How::Held;
+            }
+        }
+    }
+    // Step 3: the writes and commits.
+    let mut stream = Stream::default();
+    let mut level = FrameLevel::new(9);
+    for (n, (j, c)) in jobs.iter().zip(&files).enumerate() {
+        write_file(conn, &mut stream, n, j, c, &mut level, opts, stats)?;
+    }
+    // Directories made earlier come first: a failed one explains the commits that follow.
+    check(conn, pending)?;
+    let results = stream.drain(conn, files.len())?;
+    let mut attrs = Vec::with_capacity(files.len());
+    let mut again = vec![];
+    for ((j, c), r) in jobs.into_iter().zip(files).zip(results) {
+        match r {
+            Ok(a) => {
+                stats.files += 1;
+                stats.bytes += c.recipe.total_len();
+                stats.chunks += c.recipe.len() as u64;
+                if let Some(p) = opts.progress {
+                    p(c.recipe.total_len());
+                }
+                attrs.push(a);
+            }
+            // A reference the server could not follow (a short id that led elsewhere, a chunk
+            // gone from its store since Have): the file again, all of it as data.
+            Err(ConnError::Remote {
+                code: ErrorCode::MissingChunks,
+                message,
+            }) if !c.how.iter().all(|h| *h == How::Data) => {
+                tracing::warn!("{message}; sending {} whole", j.local.display());
+                again.push(j);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    for j in again {
+        let c = chunk_file_plain(&j, opts)?;
+        let mut stream = Stream::default();
+        write_file(conn, &mut stream, 0, &j, &c, &mut level, opts, stats)?;
+        match stream.drain(conn, 1)?.pop() {
+            Some(Ok(a)) => {
+                stats.files += 1;
+                stats.bytes += c.recipe.total_len();
+                stats.chunks += c.recipe.len() as u64;
+                attrs.push(a);
+            }
+            Some(Err(e)) => return Err(e.into()),
+            None => return Err(ConnError::Unexpected("no commit reply".into()).into()),
+        }
+    }
+    Ok(attrs)
+}
+
+/// Step 1 for one file: chunks it, and asks what this kind of file needs first.
+fn chunk_file<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    j: &PutJob,
+    opts: &PutOptions<'_>,
+) -> Result<Chunked, GetError> {
+    let mut c = chunk_file_plain(j, opts)?;
+    if c.small.is_some() {
+        return Ok(c);
+    }
+    c.how = vec![How::Data; c.recipe.len()];
+    if j.if_version.is_some() {
+        // The version being replaced: its recipe, against the new version's pages.
+        let known = match c.pages.len() {
+            0 | 1 => vec![],
+            _ => c.pages.iter().map(|p| p.2).collect(),
+        };
+        c.base_ask = Some(conn.send(Request::GetRecipe {
+            target: Target::Path(j.remote.clone()),
+            short: true,
+            known,
+        })?);
+        if c.recipe.len() <= ONE_ASK_CHUNKS {
+            let all: Vec<usize> = (0..c.recipe.len()).collect();
+            let shorts = c.recipe.chunks().iter().map(|ch| short_id(&ch.id));
+            c.keys_ask = Some(conn.send(Request::GetKeys {
+                path: j.remote.clone(),
+                version: None,
+                olds: KeyOlds::Except(shorts.collect()),
+                new_bytes: c.recipe.total_len(),
+            })?);
+            ask_have(conn, &mut c, all)?;
+            c.asked_all = true;
+        }
+    } else {
+        let all = (0..c.recipe.len()).collect();
+        ask_have(conn, &mut c, all)?;
+    }
+    Ok(c)
+}
+
+/// A file chunked, with nothing asked: everything goes as data.
+fn chunk_file_plain(j: &PutJob, opts: &PutOptions<'_>) -> Result<Chunked, GetError> {
+    let file = File::open(&j.local).map_err(GetError::local("open", &j.local))?;
+    let small = j.meta.len() < SMALL_FILE;
+    let mut bytes = vec![];
+    let (recipe, oid) =
+        ferry_format::chunk_object_parallel(&file, &opts.chunker, HashAlg::Blake3, |_, data| {
+            if small {
+                bytes.extend_from_slice(data);
+            }
+            Ok::<_, io::Error>(())
+        })
+        .map_err(GetError::local("read", &j.local))?;
+    let offsets = recipe.with_offsets().map(|(o, _)| o).collect();
+    let mut pages = vec![];
+    let mut at = 0;
+    for p in recipe.pages() {
+        pages.push((at, p.len(), ferry_format::page_key(p)));
+        at += p.len();
+    }
+    Ok(Chunked {
+        file,
+        how: vec![How::Data; recipe.len()],
+        recipe,
+        oid,
+        offsets,
+        pages,
+        base_ask: None,
+        asked_all: false,
+        base: None,
+        have_asks: vec![],
+        keys_ask: None,
+        keys: None,
+        held_olds: vec![],
+        small: small.then_some(bytes),
+    })
+}
+
+/// Asks which of the new chunks `which` (each distinct id once) the server holds.
+fn ask_have<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    c: &mut Chunked,
+    which: Vec<usize>,
+) -> Result<(), GetError> {
+    let mut seen = HashSet::new();
+    let which: Vec<usize> = which
+        .into_iter()
+        .filter(|&k| seen.insert(c.recipe.chunks()[k].id))
+        .collect();
+    for page in which.chunks(HAVE_IDS) {
+        let ids = page.iter().map(|&k| short_id(&c.recipe.chunks()[k].id));
+        let id = conn.send(Request::Have {
+            ids: Ids::Short(ids.collect()),
+        })?;
+        c.have_asks.push((id, page.to_vec()));
+    }
+    Ok(())
+}
+
+/// Takes the Have replies of a file: chunks the server holds go by reference.
+fn take_haves<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    c: &mut Chunked,
+    sent: &HashSet<Id>,
+) -> Result<(), GetError> {
+    let mut held = HashSet::new();
+    for (id, asked) in std::mem::take(&mut c.have_asks) {
+        match conn.replies(id)?.pop() {
+            Some(Reply::Have(flags)) if flags.len() == asked.len() => {
+                for (k, have) in asked.into_iter().zip(flags) {
+                    if have {
+                        held.insert(c.recipe.chunks()[k].id);
+                    }
+                }
+            }
+            other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+        }
+    }
+    for (k, ch) in c.recipe.chunks().iter().enumerate() {
+        if c.how[k] == How::Data && (held.contains(&ch.id) || sent.contains(&ch.id)) {
+            c.how[k] = How::Held;
+        }
+    }
+    Ok(())
+}
+
+/// The server's recipe of the version replaced, as sent against the new version's pages.
+fn base_view(replies: Vec<Reply>, c: &Chunked, j: &PutJob) -> Result<BaseView, GetError> {
+    let bad = |why: &str| GetError::from(ConnError::Unexpected(format!("{:?}: {why}", j.remote)));
+    let max_chunks = j.meta.len().max(64 << 20) / ferry_chunk::MIN_CHUNK_LIMIT as u64;
+    let mut v = BaseView {
+        version: 0,
+        chunks: vec![],
+        by_short: HashMap::new(),
+        known_pages: HashSet::new(),
+        shared: HashMap::new(),
+    };
+    for r in replies {
+        let Reply::Recipe(d) = r else {
+            return Err(bad("not a recipe"));
+        };
+        if d.total_chunks > max_chunks.max(c.recipe.len() as u64 * 4) {
+            return Err(bad("a recipe of more chunks than the file's size allows"));
+        }
+        v.version = d.version;
+        for part in d.parts {
+            match part {
+                RecipePart::Known(i) => {
+                    let &(first, n, _) = c
+                        .pages
+                        .get(i as usize)
+                        .ok_or_else(|| bad("a page never named"))?;
+                    v.known_pages.insert(i as usize);
+                    for k in first..first + n {
+                        let ch = c.recipe.chunks()[k];
+                        v.shared.insert(k, v.chunks.len());
+                        v.chunks.push((ch.len, short_id(&ch.id)));
+                    }
+                }
+                RecipePart::Chunks(cs) => v
+                    .chunks
+                    .extend(cs.iter().map(|ch| (ch.len, short_id(&ch.id)))),
+                RecipePart::Short(cs) => v.chunks.extend(cs),
+            }
+            if v.chunks.len() as u64 > d.total_chunks {
+                return Err(bad("a recipe longer than announced"));
+            }
+        }
+    }
+    if j.if_version.is_some_and(|want| want != v.version) {
+        return Err(ConnError::Remote {
+            code: ErrorCode::Conflict,
+            message: format!("{:?} changed since version {:?}", j.remote, j.if_version),
+        }
+        .into());
+    }
+    for (i, &(_, s)) in v.chunks.iter().enumerate() {
+        v.by_short.entry(s).or_insert(i);
+    }
+    Ok(v)
+}
+
+/// Step 2 for a file replacing a version: how each new chunk goes, and what to ask of the
+/// server (Have for the new chunks, GetKeys for the old data the new version dropped that the
+/// cache here does not hold).
+fn plan_against_base<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    j: &PutJob,
+    c: &mut Chunked,
+    opts: &PutOptions<'_>,
+) -> Result<(), GetError> {
+    let base = c.base.as_mut().expect("a base");
+    let mut fresh = vec![];
+    for (p, &(first, n, _)) in c.pages.iter().enumerate() {
+        for k in first..first + n {
+            let ch = c.recipe.chunks()[k];
+            c.how[k] = if base.known_pages.contains(&p) {
+                How::Page
+            } else if let Some(&b) = base
+                .by_short
+                .get(&short_id(&ch.id))
+                .filter(|&&b| base.chunks[b].0 == ch.len)
+            {
+                base.shared.insert(k, b);
+                How::Short
+            } else {
+                fresh.push(k);
+                How::Data
+            };
+        }
+    }
+    if fresh.is_empty() {
+        return Ok(());
+    }
+    let fresh_bytes: u64 = fresh.iter().map(|&k| c.recipe.chunks()[k].len as u64).sum();
+    // Old chunks the new version dropped: named whole when the cache holds them (they came
+    // from the server), else keyed by the server.
+    let used: HashSet<u64> = c
+        .recipe
+        .chunks()
+        .iter()
+        .map(|ch| short_id(&ch.id))
+        .collect();
+    let (mut to_key, mut keyed_bytes, mut held_bytes) = (vec![], 0u64, 0u64);
+    for (i, &(len, s)) in base.chunks.iter().enumerate() {
+        if used.contains(&s) {
+            continue;
+        }
+        let held = opts
+            .cache
+            .and_then(|cache| cache.find_prefix(s).ok().flatten());
+        match held {
+            Some(id) if held_bytes + len as u64 <= OLDS_BYTES => {
+                c.held_olds.push((i, id));
+                held_bytes += len as u64;
+            }
+            _ if keyed_bytes + (len as u64) <= crate::delta::MAX_PREFIX as u64 => {
+                to_key.push(i as u32);
+                keyed_bytes += len as u64;
+            }
+            _ => {}
+        }
+    }
+    if c.asked_all {
+        return Ok(());
+    }
+    // Keys cost a few bytes a piece of ~220: worth it unless the old data dwarfs the new.
+    if !to_key.is_empty() && keyed_bytes / 220 * 4 <= fresh_bytes / 16 {
+        c.keys_ask = Some(conn.send(Request::GetKeys {
+            path: j.remote.clone(),
+            version: Some(base.version),
+            olds: KeyOlds::Indices(to_key),
+            new_bytes: fresh_bytes,
+        })?);
+    }
+    ask_have(conn, c, fresh)
+}
+
+/// Requests of the upload stream not yet answered: (request id, file, a commit, bytes).
+#[derive(Default)]
+struct Stream {
+    waiting: VecDeque<(u32, usize, bool, usize)>,
+    /// Bytes of the requests waiting (about what the sending thread and the link hold).
+    bytes: usize,
+    /// Each file's first error, and its attributes once committed.
+    errors: HashMap<usize, ConnError>,
+    attrs: HashMap<usize, Attr>,
+    next_handle: u32,
+}
+
+impl Stream {
+    fn send<R: io::Read, W: Write>(
+        &mut self,
+        conn: &mut Connection<R, W>,
+        file: usize,
+        r: Request,
+    ) -> Result<(), GetError> {
+        let commit = matches!(r, Request::Commit { .. });
+        let bytes = match &r {
+            Request::Write { parts, .. } => parts
+                .iter()
+                .map(|p| match p {
+                    WritePart::Data { payload, .. } => payload.data().len(),
+                    _ => 64,
+                })
+                .sum(),
+            _ => 64,
+        };
+        // Writes keep the stream going; waiting for them paces it, a round trip only for the
+        // creates and commits (all of a batch's travel together).
+        let id = if matches!(r, Request::Write { .. }) {
+            conn.send_paced(r)?
+        } else {
+            conn.send(r)?
+        };
+        self.waiting.push_back((id, file, commit, bytes));
+        self.bytes += bytes;
+        while self.bytes > IN_FLIGHT_BYTES {
+            self.take(conn)?;
+        }
+        Ok(())
+    }
+
+    fn take<R: io::Read, W: Write>(&mut self, conn: &mut Connection<R, W>) -> Result<(), GetError> {
+        let Some((id, file, commit, bytes)) = self.waiting.pop_front() else {
+            return Ok(());
+        };
+        self.bytes -= bytes;
+        match conn.replies(id) {
+            Ok(mut r) => match (commit, r.pop()) {
+                (true, Some(Reply::Attr(a))) => {
+                    self.attrs.insert(file, a);
+                }
+                (false, Some(Reply::Ok)) => {}
+                (_, other) => {
+                    return Err(ConnError::Unexpected(format!("{other:?} in an upload")).into())
+                }
+            },
+            // The first error of a file is what went wrong; the rest follow from it.
+            Err(e @ ConnError::Remote { .. }) => {
+                self.errors.entry(file).or_insert(e);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    }
+
+    /// Every reply; then each file's result, in order.
+    fn drain<R: io::Read, W: Write>(
+        mut self,
+        conn: &mut Connection<R, W>,
+        files: usize,
+    ) -> Result<Vec<Result<Attr, ConnError>>, GetError> {
+        conn.flush()?;
+        while !self.waiting.is_empty() {
+            self.take(conn)?;
+        }
+        Ok((0..files)
+            .map(|f| match (self.errors.remove(&f), self.attrs.remove(&f)) {
+                (Some(e), _) => Err(e),
+                (None, Some(a)) => Ok(a),
+                (None, None) => Err(ConnError::Unexpected("no commit reply".into())),
+            })
+            .collect())
+    }
+}
+
+/// Step 3 for one file: Create, the Writes, Commit.
+#[allow(clippy::too_many_arguments)]
+fn write_file<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    stream: &mut Stream,
+    n: usize,
+    j: &PutJob,
+    c: &Chunked,
+    level: &mut FrameLevel,
+    opts: &PutOptions<'_>,
+    stats: &mut PutStats,
+) -> Result<(), GetError> {
+    use std::os::unix::fs::MetadataExt;
+    stream.next_handle = stream.next_handle.wrapping_add(1);
+    let handle = stream.next_handle;
+    let base = c.base.as_ref().map(|b| b.version).or(j.if_version);
+    stream.send(
+        conn,
+        n,
+        Request::Create {
+            handle,
+            path: j.remote.clone(),
+            base,
+        },
+    )?;
+    let mut parts: Vec<WritePart> = vec![];
+    let mut refs = 0;
+    let flush = |conn: &mut Connection<R, W>,
+                 stream: &mut Stream,
+                 parts: &mut Vec<WritePart>,
+                 refs: &mut usize|
+     -> Result<(), GetError> {
+        if !parts.is_empty() {
+            let parts = std::mem::take(parts);
+            stream.send(conn, n, Request::Write { handle, parts })?;
+        }
+        *refs = 0;
+        Ok(())
+    };
+    if let Some(bytes) = &c.small {
+        if !bytes.is_empty() {
+            stats.chunks_sent += c.recipe.len() as u64;
+            stats.chunk_bytes_sent += bytes.len() as u64;
+            parts.push(WritePart::Data {
+                lens: c.recipe.chunks().iter().map(|ch| ch.len).collect(),
+                payload: Payload::Plain(bytes.clone()),
+            });
+        }
+    } else {
+        let chunks = c.recipe.chunks();
+        let mut k = 0;
+        while k < chunks.len() {
+            match c.how[k] {
+                How::Page => {
+                    // The whole page: a page the base holds is all How::Page.
+                    let &(first, len, key) = c
+                        .pages
+                        .iter()
+                        .find(|p| p.0 <= k && k < p.0 + p.1)
+                        .expect("every chunk is in a page");
+                    parts.push(WritePart::Page(key));
+                    k = first + len;
+                    refs += 1;
+                }
+                How::Short => {
+                    let ch = chunks[k];
+                    match parts.last_mut() {
+                        Some(WritePart::Short(v)) => v.push((ch.len, short_id(&ch.id))),
+                        _ => parts.push(WritePart::Short(vec![(ch.len, short_id(&ch.id))])),
+                    }
+                    k += 1;
+                    refs += 1;
+                }
+                How::Held => {
+                    match parts.last_mut() {
+                        Some(WritePart::Chunks(v)) => v.push(chunks[k]),
+                        _ => parts.push(WritePart::Chunks(vec![chunks[k]])),
+                    }
+                    k += 1;
+                    refs += 1;
+                }
+                How::Data => {
+                    // A run of new chunks, at most a frame's worth.
+                    let start = k;
+                    let mut bytes = 0usize;
+                    while k < chunks.len()
+                        && c.how[k] == How::Data
+                        && (k == start || bytes + chunks[k].len as usize <= crate::delta::MAX_DATA)
+                    {
+                        bytes += chunks[k].len as usize;
+                        k += 1;
+                    }
+                    let part = data_part(c, j, start..k, level, opts, conn)?;
+                    stats.chunks_sent += (k - start) as u64;
+                    stats.chunk_bytes_sent += bytes as u64;
+                    parts.push(part);
+                    flush(conn, stream, &mut parts, &mut refs)?;
+                }
+            }
+            if refs >= WRITE_REFS {
+                flush(conn, stream, &mut parts, &mut refs)?;
+            }
+        }
+    }
+    flush(conn, stream, &mut parts, &mut refs)?;
+    stream.send(
+        conn,
+        n,
+        Request::Commit {
+            handle,
+            mode: j.mode,
+            mtime_ns: j.meta.mtime() * 1_000_000_000 + j.meta.mtime_nsec(),
+            size: c.recipe.total_len(),
+            oid: c.oid.id(),
+        },
+    )
+}
+
+/// New chunks `range` of a file as a Write's data part: plainly, or as one frame against the old
+/// data both sides hold when that pays.
+fn data_part<R: io::Read, W: Write>(
+    c: &Chunked,
+    j: &PutJob,
+    range: std::ops::Range<usize>,
+    level: &mut FrameLevel,
+    opts: &PutOptions<'_>,
+    conn: &Connection<R, W>,
+) -> Result<WritePart, GetError> {
+    let chunks = &c.recipe.chunks()[range.clone()];
+    let start = c.offsets[range.start];
+    let len: u64 = chunks.iter().map(|ch| ch.len as u64).sum();
+    let mut data = vec![0u8; len as usize];
+    c.file
+        .read_exact_at(&mut data, start)
+        .map_err(GetError::local("read", &j.local))?;
+    let mut at = 0;
+    for ch in chunks {
+        if !ch.id.matches(&data[at..at + ch.len as usize]) {
+            return Err(GetError::LocalChanged(j.local.clone()));
+        }
+        at += ch.len as usize;
+    }
+    let lens = chunks.iter().map(|ch| ch.len).collect();
+    let Some(base) = &c.base else {
+        return Ok(WritePart::Data {
+            lens,
+            payload: Payload::Plain(data),
+        });
+    };
+    // The prefix: the base's chunks the new version keeps, nearest to this data (read here
+    // from the new file); old chunks the new version dropped that the cache holds; pieces
+    // whose keys the server sent.
+    let (mut olds, mut prefix) = context(c, base, &range, len, j)?;
+    if let Some(cache) = opts.cache {
+        for &(i, id) in &c.held_olds {
+            if let Ok(Some(bytes)) = cache.get(&id) {
+                olds.push(i as u32);
+                prefix.extend_from_slice(&bytes);
+            }
+        }
+    }
+    let mut refs = vec![];
+    if let Some(keys) = &c.keys {
+        let (r, pieces) = crate::delta::find([&data[..]], keys);
+        if prefix.len() + pieces.len() <= crate::delta::MAX_PREFIX {
+            refs = r;
+            prefix.extend_from_slice(&pieces);
+        }
+    }
+    if prefix.is_empty() {
+        return Ok(WritePart::Data {
+            lens,
+            payload: Payload::Plain(data),
+        });
+    }
+    let (writes, waited) = conn.write_waits();
+    level.saw_writes(writes, waited);
+    let work = data.len() + prefix.len();
+    let payload =
+        match crate::delta::worth_a_frame(level, &data, &prefix, work).map_err(ConnError::Io)? {
+            Some(frame) => Payload::Frame {
+                context: false,
+                olds,
+                refs,
+                data: frame,
+            },
+            None => Payload::Plain(data),
+        };
+    Ok(WritePart::Data { lens, payload })
+}
+
+/// The chunks of the base the new version keeps nearest to new chunks `range` (`len` bytes):
+/// their base indices, in the order of the new version, and their bytes (read from the new
+/// file), up to 16 times the data and [`CONTEXT_MAX`] (at least [`CONTEXT_FLOOR`]).
+fn context(
+    c: &Chunked,
+    base: &BaseView,
+    range: &std::ops::Range<usize>,
+    len: u64,
+    j: &PutJob,
+) -> Result<(Vec<u32>, Vec<u8>), GetError> {
+    let budget = (len * 16).clamp(CONTEXT_FLOOR, CONTEXT_MAX);
+    let chunks = c.recipe.chunks();
+    let distance = |k: usize| {
+        if k < range.start {
+            range.start - k
+        } else {
+            k - range.end + 1
+        }
+    };
+    let mut near: Vec<(usize, usize)> = base.shared.iter().map(|(&k, &b)| (k, b)).collect();
+    near.sort_by_key(|&(k, _)| distance(k));
+    let mut total = 0;
+    let mut seen = HashSet::new();
+    near.retain(|&(k, b)| {
+        if total + chunks[k].len as u64 > budget || !seen.insert(b) {
+            return false;
+        }
+        total += chunks[k].len as u64;
+        true
+    });
+    near.sort_unstable();
+    let mut olds = Vec::with_capacity(near.len());
+    let mut prefix = Vec::with_capacity(total as usize);
+    for (k, b) in near {
+        let at = prefix.len();
+        prefix.resize(at + chunks[k].len as usize, 0);
+        c.file
+            .read_exact_at(&mut prefix[at..], c.offsets[k])
+            .map_err(GetError::local("read", &j.local))?;
+        olds.push(b as u32);
+    }
+    Ok((olds, prefix))
+}

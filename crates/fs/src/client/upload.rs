@@ -1,0 +1,435 @@
+//! Uploads: a walk of the local tree against the server's listings, then files in batches
+//! (`push`), symlinks, deletions, and the directories' modes and times.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use ferry_proto::{Attr, FileKind, Reply, Request, WirePath};
+
+use super::local::{local_tree, same_tree, LocalTrees};
+use super::push::{put_files, PutJob};
+use super::{GetError, PutOptions, PutStats};
+use crate::conn::{ConnError, Connection};
+
+/// Files uploaded together: what each batch asks of the server goes in one round trip.
+const BATCH_FILES: usize = 1024;
+/// Bytes of files per upload batch.
+const PUT_BATCH_FILE_BYTES: u64 = 64 << 20;
+
+fn remote_attr<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    path: &WirePath,
+) -> Result<Option<Attr>, ConnError> {
+    match conn.call(Request::GetAttr { path: path.clone() }) {
+        Ok(mut r) => match r.pop() {
+            Some(Reply::Attr(a)) => Ok(Some(a)),
+            other => Err(ConnError::Unexpected(format!("{other:?}"))),
+        },
+        Err(ConnError::Remote {
+            code: ferry_proto::ErrorCode::NotFound,
+            ..
+        }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// What the walk of an upload leaves to do.
+#[derive(Default)]
+struct PutPlan {
+    files: Vec<PutJob>,
+    /// Symlinks: the local target, the server path, what the server has there.
+    links: Vec<(Vec<u8>, WirePath, Option<Attr>)>,
+    deletes: Vec<(WirePath, FileKind)>,
+    /// Requests sent and not yet checked (Mkdir): their replies are read with the next batch.
+    pending: Vec<u32>,
+    /// Directories walked, parents first: their modes and times are set on the server last.
+    dirs: Vec<(PathBuf, WirePath)>,
+}
+
+/// Uploads the file or tree at `local` to `remote`, sending only chunks the server lacks, and
+/// committing each file atomically against the version it had when the upload began. With
+/// `delete`, entries of the server's directories that `local` lacks are removed.
+///
+/// A walk compares the local tree with the server's listings (breadth first, one round trip
+/// per level); then files go up in batches of about two round trips each (which chunks the
+/// server has; the missing chunks and the commits), files under 8 KiB in one.
+pub fn put<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    local: &Path,
+    remote: &WirePath,
+    opts: &PutOptions<'_>,
+    stats: &mut PutStats,
+) -> Result<(), GetError> {
+    let meta = fs::symlink_metadata(local).map_err(GetError::local("read", local))?;
+    let current = remote_attr(conn, remote)?;
+    // With tree digests from the server, every subtree already the same there is skipped.
+    let mut trees = LocalTrees::new();
+    if let Some(cur) = current
+        .as_ref()
+        .filter(|a| a.oid.is_some() && meta.is_dir())
+    {
+        if let Err(e) = local_tree(local, &mut trees) {
+            tracing::debug!("no tree digests for {}: {e}", local.display());
+            trees.clear();
+        }
+        if let Some(files) = same_tree(local, cur, &trees) {
+            stats.unchanged += files;
+            return Ok(());
+        }
+    }
+    let mut plan = PutPlan::default();
+    put_walk(
+        conn, local, meta, remote, current, &trees, opts, stats, &mut plan,
+    )?;
+    let mut batch = vec![];
+    let mut bytes = 0;
+    for job in std::mem::take(&mut plan.files) {
+        if !batch.is_empty()
+            && (batch.len() >= BATCH_FILES || bytes + job.meta.len() > PUT_BATCH_FILE_BYTES)
+        {
+            put_files(
+                conn,
+                std::mem::take(&mut batch),
+                &mut plan.pending,
+                opts,
+                stats,
+            )?;
+            bytes = 0;
+        }
+        bytes += job.meta.len();
+        batch.push(job);
+    }
+    if !batch.is_empty() {
+        put_files(conn, batch, &mut plan.pending, opts, stats)?;
+    }
+    put_links(
+        conn,
+        std::mem::take(&mut plan.links),
+        &mut plan.pending,
+        opts,
+        stats,
+    )?;
+    for (path, kind) in std::mem::take(&mut plan.deletes) {
+        if opts.dry_run {
+            stats.planned.push(format!("delete {path:?}"));
+        } else if kind == FileKind::Dir {
+            remove_remote(conn, &path, kind)?;
+        } else {
+            plan.pending.push(conn.send(Request::Unlink { path })?);
+        }
+        stats.deleted += 1;
+    }
+    // Children before parents, after everything that changes them: directories end with the
+    // local modes and times, so the next sync finds their digests equal.
+    if !opts.dry_run {
+        for (local, remote) in plan.dirs.iter().rev() {
+            use std::os::unix::fs::MetadataExt;
+            let m = fs::symlink_metadata(local).map_err(GetError::local("read", local))?;
+            plan.pending.push(conn.send(Request::SetAttr {
+                path: remote.clone(),
+                mode: Some(m.mode() & 0o7777),
+                mtime_ns: Some(m.mtime() * 1_000_000_000 + m.mtime_nsec()),
+            })?);
+        }
+    }
+    check(conn, &mut plan.pending)
+}
+
+/// Uploads the local file `local` to `remote` as one new version, committed against
+/// `if_version` (the server refuses it with a conflict if the file is no longer at that
+/// version; `None`: if anything is there), with permission bits `mode`. Only the chunks the server lacks
+/// travel. Returns the server's attributes of the new version.
+pub fn put_file<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    local: &Path,
+    remote: &WirePath,
+    if_version: Option<u64>,
+    mode: u32,
+    opts: &PutOptions<'_>,
+    stats: &mut PutStats,
+) -> Result<Attr, GetError> {
+    let meta = fs::metadata(local).map_err(GetError::local("read", local))?;
+    let job = PutJob {
+        local: local.to_path_buf(),
+        meta,
+        mode: mode & 0o7777,
+        remote: remote.clone(),
+        if_version,
+    };
+    let mut attrs = put_files(conn, vec![job], &mut vec![], opts, stats)?;
+    attrs
+        .pop()
+        .ok_or_else(|| ConnError::Unexpected("no commit reply".into()).into())
+}
+
+/// Reads the replies of requests sent earlier; the first error wins.
+pub(crate) fn check<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    pending: &mut Vec<u32>,
+) -> Result<(), GetError> {
+    conn.flush()?;
+    for id in pending.drain(..) {
+        conn.replies(id)?;
+    }
+    Ok(())
+}
+
+/// Compares `local` with the server, breadth first, noting what to upload and delete.
+#[allow(clippy::too_many_arguments)]
+fn put_walk<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    local: &Path,
+    meta: fs::Metadata,
+    remote: &WirePath,
+    current: Option<Attr>,
+    trees: &LocalTrees,
+    opts: &PutOptions<'_>,
+    stats: &mut PutStats,
+    plan: &mut PutPlan,
+) -> Result<(), GetError> {
+    if !meta.is_dir() {
+        return put_note(local, meta, remote, current, opts, stats, plan);
+    }
+    // (local directory, server directory, its listing if it exists there)
+    let mut queue = std::collections::VecDeque::new();
+    match &current {
+        Some(a) if a.kind == FileKind::Dir => {
+            let id = conn.send(Request::ReadDir {
+                path: remote.clone(),
+                keys: vec![],
+            })?;
+            queue.push_back((local.to_path_buf(), remote.clone(), Some(id)));
+        }
+        Some(_) => {
+            return Err(ConnError::Unexpected(format!(
+                "{remote:?} exists on the server and is not a directory"
+            ))
+            .into())
+        }
+        None => {
+            put_mkdir(conn, remote, &meta, opts, stats, plan)?;
+            queue.push_back((local.to_path_buf(), remote.clone(), None));
+        }
+    }
+    while let Some((local, remote, listing)) = queue.pop_front() {
+        plan.dirs.push((local.clone(), remote.clone()));
+        let mut there: HashMap<Vec<u8>, Attr> = HashMap::new();
+        if let Some(id) = listing {
+            conn.flush()?;
+            for r in conn.replies(id)? {
+                match r {
+                    Reply::Entries { entries, .. } => {
+                        there.extend(entries.into_iter().map(|e| (e.name, e.attr)))
+                    }
+                    other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+                }
+            }
+        }
+        let mut names: Vec<_> = fs::read_dir(&local)
+            .map_err(GetError::local("read directory", &local))?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<Result<_, _>>()
+            .map_err(GetError::local("read directory", &local))?;
+        names.sort();
+        for name in &names {
+            let (child_local, child) = (local.join(name), remote.join(name.as_bytes())?);
+            let m = fs::symlink_metadata(&child_local)
+                .map_err(GetError::local("read", &child_local))?;
+            let cur = there.remove(name.as_bytes());
+            if !m.is_dir() {
+                put_note(&child_local, m, &child, cur, opts, stats, plan)?;
+                continue;
+            }
+            match cur {
+                Some(a) if a.kind == FileKind::Dir => {
+                    if let Some(files) = same_tree(&child_local, &a, trees) {
+                        stats.unchanged += files;
+                        continue;
+                    }
+                    let id = conn.send(Request::ReadDir {
+                        path: child.clone(),
+                        keys: vec![],
+                    })?;
+                    queue.push_back((child_local, child, Some(id)));
+                }
+                Some(_) => {
+                    return Err(ConnError::Unexpected(format!(
+                        "{child:?} exists on the server and is not a directory"
+                    ))
+                    .into())
+                }
+                None => {
+                    put_mkdir(conn, &child, &m, opts, stats, plan)?;
+                    queue.push_back((child_local, child, None));
+                }
+            }
+        }
+        if opts.delete {
+            // What is left of the listing, the local tree lacks.
+            let mut extra: Vec<_> = there.into_iter().collect();
+            extra.sort_by(|a, b| a.0.cmp(&b.0));
+            for (name, attr) in extra {
+                plan.deletes.push((remote.join(&name)?, attr.kind));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn put_mkdir<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    remote: &WirePath,
+    meta: &fs::Metadata,
+    opts: &PutOptions<'_>,
+    stats: &mut PutStats,
+    plan: &mut PutPlan,
+) -> Result<(), GetError> {
+    if opts.dry_run {
+        stats.planned.push(format!("mkdir {remote:?}"));
+        return Ok(());
+    }
+    // Not waited for: the server handles requests in order, so what goes into the directory
+    // comes after it; the reply is checked with the next batch.
+    let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions());
+    plan.pending.push(conn.send(Request::Mkdir {
+        path: remote.clone(),
+        mode: mode & 0o7777,
+    })?);
+    Ok(())
+}
+
+/// Notes a file or symlink the walk found.
+fn put_note(
+    local: &Path,
+    meta: fs::Metadata,
+    remote: &WirePath,
+    current: Option<Attr>,
+    opts: &PutOptions<'_>,
+    stats: &mut PutStats,
+    plan: &mut PutPlan,
+) -> Result<(), GetError> {
+    use std::os::unix::fs::MetadataExt;
+    let ft = meta.file_type();
+    if ft.is_symlink() {
+        let target = fs::read_link(local).map_err(GetError::local("read symlink", local))?;
+        plan.links.push((
+            target.as_os_str().as_bytes().to_vec(),
+            remote.clone(),
+            current,
+        ));
+    } else if ft.is_file() {
+        let mtime_ns = meta.mtime() * 1_000_000_000 + meta.mtime_nsec();
+        // The quick check, as for get: same size, mtime and mode means unchanged.
+        if current.as_ref().is_some_and(|a| {
+            a.kind == FileKind::File
+                && a.size == meta.len()
+                && a.mtime_ns == mtime_ns
+                && a.mode & 0o7777 == meta.mode() & 0o7777
+        }) {
+            stats.unchanged += 1;
+        } else if current.as_ref().is_some_and(|a| a.kind == FileKind::Dir) {
+            return Err(
+                ConnError::Unexpected(format!("a directory is in the way of {remote:?}")).into(),
+            );
+        } else if opts.dry_run {
+            stats
+                .planned
+                .push(format!("send {} ({} bytes)", local.display(), meta.len()));
+            stats.files += 1;
+        } else {
+            plan.files.push(PutJob {
+                local: local.to_path_buf(),
+                mode: meta.mode() & 0o7777,
+                meta,
+                remote: remote.clone(),
+                if_version: current.map(|a| a.version),
+            });
+        }
+    } else {
+        tracing::warn!(
+            "skipping {}: not a regular file, directory or symlink",
+            local.display()
+        );
+    }
+    Ok(())
+}
+
+/// Makes the server's symlinks match: targets of the ones there asked for at once, then the
+/// changes sent together.
+fn put_links<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    links: Vec<(Vec<u8>, WirePath, Option<Attr>)>,
+    pending: &mut Vec<u32>,
+    opts: &PutOptions<'_>,
+    stats: &mut PutStats,
+) -> Result<(), GetError> {
+    let mut asks = vec![];
+    for (_, remote, cur) in &links {
+        asks.push(match cur {
+            Some(a) if a.kind == FileKind::Symlink => Some(conn.send(Request::ReadLink {
+                path: remote.clone(),
+            })?),
+            _ => None,
+        });
+    }
+    conn.flush()?;
+    for ((target, remote, cur), ask) in links.into_iter().zip(asks) {
+        if let Some(id) = ask {
+            if let Some(Reply::Link(t)) = conn.replies(id)?.pop() {
+                if t == target {
+                    continue;
+                }
+            }
+        }
+        if cur.as_ref().is_some_and(|a| a.kind == FileKind::Dir) {
+            return Err(ConnError::Unexpected(format!(
+                "a directory is in the way of symlink {remote:?}"
+            ))
+            .into());
+        }
+        if opts.dry_run {
+            stats.planned.push(format!("link {remote:?}"));
+            continue;
+        }
+        if cur.is_some() {
+            pending.push(conn.send(Request::Unlink {
+                path: remote.clone(),
+            })?);
+        }
+        pending.push(conn.send(Request::Symlink {
+            path: remote,
+            target,
+        })?);
+        stats.files += 1;
+    }
+    Ok(())
+}
+
+/// Removes a server entry, a directory with everything below it.
+fn remove_remote<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    path: &WirePath,
+    kind: FileKind,
+) -> Result<(), GetError> {
+    if kind == FileKind::Dir {
+        let mut entries = vec![];
+        for r in conn.call(Request::ReadDir {
+            path: path.clone(),
+            keys: vec![],
+        })? {
+            if let Reply::Entries { entries: es, .. } = r {
+                entries.extend(es);
+            }
+        }
+        for e in entries {
+            remove_remote(conn, &path.join(&e.name)?, e.attr.kind)?;
+        }
+        conn.call(Request::Rmdir { path: path.clone() })?;
+    } else {
+        conn.call(Request::Unlink { path: path.clone() })?;
+    }
+    Ok(())
+}

@@ -1,0 +1,481 @@
+//! The file server's request handling, free of sockets: frames in, frames out.
+//!
+//! - `listing`: attributes, listings (against the client's entry keys) and tree digests.
+//! - `content`: recipes, chunks (plainly, at the places a client names, or compressed against
+//!   what it holds), whole files and ranges; where chunks are found (hints, verified on use).
+//! - `upload`: Have, GetKeys and the streamed upload (Create, Write, Commit, Abort), the
+//!   commit under the directory's lock, and the trash.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::OwnedFd;
+
+use ferry_chunk::ChunkerSpec;
+use ferry_format::{HashAlg, Id, Oid, Recipe};
+use ferry_proto::{
+    ErrorCode, Frame, Hello, Message, Reply, Request, WirePath, FEATURES, FEATURE_HISTORY, VERSION,
+};
+use ferry_store::{ChunkStore, VerifiedChunk};
+
+use crate::export::{os, Export, FileId};
+
+mod content;
+mod listing;
+mod upload;
+
+/// How the server behaves.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    pub chunker: ChunkerSpec,
+    pub hash: HashAlg,
+    /// Attribute lease handed to clients.
+    pub lease_ms: u32,
+    /// Bytes of replaced file versions kept in the trash as chunk sources (0: no trash).
+    pub trash_bytes: u64,
+    /// zstd level of the session stream this side sends, when the client speaks it.
+    pub zstd_level: ferry_proto::Level,
+    /// Hello feature bits this server offers (all it knows by default; fewer to answer as a
+    /// server without them would).
+    pub features: u64,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            chunker: ChunkerSpec::default(),
+            hash: HashAlg::Blake3,
+            lease_ms: 60_000,
+            trash_bytes: 256 << 20,
+            zstd_level: crate::conn::DEFAULT_ZSTD_LEVEL,
+            features: FEATURES,
+        }
+    }
+}
+
+/// Where chunks a client sends wait for the commit that uses them, and stay for a while after:
+/// a cut upload resumes from them (Have finds them). A persistent store keeps them across
+/// sessions.
+pub type Staging = std::sync::Arc<dyn ChunkStore>;
+
+/// Where a chunk was last seen: a hint, verified before use.
+#[derive(Clone, Copy, Debug)]
+struct Hint {
+    /// Index into [`Server::hint_paths`].
+    file: u32,
+    offset: u64,
+    len: u32,
+}
+
+/// Chunk hints kept per session at most; past this they are forgotten and found again by
+/// recipes (each costs ~60 bytes).
+const MAX_HINTS: usize = 4 << 20;
+/// Recipes kept in memory before the cache is cleared (each costs ~36 bytes per chunk).
+const RECIPE_CACHE_ENTRIES: usize = 100_000;
+
+/// Serves one client session over an [`Export`].
+pub struct Server {
+    export: Export,
+    opts: ServerOptions,
+    staging: Staging,
+    /// Recipes of file versions this session has cut, by identity.
+    recipes: HashMap<FileId, (Recipe, Oid)>,
+    /// Where each object id was last seen (a hint: the file may have changed since).
+    objects: HashMap<Id, WirePath>,
+    hints: HashMap<Id, Hint>,
+    hint_paths: Vec<WirePath>,
+    hint_files: HashMap<WirePath, u32>,
+    /// The first 8 bytes of each hinted chunk's hash (little-endian), for short ids.
+    short_ids: HashMap<u64, Id>,
+    greeted: bool,
+    /// Features both sides agreed on in the Hellos.
+    features: u64,
+    /// The state of chunk requests against old data, kept between requests.
+    against: content::AgainstState,
+    /// Every chunk this server has cut, kept (bounded) as what clients may hold old versions
+    /// of: the whole old version becomes the prefix of a delta.
+    history: Option<Staging>,
+    /// Tree digests of directories, with when they were computed.
+    trees: HashMap<WirePath, (std::time::Instant, [u8; 32])>,
+    /// Uploads in progress, by the client's handle.
+    uploads: upload::Uploads,
+    /// `None` when change notification is unavailable: then no leases are granted.
+    leases: Option<crate::leases::Leases>,
+    /// Leases broken by changes seen while handling a request, sent before its reply.
+    broken: Vec<WirePath>,
+}
+
+pub(crate) fn error(code: ErrorCode, message: impl Into<String>) -> Reply {
+    Reply::Error {
+        code,
+        message: message.into(),
+    }
+}
+
+pub(crate) fn io_error(path: &WirePath, e: &io::Error) -> Reply {
+    use io::ErrorKind as K;
+    let code = match e.kind() {
+        K::NotFound => ErrorCode::NotFound,
+        K::NotADirectory => ErrorCode::NotDir,
+        K::IsADirectory => ErrorCode::IsDir,
+        K::PermissionDenied => ErrorCode::Permission,
+        // openat2 with RESOLVE_BENEATH answers EXDEV for a path that leaves the root.
+        K::CrossesDevices => ErrorCode::Escape,
+        K::StorageFull => ErrorCode::NoSpace,
+        K::AlreadyExists => ErrorCode::Exists,
+        K::DirectoryNotEmpty => ErrorCode::NotEmpty,
+        _ => ErrorCode::Io,
+    };
+    error(code, format!("{path:?}: {e}"))
+}
+
+impl Server {
+    pub fn new(export: Export, opts: ServerOptions, staging: Staging) -> Self {
+        Server {
+            against: content::AgainstState::new(opts.zstd_level.start()),
+            export,
+            opts,
+            staging,
+            recipes: HashMap::new(),
+            objects: HashMap::new(),
+            hints: HashMap::new(),
+            hint_paths: vec![],
+            hint_files: HashMap::new(),
+            short_ids: HashMap::new(),
+            greeted: false,
+            features: 0,
+            trees: HashMap::new(),
+            history: None,
+            uploads: upload::Uploads::default(),
+            leases: match crate::leases::Leases::new() {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    tracing::warn!("no change notification ({e}); granting no leases");
+                    None
+                }
+            },
+            broken: vec![],
+        }
+    }
+
+    /// Keeps every chunk this server cuts in `history`, and offers the client to compress
+    /// against old chunks found there (FEATURE_HISTORY).
+    pub fn with_history(mut self, history: Staging) -> Self {
+        self.history = Some(history);
+        self
+    }
+
+    /// The zstd level of the session stream once the Hellos agreed on one: from the reply to
+    /// the Hello on, both directions are one zstd stream each.
+    pub fn stream_level(&self) -> Option<ferry_proto::Level> {
+        (self.features & ferry_proto::FEATURE_ZSTD_STREAM != 0).then_some(self.opts.zstd_level)
+    }
+
+    /// Writing replies out waited `waited` on the transport: large frames against old data
+    /// follow the link by it.
+    pub fn wrote(&mut self, waited: std::time::Duration) {
+        self.against.level.wrote(waited);
+    }
+
+    /// Whether a large frame against old data went into a reply and has not been written out
+    /// since: the loop writes it at once, so the next one's level knows how the link took it.
+    pub fn frame_unwritten(&self) -> bool {
+        self.against.level.unwritten()
+    }
+
+    /// A descriptor that becomes readable when a leased path may have changed; then call
+    /// [`invalidations`](Self::invalidations).
+    pub fn watch_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.leases.as_ref().map(|l| l.fd())
+    }
+
+    /// Invalidate frames for every lease that changes broke.
+    pub fn invalidations(&mut self) -> Vec<Frame> {
+        self.take_broken();
+        self.broken
+            .drain(..)
+            .map(|p| Message::Invalidate(p).to_frame(0))
+            .collect()
+    }
+
+    fn lease(&mut self, path: &WirePath, listing: bool) -> u32 {
+        match self.leases.as_mut() {
+            Some(l) => l.grant(&self.export, path, listing, self.opts.lease_ms),
+            None => 0,
+        }
+    }
+
+    /// Handles one frame from the client; returns the frames to send back, in order.
+    pub fn handle(&mut self, frame: &Frame) -> Vec<Frame> {
+        let id = frame.request_id;
+        let one = |r: Reply| vec![Message::Reply(r).to_frame(id)];
+        let msg = match Message::decode(frame) {
+            Ok(m) => m,
+            Err(e) => return one(error(ErrorCode::BadRequest, e.to_string())),
+        };
+        match msg {
+            Message::Hello(h) => {
+                if h.version != VERSION {
+                    return one(error(
+                        ErrorCode::Unsupported,
+                        format!(
+                            "the client ({}) speaks protocol {}, this server (ferry {}) speaks \
+                             protocol {VERSION}: install the same version of ferry on both sides",
+                            h.agent,
+                            h.version,
+                            env!("CARGO_PKG_VERSION")
+                        ),
+                    ));
+                }
+                self.greeted = true;
+                self.features = h.features & FEATURES & self.opts.features;
+                if self.history.is_none() {
+                    self.features &= !FEATURE_HISTORY;
+                }
+                let agent = format!("ferry {}", env!("CARGO_PKG_VERSION"));
+                vec![Message::Hello(Hello {
+                    version: VERSION,
+                    features: self.features,
+                    agent,
+                })
+                .to_frame(id)]
+            }
+            _ if !self.greeted => one(error(ErrorCode::BadRequest, "hello first")),
+            Message::Request(r) => self.request(id, r),
+            Message::Reply(_) | Message::Invalidate(_) => {
+                one(error(ErrorCode::BadRequest, "servers take requests"))
+            }
+        }
+    }
+
+    fn request(&mut self, id: u32, r: Request) -> Vec<Frame> {
+        // Changes made before this request break the leases they break now, before anything
+        // is read for the reply: a lease granted below is broken only by later changes.
+        self.take_broken();
+        let mut out = self.dispatch(id, r);
+        if !self.broken.is_empty() {
+            let breaks = self
+                .broken
+                .drain(..)
+                .map(|p| Message::Invalidate(p).to_frame(0));
+            out.splice(0..0, breaks);
+        }
+        out
+    }
+
+    /// Notes the leases that changes so far broke (to be sent with the next reply).
+    fn take_broken(&mut self) {
+        if let Some(l) = self.leases.as_mut() {
+            let b = l.broken();
+            if !b.is_empty() {
+                self.trees.clear();
+                self.broken.extend(b);
+            }
+        }
+    }
+
+    fn dispatch(&mut self, id: u32, r: Request) -> Vec<Frame> {
+        let one = |r: Reply| vec![Message::Reply(r).to_frame(id)];
+        if matches!(
+            r,
+            Request::Commit { .. }
+                | Request::Mkdir { .. }
+                | Request::Unlink { .. }
+                | Request::Rmdir { .. }
+                | Request::Rename { .. }
+                | Request::Symlink { .. }
+                | Request::SetAttr { .. }
+        ) {
+            // The tree changes: digests computed before no longer hold.
+            self.trees.clear();
+        }
+        match r {
+            Request::GetAttr { path } => one(self.get_attr(&path)),
+            Request::ReadDir { path, keys } => self.read_dir(id, &path, &keys),
+            Request::ReadLink { path } => one(match self.export.read_link(&path) {
+                Ok(target) => Reply::Link(target),
+                Err(e) => io_error(&path, &e),
+            }),
+            Request::Mkdir { path, mode } => one(self.at(&path, |dir, name| {
+                rustix::fs::mkdirat(
+                    dir,
+                    os(name),
+                    rustix::fs::Mode::from_raw_mode(mode & 0o7777),
+                )?;
+                Ok(())
+            })),
+            Request::Unlink { path } => one(self.at(&path, |dir, name| {
+                rustix::fs::unlinkat(dir, os(name), rustix::fs::AtFlags::empty())?;
+                Ok(())
+            })),
+            Request::Rmdir { path } => one(self.at(&path, |dir, name| {
+                rustix::fs::unlinkat(dir, os(name), rustix::fs::AtFlags::REMOVEDIR)?;
+                Ok(())
+            })),
+            Request::Symlink { path, target } => one(self.at(&path, |dir, name| {
+                rustix::fs::symlinkat(os(&target), dir, os(name))?;
+                Ok(())
+            })),
+            Request::Rename { from, to } => one(self.rename(&from, &to)),
+            Request::SetAttr {
+                path,
+                mode,
+                mtime_ns,
+            } => one(match self.export.set_attr(&path, mode, mtime_ns) {
+                Ok(()) => Reply::Ok,
+                Err(e) => io_error(&path, &e),
+            }),
+            Request::GetRecipe {
+                target,
+                short,
+                known,
+            } => self.get_recipe(id, &target, short, &known),
+            Request::GetChunks(g) => self.get_chunks(id, g),
+            Request::ReadFiles { files } => one(self.read_files(files)),
+            Request::ReadRange {
+                target,
+                offset,
+                len,
+            } => one(self.read_range(&target, offset, len)),
+            Request::Have { ids } => one(self.have(&ids)),
+            Request::GetKeys {
+                path,
+                version,
+                olds,
+                new_bytes,
+            } => one(self.get_keys(&path, version, &olds, new_bytes)),
+            Request::Create { handle, path, base } => one(self.create(handle, &path, base)),
+            Request::Write { handle, parts } => one(self.write(handle, parts)),
+            Request::Commit {
+                handle,
+                mode,
+                mtime_ns,
+                size,
+                oid,
+            } => one(self.commit(handle, mode, mtime_ns, size, oid)),
+            Request::Abort { handle } => one(self.abort(handle)),
+        }
+    }
+
+    /// Runs `op` on the parent directory of `path` and its last component, then fsyncs the
+    /// directory so the change is durable before the reply.
+    fn at(&self, path: &WirePath, op: impl FnOnce(&OwnedFd, &[u8]) -> io::Result<()>) -> Reply {
+        let r = (|| {
+            let (dir, name) = self.export.parent(path)?;
+            op(&dir, &name)?;
+            rustix::fs::fsync(&dir)?;
+            Ok::<_, io::Error>(())
+        })();
+        match r {
+            Ok(()) => Reply::Ok,
+            Err(e) => io_error(path, &e),
+        }
+    }
+
+    fn rename(&self, from: &WirePath, to: &WirePath) -> Reply {
+        let r = (|| -> io::Result<()> {
+            let (fd, fname) = self.export.parent(from)?;
+            let (td, tname) = self.export.parent(to)?;
+            rustix::fs::renameat(&fd, os(&fname), &td, os(&tname))?;
+            rustix::fs::fsync(&td)?;
+            rustix::fs::fsync(&fd)?;
+            Ok(())
+        })();
+        match r {
+            Ok(()) => Reply::Ok,
+            Err(e) => io_error(from, &e),
+        }
+    }
+
+    /// Notes that the chunks of `recipe` lie in the file at `path` (hints, verified on use).
+    fn hint_all(&mut self, path: &WirePath, recipe: &Recipe) {
+        self.make_room_for_hints(recipe.len());
+        let file = self.hint_file(path);
+        for (offset, c) in recipe.with_offsets() {
+            self.short_ids.insert(ferry_proto::short_id(&c.id), c.id);
+            self.hints.insert(
+                c.id,
+                Hint {
+                    file,
+                    offset,
+                    len: c.len,
+                },
+            );
+        }
+    }
+
+    /// Notes that chunk `id` lies at `offset` in the file at `path`.
+    fn hint_one(&mut self, path: &WirePath, id: Id, offset: u64, len: u32) {
+        self.make_room_for_hints(1);
+        let file = self.hint_file(path);
+        self.short_ids.insert(ferry_proto::short_id(&id), id);
+        self.hints.insert(id, Hint { file, offset, len });
+    }
+
+    /// The number hints name the file at `path` by.
+    fn hint_file(&mut self, path: &WirePath) -> u32 {
+        if let Some(&f) = self.hint_files.get(path) {
+            return f;
+        }
+        let f = self.hint_paths.len() as u32;
+        self.hint_paths.push(path.clone());
+        self.hint_files.insert(path.clone(), f);
+        f
+    }
+
+    /// Forgets every hint when `n` more would pass [`MAX_HINTS`]: they are only hints, and
+    /// what is forgotten is found again by the next recipe.
+    fn make_room_for_hints(&mut self, n: usize) {
+        if self.hints.len() + n > MAX_HINTS {
+            self.hints.clear();
+            self.short_ids.clear();
+            self.hint_paths.clear();
+            self.hint_files.clear();
+        }
+    }
+
+    /// Records a file's recipe (keyed by its identity) and where each of its chunks lies.
+    fn remember(&mut self, path: &WirePath, fid: FileId, recipe: Recipe, oid: Oid) {
+        self.hint_all(path, &recipe);
+        if self.recipes.len() >= RECIPE_CACHE_ENTRIES {
+            self.recipes.clear();
+            self.objects.clear();
+        }
+        self.objects.insert(oid.id(), path.clone());
+        self.recipes.insert(fid, (recipe, oid));
+    }
+
+    /// A chunk's bytes from wherever it was seen, verified; `None` if no valid copy is known.
+    fn chunk(&mut self, id: &Id) -> Option<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let hint = *self.hints.get(id)?;
+        let path = self.hint_paths.get(hint.file as usize)?;
+        let read = || -> io::Result<Vec<u8>> {
+            let f = self.export.open_file(path)?;
+            let mut buf = vec![0u8; hint.len as usize];
+            f.read_exact_at(&mut buf, hint.offset)?;
+            Ok(buf)
+        };
+        match read() {
+            Ok(buf) if id.matches(&buf) => Some(buf),
+            _ => {
+                // The file changed or went away: the hint was wrong, which costs only this.
+                self.hints.remove(id);
+                let short = ferry_proto::short_id(id);
+                if self.short_ids.get(&short) == Some(id) {
+                    self.short_ids.remove(&short);
+                }
+                None
+            }
+        }
+    }
+}
+
+/// Puts a chunk just cut (and hashed) into the history, if there is one. A history that cannot
+/// grow costs deltas later, not the answer now.
+fn keep(history: &Option<Staging>, id: Id, data: &[u8]) {
+    if let Some(h) = history {
+        if let Err(e) = h.put(&VerifiedChunk::assume_verified(id, data)) {
+            tracing::debug!("history: {e}");
+        }
+    }
+}

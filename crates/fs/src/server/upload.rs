@@ -1,0 +1,720 @@
+//! Uploads: what the server holds (Have, GetKeys), and the new version written into a
+//! temporary file as it arrives (Create, Write), then installed atomically (Commit) or dropped
+//! (Abort).
+//!
+//! A commit holds an exclusive `flock` on the directory while it checks the version, keeps the
+//! replaced one in the trash and renames: two sessions (processes of their own over ssh,
+//! threads of the daemon) committing into one directory take turns, so a stale update cannot
+//! win between another's check and its rename.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
+
+use ferry_format::{ChunkRef, Id, IdHasher, Oid, Recipe};
+use ferry_proto::{ErrorCode, FileKind, Ids, KeyOlds, Keys, Payload, Reply, WirePath, WritePart};
+use ferry_store::VerifiedChunk;
+
+use super::{error, io_error, Server};
+use crate::export::{os, stat_at};
+
+/// Uploads open at once in a session; a client writes one file at a time, so a few suffice.
+const MAX_UPLOADS: usize = 16;
+/// Bytes of old data GetKeys keys at most (a prefix holds no more).
+const MAX_KEYED: u64 = crate::delta::MAX_PREFIX as u64;
+
+/// The uploads of a session.
+pub(crate) struct Uploads {
+    open: HashMap<u32, Upload>,
+    /// The pieces of the last GetKeys, which Write's data parts name by index.
+    keyed: Option<Keyed>,
+    /// Makes this session's temporary names its own (sessions of one daemon share a pid).
+    tag: u64,
+    counter: u64,
+}
+
+impl Default for Uploads {
+    fn default() -> Self {
+        Uploads {
+            open: HashMap::new(),
+            keyed: None,
+            tag: rand::random(),
+            counter: 0,
+        }
+    }
+}
+
+impl Uploads {
+    fn next(&mut self) -> u64 {
+        self.counter += 1;
+        self.counter
+    }
+}
+
+/// Pieces of a version of a file, keyed for a client.
+struct Keyed {
+    path: WirePath,
+    version: u64,
+    /// (offset, length) of each piece in that version.
+    pieces: Vec<(u64, u32)>,
+}
+
+/// A new version being written.
+struct Upload {
+    path: WirePath,
+    dir: OwnedFd,
+    name: Vec<u8>,
+    tmp: String,
+    out: BufWriter<File>,
+    whole: IdHasher,
+    size: u64,
+    /// The new version's recipe so far.
+    chunks: Vec<ChunkRef>,
+    base: Option<Base>,
+}
+
+/// The version an upload is written against.
+struct Base {
+    version: u64,
+    /// Opened at Create: the bytes referred to are those of this version even if the name
+    /// changes meanwhile (and if the file itself is changed in place, the commit's check of
+    /// the whole object id catches it).
+    file: File,
+    recipe: Recipe,
+    offsets: Vec<u64>,
+    /// Page key → (first chunk, chunks).
+    pages: HashMap<u64, (usize, usize)>,
+    /// (short id, chunk index), sorted.
+    by_short: Vec<(u64, u32)>,
+}
+
+impl Base {
+    fn new(version: u64, file: File, recipe: Recipe) -> Base {
+        let offsets: Vec<u64> = recipe.with_offsets().map(|(o, _)| o).collect();
+        let mut pages = HashMap::new();
+        let mut at = 0;
+        for p in recipe.pages() {
+            pages
+                .entry(ferry_format::page_key(p))
+                .or_insert((at, p.len()));
+            at += p.len();
+        }
+        let mut by_short: Vec<(u64, u32)> = recipe
+            .chunks()
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (ferry_proto::short_id(&c.id), i as u32))
+            .collect();
+        by_short.sort_unstable();
+        Base {
+            version,
+            file,
+            recipe,
+            offsets,
+            pages,
+            by_short,
+        }
+    }
+
+    fn by_short(&self, short: u64) -> Option<usize> {
+        let i = self.by_short.partition_point(|&(s, _)| s < short);
+        self.by_short
+            .get(i)
+            .filter(|(s, _)| *s == short)
+            .map(|&(_, c)| c as usize)
+    }
+
+    /// The bytes of chunks `first..first + n` (adjacent in the file).
+    fn read(&self, first: usize, n: usize) -> io::Result<Vec<u8>> {
+        let chunks = self.recipe.chunks().get(first..first + n).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "no such chunks in the base")
+        })?;
+        let len: u64 = chunks.iter().map(|c| c.len as u64).sum();
+        let mut buf = vec![0u8; len as usize];
+        self.file.read_exact_at(&mut buf, self.offsets[first])?;
+        Ok(buf)
+    }
+}
+
+/// Why a Write failed: a request to refuse, or chunks the server cannot find.
+enum WriteError {
+    Bad(String),
+    Missing(String),
+    Io(io::Error),
+}
+
+impl From<io::Error> for WriteError {
+    fn from(e: io::Error) -> Self {
+        WriteError::Io(e)
+    }
+}
+
+impl Server {
+    /// CONDWRITE: which of the chunks the server holds for this client (its staging store,
+    /// and what it can find in the export and the trash).
+    pub(super) fn have(&mut self, ids: &Ids) -> Reply {
+        let flags = (0..ids.len())
+            .map(|i| {
+                let id = match ids {
+                    Ids::Full(v) => Some(v[i]),
+                    Ids::Short(v) => self
+                        .short_ids
+                        .get(&v[i])
+                        .copied()
+                        .or_else(|| self.staging.find_prefix(v[i]).ok().flatten()),
+                };
+                id.is_some_and(|id| {
+                    self.staging.contains(&id).unwrap_or(false) || self.chunk(&id).is_some()
+                })
+            })
+            .collect();
+        Reply::Have(flags)
+    }
+
+    /// Keys of pieces of the chunks `olds` of the file at `path` (which must be at `version`),
+    /// for a client to compress `new_bytes` of new data against. Remembered for the Writes
+    /// that follow.
+    pub(super) fn get_keys(
+        &mut self,
+        path: &WirePath,
+        version: Option<u64>,
+        olds: &KeyOlds,
+        new_bytes: u64,
+    ) -> Reply {
+        match self.keys_of(path, version, olds, new_bytes) {
+            Ok(k) => Reply::Keys(k),
+            Err(r) => r,
+        }
+    }
+
+    fn keys_of(
+        &mut self,
+        path: &WirePath,
+        version: Option<u64>,
+        olds: &KeyOlds,
+        new_bytes: u64,
+    ) -> Result<Keys, Reply> {
+        let (recipe, v, _) = self.recipe(path).map_err(|e| io_error(path, &e))?;
+        if let Some(version) = version.filter(|&want| want != v) {
+            return Err(error(
+                ErrorCode::Conflict,
+                format!("{path:?} changed since version {version}"),
+            ));
+        }
+        let olds: Vec<u32> = match olds {
+            KeyOlds::Indices(i) => i.clone(),
+            KeyOlds::Except(keep) => {
+                let keep: std::collections::HashSet<u64> = keep.iter().copied().collect();
+                let dropped = recipe.chunks().iter().enumerate();
+                dropped
+                    .filter(|(_, c)| !keep.contains(&ferry_proto::short_id(&c.id)))
+                    .map(|(i, _)| i as u32)
+                    .collect()
+            }
+        };
+        let file = self
+            .export
+            .open_file(path)
+            .map_err(|e| io_error(path, &e))?;
+        // Runs of adjacent old chunks, each cut on its own, as the client cuts runs of new ones.
+        let offsets: Vec<(u64, u32)> = recipe.with_offsets().map(|(o, c)| (o, c.len)).collect();
+        let mut runs: Vec<(u64, u64)> = vec![];
+        let mut total = 0;
+        for &i in &olds {
+            let Some(&(off, len)) = offsets.get(i as usize) else {
+                return Err(error(ErrorCode::BadRequest, format!("no old chunk {i}")));
+            };
+            if total + len as u64 > MAX_KEYED {
+                break;
+            }
+            total += len as u64;
+            match runs.last_mut() {
+                Some(r) if r.1 == off => r.1 += len as u64,
+                _ => runs.push((off, off + len as u64)),
+            }
+        }
+        let mut pieces = vec![];
+        let mut keys = vec![];
+        let mut sample = crate::delta::Compressibility::default();
+        let mut buf = vec![];
+        for (start, end) in runs {
+            buf.resize((end - start) as usize, 0);
+            file.read_exact_at(&mut buf, start)
+                .map_err(|e| io_error(path, &e))?;
+            sample.sample(&buf);
+            for r in crate::delta::pieces(&buf) {
+                keys.push(crate::delta::piece_key(&buf[r.clone()], 8));
+                pieces.push((start + r.start as u64, r.len() as u32));
+            }
+        }
+        let runs = sample.incompressible();
+        let new = new_bytes.min(crate::delta::MAX_DATA as u64) as usize / 256;
+        let key_bytes = crate::delta::key_bytes(keys.len(), new, runs);
+        let mask = u64::MAX >> (64 - 8 * key_bytes as u32);
+        keys.iter_mut().for_each(|k| *k &= mask);
+        self.uploads.keyed = Some(Keyed {
+            path: path.clone(),
+            version: v,
+            pieces,
+        });
+        Ok(Keys {
+            key_bytes,
+            runs,
+            keys,
+        })
+    }
+
+    /// MKTMPFILE: a temporary file beside `path`, written against version `base` of the file
+    /// there (or against nothing: then nothing may be there at commit).
+    pub(super) fn create(&mut self, handle: u32, path: &WirePath, base: Option<u64>) -> Reply {
+        if self.uploads.open.contains_key(&handle) {
+            return error(ErrorCode::BadRequest, format!("upload {handle} is open"));
+        }
+        if self.uploads.open.len() >= MAX_UPLOADS {
+            return error(ErrorCode::Busy, "too many uploads open in this session");
+        }
+        match self.open_upload(path, base) {
+            Ok(u) => {
+                self.uploads.open.insert(handle, u);
+                Reply::Ok
+            }
+            Err(r) => r,
+        }
+    }
+
+    fn open_upload(&mut self, path: &WirePath, base: Option<u64>) -> Result<Upload, Reply> {
+        let ioe = |e: io::Error| io_error(path, &e);
+        let (dir, name) = self.export.parent(path).map_err(ioe)?;
+        let base = match base {
+            None => None,
+            Some(v) => {
+                let (recipe, version, _) = self.recipe(path).map_err(ioe)?;
+                if version != v {
+                    return Err(error(
+                        ErrorCode::Conflict,
+                        format!("{path:?} changed since version {v}"),
+                    ));
+                }
+                let file = self.export.open_file(path).map_err(ioe)?;
+                Some(Base::new(v, file, recipe))
+            }
+        };
+        crate::export::remove_stale_temps(&dir);
+        let n = self.uploads.next();
+        let tmp = crate::export::commit_temp_name(self.uploads.tag, n);
+        let fd = rustix::fs::openat(
+            &dir,
+            os(tmp.as_bytes()),
+            rustix::fs::OFlags::CREATE
+                | rustix::fs::OFlags::EXCL
+                | rustix::fs::OFlags::WRONLY
+                | rustix::fs::OFlags::CLOEXEC
+                | rustix::fs::OFlags::NOFOLLOW,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| ioe(e.into()))?;
+        Ok(Upload {
+            path: path.clone(),
+            dir,
+            name,
+            tmp,
+            out: BufWriter::with_capacity(1 << 20, File::from(fd)),
+            whole: IdHasher::new(self.opts.hash),
+            size: 0,
+            chunks: vec![],
+            base,
+        })
+    }
+
+    /// TMPWRITE: appends what the parts name. Any failure drops the upload.
+    pub(super) fn write(&mut self, handle: u32, parts: Vec<WritePart>) -> Reply {
+        let Some(mut u) = self.uploads.open.remove(&handle) else {
+            return error(ErrorCode::BadRequest, format!("no upload {handle}"));
+        };
+        for part in parts {
+            if let Err(e) = self.write_part(&mut u, part) {
+                let path = u.path.clone();
+                discard(u);
+                return match e {
+                    WriteError::Bad(m) => error(ErrorCode::BadRequest, format!("{path:?}: {m}")),
+                    WriteError::Missing(m) => {
+                        error(ErrorCode::MissingChunks, format!("{path:?}: {m}"))
+                    }
+                    WriteError::Io(e) => io_error(&path, &e),
+                };
+            }
+        }
+        self.uploads.open.insert(handle, u);
+        Reply::Ok
+    }
+
+    fn write_part(&mut self, u: &mut Upload, part: WritePart) -> Result<(), WriteError> {
+        let no_base = || WriteError::Bad("a reference to the base of an upload without one".into());
+        match part {
+            WritePart::Page(key) => {
+                let base = u.base.as_ref().ok_or_else(no_base)?;
+                let &(first, n) = base
+                    .pages
+                    .get(&key)
+                    .ok_or_else(|| WriteError::Missing(format!("no page {key:#x} in the base")))?;
+                let bytes = base.read(first, n)?;
+                let chunks = base.recipe.chunks()[first..first + n].to_vec();
+                u.append(&bytes, &chunks)?;
+            }
+            WritePart::Short(refs) => {
+                for (len, short) in refs {
+                    let base = u.base.as_ref().ok_or_else(no_base)?;
+                    let i = base
+                        .by_short(short)
+                        .filter(|&i| base.recipe.chunks()[i].len == len)
+                        .ok_or_else(|| {
+                            WriteError::Missing(format!("no chunk {short:#x} in the base"))
+                        })?;
+                    let bytes = base.read(i, 1)?;
+                    let c = base.recipe.chunks()[i];
+                    u.append(&bytes, &[c])?;
+                }
+            }
+            WritePart::Chunks(refs) => {
+                for c in refs {
+                    let bytes = self.find(u, &c)?;
+                    u.append(&bytes, &[c])?;
+                }
+            }
+            WritePart::Data { lens, payload } => {
+                let total: usize = lens.iter().map(|&l| l as usize).sum();
+                let bytes = match payload {
+                    Payload::Plain(d) if d.len() == total => d,
+                    Payload::Plain(d) => {
+                        return Err(WriteError::Bad(format!(
+                            "{} bytes of data for {total}",
+                            d.len()
+                        )))
+                    }
+                    Payload::Frame { context: true, .. } => {
+                        return Err(WriteError::Bad("a context in a write".into()))
+                    }
+                    Payload::Frame {
+                        olds, refs, data, ..
+                    } => {
+                        let prefix = self.upload_prefix(u, &olds, &refs)?;
+                        crate::delta::decode(&data, &prefix, total)
+                            .map_err(|e| WriteError::Bad(format!("a frame that fails: {e}")))?
+                    }
+                };
+                let mut at = 0;
+                for len in lens {
+                    let chunk = &bytes[at..at + len as usize];
+                    at += len as usize;
+                    let v = VerifiedChunk::hash(self.opts.hash, chunk);
+                    // Staged too: a cut upload finds it again (Have) when it resumes.
+                    if let Err(e) = self.staging.put(&v) {
+                        if e.is_disk_full() {
+                            return Err(WriteError::Io(io::ErrorKind::StorageFull.into()));
+                        }
+                        tracing::debug!("staging: {e}");
+                    }
+                    u.append(chunk, &[ChunkRef { id: *v.id(), len }])?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A chunk a Write names by id: from the base, the staging store, or where it was seen.
+    fn find(&mut self, u: &Upload, c: &ChunkRef) -> Result<Vec<u8>, WriteError> {
+        if let Some(base) = &u.base {
+            let i = base.by_short(ferry_proto::short_id(&c.id));
+            if let Some(i) = i.filter(|&i| base.recipe.chunks()[i] == *c) {
+                return Ok(base.read(i, 1)?);
+            }
+        }
+        if let Ok(Some(d)) = self.staging.get(&c.id) {
+            return Ok(d);
+        }
+        self.chunk(&c.id)
+            .filter(|d| d.len() == c.len as usize)
+            .ok_or_else(|| WriteError::Missing(format!("chunk {} is neither sent nor found", c.id)))
+    }
+
+    /// The prefix a Write's frame names: chunks of the base by index, then pieces of the last
+    /// GetKeys (which must have keyed the same base).
+    fn upload_prefix(&self, u: &Upload, olds: &[u32], refs: &[u32]) -> Result<Vec<u8>, WriteError> {
+        let mut prefix = vec![];
+        let too_long = || WriteError::Bad("a prefix too long".into());
+        if !olds.is_empty() {
+            let base = u.base.as_ref().ok_or_else(|| {
+                WriteError::Bad("old chunks named in an upload without a base".into())
+            })?;
+            for &i in olds {
+                let c = base
+                    .recipe
+                    .chunks()
+                    .get(i as usize)
+                    .ok_or_else(|| WriteError::Bad(format!("no old chunk {i}")))?;
+                if prefix.len() + c.len as usize > crate::delta::MAX_PREFIX {
+                    return Err(too_long());
+                }
+                prefix.extend_from_slice(&base.read(i as usize, 1)?);
+            }
+        }
+        if !refs.is_empty() {
+            let (Some(base), Some(k)) = (&u.base, &self.uploads.keyed) else {
+                return Err(WriteError::Bad("pieces named without keys".into()));
+            };
+            if k.path != u.path || k.version != base.version {
+                return Err(WriteError::Bad("pieces of keys for another file".into()));
+            }
+            for &r in refs {
+                let &(off, len) = k
+                    .pieces
+                    .get(r as usize)
+                    .ok_or_else(|| WriteError::Bad(format!("no piece {r}")))?;
+                if prefix.len() + len as usize > crate::delta::MAX_PREFIX {
+                    return Err(too_long());
+                }
+                let at = prefix.len();
+                prefix.resize(at + len as usize, 0);
+                base.file.read_exact_at(&mut prefix[at..], off)?;
+            }
+        }
+        Ok(prefix)
+    }
+
+    /// COMMITTMP: installs what upload `handle` wrote, if it is `size` bytes hashing to `oid`
+    /// and the file is still the version it was written against. A reader sees the old file or
+    /// the new one; a crash at any point leaves one of them (and perhaps a temporary file,
+    /// which the next upload into the directory removes once its process is gone).
+    pub(super) fn commit(
+        &mut self,
+        handle: u32,
+        mode: u32,
+        mtime_ns: i64,
+        size: u64,
+        oid: ferry_format::Id,
+    ) -> Reply {
+        let Some(u) = self.uploads.open.remove(&handle) else {
+            return error(ErrorCode::BadRequest, format!("no upload {handle}"));
+        };
+        match self.install(u, mode, mtime_ns, size, oid) {
+            Ok(r) | Err(r) => r,
+        }
+    }
+
+    fn install(
+        &mut self,
+        mut u: Upload,
+        mode: u32,
+        mtime_ns: i64,
+        size: u64,
+        oid: Id,
+    ) -> Result<Reply, Reply> {
+        let path = u.path.clone();
+        let ioe = |e: io::Error| io_error(&path, &e);
+        if let Err(e) = u.out.flush() {
+            discard(u);
+            return Err(ioe(e));
+        }
+        let got = Oid(u.whole.clone().finish());
+        if u.size != size || got.id() != oid {
+            // Data written against a base that changed in place gives other bytes: say so.
+            let r = match self.check_version(&u) {
+                Err(r) => r,
+                Ok(()) => error(
+                    ErrorCode::BadRequest,
+                    format!("{path:?}: what was written is not the object the commit names"),
+                ),
+            };
+            discard(u);
+            return Err(r);
+        }
+        let file = u.out.get_ref();
+        let finished = (|| -> io::Result<()> {
+            rustix::fs::fchmod(file, rustix::fs::Mode::from_raw_mode(mode & 0o7777))?;
+            let t = rustix::fs::Timespec {
+                tv_sec: mtime_ns.div_euclid(1_000_000_000),
+                tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
+            };
+            rustix::fs::futimens(
+                file,
+                &rustix::fs::Timestamps {
+                    last_access: t,
+                    last_modification: t,
+                },
+            )?;
+            file.sync_all()
+        })();
+        if let Err(e) = finished {
+            discard(u);
+            return Err(ioe(e));
+        }
+        // Check, keep the old version, rename: one at a time per directory.
+        let installed = (|| -> Result<(), Reply> {
+            let _lock = DirLock::new(&u.dir).map_err(ioe)?;
+            self.check_version(&u)?;
+            if u.base.is_some() {
+                self.keep_in_trash(&u.dir, &u.name);
+            }
+            rustix::fs::renameat(&u.dir, os(u.tmp.as_bytes()), &u.dir, os(&u.name))
+                .map_err(|e| ioe(e.into()))?;
+            rustix::fs::fsync(&u.dir).map_err(|e| ioe(e.into()))
+        })();
+        if let Err(r) = installed {
+            discard(u);
+            return Err(r);
+        }
+        // This commit's own change breaks the leases granted before it (sent ahead of the
+        // reply), not the one the reply carries; and that one is granted only if the name
+        // still holds what was written.
+        let st = rustix::fs::fstat(u.out.get_ref()).map_err(|e| ioe(e.into()))?;
+        let Upload {
+            dir,
+            name,
+            chunks,
+            out,
+            ..
+        } = u;
+        // Closing it is a change too (IN_CLOSE_WRITE under the new name), seen before the
+        // lease below is granted.
+        drop(out);
+        self.take_broken();
+        let (mut attr, fid) = crate::export::attr_of(&st);
+        let recipe = Recipe::from_chunks(self.opts.hash, chunks)
+            .map_err(|e| error(ErrorCode::Io, format!("{path:?}: {e}")))?;
+        self.remember(&path, fid, recipe, Oid(oid));
+        attr.oid = Some(oid);
+        let still = stat_at(&dir, &name).ok().flatten();
+        if still.is_some_and(|(a, _)| a.version == attr.version) {
+            attr.lease_ms = self.lease(&path, false);
+        }
+        Ok(Reply::Attr(attr))
+    }
+
+    /// Whether the file an upload replaces is still the version it was written against (or
+    /// still absent).
+    fn check_version(&self, u: &Upload) -> Result<(), Reply> {
+        let path = &u.path;
+        let cur = stat_at(&u.dir, &u.name).map_err(|e| io_error(path, &e))?;
+        match (cur, u.base.as_ref().map(|b| b.version)) {
+            (Some((a, _)), _) if a.kind == FileKind::Dir => {
+                Err(error(ErrorCode::IsDir, format!("{path:?} is a directory")))
+            }
+            (Some((a, _)), Some(v)) if a.version == v => Ok(()),
+            (None, None) => Ok(()),
+            (Some(_), None) => Err(error(
+                ErrorCode::Conflict,
+                format!("{path:?} was created since"),
+            )),
+            (Some(_), Some(v)) => Err(error(
+                ErrorCode::Conflict,
+                format!("{path:?} changed since version {v}"),
+            )),
+            (None, Some(v)) => Err(error(
+                ErrorCode::Conflict,
+                format!("{path:?} was removed since version {v}"),
+            )),
+        }
+    }
+
+    pub(super) fn abort(&mut self, handle: u32) -> Reply {
+        if let Some(u) = self.uploads.open.remove(&handle) {
+            discard(u);
+        }
+        Reply::Ok
+    }
+
+    /// Hard-links `name` in `dir` into the trash and points the hints of its chunks there, then
+    /// trims the trash to its bound. Best effort: a trash that cannot be kept costs only bytes.
+    fn keep_in_trash(&mut self, dir: &OwnedFd, name: &[u8]) {
+        if self.opts.trash_bytes == 0 {
+            return;
+        }
+        let r = (|| -> io::Result<()> {
+            let Some((_, fid)) = stat_at(dir, name)? else {
+                return Ok(());
+            };
+            let trash = self.export.trash_dir()?;
+            let n = self.uploads.next();
+            let entry = format!(
+                "{}-{}-{}-{:016x}-{n}",
+                fid.ino,
+                fid.mtime_ns,
+                std::process::id(),
+                self.uploads.tag
+            );
+            rustix::fs::linkat(
+                dir,
+                os(name),
+                &trash,
+                entry.as_str(),
+                rustix::fs::AtFlags::empty(),
+            )?;
+            if let Some((recipe, _)) = self.recipes.get(&fid).cloned() {
+                let path = WirePath::new(format!("{}/{entry}", crate::export::TRASH).into_bytes())
+                    .map_err(io::Error::other)?;
+                self.hint_all(&path, &recipe);
+            }
+            trim_trash(&trash, self.opts.trash_bytes)
+        })();
+        if let Err(e) = r {
+            tracing::warn!("keeping the replaced version in the trash: {e}");
+        }
+    }
+}
+
+impl Upload {
+    fn append(&mut self, bytes: &[u8], chunks: &[ChunkRef]) -> io::Result<()> {
+        self.out.write_all(bytes)?;
+        self.whole.update(bytes);
+        self.size += bytes.len() as u64;
+        self.chunks.extend_from_slice(chunks);
+        Ok(())
+    }
+}
+
+/// Drops an upload: its temporary file goes.
+fn discard(u: Upload) {
+    let _ = rustix::fs::unlinkat(&u.dir, os(u.tmp.as_bytes()), rustix::fs::AtFlags::empty());
+}
+
+/// An exclusive `flock` on a directory, released when dropped.
+struct DirLock<'a>(&'a OwnedFd);
+
+impl<'a> DirLock<'a> {
+    fn new(dir: &'a OwnedFd) -> io::Result<Self> {
+        rustix::fs::flock(dir, rustix::fs::FlockOperation::LockExclusive)?;
+        Ok(DirLock(dir))
+    }
+}
+
+impl Drop for DirLock<'_> {
+    fn drop(&mut self) {
+        let _ = rustix::fs::flock(self.0, rustix::fs::FlockOperation::Unlock);
+    }
+}
+
+/// Deletes the oldest trash entries until the rest fit in `limit` bytes.
+fn trim_trash(trash: &OwnedFd, limit: u64) -> io::Result<()> {
+    let mut entries = vec![];
+    for e in rustix::fs::Dir::read_from(trash)? {
+        let e = e?;
+        let name = e.file_name().to_owned();
+        if name.to_bytes() == b"." || name.to_bytes() == b".." {
+            continue;
+        }
+        let st = rustix::fs::statat(trash, &*name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+        entries.push((st.st_ctime, st.st_size as u64, name));
+    }
+    entries.sort();
+    let mut total: u64 = entries.iter().map(|e| e.1).sum();
+    for (_, size, name) in entries {
+        if total <= limit {
+            break;
+        }
+        rustix::fs::unlinkat(trash, &*name, rustix::fs::AtFlags::empty())?;
+        total -= size;
+    }
+    Ok(())
+}

@@ -1,0 +1,338 @@
+//! Typed messages, one module per family. Type codes and body layouts are listed in
+//! `docs/protocol.md` and pinned by the exact-bytes tests in `tests.rs`.
+//!
+//! - [`namespace`]: attributes, listings, links and changes that carry no data.
+//! - [`content`]: what a receiver asks of a sender — recipes, chunks, whole files, ranges —
+//!   and the [`Payload`] all data travels in.
+//! - [`upload`]: the same exchange pointed the other way: the server names what it holds and
+//!   the client writes the new version as references to it and new data against it.
+
+use ferry_format::Id;
+
+use crate::codec::{Reader, Writer};
+use crate::{Frame, ProtoError};
+
+mod content;
+mod namespace;
+mod types;
+mod upload;
+
+pub use content::{
+    Against, Chunks, Context, GetChunks, Located, Payload, RecipeDelta, RecipePart, KEY_BYTES,
+    MAX_CONTEXT, MAX_FILES_DATA, MAX_READ_RANGE,
+};
+pub use types::{short_id, Attr, DirEntry, ErrorCode, FileKind, Hello, Ids, Target, WirePath};
+pub use upload::{KeyOlds, Keys, WritePart, MAX_WRITE_DATA};
+
+/// `"FERRY"`, the first bytes of every Hello body.
+pub const MAGIC: &[u8; 5] = b"FERRY";
+/// The protocol version this build speaks. Version 1 (one request family per technique,
+/// behind eleven feature bits) is refused with a message saying so.
+pub const VERSION: u16 = 2;
+/// Hello feature bit: the server keeps a history of the data it has served, so a client can
+/// name old chunks by short id in GetChunks and ReadFiles and have them found there. Offered
+/// by a server only when it has a history.
+pub const FEATURE_HISTORY: u64 = 2;
+/// Feature bits this build understands: [`crate::FEATURE_ZSTD_STREAM`] and
+/// [`FEATURE_HISTORY`]. Everything else of version 2 is always there.
+pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM | FEATURE_HISTORY;
+/// Largest file a client reads whole with no old version (ReadFiles with no olds) rather than
+/// by recipe.
+pub const MAX_READ_FILE: usize = 64 << 10;
+
+/// Requests, from the client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    GetAttr {
+        path: WirePath,
+    },
+    /// A listing; against the entries the client holds when `keys` names them (only the entries
+    /// whose keys it did not name come back).
+    ReadDir {
+        path: WirePath,
+        keys: Vec<u32>,
+    },
+    ReadLink {
+        path: WirePath,
+    },
+    Mkdir {
+        path: WirePath,
+        mode: u32,
+    },
+    Rename {
+        from: WirePath,
+        to: WirePath,
+    },
+    Unlink {
+        path: WirePath,
+    },
+    Rmdir {
+        path: WirePath,
+    },
+    Symlink {
+        path: WirePath,
+        target: Vec<u8>,
+    },
+    SetAttr {
+        path: WirePath,
+        mode: Option<u32>,
+        mtime_ns: Option<i64>,
+    },
+    /// A recipe, sent against the pages (content-defined runs of chunks) whose keys `known`
+    /// lists; with `short`, chunks outside them by length and short id.
+    GetRecipe {
+        target: Target,
+        short: bool,
+        known: Vec<u64>,
+    },
+    GetChunks(GetChunks),
+    /// Files whole, each against the old chunks (short ids) the client holds of it.
+    ReadFiles {
+        files: Vec<(WirePath, Vec<u64>)>,
+    },
+    ReadRange {
+        target: Target,
+        offset: u64,
+        len: u32,
+    },
+    /// CONDWRITE: which of these chunks the server holds (and this client may use).
+    Have {
+        ids: Ids,
+    },
+    /// Keys of pieces of old chunks of the file at `path` (which must be at `version`, if
+    /// named), for `new_bytes` of new data to be compressed against them.
+    GetKeys {
+        path: WirePath,
+        version: Option<u64>,
+        olds: KeyOlds,
+        new_bytes: u64,
+    },
+    /// Opens upload `handle`: a temporary file beside `path`, written against the version
+    /// `base` of the file there (`None`: nothing there).
+    Create {
+        handle: u32,
+        path: WirePath,
+        base: Option<u64>,
+    },
+    Write {
+        handle: u32,
+        parts: Vec<WritePart>,
+    },
+    /// Installs upload `handle` if what was written has `size` bytes hashing to `oid` and the
+    /// file is still at the base version.
+    Commit {
+        handle: u32,
+        mode: u32,
+        mtime_ns: i64,
+        size: u64,
+        oid: Id,
+    },
+    Abort {
+        handle: u32,
+    },
+}
+
+/// Replies, from the server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Attr(Attr),
+    /// Listed entries; `present` (first frame only) says which of the keys the request named
+    /// are entries here.
+    Entries {
+        present: Vec<bool>,
+        entries: Vec<DirEntry>,
+    },
+    Link(Vec<u8>),
+    Recipe(RecipeDelta),
+    Chunks(Chunks),
+    /// One per file asked for: its length, and its object id when the payload is a frame
+    /// (what the receiver rebuilt against its old data is checked by it), or `None` (not
+    /// sent: fetch it by recipe); the files sent are the payload's bytes, concatenated.
+    Files {
+        files: Vec<Option<(u64, Option<Id>)>>,
+        payload: Payload,
+    },
+    /// Bytes of a file or object, with the id of the whole version they were read from.
+    Range {
+        oid: Id,
+        data: Vec<u8>,
+    },
+    Have(Vec<bool>),
+    Keys(Keys),
+    Ok,
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Message {
+    Hello(Hello),
+    Request(Request),
+    Reply(Reply),
+    /// A lease broken (server → client, request id 0).
+    Invalidate(WirePath),
+}
+
+/// Message type codes.
+pub(crate) mod code {
+    pub const HELLO: u8 = 0x01;
+    pub const GET_ATTR: u8 = 0x10;
+    pub const READ_DIR: u8 = 0x11;
+    pub const READ_LINK: u8 = 0x12;
+    pub const MKDIR: u8 = 0x13;
+    pub const RENAME: u8 = 0x14;
+    pub const UNLINK: u8 = 0x15;
+    pub const RMDIR: u8 = 0x16;
+    pub const SYMLINK: u8 = 0x17;
+    pub const SET_ATTR: u8 = 0x18;
+    pub const GET_RECIPE: u8 = 0x20;
+    pub const GET_CHUNKS: u8 = 0x21;
+    pub const READ_FILES: u8 = 0x22;
+    pub const READ_RANGE: u8 = 0x23;
+    pub const HAVE: u8 = 0x30;
+    pub const GET_KEYS: u8 = 0x31;
+    pub const CREATE: u8 = 0x32;
+    pub const WRITE: u8 = 0x33;
+    pub const COMMIT: u8 = 0x34;
+    pub const ABORT: u8 = 0x35;
+    pub const R_ATTR: u8 = 0x40;
+    pub const R_ENTRIES: u8 = 0x41;
+    pub const R_RECIPE: u8 = 0x42;
+    pub const R_CHUNKS: u8 = 0x43;
+    pub const R_HAVE: u8 = 0x44;
+    /// Ok and Error keep their version-1 codes, so a version-1 peer can read the refusal.
+    pub const R_OK: u8 = 0x45;
+    pub const R_ERROR: u8 = 0x46;
+    pub const R_LINK: u8 = 0x47;
+    pub const R_FILES: u8 = 0x48;
+    pub const R_RANGE: u8 = 0x49;
+    pub const R_KEYS: u8 = 0x4a;
+    pub const INVALIDATE: u8 = 0x60;
+}
+
+impl Request {
+    fn encode(&self, w: &mut Writer) -> u8 {
+        namespace::put_request(self, w)
+            .or_else(|| content::put_request(self, w))
+            .or_else(|| upload::put_request(self, w))
+            .expect("every request belongs to a family")
+    }
+
+    fn decode(t: u8, r: &mut Reader<'_>) -> Result<Option<Request>, ProtoError> {
+        if let Some(q) = namespace::get_request(t, r)? {
+            return Ok(Some(q));
+        }
+        if let Some(q) = content::get_request(t, r)? {
+            return Ok(Some(q));
+        }
+        upload::get_request(t, r)
+    }
+}
+
+impl Reply {
+    fn encode(&self, w: &mut Writer) -> u8 {
+        match self {
+            Reply::Ok => code::R_OK,
+            Reply::Error { code: c, message } => {
+                w.u16(*c as u16);
+                w.bytes(message.as_bytes());
+                code::R_ERROR
+            }
+            r => namespace::put_reply(r, w)
+                .or_else(|| content::put_reply(r, w))
+                .or_else(|| upload::put_reply(r, w))
+                .expect("every reply belongs to a family"),
+        }
+    }
+
+    fn decode(t: u8, r: &mut Reader<'_>) -> Result<Option<Reply>, ProtoError> {
+        match t {
+            code::R_OK => return Ok(Some(Reply::Ok)),
+            code::R_ERROR => {
+                return Ok(Some(Reply::Error {
+                    code: ErrorCode::from_u16(r.u16()?)?,
+                    message: String::from_utf8_lossy(r.bytes()?).into_owned(),
+                }))
+            }
+            _ => {}
+        }
+        if let Some(x) = namespace::get_reply(t, r)? {
+            return Ok(Some(x));
+        }
+        if let Some(x) = content::get_reply(t, r)? {
+            return Ok(Some(x));
+        }
+        upload::get_reply(t, r)
+    }
+}
+
+impl Message {
+    /// The frame carrying this message (flags 0; set [`crate::FLAG_MORE`] on streamed replies).
+    pub fn to_frame(&self, request_id: u32) -> Frame {
+        let mut w = Writer::default();
+        let t = match self {
+            Message::Hello(h) => {
+                w.0.extend_from_slice(MAGIC);
+                w.u16(h.version);
+                w.u64(h.features);
+                w.bytes(h.agent.as_bytes());
+                code::HELLO
+            }
+            Message::Invalidate(p) => {
+                types::put_path(&mut w, p);
+                code::INVALIDATE
+            }
+            Message::Request(q) => q.encode(&mut w),
+            Message::Reply(r) => r.encode(&mut w),
+        };
+        Frame {
+            msg_type: t,
+            flags: 0,
+            request_id,
+            body: w.0,
+        }
+    }
+
+    /// The bytes of this message in one frame.
+    pub fn encode(&self, request_id: u32, compress: bool) -> Result<Vec<u8>, ProtoError> {
+        self.to_frame(request_id).encode(compress)
+    }
+
+    /// Parses a frame's body. Every count is bounded by the bytes that remain.
+    pub fn decode(f: &Frame) -> Result<Message, ProtoError> {
+        let mut r = Reader::new(&f.body, "message body");
+        let m = match f.msg_type {
+            code::HELLO => {
+                if r.rest_len() < MAGIC.len() || &f.body[..MAGIC.len()] != MAGIC {
+                    return Err(ProtoError::BadMagic);
+                }
+                r = Reader::new(&f.body[MAGIC.len()..], "hello");
+                let version = r.u16()?;
+                let features = r.u64()?;
+                let agent = String::from_utf8_lossy(r.bytes()?).into_owned();
+                Message::Hello(Hello {
+                    version,
+                    features,
+                    agent,
+                })
+            }
+            code::INVALIDATE => Message::Invalidate(types::get_path(&mut r)?),
+            t @ 0x10..=0x3f => match Request::decode(t, &mut r)? {
+                Some(q) => Message::Request(q),
+                None => return Err(ProtoError::UnknownType(t)),
+            },
+            t @ 0x40..=0x5f => match Reply::decode(t, &mut r)? {
+                Some(x) => Message::Reply(x),
+                None => return Err(ProtoError::UnknownType(t)),
+            },
+            t => return Err(ProtoError::UnknownType(t)),
+        };
+        r.finish()?;
+        Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests;
