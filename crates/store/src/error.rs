@@ -53,6 +53,12 @@ impl StoreError {
         move |source| StoreError::Io { op, path, source }
     }
 
+    /// Whether this is a chunk found damaged (the store recorded it; putting it again repairs
+    /// it), as opposed to the store itself failing.
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self, StoreError::Corrupt { .. })
+    }
+
     /// Whether this is the disk being full (the caller may free space and retry).
     pub fn is_disk_full(&self) -> bool {
         matches!(self, StoreError::Io { source, .. } if source.raw_os_error() == Some(28))

@@ -1,0 +1,569 @@
+//! The coordinator: who asks which source for what, and what happens when one answers, says
+//! "not here", or fails.
+//!
+//! Each source runs on a thread of its own (a scoped one: sources may borrow, a session say)
+//! with a queue of the wants it may serve, in the order wanted. The coordinator hands each
+//! source batches from the front of its queue while it has fewer than its depth outstanding,
+//! skipping what is done or outstanding elsewhere; the source's thread sends them, receives the
+//! answers in order, verifies each chunk and gives it to the sink (so the hashing and storing
+//! of several sources run in parallel), and reports back. A source that has run out of work
+//! borrows the last batch outstanding at the busiest other source. A want every live source
+//! has answered "not here" fails the fetch; so does every source failing.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ferry_format::Id;
+use ferry_store::{StoreError, VerifiedChunk};
+
+use crate::{Sink, Source, Want};
+
+/// How a fetch behaves.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Lend the requests outstanding at a slow source to one that ran out of work.
+    pub borrowing: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { borrowing: true }
+    }
+}
+
+/// What a fetch did, source by source.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub sources: Vec<SourceReport>,
+    /// Chunks that arrived twice (a borrowed request answered by both sources): bytes the
+    /// borrowing cost.
+    pub duplicates: u64,
+    pub duplicate_bytes: u64,
+}
+
+impl Report {
+    /// Chunks delivered, from every source.
+    pub fn chunks(&self) -> u64 {
+        self.sources.iter().map(|s| s.chunks).sum()
+    }
+
+    /// Their bytes.
+    pub fn bytes(&self) -> u64 {
+        self.sources.iter().map(|s| s.bytes).sum()
+    }
+}
+
+/// What one source did.
+#[derive(Clone, Debug, Default)]
+pub struct SourceReport {
+    pub name: String,
+    /// Chunks it delivered first, and their bytes.
+    pub chunks: u64,
+    pub bytes: u64,
+    pub requests: u64,
+    /// Chunks it said it did not have.
+    pub misses: u64,
+    /// Chunks whose bytes did not match their id (counted as not here), and their bytes.
+    pub rejected: u64,
+    pub rejected_bytes: u64,
+    /// Chunks it was lent from another source's requests.
+    pub borrowed: u64,
+    /// Why it stopped, if it failed.
+    pub failed: Option<String>,
+    /// How long it had requests outstanding.
+    pub busy: Duration,
+}
+
+/// Why a fetch did not get everything.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// No source has the chunk (each that might was asked).
+    #[error("chunk {id} was found in none of the sources ({tried})")]
+    NotFound { id: Id, tried: String },
+    /// Every source failed; what arrived is in the sink.
+    #[error("every source failed; the last: {0}")]
+    Sources(String),
+    #[error(transparent)]
+    Sink(#[from] StoreError),
+    #[error("more than 64 sources")]
+    TooManySources,
+}
+
+/// What the coordinator tells a source's thread.
+enum Command {
+    /// Ask for these wants (indices).
+    Ask(Vec<usize>),
+    Stop,
+}
+
+/// What a source's thread tells the coordinator.
+enum Event {
+    /// The answer to the oldest batch outstanding at `source`: the wants it delivered (first),
+    /// those it delivered after another source had (duplicates), and those it did not have.
+    Answered {
+        source: usize,
+        delivered: Vec<usize>,
+        bytes: u64,
+        duplicates: (u64, u64),
+        missing: Vec<usize>,
+        rejected: (u64, u64),
+        busy: Duration,
+    },
+    /// The source failed; its outstanding batches are unanswered.
+    Failed {
+        source: usize,
+        error: String,
+    },
+    Sink(StoreError),
+}
+
+/// The coordinator's view of one source.
+struct Seat {
+    queue: VecDeque<usize>,
+    outstanding: VecDeque<Vec<usize>>,
+    depth: usize,
+    batch: crate::Batch,
+    local: bool,
+    alive: bool,
+    tx: mpsc::Sender<Command>,
+}
+
+/// Fetches every chunk `wants` names from `sources` (tried in that order when several may have
+/// one; all kept busy) into `sink`. See the crate documentation.
+pub fn fetch(
+    sources: &mut [&mut (dyn Source + Send)],
+    wants: &[Want],
+    sink: &dyn Sink,
+    opts: &Options,
+) -> Result<Report, EngineError> {
+    if sources.len() > 64 {
+        return Err(EngineError::TooManySources);
+    }
+    let mut report = Report {
+        sources: sources
+            .iter()
+            .map(|s| SourceReport {
+                name: s.name(),
+                ..SourceReport::default()
+            })
+            .collect(),
+        ..Report::default()
+    };
+    if wants.is_empty() {
+        return Ok(report);
+    }
+    // Which sources may have each want (bit s), asked once.
+    let mut may: Vec<u64> = vec![0; wants.len()];
+    for (s, src) in sources.iter_mut().enumerate() {
+        for (w, want) in wants.iter().enumerate() {
+            if src.may_have(want) {
+                may[w] |= 1 << s;
+            }
+        }
+    }
+    let done: Vec<AtomicBool> = wants.iter().map(|_| AtomicBool::new(false)).collect();
+    let (events, inbox) = mpsc::channel::<Event>();
+    std::thread::scope(|scope| {
+        let mut seats = vec![];
+        for (s, src) in sources.iter_mut().enumerate() {
+            let (tx, rx) = mpsc::channel();
+            let events = events.clone();
+            let done = &done;
+            let (depth, batch, local) = (src.depth().max(1), src.batch(), src.local());
+            let queue = (0..wants.len())
+                .filter(|&w| may[w] & (1 << s) != 0)
+                .collect();
+            let src: &mut (dyn Source + Send) = &mut **src;
+            std::thread::Builder::new()
+                .name(format!("ferry-source-{s}"))
+                .spawn_scoped(scope, move || work(s, src, wants, done, sink, &rx, &events))
+                .expect("a thread for a source");
+            seats.push(Seat {
+                queue,
+                outstanding: VecDeque::new(),
+                depth,
+                batch,
+                local,
+                alive: true,
+                tx,
+            });
+        }
+        drop(events);
+        let r = coordinate(&mut seats, wants, &may, &done, &inbox, opts, &mut report);
+        for seat in &seats {
+            let _ = seat.tx.send(Command::Stop);
+        }
+        r
+    })?;
+    Ok(report)
+}
+
+/// Hands out work until every want is done, or cannot be.
+fn coordinate(
+    seats: &mut [Seat],
+    wants: &[Want],
+    may: &[u64],
+    done: &[AtomicBool],
+    inbox: &mpsc::Receiver<Event>,
+    opts: &Options,
+    report: &mut Report,
+) -> Result<(), EngineError> {
+    // Sources that said "not here" to each want (bit s), and how many sources have it now.
+    let mut tried: Vec<u64> = vec![0; wants.len()];
+    let mut asked: Vec<u8> = vec![0; wants.len()];
+    let mut left = wants.len();
+    let mut last_error = String::new();
+    loop {
+        for s in 0..seats.len() {
+            fill(s, seats, wants, done, &tried, &mut asked, report)?;
+        }
+        if opts.borrowing {
+            for s in 0..seats.len() {
+                if seats[s].alive && seats[s].outstanding.is_empty() {
+                    borrow(s, seats, may, done, &tried, &mut asked, report)?;
+                }
+            }
+        }
+        if seats.iter().all(|s| s.outstanding.is_empty()) {
+            // Nothing outstanding and nothing more to hand out.
+            if left == 0 {
+                return Ok(());
+            }
+            if seats.iter().all(|s| !s.alive) {
+                return Err(EngineError::Sources(last_error));
+            }
+            let w = (0..wants.len())
+                .find(|&w| !done[w].load(Ordering::Acquire))
+                .expect("a want left");
+            let tried_names: Vec<&str> = (0..seats.len())
+                .filter(|&s| tried[w] & (1 << s) != 0)
+                .map(|s| report.sources[s].name.as_str())
+                .collect();
+            return Err(EngineError::NotFound {
+                id: wants[w].id,
+                tried: tried_names.join(", "),
+            });
+        }
+        let Ok(event) = inbox.recv() else {
+            return Err(EngineError::Sources(last_error));
+        };
+        match event {
+            Event::Answered {
+                source,
+                delivered,
+                bytes,
+                duplicates,
+                missing,
+                rejected,
+                busy,
+            } => {
+                let batch = seats[source].outstanding.pop_front().unwrap_or_default();
+                for &w in &batch {
+                    asked[w] = asked[w].saturating_sub(1);
+                }
+                left -= delivered.len();
+                let r = &mut report.sources[source];
+                r.chunks += delivered.len() as u64;
+                r.bytes += bytes;
+                r.misses += missing.len() as u64;
+                r.rejected += rejected.0;
+                r.rejected_bytes += rejected.1;
+                r.busy += busy;
+                report.duplicates += duplicates.0;
+                report.duplicate_bytes += duplicates.1;
+                for w in missing {
+                    tried[w] |= 1 << source;
+                }
+            }
+            Event::Failed { source, error } => {
+                tracing::warn!("{}: {error}", report.sources[source].name);
+                let seat = &mut seats[source];
+                seat.alive = false;
+                seat.queue.clear();
+                for batch in seat.outstanding.drain(..) {
+                    for w in batch {
+                        asked[w] = asked[w].saturating_sub(1);
+                        // Given back: the others take it from their queues.
+                        tried[w] |= 1 << source;
+                    }
+                }
+                report.sources[source].failed = Some(error.clone());
+                last_error = error;
+            }
+            Event::Sink(e) => return Err(EngineError::Sink(e)),
+        }
+    }
+}
+
+/// Gives source `s` batches from its queue while it has room.
+fn fill(
+    s: usize,
+    seats: &mut [Seat],
+    wants: &[Want],
+    done: &[AtomicBool],
+    tried: &[u64],
+    asked: &mut [u8],
+    report: &mut Report,
+) -> Result<(), EngineError> {
+    let seat = &mut seats[s];
+    while seat.alive && seat.outstanding.len() < seat.depth {
+        let mut batch = vec![];
+        let mut bytes = 0;
+        // Skipped ones stay queued (at the front, in order): outstanding elsewhere now, they
+        // may come back (not there) for this source to try.
+        let mut skipped = vec![];
+        while let Some(w) = seat.queue.pop_front() {
+            if done[w].load(Ordering::Acquire) || tried[w] & (1 << s) != 0 {
+                continue;
+            }
+            if asked[w] > 0 {
+                skipped.push(w);
+                continue;
+            }
+            if !batch.is_empty()
+                && (batch.len() >= seat.batch.chunks
+                    || bytes + wants[w].len as usize > seat.batch.bytes)
+            {
+                seat.queue.push_front(w);
+                break;
+            }
+            bytes += wants[w].len as usize;
+            batch.push(w);
+        }
+        for w in skipped.into_iter().rev() {
+            seat.queue.push_front(w);
+        }
+        if batch.is_empty() {
+            break;
+        }
+        send(s, seat, batch, asked, report)?;
+    }
+    Ok(())
+}
+
+/// Lends source `s` (out of work) the last batch outstanding at the busiest other source that
+/// still has wants `s` may have and no one else is asked for.
+fn borrow(
+    s: usize,
+    seats: &mut [Seat],
+    may: &[u64],
+    done: &[AtomicBool],
+    tried: &[u64],
+    asked: &mut [u8],
+    report: &mut Report,
+) -> Result<(), EngineError> {
+    // What a source here would hand over is not spent on a link.
+    let busiest = (0..seats.len())
+        .filter(|&t| t != s && seats[t].alive && (seats[s].local || !seats[t].local))
+        .max_by_key(|&t| {
+            seats[t]
+                .outstanding
+                .iter()
+                .flatten()
+                .filter(|&&w| !done[w].load(Ordering::Acquire))
+                .count()
+        });
+    let Some(t) = busiest else {
+        return Ok(());
+    };
+    // The last batch there with something to lend: the one it would answer last.
+    let lendable = |w: &usize| {
+        !done[*w].load(Ordering::Acquire)
+            && asked[*w] == 1
+            && may[*w] & (1 << s) != 0
+            && tried[*w] & (1 << s) == 0
+    };
+    let lent: Vec<usize> = seats[t]
+        .outstanding
+        .iter()
+        .rev()
+        .map(|b| b.iter().copied().filter(lendable).collect::<Vec<_>>())
+        .find(|b| !b.is_empty())
+        .unwrap_or_default();
+    if lent.is_empty() {
+        return Ok(());
+    }
+    report.sources[s].borrowed += lent.len() as u64;
+    send(s, &mut seats[s], lent, asked, report)
+}
+
+fn send(
+    s: usize,
+    seat: &mut Seat,
+    batch: Vec<usize>,
+    asked: &mut [u8],
+    report: &mut Report,
+) -> Result<(), EngineError> {
+    for &w in &batch {
+        asked[w] += 1;
+    }
+    report.sources[s].requests += 1;
+    if seat.tx.send(Command::Ask(batch.clone())).is_err() {
+        // Its thread is gone: it failed, and says so in the inbox.
+        seat.alive = false;
+    }
+    seat.outstanding.push_back(batch);
+    Ok(())
+}
+
+/// A source's thread: sends what it is asked, receives the answers in order, verifies and
+/// delivers.
+fn work(
+    s: usize,
+    src: &mut (dyn Source + Send),
+    wants: &[Want],
+    done: &[AtomicBool],
+    sink: &dyn Sink,
+    commands: &mpsc::Receiver<Command>,
+    events: &mpsc::Sender<Event>,
+) {
+    // Batches requested and not yet received: the wants asked for, and when.
+    let mut pending: VecDeque<(Vec<usize>, Instant)> = VecDeque::new();
+    let mut stopping = false;
+    loop {
+        // Take commands: waiting for one only when nothing is outstanding.
+        while !stopping {
+            let c = if pending.is_empty() {
+                match commands.recv() {
+                    Ok(c) => c,
+                    Err(_) => return,
+                }
+            } else {
+                match commands.try_recv() {
+                    Ok(c) => c,
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        stopping = true;
+                        break;
+                    }
+                }
+            };
+            match c {
+                Command::Stop => stopping = true,
+                Command::Ask(batch) => {
+                    // What another source delivered meanwhile is not asked for (DOT's cancel).
+                    let (todo, gone): (Vec<usize>, Vec<usize>) = batch
+                        .into_iter()
+                        .partition(|&w| !done[w].load(Ordering::Acquire));
+                    if todo.is_empty() {
+                        let _ = events.send(nothing(s));
+                        continue;
+                    }
+                    let asked: Vec<Want> = todo.iter().map(|&w| wants[w].clone()).collect();
+                    if let Err(e) = src.request(&asked) {
+                        let _ = events.send(Event::Failed {
+                            source: s,
+                            error: e.0,
+                        });
+                        return;
+                    }
+                    let mut all = todo;
+                    all.extend(gone);
+                    pending.push_back((all, Instant::now()));
+                }
+            }
+        }
+        let Some((batch, since)) = pending.pop_front() else {
+            if stopping {
+                return;
+            }
+            continue;
+        };
+        let answers = match src.receive() {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = events.send(Event::Failed {
+                    source: s,
+                    error: e.0,
+                });
+                return;
+            }
+        };
+        match deliver(&batch, answers, wants, done, sink) {
+            Ok(mut event) => {
+                if let Event::Answered {
+                    source, busy: b, ..
+                } = &mut event
+                {
+                    *source = s;
+                    *b = since.elapsed();
+                }
+                if events.send(event).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                let _ = events.send(Event::Sink(e));
+                return;
+            }
+        }
+    }
+}
+
+/// The answer to a batch that went nowhere: everything in it had arrived from elsewhere.
+fn nothing(s: usize) -> Event {
+    Event::Answered {
+        source: s,
+        delivered: vec![],
+        bytes: 0,
+        duplicates: (0, 0),
+        missing: vec![],
+        rejected: (0, 0),
+        busy: Duration::ZERO,
+    }
+}
+
+/// Checks and delivers the answers to one batch (`batch[..answers.len()]` were asked; any
+/// after them had arrived from elsewhere before the request went).
+fn deliver(
+    batch: &[usize],
+    answers: Vec<Option<Vec<u8>>>,
+    wants: &[Want],
+    done: &[AtomicBool],
+    sink: &dyn Sink,
+) -> Result<Event, StoreError> {
+    let mut delivered = vec![];
+    let mut missing = vec![];
+    let (mut bytes, mut dup, mut rej) = (0, (0, 0), (0, 0));
+    let mut answers = answers.into_iter();
+    for &w in batch {
+        let want = &wants[w];
+        let answer = answers.next().flatten();
+        let Some(data) = answer else {
+            if !done[w].load(Ordering::Acquire) {
+                missing.push(w);
+            }
+            continue;
+        };
+        let ok = data.len() == want.len as usize && want.id.matches(&data);
+        if !ok {
+            rej.0 += 1;
+            rej.1 += data.len() as u64;
+            if !done[w].load(Ordering::Acquire) {
+                missing.push(w);
+            }
+            continue;
+        }
+        // The first to arrive wins; a borrowed request's second copy is dropped.
+        if done[w].swap(true, Ordering::AcqRel) {
+            dup.0 += 1;
+            dup.1 += data.len() as u64;
+            continue;
+        }
+        sink.deliver(w, VerifiedChunk::assume_verified(want.id, &data))?;
+        bytes += data.len() as u64;
+        delivered.push(w);
+    }
+    Ok(Event::Answered {
+        source: 0,
+        delivered,
+        bytes,
+        duplicates: dup,
+        missing,
+        rejected: rej,
+        busy: Duration::ZERO,
+    })
+}

@@ -1,0 +1,216 @@
+//! Sources on this machine: a chunk store (the cache of earlier transfers), and ordinary files
+//! (a copy of the tree on a device, an old backup) read where an index or the tree's own
+//! layout says a chunk lies. Both are hints: the engine checks every chunk.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use ferry_format::{Id, Recipe};
+use ferry_store::ChunkStore;
+
+use crate::{Source, SourceError, Want};
+
+/// A chunk store as a source: chunks earlier transfers brought are never fetched again.
+pub struct StoreSource<'a> {
+    name: String,
+    store: &'a dyn ChunkStore,
+    pending: VecDeque<Vec<Want>>,
+}
+
+impl<'a> StoreSource<'a> {
+    pub fn new(name: impl Into<String>, store: &'a dyn ChunkStore) -> Self {
+        StoreSource {
+            name: name.into(),
+            store,
+            pending: VecDeque::new(),
+        }
+    }
+}
+
+impl Source for StoreSource<'_> {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn may_have(&mut self, want: &Want) -> bool {
+        self.store.contains(&want.id).unwrap_or(false)
+    }
+
+    fn local(&self) -> bool {
+        true
+    }
+
+    fn depth(&self) -> usize {
+        1
+    }
+
+    fn request(&mut self, wants: &[Want]) -> Result<(), SourceError> {
+        self.pending.push_back(wants.to_vec());
+        Ok(())
+    }
+
+    fn receive(&mut self) -> Result<Vec<Option<Vec<u8>>>, SourceError> {
+        let wants = self.pending.pop_front().unwrap_or_default();
+        // A damaged chunk is not here (the store records the damage); the store failing is
+        // this source failing.
+        wants
+            .iter()
+            .map(|w| match self.store.get(&w.id) {
+                Ok(d) => Ok(d),
+                Err(e) if e.is_corrupt() => Ok(None),
+                Err(e) => Err(SourceError::new(e)),
+            })
+            .collect()
+    }
+}
+
+/// Where chunks lie in a set of files: id → (file, offset, length). Hints: a file may have
+/// changed since.
+#[derive(Default)]
+pub struct FileIndex {
+    files: Vec<PathBuf>,
+    at: HashMap<Id, (u32, u64, u32)>,
+}
+
+impl FileIndex {
+    /// Notes that the chunks of `recipe` lie one after another in `file` (a path relative to
+    /// the source's root).
+    pub fn add(&mut self, file: impl Into<PathBuf>, recipe: &Recipe) {
+        let f = self.files.len() as u32;
+        self.files.push(file.into());
+        for (offset, c) in recipe.with_offsets() {
+            self.at.entry(c.id).or_insert((f, offset, c.len));
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.at.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.at.is_empty()
+    }
+
+    fn locate(&self, id: &Id) -> Option<(&Path, u64, u32)> {
+        let &(f, off, len) = self.at.get(id)?;
+        Some((&self.files[f as usize], off, len))
+    }
+}
+
+/// Ordinary files under a root as a source: a chunk is read where the index says it lies, or
+/// where the want's place says (the same file of the same tree: a mirror's copy, a stick
+/// holding an older version). Nothing is read outside the root: every open is resolved
+/// beneath it (`openat2(RESOLVE_BENEATH)`), so a symlink on the device cannot lead out.
+pub struct FilesSource {
+    name: String,
+    root: std::os::fd::OwnedFd,
+    index: FileIndex,
+    /// Whether to try the wants' places (the root holds a copy of the tree being moved).
+    by_place: bool,
+    pending: VecDeque<Vec<Want>>,
+    open: HashMap<PathBuf, Option<File>>,
+}
+
+impl FilesSource {
+    /// Files under `root`, found by `index` and, with `by_place`, by the wants' places.
+    pub fn new(root: &Path, index: FileIndex, by_place: bool) -> std::io::Result<Self> {
+        let fd = rustix::fs::open(
+            root,
+            rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        Ok(FilesSource {
+            name: root.display().to_string(),
+            root: fd,
+            index,
+            by_place,
+            pending: VecDeque::new(),
+            open: HashMap::new(),
+        })
+    }
+
+    /// `len` bytes at `offset` of `file` (relative to the root), if they can be read.
+    fn read(&mut self, file: &Path, offset: u64, len: u32) -> Option<Vec<u8>> {
+        let root = &self.root;
+        let f = self
+            .open
+            .entry(file.to_path_buf())
+            .or_insert_with(|| open_beneath(root, file).ok())
+            .as_ref()?;
+        let mut buf = vec![0u8; len as usize];
+        f.read_exact_at(&mut buf, offset).ok()?;
+        Some(buf)
+    }
+
+    fn find(&mut self, want: &Want) -> Option<Vec<u8>> {
+        if let Some((file, off, len)) = self.index.locate(&want.id) {
+            let file = file.to_path_buf();
+            if let Some(d) = self.read(&file, off, len).filter(|d| want.id.matches(d)) {
+                return Some(d);
+            }
+        }
+        let place = want.place.as_ref().filter(|_| self.by_place)?;
+        let rel = Path::new(std::ffi::OsStr::from_bytes(&place.path));
+        self.read(rel, place.offset, want.len)
+            .filter(|d| want.id.matches(d))
+    }
+}
+
+use std::os::unix::ffi::OsStrExt;
+
+/// Opens a regular file `rel` beneath `root`, never through a symlink out of it.
+fn open_beneath(root: &std::os::fd::OwnedFd, rel: &Path) -> std::io::Result<File> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let rel = if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    };
+    let fd = rustix::fs::openat2(
+        root,
+        rel,
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+    )?;
+    let st = rustix::fs::fstat(&fd)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(File::from(fd))
+}
+
+impl Source for FilesSource {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn may_have(&mut self, want: &Want) -> bool {
+        self.index.at.contains_key(&want.id) || (self.by_place && want.place.is_some())
+    }
+
+    fn local(&self) -> bool {
+        true
+    }
+
+    fn depth(&self) -> usize {
+        1
+    }
+
+    fn request(&mut self, wants: &[Want]) -> Result<(), SourceError> {
+        self.pending.push_back(wants.to_vec());
+        Ok(())
+    }
+
+    fn receive(&mut self) -> Result<Vec<Option<Vec<u8>>>, SourceError> {
+        let wants = self.pending.pop_front().unwrap_or_default();
+        Ok(wants.iter().map(|w| self.find(w)).collect())
+    }
+}

@@ -1,0 +1,425 @@
+//! The engine against real stores and files, and against sources that stall, lie or fail on
+//! purpose. No test depends on timing: a stalled source waits on a gate the test opens.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use ferry_format::{HashAlg, Id, Recipe};
+use ferry_store::{ChunkStore, MemStore, StoreError, VerifiedChunk};
+use ferry_transfer::{
+    fetch, EngineError, FileIndex, FilesSource, Options, Place, Sink, Source, SourceError,
+    StoreSource, Want,
+};
+
+fn chunk(i: u64) -> Vec<u8> {
+    let mut v = vec![0u8; 1000 + (i as usize % 7) * 100];
+    blake3::Hasher::new_derive_key("ferry transfer tests")
+        .update(&i.to_le_bytes())
+        .finalize_xof()
+        .fill(&mut v);
+    v
+}
+
+fn want(data: &[u8]) -> Want {
+    Want {
+        id: Id::hash(HashAlg::Blake3, data),
+        len: data.len() as u32,
+        place: None,
+    }
+}
+
+fn store_of(items: impl IntoIterator<Item = u64>) -> MemStore {
+    let s = MemStore::new(HashAlg::Blake3);
+    for i in items {
+        s.put(&VerifiedChunk::hash(HashAlg::Blake3, &chunk(i)))
+            .unwrap();
+    }
+    s
+}
+
+fn wants(n: u64) -> Vec<Want> {
+    (0..n).map(|i| want(&chunk(i))).collect()
+}
+
+fn holds_all(sink: &MemStore, wants: &[Want]) {
+    for w in wants {
+        assert!(sink.contains(&w.id).unwrap(), "{} missing", w.id);
+    }
+}
+
+/// A remote-like source over a store: it cannot tell what it holds (so it is asked for
+/// everything), keeps `depth` requests outstanding, and may stall or fail.
+struct Remote<'a> {
+    name: &'static str,
+    store: &'a MemStore,
+    pending: VecDeque<Vec<Want>>,
+    depth: usize,
+    /// Answers wait until the gate opens.
+    gate: Option<Arc<Gate>>,
+    /// Fails at this receive (counting from 0).
+    fail_at: Option<usize>,
+    received: usize,
+    /// Answers every chunk with these bytes instead.
+    lie: bool,
+}
+
+impl<'a> Remote<'a> {
+    fn new(name: &'static str, store: &'a MemStore) -> Self {
+        Remote {
+            name,
+            store,
+            pending: VecDeque::new(),
+            depth: 2,
+            gate: None,
+            fail_at: None,
+            received: 0,
+            lie: false,
+        }
+    }
+}
+
+impl Source for Remote<'_> {
+    fn name(&self) -> String {
+        self.name.into()
+    }
+    fn depth(&self) -> usize {
+        self.depth
+    }
+    fn batch(&self) -> ferry_transfer::Batch {
+        ferry_transfer::Batch {
+            chunks: 8,
+            bytes: 1 << 20,
+        }
+    }
+    fn request(&mut self, wants: &[Want]) -> Result<(), SourceError> {
+        self.pending.push_back(wants.to_vec());
+        Ok(())
+    }
+    fn receive(&mut self) -> Result<Vec<Option<Vec<u8>>>, SourceError> {
+        if let Some(g) = &self.gate {
+            g.wait();
+        }
+        if self.fail_at == Some(self.received) {
+            return Err(SourceError::new("the link went down"));
+        }
+        self.received += 1;
+        let wants = self.pending.pop_front().expect("asked");
+        Ok(wants
+            .iter()
+            .map(|w| {
+                if self.lie {
+                    return Some(vec![7u8; w.len as usize]);
+                }
+                self.store.get(&w.id).unwrap()
+            })
+            .collect())
+    }
+}
+
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn wait(&self) {
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.cv.wait(open).unwrap();
+        }
+    }
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+}
+
+/// A sink over a store that opens a gate once `n` chunks have arrived.
+struct OpensAt<'a> {
+    store: &'a MemStore,
+    n: usize,
+    got: AtomicUsize,
+    gate: Arc<Gate>,
+}
+
+impl Sink for OpensAt<'_> {
+    fn deliver(&self, i: usize, c: VerifiedChunk<'_>) -> Result<(), StoreError> {
+        self.store.deliver(i, c)?;
+        if self.got.fetch_add(1, Ordering::SeqCst) + 1 == self.n {
+            self.gate.open();
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn every_chunk_comes_verified_from_a_store() {
+    let far = store_of(0..100);
+    let near = MemStore::new(HashAlg::Blake3);
+    let w = wants(100);
+    let mut s = StoreSource::new("far", &far);
+    let r = fetch(&mut [&mut s], &w, &near, &Options::default()).unwrap();
+    holds_all(&near, &w);
+    assert_eq!(r.chunks(), 100);
+    assert_eq!(r.bytes(), w.iter().map(|w| w.len as u64).sum::<u64>());
+}
+
+#[test]
+fn not_here_sends_a_chunk_to_the_next_source() {
+    // Each remote holds half; both are asked for everything they may have (all of it).
+    let (a, b) = (store_of(0..50), store_of(50..100));
+    let near = MemStore::new(HashAlg::Blake3);
+    let w = wants(100);
+    let (mut ra, mut rb) = (Remote::new("a", &a), Remote::new("b", &b));
+    let r = fetch(&mut [&mut ra, &mut rb], &w, &near, &Options::default()).unwrap();
+    holds_all(&near, &w);
+    assert_eq!(r.chunks(), 100);
+    assert!(r.sources[0].misses + r.sources[1].misses > 0, "{r:?}");
+}
+
+#[test]
+fn a_chunk_no_source_has_fails_the_fetch_and_keeps_the_rest() {
+    let far = store_of(0..10);
+    let near = MemStore::new(HashAlg::Blake3);
+    let w = wants(11);
+    let mut ra = Remote::new("far", &far);
+    let e = fetch(&mut [&mut ra], &w, &near, &Options::default()).unwrap_err();
+    match e {
+        EngineError::NotFound { id, tried } => {
+            assert_eq!(id, w[10].id);
+            assert_eq!(tried, "far");
+        }
+        other => panic!("{other:?}"),
+    }
+    holds_all(&near, &w[..10]);
+}
+
+#[test]
+fn wrong_bytes_are_never_delivered() {
+    let good = store_of(0..40);
+    let near = MemStore::new(HashAlg::Blake3);
+    let w = wants(40);
+    let mut liar = Remote::new("liar", &good);
+    liar.lie = true;
+    let mut honest = Remote::new("honest", &good);
+    // The liar first: what it sends is rejected, and the honest source is asked.
+    let r = fetch(
+        &mut [&mut liar, &mut honest],
+        &w,
+        &near,
+        &Options::default(),
+    )
+    .unwrap();
+    holds_all(&near, &w);
+    for x in &w {
+        let got = near.get(&x.id).unwrap().unwrap();
+        assert!(x.id.matches(&got));
+    }
+    assert_eq!(r.sources[0].chunks, 0, "{r:?}");
+    assert!(r.sources[0].rejected > 0, "{r:?}");
+    // A liar alone gets nowhere.
+    let near = MemStore::new(HashAlg::Blake3);
+    let mut liar = Remote::new("liar", &good);
+    liar.lie = true;
+    assert!(matches!(
+        fetch(&mut [&mut liar], &w, &near, &Options::default()),
+        Err(EngineError::NotFound { .. })
+    ));
+    assert!(ChunkStore::is_empty(&near).unwrap());
+}
+
+#[test]
+fn a_failed_source_leaves_its_requests_to_the_others() {
+    let far = store_of(0..200);
+    let near = MemStore::new(HashAlg::Blake3);
+    let w = wants(200);
+    let mut flaky = Remote::new("flaky", &far);
+    flaky.fail_at = Some(2);
+    let mut steady = Remote::new("steady", &far);
+    let r = fetch(
+        &mut [&mut flaky, &mut steady],
+        &w,
+        &near,
+        &Options::default(),
+    )
+    .unwrap();
+    holds_all(&near, &w);
+    assert_eq!(r.sources[0].failed.as_deref(), Some("the link went down"));
+    assert_eq!(r.chunks(), 200);
+    // Every source failing fails the fetch; what arrived stays.
+    let near = MemStore::new(HashAlg::Blake3);
+    let mut flaky = Remote::new("flaky", &far);
+    flaky.fail_at = Some(3);
+    let e = fetch(&mut [&mut flaky], &w, &near, &Options::default()).unwrap_err();
+    assert!(
+        matches!(e, EngineError::Sources(ref m) if m == "the link went down"),
+        "{e:?}"
+    );
+    assert!(near.stats().unwrap().chunks >= 8);
+}
+
+#[test]
+fn an_idle_source_borrows_the_requests_of_a_stalled_one() {
+    // `slow` holds its answers until every chunk has arrived: only borrowing can get there.
+    let far = store_of(0..64);
+    let near = MemStore::new(HashAlg::Blake3);
+    let w = wants(64);
+    let gate = Arc::new(Gate::default());
+    let mut slow = Remote::new("slow", &far);
+    slow.gate = Some(gate.clone());
+    let mut fast = Remote::new("fast", &far);
+    let sink = OpensAt {
+        store: &near,
+        n: 64,
+        got: AtomicUsize::new(0),
+        gate,
+    };
+    let r = fetch(&mut [&mut slow, &mut fast], &w, &sink, &Options::default()).unwrap();
+    holds_all(&near, &w);
+    assert_eq!(r.sources[0].chunks, 0, "{r:?}");
+    assert_eq!(r.sources[1].chunks, 64, "{r:?}");
+    assert!(r.sources[1].borrowed > 0, "{r:?}");
+    // What the slow one had been asked for arrived twice, or was not asked at all: each
+    // chunk is delivered once either way.
+    assert_eq!(r.chunks(), 64);
+}
+
+#[test]
+fn a_store_is_asked_only_for_what_it_holds() {
+    let cache = store_of(0..30);
+    let far = store_of(0..100);
+    let near = MemStore::new(HashAlg::Blake3);
+    let w = wants(100);
+    let mut local = StoreSource::new("cache", &cache);
+    let mut remote = Remote::new("far", &far);
+    let r = fetch(
+        &mut [&mut local, &mut remote],
+        &w,
+        &near,
+        &Options::default(),
+    )
+    .unwrap();
+    holds_all(&near, &w);
+    assert_eq!(r.sources[0].misses, 0, "{r:?}");
+    assert_eq!(r.chunks(), 100);
+}
+
+#[test]
+fn a_sink_that_fails_stops_the_fetch() {
+    struct Full;
+    impl Sink for Full {
+        fn deliver(&self, _: usize, c: VerifiedChunk<'_>) -> Result<(), StoreError> {
+            Err(StoreError::Corrupt {
+                id: *c.id(),
+                location: "test".into(),
+                why: "the disk is full".into(),
+            })
+        }
+    }
+    let far = store_of(0..10);
+    let mut s = StoreSource::new("far", &far);
+    let e = fetch(&mut [&mut s], &wants(10), &Full, &Options::default()).unwrap_err();
+    assert!(matches!(e, EngineError::Sink(_)), "{e:?}");
+}
+
+#[test]
+fn files_serve_chunks_by_index_and_by_place_and_stale_ones_are_not_used() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("stick");
+    std::fs::create_dir_all(root.join("d")).unwrap();
+    let data: Vec<u8> = (0..6).flat_map(chunk).collect();
+    std::fs::write(root.join("d/f"), &data).unwrap();
+    let mut offs = vec![];
+    let mut at = 0u64;
+    let mut refs = vec![];
+    for i in 0..6 {
+        let c = chunk(i);
+        offs.push(at);
+        at += c.len() as u64;
+        refs.push(ferry_format::ChunkRef {
+            id: Id::hash(HashAlg::Blake3, &c),
+            len: c.len() as u32,
+        });
+    }
+    // The index knows chunks 0-2; chunks 3-5 are found by their place in the tree.
+    let mut index = FileIndex::default();
+    index.add(
+        "d/f",
+        &Recipe::from_chunks(HashAlg::Blake3, refs[..3].to_vec()).unwrap(),
+    );
+    let path: Arc<[u8]> = Arc::from(&b"d/f"[..]);
+    let w: Vec<Want> = (0..6)
+        .map(|i| Want {
+            place: (i >= 3).then(|| Place {
+                path: path.clone(),
+                offset: offs[i],
+            }),
+            ..want(&chunk(i as u64))
+        })
+        .collect();
+    let near = MemStore::new(HashAlg::Blake3);
+    let mut files = FilesSource::new(&root, index, true).unwrap();
+    fetch(&mut [&mut files], &w, &near, &Options::default()).unwrap();
+    holds_all(&near, &w);
+    // The file changed since it was indexed: nothing wrong is served, the chunks come from
+    // elsewhere.
+    let mut changed = data.clone();
+    changed[10] ^= 1;
+    std::fs::write(root.join("d/f"), &changed).unwrap();
+    let mut index = FileIndex::default();
+    index.add(
+        "d/f",
+        &Recipe::from_chunks(HashAlg::Blake3, refs[..3].to_vec()).unwrap(),
+    );
+    let far = store_of(0..6);
+    let near = MemStore::new(HashAlg::Blake3);
+    let mut files = FilesSource::new(&root, index, true).unwrap();
+    let mut remote = Remote::new("far", &far);
+    let r = fetch(
+        &mut [&mut files, &mut remote],
+        &w,
+        &near,
+        &Options::default(),
+    )
+    .unwrap();
+    holds_all(&near, &w);
+    assert_eq!(r.sources[0].chunks, 5, "{r:?}");
+    assert_eq!(r.sources[1].chunks, 1, "{r:?}");
+}
+
+#[test]
+fn files_are_never_read_outside_their_root() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("stick");
+    std::fs::create_dir_all(&root).unwrap();
+    let secret = chunk(1);
+    std::fs::write(t.path().join("secret"), &secret).unwrap();
+    std::os::unix::fs::symlink("../secret", root.join("link")).unwrap();
+    std::os::unix::fs::symlink(t.path().join("secret"), root.join("abs")).unwrap();
+    let mut index = FileIndex::default();
+    let recipe = Recipe::from_chunks(
+        HashAlg::Blake3,
+        vec![ferry_format::ChunkRef {
+            id: Id::hash(HashAlg::Blake3, &secret),
+            len: secret.len() as u32,
+        }],
+    )
+    .unwrap();
+    index.add("link", &recipe);
+    index.add("abs", &recipe);
+    index.add("../secret", &recipe);
+    let w = vec![Want {
+        place: Some(Place {
+            path: Arc::from(&b"../secret"[..]),
+            offset: 0,
+        }),
+        ..want(&secret)
+    }];
+    let near = MemStore::new(HashAlg::Blake3);
+    let mut files = FilesSource::new(&root, index, true).unwrap();
+    let e = fetch(&mut [&mut files], &w, &near, &Options::default()).unwrap_err();
+    assert!(matches!(e, EngineError::NotFound { .. }), "{e:?}");
+    assert!(ChunkStore::is_empty(&near).unwrap());
+}
