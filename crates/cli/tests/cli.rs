@@ -782,3 +782,46 @@ fn the_cache_stays_within_its_bound() {
     assert_eq!(get("b", "b2")["chunks_from_server"], 0);
     assert!(get("a", "a2")["chunks_from_server"].as_u64().unwrap() > 0);
 }
+
+#[test]
+fn get_with_a_mirror_draws_on_both_and_survives_a_dead_one() {
+    let t = tempfile::tempdir().unwrap();
+    let rsh = t.path().join("fake-ssh");
+    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
+    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (a, b) = (t.path().join("a/tree"), t.path().join("b/copy"));
+    for root in [&a, &b] {
+        std::fs::create_dir_all(root).unwrap();
+        for i in 0..6u8 {
+            std::fs::write(root.join(format!("f{i}")), data(1 << 20, i)).unwrap();
+        }
+    }
+    let get = |mirrors: &[String], dst: &str| -> serde_json::Value {
+        let dst = t.path().join(dst);
+        let first = format!("h:{}", a.display());
+        let mut args: Vec<&str> = vec!["get", "--json", "-e", s(&rsh)];
+        args.extend(["--remote-ferry", env!("CARGO_BIN_EXE_ferry")]);
+        for m in mirrors {
+            args.extend(["--mirror", m]);
+        }
+        let cache = t
+            .path()
+            .join(format!("cache-{}", dst.display().to_string().len()));
+        args.extend(["--cache", s(&cache), &first, s(&dst)]);
+        let out = ok(&args);
+        for i in 0..6u8 {
+            assert_eq!(
+                std::fs::read(dst.join(format!("f{i}"))).unwrap(),
+                data(1 << 20, i)
+            );
+        }
+        serde_json::from_str(out.trim()).unwrap()
+    };
+    let m = format!("h:{}", b.display());
+    let j = get(std::slice::from_ref(&m), "d1");
+    assert!(j["chunks_from_mirrors"].as_u64().unwrap() > 0, "{j}");
+    // A mirror that cannot be reached: a warning, and the first server gives everything.
+    let dead = format!("h:{}", t.path().join("nowhere").display());
+    let j = get(&[dead], "d2-longer");
+    assert_eq!(j["chunks_from_mirrors"], 0, "{j}");
+}

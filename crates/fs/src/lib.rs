@@ -25,8 +25,8 @@ pub mod server;
 pub mod session;
 
 pub use client::{
-    fetch_file, get, list, put, put_file, GetError, GetStats, PutOptions, PutStats, RemoteSpec,
-    Sources,
+    fetch_file, get, list, put, put_file, GetError, GetStats, Mirror, PutOptions, PutStats,
+    RemoteSpec, Sources,
 };
 pub use conn::{refuse, serve, ConnError, Connection, Traffic, DEFAULT_ZSTD_LEVEL};
 pub use export::Export;

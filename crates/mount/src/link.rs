@@ -1,5 +1,6 @@
-//! The mount's connection to the server: one session used by one operation at a time,
-//! reconnected in the background when it fails, and never waited on for long.
+//! The mount's connection to the server: a few sessions, each used by one operation at a
+//! time (a long fetch over a slow link holds one; the other operations go on over the others),
+//! reconnected in the background when the link fails, and never waited on for long.
 //!
 //! sshfs's most common complaint is a mount that hangs when the server goes away. Here every
 //! wait is bounded: a read that hears nothing for the timeout fails the session; connecting
@@ -41,6 +42,11 @@ impl std::fmt::Display for Failure {
     }
 }
 
+struct Pool {
+    idle: Vec<Session>,
+    open: usize,
+}
+
 struct Reconnect {
     connecting: bool,
     /// A session made by the connecting thread, not yet taken.
@@ -51,11 +57,16 @@ struct Reconnect {
     why: String,
 }
 
+/// Sessions open at most: operations beyond these wait (at most the timeout) for one.
+const MAX_SESSIONS: usize = 4;
+
 pub(crate) struct Link {
     connect: Arc<Connector>,
     timeout: Duration,
-    /// Held for the whole of an operation: one at a time on the session.
-    session: Mutex<Option<Session>>,
+    /// Sessions not in use, and how many are open in all (idle or in use).
+    pool: Mutex<Pool>,
+    /// Signalled when a session goes back to the pool.
+    freed: Condvar,
     reconnect: Arc<(Mutex<Reconnect>, Condvar)>,
     /// Bumped by every new session: leases granted before it may have been broken unheard.
     epoch: Arc<AtomicU64>,
@@ -72,7 +83,11 @@ impl Link {
         Ok(Link {
             connect: Arc::new(connect),
             timeout,
-            session: Mutex::new(Some(s)),
+            pool: Mutex::new(Pool {
+                idle: vec![s],
+                open: 1,
+            }),
+            freed: Condvar::new(),
             reconnect: Arc::new((
                 Mutex::new(Reconnect {
                     connecting: false,
@@ -93,80 +108,125 @@ impl Link {
         self.epoch.load(Ordering::Acquire)
     }
 
-    /// Runs `f` over the session (connecting first if need be, waiting at most the timeout).
-    /// A failure of the link ends the session; the next operation or [`poll`](Self::poll)
+    /// Runs `f` over a session: an idle one, a new one while fewer than [`MAX_SESSIONS`] are
+    /// open, else the first to come back (waiting at most the timeout for any of these). A
+    /// failure of the link ends the session; the next operation or [`poll`](Self::poll)
     /// reconnects.
     pub(crate) fn run<T>(
         &self,
         f: impl FnOnce(&mut Conn) -> Result<T, GetError>,
     ) -> Result<T, Failure> {
-        let mut slot = self.session.lock().unwrap_or_else(|e| e.into_inner());
-        if slot.is_none() {
-            *slot = Some(self.wait_connected()?);
-        }
-        let s = slot.as_mut().expect("connected");
+        let mut s = self.take()?;
         let r = f(&mut s.conn);
         self.take_invalidations(&mut s.conn);
         match r {
-            Ok(v) => Ok(v),
+            Ok(v) => {
+                self.give_back(s);
+                Ok(v)
+            }
             Err(GetError::Conn(ConnError::Remote { code, message })) => {
+                self.give_back(s);
                 Err(Failure::Remote(code, message))
             }
             Err(GetError::Conn(e)) => {
                 // The session cannot be trusted to be in step any more.
                 let why = e.to_string();
                 tracing::warn!("link to the server failed: {why}");
-                slot.take().expect("connected").abort();
+                self.drop_session(s);
                 self.failed(why.clone());
                 Err(Failure::Offline(why))
             }
             Err(e) => {
                 // Requests may still be outstanding on it: start afresh next time.
-                slot.take().expect("connected").abort();
+                self.drop_session(s);
                 Err(Failure::Failed(e))
             }
         }
     }
 
-    /// Takes what the server sent unasked without waiting, and reconnects in the background
-    /// when the session is gone. Returns at once when an operation holds the session.
+    /// A session for one operation.
+    fn take(&self) -> Result<Session, Failure> {
+        let deadline = Instant::now() + self.timeout;
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(s) = pool.idle.pop() {
+                return Ok(s);
+            }
+            if pool.open < MAX_SESSIONS {
+                pool.open += 1;
+                drop(pool);
+                return self.wait_connected().inspect_err(|_| {
+                    self.pool.lock().unwrap_or_else(|e| e.into_inner()).open -= 1;
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Failure::Offline(format!(
+                    "all {MAX_SESSIONS} sessions with the server are busy"
+                )));
+            }
+            pool = self
+                .freed
+                .wait_timeout(pool, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn give_back(&self, s: Session) {
+        self.pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .idle
+            .push(s);
+        self.freed.notify_one();
+    }
+
+    /// Ends a session that cannot go on (without waiting for its orderly end).
+    fn drop_session(&self, s: Session) {
+        s.abort();
+        self.pool.lock().unwrap_or_else(|e| e.into_inner()).open -= 1;
+        self.freed.notify_one();
+    }
+
+    /// Takes what the servers sent unasked over the idle sessions without waiting, and
+    /// reconnects in the background when none is open. Sessions in use are left alone.
     pub(crate) fn poll(&self) {
-        let Ok(mut slot) = self.session.try_lock() else {
-            return;
-        };
-        match slot.as_mut() {
-            Some(s) => {
-                s.set_read_timeout(Some(Duration::ZERO));
-                let r = s.conn.poll();
-                s.set_read_timeout(Some(self.timeout));
-                self.take_invalidations(&mut s.conn);
-                if let Err(e) = r {
+        let idle = std::mem::take(&mut self.pool.lock().unwrap_or_else(|e| e.into_inner()).idle);
+        let mut keep = vec![];
+        for mut s in idle {
+            s.set_read_timeout(Some(Duration::ZERO));
+            let r = s.conn.poll();
+            s.set_read_timeout(Some(self.timeout));
+            self.take_invalidations(&mut s.conn);
+            match r {
+                Ok(()) => keep.push(s),
+                Err(e) => {
                     let why = e.to_string();
                     tracing::warn!("link to the server failed: {why}");
-                    slot.take().expect("connected").abort();
+                    self.drop_session(s);
                     self.failed(why);
                 }
             }
-            None => {
-                let (lock, _) = &*self.reconnect;
-                let mut rc = lock.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(s) = rc.ready.take() {
-                    *slot = Some(s);
-                } else {
-                    self.start_connecting(&mut rc);
-                }
+        }
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        pool.idle.extend(keep);
+        if pool.open == 0 {
+            let (lock, _) = &*self.reconnect;
+            let mut rc = lock.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(s) = rc.ready.take() {
+                pool.idle.push(s);
+                pool.open += 1;
+            } else {
+                self.start_connecting(&mut rc);
             }
         }
     }
 
     /// Whether a session is open (or made and waiting to be taken).
     pub(crate) fn is_up(&self) -> bool {
-        if let Ok(slot) = self.session.try_lock() {
-            if slot.is_some() {
-                return true;
-            }
-        } else {
-            return true; // in use
+        if self.pool.lock().unwrap_or_else(|e| e.into_inner()).open > 0 {
+            return true;
         }
         let (lock, _) = &*self.reconnect;
         lock.lock()
@@ -175,10 +235,20 @@ impl Link {
             .is_some()
     }
 
-    /// Bytes, requests and round trips of the current session (none while disconnected).
+    /// Bytes, requests and round trips of the idle sessions, added up (none while
+    /// disconnected).
     pub(crate) fn traffic(&self) -> Option<ferry_fs::Traffic> {
-        let slot = self.session.lock().unwrap_or_else(|e| e.into_inner());
-        slot.as_ref().map(|s| s.conn.traffic())
+        let pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all: Option<ferry_fs::Traffic> = None;
+        for s in &pool.idle {
+            let t = s.conn.traffic();
+            let sum = all.get_or_insert_with(Default::default);
+            sum.bytes_sent += t.bytes_sent;
+            sum.bytes_received += t.bytes_received;
+            sum.requests += t.requests;
+            sum.round_trips += t.round_trips;
+        }
+        all
     }
 
     /// The paths whose leases the server broke since the last call.
@@ -188,12 +258,8 @@ impl Link {
 
     /// Hangs up (at unmount).
     pub(crate) fn close(&self) {
-        if let Some(s) = self
-            .session
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        let idle = std::mem::take(&mut self.pool.lock().unwrap_or_else(|e| e.into_inner()).idle);
+        for s in idle {
             if let Err(e) = s.close() {
                 tracing::debug!("closing the session: {e}");
             }

@@ -690,6 +690,7 @@ impl Vfs {
             // of a file evicted, renamed or copied on the server.
             ranges: false,
             short_ids: true,
+            mirrors: None,
             progress: None,
         }
     }
@@ -1054,6 +1055,7 @@ impl Vfs {
             dry_run: false,
             progress: None,
             cache: Some(&self.chunks),
+            fewer_round_trips: true,
         }
     }
 
@@ -1363,7 +1365,15 @@ impl Vfs {
         }
         let copy_moved = moved.iter().any(|(p, _)| p == &from);
         for (p, i) in moved {
-            let np = rebase(&p, &from, &to);
+            let Some(np) = rebase(&p, &from, &to) else {
+                // Too long a path under the new name (past 4096 bytes): the file is out of
+                // this mount's reach, as if removed; its cached copy goes.
+                self.files.remove(&p);
+                if let Some(n) = st.inodes.get_mut(&i) {
+                    n.unlinked = true;
+                }
+                continue;
+            };
             if let Err(e) = self.files.rename(&p, &np) {
                 tracing::debug!("moving the cached copy of {p:?}: {e}");
             }
@@ -1607,11 +1617,12 @@ fn is_below(p: &WirePath, dir: &WirePath) -> bool {
 }
 
 /// `p` (below `from`) moved to below `to`.
-fn rebase(p: &WirePath, from: &WirePath, to: &WirePath) -> WirePath {
+/// `p` (below `from`) moved below `to`; `None` if that path would be too long to name.
+fn rebase(p: &WirePath, from: &WirePath, to: &WirePath) -> Option<WirePath> {
     let rest = &p.as_bytes()[from.as_bytes().len()..];
     let mut v = to.as_bytes().to_vec();
     v.extend_from_slice(rest);
-    WirePath::new(v).expect("a valid path below a valid path")
+    WirePath::new(v).ok()
 }
 
 pub(crate) fn time_of(ns: i64) -> std::time::SystemTime {
@@ -1636,7 +1647,10 @@ mod tests {
         assert!(is_below(&p("a"), &p("a")));
         assert!(!is_below(&p("ab"), &p("a")));
         assert!(is_below(&p("x"), &p("")));
-        assert_eq!(rebase(&p("a/b/c"), &p("a/b"), &p("d")), p("d/c"));
-        assert_eq!(rebase(&p("a"), &p("a"), &p("z/y")), p("z/y"));
+        assert_eq!(rebase(&p("a/b/c"), &p("a/b"), &p("d")), Some(p("d/c")));
+        assert_eq!(rebase(&p("a"), &p("a"), &p("z/y")), Some(p("z/y")));
+        // A path that would pass 4096 bytes under the new name has none (no panic).
+        let deep = p(&format!("a/{}", "x".repeat(4000)));
+        assert_eq!(rebase(&deep, &p("a"), &p(&"b".repeat(200))), None);
     }
 }

@@ -80,9 +80,10 @@ pub struct SourceReport {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EngineError {
-    /// No source has the chunk (each that might was asked).
-    #[error("chunk {id} was found in none of the sources ({tried})")]
-    NotFound { id: Id, tried: String },
+    /// No source has the chunk (each that might was asked); `lied`: one sent bytes that do
+    /// not hash to its id.
+    #[error("chunk {id} was found in none of the sources ({tried}){}", if *.lied { "; one sent wrong bytes for it" } else { "" })]
+    NotFound { id: Id, tried: String, lied: bool },
     /// Every source failed; what arrived is in the sink.
     #[error("every source failed; the last: {0}")]
     Sources(String),
@@ -110,6 +111,8 @@ enum Event {
         duplicates: (u64, u64),
         missing: Vec<usize>,
         rejected: (u64, u64),
+        /// The wants of `missing` whose bytes were wrong.
+        lies: Vec<usize>,
         busy: Duration,
     },
     /// The source failed; its outstanding batches are unanswered.
@@ -213,6 +216,7 @@ fn coordinate(
 ) -> Result<(), EngineError> {
     // Sources that said "not here" to each want (bit s), and how many sources have it now.
     let mut tried: Vec<u64> = vec![0; wants.len()];
+    let mut lied: Vec<u64> = vec![0; wants.len()];
     let mut asked: Vec<u8> = vec![0; wants.len()];
     let mut left = wants.len();
     let mut last_error = String::new();
@@ -245,6 +249,7 @@ fn coordinate(
             return Err(EngineError::NotFound {
                 id: wants[w].id,
                 tried: tried_names.join(", "),
+                lied: lied[w] != 0,
             });
         }
         let Ok(event) = inbox.recv() else {
@@ -258,6 +263,7 @@ fn coordinate(
                 duplicates,
                 missing,
                 rejected,
+                lies,
                 busy,
             } => {
                 let batch = seats[source].outstanding.pop_front().unwrap_or_default();
@@ -276,6 +282,9 @@ fn coordinate(
                 report.duplicate_bytes += duplicates.1;
                 for w in missing {
                     tried[w] |= 1 << source;
+                }
+                for w in lies {
+                    lied[w] |= 1 << source;
                 }
             }
             Event::Failed { source, error } => {
@@ -512,6 +521,7 @@ fn nothing(s: usize) -> Event {
         duplicates: (0, 0),
         missing: vec![],
         rejected: (0, 0),
+        lies: vec![],
         busy: Duration::ZERO,
     }
 }
@@ -527,6 +537,7 @@ fn deliver(
 ) -> Result<Event, StoreError> {
     let mut delivered = vec![];
     let mut missing = vec![];
+    let mut lies = vec![];
     let (mut bytes, mut dup, mut rej) = (0, (0, 0), (0, 0));
     let mut answers = answers.into_iter();
     for &w in batch {
@@ -544,6 +555,7 @@ fn deliver(
             rej.1 += data.len() as u64;
             if !done[w].load(Ordering::Acquire) {
                 missing.push(w);
+                lies.push(w);
             }
             continue;
         }
@@ -564,6 +576,7 @@ fn deliver(
         duplicates: dup,
         missing,
         rejected: rej,
+        lies,
         busy: Duration::ZERO,
     })
 }

@@ -187,9 +187,10 @@ fn a_chunk_no_source_has_fails_the_fetch_and_keeps_the_rest() {
     let mut ra = Remote::new("far", &far);
     let e = fetch(&mut [&mut ra], &w, &near, &Options::default()).unwrap_err();
     match e {
-        EngineError::NotFound { id, tried } => {
+        EngineError::NotFound { id, tried, lied } => {
             assert_eq!(id, w[10].id);
             assert_eq!(tried, "far");
+            assert!(!lied);
         }
         other => panic!("{other:?}"),
     }
@@ -225,7 +226,7 @@ fn wrong_bytes_are_never_delivered() {
     liar.lie = true;
     assert!(matches!(
         fetch(&mut [&mut liar], &w, &near, &Options::default()),
-        Err(EngineError::NotFound { .. })
+        Err(EngineError::NotFound { lied: true, .. })
     ));
     assert!(ChunkStore::is_empty(&near).unwrap());
 }

@@ -155,6 +155,7 @@ impl Demo {
             cold,
             ranges: cold,
             short_ids: true,
+            mirrors: None,
         };
         let mut stats = ferry_fs::GetStats::default();
         ferry_fs::get(
@@ -177,6 +178,7 @@ impl Demo {
             dry_run: false,
             progress: None,
             cache: Some(&self.cache),
+            fewer_round_trips: false,
         };
         let mut stats = ferry_fs::PutStats::default();
         ferry_fs::put(

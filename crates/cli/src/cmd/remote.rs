@@ -242,6 +242,11 @@ pub struct GetArgs {
     rsh: Rsh,
     #[command(flatten)]
     cache: CacheArgs,
+    /// Another server holding the same tree (or part of it), HOST:PATH or
+    /// `ferry://HOST[:PORT]/PATH`: chunks come from it and the first in parallel, the
+    /// listings and recipes from the first. Repeatable.
+    #[arg(long, value_name = "REMOTE")]
+    mirror: Vec<String>,
     /// Print a JSON summary.
     #[arg(long)]
     json: bool,
@@ -276,6 +281,9 @@ pub struct SyncArgs {
     rsh: Rsh,
     #[command(flatten)]
     cache: CacheArgs,
+    /// When fetching: another server holding the same tree (see `ferry get --mirror`).
+    #[arg(long, value_name = "REMOTE")]
+    mirror: Vec<String>,
     /// Print a JSON summary.
     #[arg(long)]
     json: bool,
@@ -293,11 +301,15 @@ pub fn sync(a: SyncArgs) -> Result<ExitCode> {
         (true, false) => get(GetArgs {
             rsh: a.rsh,
             cache: a.cache,
+            mirror: a.mirror,
             json: a.json,
             mode: a.mode,
             remote: a.src,
             local: a.dst.into(),
         }),
+        (false, true) if !a.mirror.is_empty() => {
+            bail!("--mirror is for fetching: the destination here is the remote")
+        }
         (false, true) => put(PutArgs {
             rsh: a.rsh,
             cache: a.cache,
@@ -596,6 +608,18 @@ pub fn connector(remote: &str, rsh: &Rsh) -> Result<(ferry_mount::Connector, Wir
     Ok((Box::new(connect), wire))
 }
 
+/// A session with a mirror of the tree `wire` names on the first server.
+fn mirror(remote: &str, rsh: &Rsh, wire: &WirePath) -> Result<ferry_fs::Mirror> {
+    let (session, root) =
+        connect(remote, rsh).with_context(|| format!("cannot reach the mirror {remote}"))?;
+    Ok(ferry_fs::Mirror {
+        session,
+        root,
+        of: wire.clone(),
+        name: remote.to_string(),
+    })
+}
+
 pub fn ls(a: LsArgs) -> Result<ExitCode> {
     let (mut s, wire) = connect(&a.remote, &a.rsh)?;
     let (attr, entries) =
@@ -655,7 +679,20 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
     let (stats, traffic) = with_retries(a.rsh.retry, || {
         // An empty cache can hold none of the chunks: new files come whole, small and large.
         // (Asked again on a retry: what arrived before is in the cache, and found there.)
+        // With mirrors, files come by recipe, chunks by full id: a mirror serves those.
         let cold = ferry_store::ChunkStore::is_empty(&cache)?;
+        let (mut s, wire) = connect(&a.remote, &a.rsh)?;
+        // A mirror that cannot be reached is gone without: the first server has it all.
+        let mirrors = std::sync::Mutex::new(
+            a.mirror
+                .iter()
+                .filter_map(|m| {
+                    mirror(m, &a.rsh, &wire)
+                        .map_err(|e| eprintln!("ferry: {e:#}; going on without it"))
+                        .ok()
+                })
+                .collect::<Vec<_>>(),
+        );
         let src = Sources {
             cache: &cache,
             chunker: a.rsh.chunking.spec(),
@@ -663,15 +700,22 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
             dry_run: a.mode.dry_run,
             progress: Some(&tick),
             cold,
-            ranges: cold,
-            short_ids: true,
+            ranges: cold && a.mirror.is_empty(),
+            short_ids: a.mirror.is_empty(),
+            mirrors: (!a.mirror.is_empty()).then_some(&mirrors),
         };
-        let (mut s, wire) = connect(&a.remote, &a.rsh)?;
         let mut stats = ferry_fs::GetStats::default();
         ferry_fs::get(&mut s.conn, &wire, &a.local, &src, &mut stats)
             .with_context(|| format!("cannot get {} into {}", a.remote, a.local.display()))?;
-        let traffic = s.conn.traffic();
+        let mut traffic = s.conn.traffic();
         s.close()?;
+        for m in mirrors.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            let t = m.session.conn.traffic();
+            traffic.bytes_sent += t.bytes_sent;
+            traffic.bytes_received += t.bytes_received;
+            traffic.requests += t.requests;
+            m.session.close()?;
+        }
         Ok((stats, traffic))
     })?;
     bar.finish_and_clear();
@@ -691,6 +735,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
                    "chunks_from_cache": stats.from_cache, "chunks_from_local": stats.from_local,
                    "chunks_against_old": stats.against_old,
                    "chunks_from_server": stats.from_server, "chunk_bytes_from_server": stats.bytes_from_server,
+                   "chunks_from_mirrors": stats.from_mirrors, "chunk_bytes_from_mirrors": stats.bytes_from_mirrors,
                    "bytes_sent": traffic.bytes_sent, "bytes_received": traffic.bytes_received,
                    "requests": traffic.requests, "round_trips": traffic.round_trips, "seconds": secs})
         )?;
@@ -733,6 +778,7 @@ pub fn put(a: PutArgs) -> Result<ExitCode> {
         dry_run: a.mode.dry_run,
         progress: Some(&tick),
         cache: cache.as_ref().map(|c| c as &dyn ferry_store::ChunkStore),
+        fewer_round_trips: false,
     };
     let (stats, traffic) = with_retries(a.rsh.retry, || {
         let (mut s, wire) = connect(&a.remote, &a.rsh)?;

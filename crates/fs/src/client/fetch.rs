@@ -10,20 +10,18 @@ use std::path::Path;
 use ferry_chunk::ChunkerSpec;
 use ferry_format::{ChunkRef, HashAlg, Id, Recipe};
 use ferry_proto::{short_id, Chunks, GetChunks, Ids, Payload, Reply, Request, Target};
-use ferry_store::VerifiedChunk;
+use ferry_store::{ChunkStore, VerifiedChunk};
+use ferry_transfer::{EngineError, Options, Place, Sink, Source, Want};
 
 use super::against::{fetch_against, found_places, groups, AgainstOld};
 use super::install::{assemble, install, temp_beside};
 use super::local::{index_local, LocalIndex};
 use super::recipes::{recipe_from, Shorts};
+use super::source::SessionSource;
 use super::walk::FileJob;
 use super::{GetError, GetStats, Sources};
 use crate::conn::{ConnError, Connection};
 
-/// Chunks asked for per plain GetChunks (at most this many bytes), and requests kept in flight.
-const CHUNKS_PER_REQUEST: usize = 256;
-const BYTES_PER_REQUEST: usize = 4 << 20;
-const REQUESTS_IN_FLIGHT: usize = 4;
 /// Fetched chunk bytes between cache flushes (each flush is an fsync).
 const RESUME_FLUSH_BYTES: usize = 16 << 20;
 /// Files at most this large, with no old version at the destination, are read whole.
@@ -47,7 +45,7 @@ enum Ask {
 /// With `shortcuts`, recipes name chunks by short ids and a receiver with nothing reads large
 /// files by ranges; a file they misled (a short id that led to the wrong chunk, a file that
 /// changed between ranges) is fetched again without them.
-pub(crate) fn fetch_files<R: io::Read, W: Write>(
+pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
     conn: &mut Connection<R, W>,
     mut jobs: Vec<FileJob>,
     src: &Sources<'_>,
@@ -148,6 +146,8 @@ pub(crate) fn fetch_files<R: io::Read, W: Write>(
     conn.flush()?;
     let mut recipes = Vec::with_capacity(jobs.len());
     let mut missing: Vec<ChunkRef> = vec![];
+    // Where each missing chunk lies in the tree: mirrors are asked with it.
+    let mut places: HashMap<Id, Place> = HashMap::new();
     let mut seen = HashSet::new();
     let mut against = vec![];
     let mut shorts = Shorts::default();
@@ -200,11 +200,14 @@ pub(crate) fn fetch_files<R: io::Read, W: Write>(
                 .map_err(GetError::local("read", j.old()))?
         };
         let mut file_missing = vec![];
-        for c in recipe.chunks() {
+        let path: std::sync::Arc<[u8]> = std::sync::Arc::from(j.remote.as_bytes());
+        for (offset, c) in recipe.with_offsets() {
             // Held here or not, each chunk once (one file's old version holding it says
             // nothing of another's).
             if !old.at.contains_key(&c.id) && !src.cache.contains(&c.id)? && seen.insert(c.id) {
                 file_missing.push(*c);
+                let path = path.clone();
+                places.insert(c.id, Place { path, offset });
             }
         }
         let history = history.then_some(src.cache);
@@ -235,7 +238,7 @@ pub(crate) fn fetch_files<R: io::Read, W: Write>(
         .into_iter()
         .partition(|c| shorts.open.contains_key(&c.id));
     fetch_short(conn, &by_short, src, stats, &mut fetched, &mut shorts)?;
-    fetched.extend(fetch_chunks(conn, &missing, src, stats)?);
+    fetched.extend(fetch_chunks(conn, &missing, &places, src, stats)?);
     let mut again = vec![];
     for (i, recipe, here) in recipes {
         let recipe = match checks.get(&i) {
@@ -343,7 +346,7 @@ fn fetch_short<R: io::Read, W: Write>(
 
 /// The chunks a plain Chunks reply (one or more frames) carries for a request of `asked`:
 /// (place in the request, bytes), each place at most once.
-fn plain_chunks(
+pub(crate) fn plain_chunks(
     replies: Vec<Reply>,
     asked: &[ChunkRef],
 ) -> Result<Vec<(usize, Vec<u8>)>, GetError> {
@@ -380,68 +383,91 @@ fn plain_chunks(
     Ok(out)
 }
 
-/// Fetches `missing` into the cache, pipelined; returns what arrived.
-fn fetch_chunks<R: io::Read, W: Write>(
+/// Fetches `missing` into the cache from the server and its mirrors, all kept busy (the
+/// transfer engine); returns what arrived.
+fn fetch_chunks<R: io::Read + Send, W: Write>(
     conn: &mut Connection<R, W>,
     missing: &[ChunkRef],
+    places: &HashMap<Id, Place>,
     src: &Sources<'_>,
     stats: &mut GetStats,
 ) -> Result<HashSet<Id>, GetError> {
-    let batches = groups_of(missing, CHUNKS_PER_REQUEST, BYTES_PER_REQUEST);
-    let mut next = 0;
-    let mut waiting = std::collections::VecDeque::new();
-    let mut fetched = HashSet::new();
-    let mut unflushed = 0usize;
-    while next < batches.len() || !waiting.is_empty() {
-        while next < batches.len() && waiting.len() < REQUESTS_IN_FLIGHT {
-            let r = Request::GetChunks(GetChunks {
-                ids: Ids::Full(batches[next].iter().map(|c| c.id).collect()),
-                at: None,
-                against: None,
-            });
-            // The first window costs a round trip; refills only keep the stream going.
-            let id = if next < REQUESTS_IN_FLIGHT {
-                conn.send(r)?
-            } else {
-                conn.send_paced(r)?
-            };
-            waiting.push_back((id, batches[next]));
-            next += 1;
-        }
-        conn.flush()?;
-        let (id, asked) = waiting.pop_front().expect("non-empty");
-        let mut got = 0;
-        for (p, data) in plain_chunks(conn.replies(id)?, asked)? {
-            let cid = asked[p].id;
-            let v = VerifiedChunk::check(cid, &data).map_err(|_| GetError::BadData(cid))?;
-            src.cache.put(&v)?;
-            fetched.insert(cid);
-            stats.from_server += 1;
-            stats.bytes_from_server += data.len() as u64;
-            unflushed += data.len();
-            got += 1;
-        }
-        // What arrived is kept: a cut connection, or a killed client, resumes from here.
-        if unflushed >= RESUME_FLUSH_BYTES {
-            src.cache.flush()?;
-            unflushed = 0;
-        }
-        if got < asked.len() {
-            // The server no longer has some chunk of a recipe it sent (the file changed).
-            return Err(GetError::Changed);
-        }
+    if missing.is_empty() {
+        return Ok(HashSet::new());
     }
+    let wants: Vec<Want> = missing
+        .iter()
+        .map(|c| Want {
+            id: c.id,
+            len: c.len,
+            place: places.get(&c.id).cloned(),
+        })
+        .collect();
+    let sink = CacheSink {
+        cache: src.cache,
+        unflushed: std::sync::atomic::AtomicUsize::new(0),
+    };
+    let mut mirrors = src
+        .mirrors
+        .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut others: Vec<_> = mirrors
+        .iter_mut()
+        .flat_map(|m| m.iter_mut())
+        .map(|m| SessionSource::mirror(&mut m.session.conn, &m.name, &m.of, &m.root))
+        .collect();
+    let mut primary = SessionSource::primary(conn);
+    let mut sources: Vec<&mut (dyn Source + Send)> = vec![&mut primary];
+    for o in &mut others {
+        sources.push(o);
+    }
+    let report = ferry_transfer::fetch(&mut sources, &wants, &sink, &Options::default());
+    // What arrived is kept, whatever else happened: a retry resumes from it.
     src.cache.flush()?;
-    Ok(fetched)
+    let report = report.map_err(engine_error)?;
+    stats.from_server += report.chunks();
+    stats.bytes_from_server += report.bytes();
+    for m in &report.sources[1..] {
+        stats.from_mirrors += m.chunks;
+        stats.bytes_from_mirrors += m.bytes;
+    }
+    Ok(wants.iter().map(|w| w.id).collect())
 }
 
-/// Splits `chunks` into runs of at most `n` chunks and `max` bytes (or one chunk).
-fn groups_of(chunks: &[ChunkRef], n: usize, max: usize) -> Vec<&[ChunkRef]> {
-    let mut out = vec![];
-    for g in groups(chunks, max) {
-        out.extend(g.chunks(n));
+/// The cache as the engine's sink, flushed every [`RESUME_FLUSH_BYTES`]: a cut connection, or
+/// a killed client, resumes from what arrived.
+struct CacheSink<'a> {
+    cache: &'a dyn ChunkStore,
+    unflushed: std::sync::atomic::AtomicUsize,
+}
+
+impl Sink for CacheSink<'_> {
+    fn deliver(&self, _: usize, chunk: VerifiedChunk<'_>) -> Result<(), ferry_store::StoreError> {
+        use std::sync::atomic::Ordering;
+        self.cache.put(&chunk)?;
+        let n = chunk.data().len();
+        if self.unflushed.fetch_add(n, Ordering::AcqRel) + n >= RESUME_FLUSH_BYTES {
+            self.unflushed.store(0, Ordering::Release);
+            self.cache.flush()?;
+        }
+        Ok(())
     }
-    out
+}
+
+/// What a fetch from the engine's sources failing means to the caller.
+fn engine_error(e: EngineError) -> GetError {
+    match e {
+        // Bytes that do not match the id a recipe named: a lie, or a disk gone bad.
+        EngineError::NotFound { id, lied: true, .. } => GetError::BadData(id),
+        // A chunk of a recipe the server sent that no source has: the file changed since.
+        EngineError::NotFound { .. } => GetError::Changed,
+        EngineError::Sink(e) => GetError::Store(e),
+        // The link failed: what arrived is kept, and a retry resumes.
+        e => ConnError::Io(io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            e.to_string(),
+        ))
+        .into(),
+    }
 }
 
 /// The reply to ReadFiles `id` for the jobs `batch`: each job's recipe, or `None` for those to

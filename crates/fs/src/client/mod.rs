@@ -27,9 +27,11 @@ mod install;
 mod local;
 mod push;
 mod recipes;
+mod source;
 mod upload;
 mod walk;
 
+pub use source::Mirror;
 pub use upload::{put, put_file};
 pub use walk::{fetch_file, get};
 
@@ -110,6 +112,9 @@ pub struct GetStats {
     pub from_local: u64,
     pub from_server: u64,
     pub bytes_from_server: u64,
+    /// Of those, the chunks (and bytes) that came from mirrors.
+    pub from_mirrors: u64,
+    pub bytes_from_mirrors: u64,
     /// Of the chunks from the server, those sent compressed against the old local file.
     pub against_old: u64,
 }
@@ -128,6 +133,9 @@ pub struct Sources<'a> {
     /// Nothing in the cache could hold chunks of new files (it was empty when the transfer
     /// began): large new files are read whole too, by ranges, with no recipe.
     pub ranges: bool,
+    /// Other servers holding the same tree, asked for chunks in parallel with the first
+    /// (listings and recipes come from the first). They need full ids: `short_ids` off.
+    pub mirrors: Option<&'a std::sync::Mutex<Vec<Mirror>>>,
     /// Recipes name the chunks held nowhere here by 8-byte short ids (the client finds what it
     /// holds by prefix, checks the whole recipe once the rest arrived). Off, they come with full
     /// ids: what other sources than the server (mirrors) need to serve them.
@@ -148,6 +156,10 @@ pub struct PutOptions<'a> {
     /// The client's chunk cache, if any: old data held here (it came from the server) that new
     /// data is compressed against without asking the server for keys.
     pub cache: Option<&'a dyn ChunkStore>,
+    /// Ask what a changed file of few chunks needs in one round trip, naming all its chunks
+    /// (the mount's write-back on close: LBFS's two round trips), rather than in two with
+    /// fewer bytes (a tree's upload, where a round trip is paid once per batch).
+    pub fewer_round_trips: bool,
 }
 
 /// Removes a local file, symlink or whole directory (never following a symlink).

@@ -32,18 +32,25 @@ use super::{GetError, PutOptions, PutStats};
 use crate::conn::{ConnError, Connection};
 use crate::delta::{FrameLevel, Keys};
 
-/// Files smaller than this travel whole with their commit, in one round trip (LBFS §3.3).
+/// Files smaller than this travel whole with their commit, in one round trip (LBFS §3.3)...
 const SMALL_FILE: u64 = 8 * 1024;
+/// ...unless they replace a version on the server and are at least this large: then the old
+/// version's keys cost less than what they save (a changed `.cargo-checksum.json`: a few
+/// hundred bytes against kilobytes of hashes), at a round trip more (not with
+/// `fewer_round_trips`).
+const SMALL_AGAINST: u64 = 2 * 1024;
 /// Chunk ids per Have request.
 const HAVE_IDS: usize = 64 << 10;
-/// A file replacing a version, of at most this many chunks, asks in one round trip what a
-/// larger one asks in two: the old recipe, which of its own chunks the server holds, and keys
-/// of every old chunk it dropped (naming all its chunks costs less than the round trip).
+/// With `fewer_round_trips`, a file replacing a version, of at most this many chunks, asks in
+/// one round trip what a larger one asks in two: the old recipe, which of its own chunks the
+/// server holds, and keys of every old chunk it dropped.
 const ONE_ASK_CHUNKS: usize = 64;
 /// Refs per Write at most, and bytes of the upload stream's requests kept unanswered at most:
 /// memory stays bounded however large the files, and the link stays full.
 const WRITE_REFS: usize = 4096;
 const IN_FLIGHT_BYTES: usize = 16 << 20;
+/// Chunks the server holds, at most, that a run of new data takes in between new ones.
+const BRIDGE: usize = 4;
 /// Bytes of old data named whole as a frame's prefix (the old chunks held here) at most.
 const OLDS_BYTES: u64 = 8 << 20;
 /// Bytes of the new version around new data that head a frame's prefix, whatever the data's
@@ -78,10 +85,9 @@ struct BaseView {
 /// How a chunk of the new version goes.
 #[derive(Clone, Copy, PartialEq)]
 enum How {
-    /// In a page the base holds.
-    Page,
-    /// A chunk of the base, by short id.
-    Short,
+    /// A chunk of the base (in a page both hold, or by short id and length), by its index
+    /// there.
+    Base,
     /// A chunk the server holds (Have said so, or it went earlier in this batch).
     Held,
     /// As data.
@@ -224,7 +230,7 @@ fn chunk_file<R: io::Read, W: Write>(
             short: true,
             known,
         })?);
-        if c.recipe.len() <= ONE_ASK_CHUNKS {
+        if opts.fewer_round_trips && c.recipe.len() <= ONE_ASK_CHUNKS {
             let all: Vec<usize> = (0..c.recipe.len()).collect();
             let shorts = c.recipe.chunks().iter().map(|ch| short_id(&ch.id));
             c.keys_ask = Some(conn.send(Request::GetKeys {
@@ -246,7 +252,8 @@ fn chunk_file<R: io::Read, W: Write>(
 /// A file chunked, with nothing asked: everything goes as data.
 fn chunk_file_plain(j: &PutJob, opts: &PutOptions<'_>) -> Result<Chunked, GetError> {
     let file = File::open(&j.local).map_err(GetError::local("open", &j.local))?;
-    let small = j.meta.len() < SMALL_FILE;
+    let small = j.meta.len() < SMALL_FILE
+        && (j.if_version.is_none() || j.meta.len() < SMALL_AGAINST || opts.fewer_round_trips);
     let mut bytes = vec![];
     let (recipe, oid) =
         ferry_format::chunk_object_parallel(&file, &opts.chunker, HashAlg::Blake3, |_, data| {
@@ -400,14 +407,14 @@ fn plan_against_base<R: io::Read, W: Write>(
         for k in first..first + n {
             let ch = c.recipe.chunks()[k];
             c.how[k] = if base.known_pages.contains(&p) {
-                How::Page
+                How::Base
             } else if let Some(&b) = base
                 .by_short
                 .get(&short_id(&ch.id))
                 .filter(|&&b| base.chunks[b].0 == ch.len)
             {
                 base.shared.insert(k, b);
-                How::Short
+                How::Base
             } else {
                 fresh.push(k);
                 How::Data
@@ -603,25 +610,24 @@ fn write_file<R: io::Read, W: Write>(
         let mut k = 0;
         while k < chunks.len() {
             match c.how[k] {
-                How::Page => {
-                    // The whole page: a page the base holds is all How::Page.
-                    let &(first, len, key) = c
-                        .pages
-                        .iter()
-                        .find(|p| p.0 <= k && k < p.0 + p.1)
-                        .expect("every chunk is in a page");
-                    parts.push(WritePart::Page(key));
-                    k = first + len;
-                    refs += 1;
-                }
-                How::Short => {
-                    let ch = chunks[k];
+                How::Base => {
+                    // Runs of the base's chunks in its order: a page both hold is one.
+                    let b = *c
+                        .base
+                        .as_ref()
+                        .and_then(|base| base.shared.get(&k))
+                        .expect("a chunk of the base knows its place there")
+                        as u32;
                     match parts.last_mut() {
-                        Some(WritePart::Short(v)) => v.push((ch.len, short_id(&ch.id))),
-                        _ => parts.push(WritePart::Short(vec![(ch.len, short_id(&ch.id))])),
+                        Some(WritePart::Base { start, count }) if *start + *count == b => {
+                            *count += 1
+                        }
+                        _ => {
+                            parts.push(WritePart::Base { start: b, count: 1 });
+                            refs += 1;
+                        }
                     }
                     k += 1;
-                    refs += 1;
                 }
                 How::Held => {
                     match parts.last_mut() {
@@ -632,13 +638,23 @@ fn write_file<R: io::Read, W: Write>(
                     refs += 1;
                 }
                 How::Data => {
-                    // A run of new chunks, at most a frame's worth.
+                    // A run of new chunks, at most a frame's worth; a few chunks the server
+                    // holds between new ones go in it too (they cost next to nothing against
+                    // the prefix, which holds them), so one frame's window spans the run.
                     let start = k;
                     let mut bytes = 0usize;
-                    while k < chunks.len()
-                        && c.how[k] == How::Data
-                        && (k == start || bytes + chunks[k].len as usize <= crate::delta::MAX_DATA)
-                    {
+                    let fits = |k: usize, bytes: usize| {
+                        k == start || bytes + chunks[k].len as usize <= crate::delta::MAX_DATA
+                    };
+                    while k < chunks.len() && fits(k, bytes) {
+                        if c.how[k] != How::Data {
+                            let gap = (k..chunks.len().min(k + BRIDGE + 1))
+                                .take_while(|&g| c.how[g] != How::Data)
+                                .count();
+                            if gap > BRIDGE || k + gap >= chunks.len() {
+                                break;
+                            }
+                        }
                         bytes += chunks[k].len as usize;
                         k += 1;
                     }

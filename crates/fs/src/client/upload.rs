@@ -7,10 +7,11 @@ use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use ferry_proto::{Attr, FileKind, Reply, Request, WirePath};
+use ferry_proto::{Attr, FileKind, Reply, Request, TreeItem, WirePath};
 
 use super::local::{local_tree, same_tree, LocalTrees};
 use super::push::{put_files, PutJob};
+use super::walk::{ask_listing, take_listing};
 use super::{GetError, PutOptions, PutStats};
 use crate::conn::{ConnError, Connection};
 
@@ -193,15 +194,17 @@ fn put_walk<R: io::Read, W: Write>(
     if !meta.is_dir() {
         return put_note(local, meta, remote, current, opts, stats, plan);
     }
-    // (local directory, server directory, its listing if it exists there)
+    // (local directory, server directory, its listing if it exists there): asked against the
+    // entries here, so only those that differ come back.
     let mut queue = std::collections::VecDeque::new();
     match &current {
         Some(a) if a.kind == FileKind::Dir => {
-            let id = conn.send(Request::ReadDir {
-                path: remote.clone(),
-                keys: vec![],
-            })?;
-            queue.push_back((local.to_path_buf(), remote.clone(), Some(id)));
+            let asked = ask_listing(conn, remote, a, local, trees)?;
+            queue.push_back((
+                local.to_path_buf(),
+                remote.clone(),
+                Some((asked, a.clone())),
+            ));
         }
         Some(_) => {
             return Err(ConnError::Unexpected(format!(
@@ -216,17 +219,14 @@ fn put_walk<R: io::Read, W: Write>(
     }
     while let Some((local, remote, listing)) = queue.pop_front() {
         plan.dirs.push((local.clone(), remote.clone()));
+        // The server's entries that differ from those here, and those it has as they are here.
         let mut there: HashMap<Vec<u8>, Attr> = HashMap::new();
-        if let Some(id) = listing {
+        let mut same: HashMap<Vec<u8>, TreeItem> = HashMap::new();
+        if let Some((asked, attr)) = listing {
             conn.flush()?;
-            for r in conn.replies(id)? {
-                match r {
-                    Reply::Entries { entries, .. } => {
-                        there.extend(entries.into_iter().map(|e| (e.name, e.attr)))
-                    }
-                    other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
-                }
-            }
+            let (entries, known) = take_listing(conn, &remote, &attr, asked)?;
+            there.extend(entries.into_iter().map(|e| (e.name, e.attr)));
+            same.extend(known);
         }
         let mut names: Vec<_> = fs::read_dir(&local)
             .map_err(GetError::local("read directory", &local))?
@@ -236,6 +236,14 @@ fn put_walk<R: io::Read, W: Write>(
         names.sort();
         for name in &names {
             let (child_local, child) = (local.join(name), remote.join(name.as_bytes())?);
+            if let Some(item) = same.remove(name.as_bytes()) {
+                stats.unchanged += match item {
+                    TreeItem::File { .. } => 1,
+                    TreeItem::Dir { .. } => trees.get(&child_local).map_or(0, |t| t.1),
+                    TreeItem::Symlink { .. } => 0,
+                };
+                continue;
+            }
             let m = fs::symlink_metadata(&child_local)
                 .map_err(GetError::local("read", &child_local))?;
             let cur = there.remove(name.as_bytes());
@@ -249,11 +257,8 @@ fn put_walk<R: io::Read, W: Write>(
                         stats.unchanged += files;
                         continue;
                     }
-                    let id = conn.send(Request::ReadDir {
-                        path: child.clone(),
-                        keys: vec![],
-                    })?;
-                    queue.push_back((child_local, child, Some(id)));
+                    let asked = ask_listing(conn, &child, &a, &child_local, trees)?;
+                    queue.push_back((child_local, child, Some((asked, a))));
                 }
                 Some(_) => {
                     return Err(ConnError::Unexpected(format!(

@@ -27,7 +27,7 @@ const BATCH_BYTES: u64 = 256 << 20;
 /// creates directories, applies `--delete` and notes which files differ; then the files are
 /// fetched in batches, each costing about two round trips (recipes, then the chunks not found
 /// locally); last, symlinks, and directories' modes and times.
-pub fn get<R: io::Read, W: Write>(
+pub fn get<R: io::Read + Send, W: Write>(
     conn: &mut Connection<R, W>,
     remote: &WirePath,
     local: &Path,
@@ -86,7 +86,7 @@ pub fn get<R: io::Read, W: Write>(
 /// version already there (if any) is a chunk source and the base the server sends changes
 /// against; the new version replaces it atomically. Costs about two round trips (the recipe,
 /// then the chunks not found locally).
-pub fn fetch_file<R: io::Read, W: Write>(
+pub fn fetch_file<R: io::Read + Send, W: Write>(
     conn: &mut Connection<R, W>,
     remote: &WirePath,
     attr: &Attr,
@@ -142,7 +142,7 @@ const GONE_FILES: usize = 10_000;
 /// level is asked for before the first of them is waited on, so a tree's listings cost one
 /// round trip per level.
 #[allow(clippy::too_many_arguments)]
-fn walk<R: io::Read, W: Write>(
+fn walk<R: io::Read + Send, W: Write>(
     conn: &mut Connection<R, W>,
     remote: &WirePath,
     attr: &Attr,
@@ -301,7 +301,7 @@ fn choose_bases(jobs: &mut [FileJob], gone: &[PathBuf], root: &Path) {
 /// Asks for the listing of `remote`: against the entries of `local` when both sides have tree
 /// digests (only what differs travels), else whole. Returns the request and, for the former,
 /// the local entries named.
-fn ask_listing<R: io::Read, W: Write>(
+pub(crate) fn ask_listing<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     remote: &WirePath,
     attr: &Attr,
@@ -332,7 +332,7 @@ fn ask_listing<R: io::Read, W: Write>(
 /// A listing asked for by [`ask_listing`]: the entries that differ from the local ones, and
 /// the local entries the server has too (exactly: checked against the directory's tree
 /// digest, with a whole listing asked for when the check fails).
-fn take_listing<R: io::Read, W: Write>(
+pub(crate) fn take_listing<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     remote: &WirePath,
     attr: &Attr,

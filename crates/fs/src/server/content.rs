@@ -104,7 +104,7 @@ impl Server {
             }
         });
         match got {
-            Ok((recipe, version, oid)) => recipe_delta(id, &recipe, version, oid, known, short),
+            Ok((recipe, version, _)) => recipe_delta(id, &recipe, version, known, short),
             Err(e) => vec![Message::Reply(io_error(&target_path(target), &e)).to_frame(id)],
         }
     }
@@ -456,14 +456,7 @@ fn places_of(at: &Located) -> Vec<Option<(Target, u64, u32)>> {
 
 /// A recipe as parts against the pages the client named: the pages it holds go as their
 /// index in `known`, the rest in full (or by short id), at most [`RECIPE_PAGE`] chunks a frame.
-fn recipe_delta(
-    id: u32,
-    recipe: &Recipe,
-    version: u64,
-    oid: Oid,
-    known: &[u64],
-    short: bool,
-) -> Vec<Frame> {
+fn recipe_delta(id: u32, recipe: &Recipe, version: u64, known: &[u64], short: bool) -> Vec<Frame> {
     let mut index = HashMap::with_capacity(known.len());
     for (i, k) in known.iter().enumerate() {
         index.entry(*k).or_insert(i as u32);
@@ -507,7 +500,6 @@ fn recipe_delta(
                 version,
                 total_chunks: recipe.len() as u64,
                 check,
-                oid: oid.id(),
                 alg: recipe.alg(),
                 parts,
             }))

@@ -20,16 +20,22 @@ use ferry_store::VerifiedChunk;
 use super::{error, io_error, Server};
 use crate::export::{os, stat_at};
 
+/// Bytes of a base run read at once.
+const BASE_SLICE: usize = 4 << 20;
 /// Uploads open at once in a session; a client writes one file at a time, so a few suffice.
 const MAX_UPLOADS: usize = 16;
-/// Bytes of old data GetKeys keys at most (a prefix holds no more).
+/// Bytes of old data one GetKeys keys at most (a prefix holds no more).
 const MAX_KEYED: u64 = crate::delta::MAX_PREFIX as u64;
+/// Pieces kept for the Writes to come, at most (12 bytes each); the oldest files' go first.
+const MAX_KEPT_PIECES: usize = 4 << 20;
 
 /// The uploads of a session.
 pub(crate) struct Uploads {
     open: HashMap<u32, Upload>,
-    /// The pieces of the last GetKeys, which Write's data parts name by index.
-    keyed: Option<Keyed>,
+    /// The pieces of each file's last GetKeys, which its Writes' data parts name by index;
+    /// oldest first.
+    keyed: std::collections::VecDeque<Keyed>,
+    kept_pieces: usize,
     /// Makes this session's temporary names its own (sessions of one daemon share a pid).
     tag: u64,
     counter: u64,
@@ -39,7 +45,8 @@ impl Default for Uploads {
     fn default() -> Self {
         Uploads {
             open: HashMap::new(),
-            keyed: None,
+            keyed: Default::default(),
+            kept_pieces: 0,
             tag: rand::random(),
             counter: 0,
         }
@@ -50,6 +57,27 @@ impl Uploads {
     fn next(&mut self) -> u64 {
         self.counter += 1;
         self.counter
+    }
+
+    /// Keeps `k` (in place of keys of the same file), dropping the oldest past the bound.
+    fn keep(&mut self, k: Keyed) {
+        if let Some(i) = self.keyed.iter().position(|o| o.path == k.path) {
+            let old = self.keyed.remove(i).expect("found");
+            self.kept_pieces -= old.pieces.len();
+        }
+        self.kept_pieces += k.pieces.len();
+        self.keyed.push_back(k);
+        while self.kept_pieces > MAX_KEPT_PIECES && self.keyed.len() > 1 {
+            let old = self.keyed.pop_front().expect("non-empty");
+            self.kept_pieces -= old.pieces.len();
+        }
+    }
+
+    fn keys_for(&self, path: &WirePath, version: u64) -> Option<&Keyed> {
+        self.keyed
+            .iter()
+            .rev()
+            .find(|k| k.path == *path && k.version == version)
     }
 }
 
@@ -84,8 +112,6 @@ struct Base {
     file: File,
     recipe: Recipe,
     offsets: Vec<u64>,
-    /// Page key → (first chunk, chunks).
-    pages: HashMap<u64, (usize, usize)>,
     /// (short id, chunk index), sorted.
     by_short: Vec<(u64, u32)>,
 }
@@ -93,14 +119,6 @@ struct Base {
 impl Base {
     fn new(version: u64, file: File, recipe: Recipe) -> Base {
         let offsets: Vec<u64> = recipe.with_offsets().map(|(o, _)| o).collect();
-        let mut pages = HashMap::new();
-        let mut at = 0;
-        for p in recipe.pages() {
-            pages
-                .entry(ferry_format::page_key(p))
-                .or_insert((at, p.len()));
-            at += p.len();
-        }
         let mut by_short: Vec<(u64, u32)> = recipe
             .chunks()
             .iter()
@@ -113,7 +131,6 @@ impl Base {
             file,
             recipe,
             offsets,
-            pages,
             by_short,
         }
     }
@@ -254,7 +271,7 @@ impl Server {
         let key_bytes = crate::delta::key_bytes(keys.len(), new, runs);
         let mask = u64::MAX >> (64 - 8 * key_bytes as u32);
         keys.iter_mut().for_each(|k| *k &= mask);
-        self.uploads.keyed = Some(Keyed {
+        self.uploads.keep(Keyed {
             path: path.clone(),
             version: v,
             pieces,
@@ -353,28 +370,27 @@ impl Server {
     fn write_part(&mut self, u: &mut Upload, part: WritePart) -> Result<(), WriteError> {
         let no_base = || WriteError::Bad("a reference to the base of an upload without one".into());
         match part {
-            WritePart::Page(key) => {
-                let base = u.base.as_ref().ok_or_else(no_base)?;
-                let &(first, n) = base
-                    .pages
-                    .get(&key)
-                    .ok_or_else(|| WriteError::Missing(format!("no page {key:#x} in the base")))?;
-                let bytes = base.read(first, n)?;
-                let chunks = base.recipe.chunks()[first..first + n].to_vec();
-                u.append(&bytes, &chunks)?;
-            }
-            WritePart::Short(refs) => {
-                for (len, short) in refs {
+            WritePart::Base { start, count } => {
+                let (start, count) = (start as usize, count as usize);
+                let len = u.base.as_ref().ok_or_else(no_base)?.recipe.len();
+                let end = start.checked_add(count).filter(|&e| e <= len);
+                let end = end.ok_or_else(|| {
+                    WriteError::Bad(format!("chunks {start}+{count} of a base of fewer"))
+                })?;
+                // In slices, so a run of a large file is not read into memory at once.
+                let mut at = start;
+                while at < end {
                     let base = u.base.as_ref().ok_or_else(no_base)?;
-                    let i = base
-                        .by_short(short)
-                        .filter(|&i| base.recipe.chunks()[i].len == len)
-                        .ok_or_else(|| {
-                            WriteError::Missing(format!("no chunk {short:#x} in the base"))
-                        })?;
-                    let bytes = base.read(i, 1)?;
-                    let c = base.recipe.chunks()[i];
-                    u.append(&bytes, &[c])?;
+                    let mut n = 0;
+                    let mut bytes = 0usize;
+                    while at + n < end && (n == 0 || bytes < BASE_SLICE) {
+                        bytes += base.recipe.chunks()[at + n].len as usize;
+                        n += 1;
+                    }
+                    let data = base.read(at, n)?;
+                    let chunks = base.recipe.chunks()[at..at + n].to_vec();
+                    u.append(&data, &chunks)?;
+                    at += n;
                 }
             }
             WritePart::Chunks(refs) => {
@@ -461,12 +477,15 @@ impl Server {
             }
         }
         if !refs.is_empty() {
-            let (Some(base), Some(k)) = (&u.base, &self.uploads.keyed) else {
-                return Err(WriteError::Bad("pieces named without keys".into()));
+            let Some(base) = &u.base else {
+                return Err(WriteError::Bad("pieces named without a base".into()));
             };
-            if k.path != u.path || k.version != base.version {
-                return Err(WriteError::Bad("pieces of keys for another file".into()));
-            }
+            // Keys dropped since (a batch of many files) are no reason to refuse the file:
+            // the client sends its data again, plainly.
+            let k = self
+                .uploads
+                .keys_for(&u.path, base.version)
+                .ok_or_else(|| WriteError::Missing("pieces of keys no longer kept".into()))?;
             for &r in refs {
                 let &(off, len) = k
                     .pieces

@@ -48,6 +48,7 @@ fn opts(delete: bool) -> ferry_fs::PutOptions<'static> {
         dry_run: false,
         progress: None,
         cache: None,
+        fewer_round_trips: false,
     }
 }
 
@@ -153,6 +154,7 @@ fn get_with(
         cold: cache.is_empty().unwrap(),
         ranges: ranges && cache.is_empty().unwrap(),
         short_ids,
+        mirrors: None,
     };
     ferry_fs::get(
         conn,
@@ -759,7 +761,6 @@ fn recipe_reply(chunks: Vec<ferry_format::ChunkRef>) -> Reply {
         version: 1,
         total_chunks: chunks.len() as u64,
         check: recipe.check(),
-        oid: ferry_format::Id::from_parts(ferry_format::HashAlg::Blake3, [0; 32]),
         alg: ferry_format::HashAlg::Blake3,
         parts: vec![ferry_proto::RecipePart::Chunks(chunks)],
     })
@@ -799,7 +800,6 @@ fn page_references_cannot_blow_up_a_recipe() {
             version: 1,
             total_chunks: 1 << 32,
             check: [0; 32],
-            oid: ferry_format::Id::from_parts(ferry_format::HashAlg::Blake3, [0; 32]),
             alg: ferry_format::HashAlg::Blake3,
             parts: vec![ferry_proto::RecipePart::Known(0); 300_000],
         }),
@@ -1387,6 +1387,7 @@ fn dry_run_changes_nothing_and_says_what_it_would_do() {
         cold: false,
         ranges: false,
         short_ids: true,
+        mirrors: None,
     };
     let mut stats = GetStats::default();
     ferry_fs::get(&mut c, &WirePath::default(), &dst, &src, &mut stats).unwrap();
@@ -1408,6 +1409,7 @@ fn dry_run_changes_nothing_and_says_what_it_would_do() {
         dry_run: true,
         progress: None,
         cache: None,
+        fewer_round_trips: false,
     };
     let mut ps = ferry_fs::PutStats::default();
     ferry_fs::put(&mut c, &dst, &WirePath::default(), &dry, &mut ps).unwrap();
@@ -1766,4 +1768,149 @@ fn small_files_come_together_against_their_old_versions() {
     assert_eq!(s.against_old, s.from_server, "{s:?}");
     let (tr, s) = run(false);
     assert!(tr.bytes_received > 150_000, "{tr:?} {s:?}");
+}
+
+/// A session with a server on a thread serving `root`, whose link (the server's replies) is
+/// cut after `cut` bytes, if given.
+fn mirror_session(root: &Path, cut: Option<usize>) -> ferry_fs::Session {
+    use std::io::{Read, Write};
+    let (a, b) = UnixStream::pair().unwrap();
+    let export = Export::open(root).unwrap();
+    std::thread::spawn(move || {
+        let mut server = Server::new(export, ServerOptions::default(), staging());
+        let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
+    });
+    let Some(cut) = cut else {
+        let w: ferry_fs::LinkWriter = Box::new(b.try_clone().unwrap());
+        return ferry_fs::Session::over(b, w, Box::new(|| Ok(()))).unwrap();
+    };
+    // Through a relay that hangs up after `cut` bytes of replies.
+    let (c, d) = UnixStream::pair().unwrap();
+    let (mut b_read, mut d_write) = (b.try_clone().unwrap(), d.try_clone().unwrap());
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 65536];
+        let mut total = 0;
+        while total < cut {
+            let Ok(n) = b_read.read(&mut buf) else { break };
+            if n == 0 || d_write.write_all(&buf[..n]).is_err() {
+                break;
+            }
+            total += n;
+        }
+        let _ = d_write.shutdown(std::net::Shutdown::Both);
+    });
+    let (mut d_read, mut b_write) = (d, b);
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut d_read, &mut b_write);
+    });
+    let w: ferry_fs::LinkWriter = Box::new(c.try_clone().unwrap());
+    ferry_fs::Session::over(c, w, Box::new(|| Ok(()))).unwrap()
+}
+
+/// A fetch from `primary` with mirrors: returns the stats.
+fn get_mirrored(
+    primary: &Path,
+    mirrors: Vec<(ferry_fs::Session, &str)>,
+    dest: &Path,
+) -> Result<GetStats, GetError> {
+    let mut c = connect(primary);
+    let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+    // A cache that is not empty: files come by recipe (a mirror serves chunks, not ranges).
+    let other = ferry_store::VerifiedChunk::hash(ferry_format::HashAlg::Blake3, b"other");
+    ferry_store::ChunkStore::put(&cache, &other).unwrap();
+    let mirrors = std::sync::Mutex::new(
+        mirrors
+            .into_iter()
+            .map(|(session, root)| ferry_fs::Mirror {
+                session,
+                root: WirePath::new(root.as_bytes().to_vec()).unwrap(),
+                of: WirePath::new(b"t".to_vec()).unwrap(),
+                name: format!("mirror {root}"),
+            })
+            .collect(),
+    );
+    let src = Sources {
+        cache: &cache,
+        chunker: ChunkerSpec::default(),
+        delete: false,
+        dry_run: false,
+        progress: None,
+        cold: false,
+        ranges: false,
+        short_ids: false,
+        mirrors: Some(&mirrors),
+    };
+    let mut stats = GetStats::default();
+    ferry_fs::get(&mut c, &"t".into(), dest, &src, &mut stats)?;
+    Ok(stats)
+}
+
+/// A tree of `files` files of 1 MB each under `root/t`.
+fn big_tree(root: &Path, files: u64) {
+    fs::create_dir_all(root.join("t/d")).unwrap();
+    for i in 0..files {
+        fs::write(root.join(format!("t/d/f{i}")), bytes(500 + i, 1 << 20)).unwrap();
+    }
+}
+
+#[test]
+fn a_mirror_that_never_cut_the_files_serves_chunks_by_place() {
+    let t = tempfile::tempdir().unwrap();
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    big_tree(&a, 8);
+    // The mirror holds the same tree under another name.
+    fs::create_dir_all(b.join("copy")).unwrap();
+    std::process::Command::new("cp")
+        .args([
+            "-a",
+            a.join("t").to_str().unwrap(),
+            b.join("copy/t").to_str().unwrap(),
+        ])
+        .status()
+        .unwrap();
+    let dest = t.path().join("dest");
+    let s = get_mirrored(&a, vec![(mirror_session(&b, None), "copy/t")], &dest).unwrap();
+    same_tree(&a.join("t"), &dest);
+    // The engine hands the mirror batches from the start: ~1,000 chunks, four batches of
+    // 256 outstanding at the first server.
+    assert!(s.from_mirrors > 0, "{s:?}");
+    assert!(s.from_mirrors < s.from_server, "{s:?}");
+}
+
+#[test]
+fn a_mirror_whose_link_is_cut_leaves_the_rest_to_the_first_server() {
+    let t = tempfile::tempdir().unwrap();
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    big_tree(&a, 8);
+    fs::create_dir_all(&b).unwrap();
+    std::process::Command::new("cp")
+        .args([
+            "-a",
+            a.join("t").to_str().unwrap(),
+            b.join("t").to_str().unwrap(),
+        ])
+        .status()
+        .unwrap();
+    let dest = t.path().join("dest");
+    let mirror = mirror_session(&b, Some(600_000));
+    let s = get_mirrored(&a, vec![(mirror, "t")], &dest).unwrap();
+    same_tree(&a.join("t"), &dest);
+    assert!(s.from_mirrors * 8192 < 600_000 + 100_000, "{s:?}");
+}
+
+#[test]
+fn a_stale_mirror_costs_time_never_wrong_bytes() {
+    let t = tempfile::tempdir().unwrap();
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    big_tree(&a, 4);
+    // The mirror's copy is of other versions: every chunk it reads at the places named is
+    // wrong, and each goes to the first server.
+    big_tree(&b, 0);
+    for i in 0..4 {
+        fs::write(b.join(format!("t/d/f{i}")), bytes(900 + i, 1 << 20)).unwrap();
+    }
+    let dest = t.path().join("dest");
+    let s = get_mirrored(&a, vec![(mirror_session(&b, None), "t")], &dest).unwrap();
+    same_tree(&a.join("t"), &dest);
+    assert_eq!(s.from_mirrors, 0, "{s:?}");
 }

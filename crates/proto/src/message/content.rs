@@ -8,7 +8,7 @@
 //! | 0x22 | ReadFiles: count varint · (path · old short ids) × count | Files |
 //! | 0x23 | ReadRange: target · offset varint · length varint | Range |
 
-use ferry_format::{ChunkRef, HashAlg, Id};
+use ferry_format::{ChunkRef, HashAlg};
 
 use super::types::*;
 use super::{code, Reply, Request};
@@ -50,8 +50,6 @@ pub struct RecipeDelta {
     pub total_chunks: u64,
     /// `Recipe::check` of the whole recipe: what the receiver verifies its rebuilt copy against.
     pub check: [u8; 32],
-    /// The object id of the whole version: BLAKE3 of its bytes.
-    pub oid: Id,
     pub alg: HashAlg,
     pub parts: Vec<RecipePart>,
 }
@@ -356,7 +354,6 @@ pub(super) fn put_reply(reply: &Reply, w: &mut Writer) -> Option<u8> {
             w.u64(d.version);
             w.u64(d.total_chunks);
             w.0.extend_from_slice(&d.check);
-            w.id(&d.oid);
             w.u8(d.alg.tag());
             w.varint(d.parts.len() as u64);
             for p in &d.parts {
@@ -415,7 +412,6 @@ pub(super) fn get_reply(t: u8, r: &mut Reader<'_>) -> Result<Option<Reply>, Prot
         code::R_RECIPE => {
             let (version, total_chunks) = (r.u64()?, r.u64()?);
             let check: [u8; 32] = r.take_exact(32)?.try_into().expect("32 bytes");
-            let oid = r.id()?;
             let alg = HashAlg::from_tag(r.u8()?)?;
             let n = r.count(2)?;
             let mut parts = Vec::with_capacity(n);
@@ -436,7 +432,6 @@ pub(super) fn get_reply(t: u8, r: &mut Reader<'_>) -> Result<Option<Reply>, Prot
                 version,
                 total_chunks,
                 check,
-                oid,
                 alg,
                 parts,
             })

@@ -164,9 +164,11 @@ pub(crate) fn samples() -> Vec<Message> {
         q(Request::Write {
             handle: 1,
             parts: vec![
-                WritePart::Page(u64::MAX),
+                WritePart::Base {
+                    start: 0,
+                    count: u32::MAX,
+                },
                 WritePart::Chunks(refs.clone()),
-                WritePart::Short(vec![(8192, 0x0807_0605_0403_0201), (1, 0)]),
                 WritePart::Data {
                     lens: vec![5, 1],
                     payload: Payload::Plain(b"hello!".to_vec()),
@@ -212,7 +214,6 @@ pub(crate) fn samples() -> Vec<Message> {
             version: 9,
             total_chunks: 40,
             check: [7; 32],
-            oid: id(8),
             alg: HashAlg::Blake3,
             parts: vec![
                 RecipePart::Known(3),
@@ -473,12 +474,14 @@ fn exact_bytes_of_every_message() {
             Message::Request(Request::Write {
                 handle: 1,
                 parts: vec![
-                    WritePart::Page(0x0807_0605_0403_0201),
+                    WritePart::Base {
+                        start: 300,
+                        count: 2,
+                    },
                     WritePart::Chunks(vec![ChunkRef {
                         id: Id::from_parts(HashAlg::Blake3, [0xa1; 32]),
                         len: 300,
                     }]),
-                    WritePart::Short(vec![(2, 9)]),
                     WritePart::Data {
                         lens: vec![2],
                         payload: Payload::Plain(b"hi".to_vec()),
@@ -486,8 +489,8 @@ fn exact_bytes_of_every_message() {
                 ],
             }),
             format!(
-                "4b000000 33 00 05000000 | 01000000 04 | 00 0102030405060708 | 01 01 01 ac02 {a1} \
-                 | 02 01 02 0900000000000000 | 03 01 02 00 02 6869"
+                "3b000000 33 00 05000000 | 01000000 03 | 00 ac02 02 | 01 01 01 ac02 {a1} \
+                 | 02 01 02 00 02 6869"
             ),
         ),
         (
@@ -525,7 +528,6 @@ fn exact_bytes_of_every_message() {
                 version: 1,
                 total_chunks: 2,
                 check: [0xcc; 32],
-                oid: id(3),
                 alg: HashAlg::Blake3,
                 parts: vec![
                     RecipePart::Known(5),
@@ -537,7 +539,7 @@ fn exact_bytes_of_every_message() {
                 ],
             })),
             format!(
-                "8a000000 42 00 05000000 | 0100000000000000 0200000000000000 {} {b3} 01 03 \
+                "69000000 42 00 05000000 | 0100000000000000 0200000000000000 {} 01 03 \
                  | 00 05 | 01 01 ac02 {a1} | 02 01 02 0900000000000000",
                 rep(0xcc, 32)
             ),
@@ -662,7 +664,7 @@ fn out_of_range_fields_are_refused() {
     w.u32(1);
     w.varint(2);
     for _ in 0..2 {
-        w.u8(3);
+        w.u8(2);
         w.varint(1);
         w.varint(ferry_chunk::MAX_CHUNK_LIMIT as u64);
         w.u8(0);
@@ -737,7 +739,7 @@ fn hostile_counts_do_not_allocate() {
         (0x31, "01 66 00 01"),
         (0x33, "01000000"),
         (0x41, "00"),
-        (0x42, &format!("{} 01{} 01", rep(0, 48), rep(0, 32))),
+        (0x42, &format!("{} 01", rep(0, 48))),
         (0x43, ""),
         (0x44, ""),
         (0x48, ""),

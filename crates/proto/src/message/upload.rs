@@ -28,13 +28,10 @@ pub const MAX_WRITE_DATA: u64 = 4 << 20;
 /// One step of a Write: what comes next in the new version.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WritePart {
-    /// A page of the base version's recipe (content-defined runs of chunks, `docs/formats.md`),
-    /// by its key.
-    Page(u64),
+    /// Chunks `start..start + count` of the base version's recipe (adjacent in its file).
+    Base { start: u32, count: u32 },
     /// Chunks the server holds (in the base version, or anywhere, as Have said).
     Chunks(Vec<ChunkRef>),
-    /// Chunks of the base version by length and short id.
-    Short(Vec<(u32, u64)>),
     /// New chunks, with their lengths; the payload's prefix names the base version's chunks by
     /// their index in its recipe (`olds`) and the pieces of the session's last Keys (`refs`).
     Data { lens: Vec<u32>, payload: Payload },
@@ -130,21 +127,18 @@ pub(super) fn put_request(q: &Request, w: &mut Writer) -> Option<u8> {
 
 fn put_part(w: &mut Writer, p: &WritePart) {
     match p {
-        WritePart::Page(key) => {
+        WritePart::Base { start, count } => {
             w.u8(0);
-            w.u64(*key);
+            w.varint(*start as u64);
+            w.varint(*count as u64);
         }
         WritePart::Chunks(cs) => {
             w.u8(1);
             w.u8(cs.first().map_or(HashAlg::Blake3, |c| c.id.alg()).tag());
             put_chunk_refs(w, cs);
         }
-        WritePart::Short(cs) => {
-            w.u8(2);
-            put_short_refs(w, cs);
-        }
         WritePart::Data { lens, payload } => {
-            w.u8(3);
+            w.u8(2);
             w.varint(lens.len() as u64);
             for l in lens {
                 w.varint(*l as u64);
@@ -156,13 +150,15 @@ fn put_part(w: &mut Writer, p: &WritePart) {
 
 fn get_part(r: &mut Reader<'_>, data: &mut u64) -> Result<WritePart, ProtoError> {
     Ok(match r.u8()? {
-        0 => WritePart::Page(r.u64()?),
+        0 => WritePart::Base {
+            start: get_u32(r, "write")?,
+            count: get_u32(r, "write")?,
+        },
         1 => {
             let alg = HashAlg::from_tag(r.u8()?)?;
             WritePart::Chunks(get_chunk_refs(r, alg, "write")?)
         }
-        2 => WritePart::Short(get_short_refs(r, "write")?),
-        3 => {
+        2 => {
             let n = r.count(1)?;
             let mut lens = Vec::with_capacity(n);
             for _ in 0..n {
