@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ferry_proto::{
-    Frame, FrameDecoder, Hello, Inflow, Level, Message, Outflow, ProtoError, Reply, Request,
-    FEATURES, FEATURE_ZSTD_STREAM, VERSION,
+    Frame, Hello, Inflow, Level, Message, Outflow, ProtoError, Reply, Request, FEATURES,
+    FEATURE_ZSTD_STREAM, VERSION,
 };
 use thiserror::Error;
 
@@ -34,6 +34,9 @@ pub enum ConnError {
 }
 
 const READ_BUF: usize = 256 * 1024;
+/// The most bytes one reply may carry in all its frames: a recipe of 7 million chunks (a file
+/// of 56 GiB at the default chunk size), a listing of 5 million entries.
+pub const MAX_REPLY: usize = 256 << 20;
 
 /// How the session stream is compressed when nobody says otherwise: the level follows the
 /// link (a thin link is the bottleneck Ferry is built for, so its idle time buys bytes; on a
@@ -72,6 +75,7 @@ fn serve_until_closed(
     let mut outflow = Outflow::plain();
     let mut bytes = Vec::with_capacity(READ_BUF);
     let mut buf = vec![0u8; READ_BUF];
+    let hello_due = server.wait_limit().map(|t| std::time::Instant::now() + t);
     loop {
         while let Some(f) = inflow.next_frame()? {
             for reply in server.handle(&f) {
@@ -105,7 +109,21 @@ fn serve_until_closed(
                 if let Some(w) = &watch {
                     fds.push(PollFd::new(w, PollFlags::IN));
                 }
-                match poll(&mut fds, None) {
+                // Until the Hello, no longer than it is due.
+                let left = hello_due
+                    .filter(|_| server.wait_limit().is_some())
+                    .map(|due| due.saturating_duration_since(std::time::Instant::now()));
+                if left.is_some_and(|l| l.is_zero()) {
+                    return Err(ConnError::Io(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "no hello from the client in time",
+                    )));
+                }
+                let timeout = left.map(|l| rustix::time::Timespec {
+                    tv_sec: l.as_secs() as i64,
+                    tv_nsec: l.subsec_nanos() as i64,
+                });
+                match poll(&mut fds, timeout.as_ref()) {
                     Ok(_) => {}
                     Err(rustix::io::Errno::INTR) => continue,
                     Err(e) => return Err(io::Error::from(e).into()),
@@ -153,33 +171,6 @@ fn write_out(
         tracing::debug!("stream compression: level {next} from the next zstd frame");
     }
     Ok(waited)
-}
-
-/// Turns a client away: waits for its Hello (bounded, like any frame) and answers with `code`
-/// and `message`, so the client can say why instead of seeing the link drop.
-pub fn refuse(
-    mut input: impl Read,
-    mut output: impl Write,
-    code: ferry_proto::ErrorCode,
-    message: &str,
-) -> Result<(), ConnError> {
-    let mut dec = FrameDecoder::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        if let Some(f) = dec.next_frame()? {
-            let reply = Message::Reply(Reply::Error {
-                code,
-                message: message.to_string(),
-            });
-            output.write_all(&reply.to_frame(f.request_id).encode(false)?)?;
-            output.flush()?;
-            return Ok(());
-        }
-        match input.read(&mut buf)? {
-            0 => return Err(ConnError::Closed),
-            n => dec.feed(&buf[..n]),
-        }
-    }
 }
 
 /// Byte and message counts of a connection, as this side saw them.
@@ -516,12 +507,20 @@ impl<R: Read, W> Connection<R, W> {
         }
     }
 
-    /// All reply frames of request `id` (a streamed reply has several), decoded. A remote error
-    /// becomes [`ConnError::Remote`].
+    /// All reply frames of request `id` (a streamed reply has several), decoded: at most
+    /// [`MAX_REPLY`] bytes of bodies in all (a server streaming `MORE` frames without end is
+    /// refused, not followed). A remote error becomes [`ConnError::Remote`].
     pub fn replies(&mut self, id: u32) -> Result<Vec<Reply>, ConnError> {
         let mut out = vec![];
+        let mut total = 0usize;
         loop {
             let f = self.wait(id)?;
+            total += f.body.len();
+            if total > MAX_REPLY {
+                return Err(ConnError::Unexpected(format!(
+                    "a reply of over {MAX_REPLY} bytes to request {id}"
+                )));
+            }
             tracing::trace!(target: "ferry::sizes", "reply {:#04x} {}", f.msg_type, f.body.len());
             let more = f.more();
             match Message::decode(&f)? {

@@ -99,13 +99,23 @@ impl Leases {
     }
 
     /// Reads pending change events and returns the leased paths they break (each lease broken
-    /// once; expired leases are forgotten).
+    /// once; expired leases are forgotten). A queue that overflowed (events were lost) breaks
+    /// every lease; a watched directory that went (removed, moved, unmounted) is forgotten, so
+    /// a new one at its path is watched afresh.
     pub(crate) fn broken(&mut self) -> Vec<WirePath> {
+        use inotify::ReadFlags;
         let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
         let mut hit = vec![];
+        let mut overflow = false;
+        let mut gone = vec![];
         let mut reader = inotify::Reader::new(&self.fd, &mut buf);
         // Until EAGAIN: nothing more now.
         while let Ok(ev) = reader.next() {
+            let flags = ev.events();
+            if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
+                overflow = true;
+                continue;
+            }
             let Some(dir) = self.watched.get(&ev.wd()) else {
                 continue;
             };
@@ -115,6 +125,24 @@ impl Leases {
                     hit.push(p);
                 }
             }
+            if flags.intersects(ReadFlags::IGNORED | ReadFlags::DELETE_SELF | ReadFlags::MOVE_SELF)
+            {
+                gone.push(ev.wd());
+            }
+        }
+        for wd in gone {
+            if let Some(dir) = self.watched.remove(&wd) {
+                // What was below it went with it.
+                hit.extend(self.leased.keys().filter(|p| is_below(p, &dir)).cloned());
+                if self.dirs.get(&dir) == Some(&wd) {
+                    self.dirs.remove(&dir);
+                }
+                let _ = inotify::remove_watch(&self.fd, wd);
+            }
+        }
+        if overflow {
+            tracing::info!("change notifications overflowed: every lease is broken");
+            hit.extend(self.leased.keys().cloned());
         }
         let now = Instant::now();
         let mut out = vec![];
@@ -126,5 +154,56 @@ impl Leases {
             }
         }
         out
+    }
+}
+
+/// Whether `p` is `dir` or below it.
+fn is_below(p: &WirePath, dir: &WirePath) -> bool {
+    p.strip_prefix(dir).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(l: &mut Leases, e: &Export, p: &str) {
+        assert!(l.grant(e, &p.into(), false, 60_000) > 0, "{p}");
+    }
+
+    #[test]
+    fn an_overflowed_queue_breaks_every_lease() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("d")).unwrap();
+        std::fs::write(t.path().join("d/f"), b"1").unwrap();
+        let e = Export::open(t.path()).unwrap();
+        let mut l = Leases::new().unwrap();
+        lease(&mut l, &e, "d/f");
+        // More events than the queue holds, then the leased file's change, which is lost.
+        let max: usize = std::fs::read_to_string("/proc/sys/fs/inotify/max_queued_events")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(16384);
+        for _ in 0..max / 2 + 1 {
+            std::fs::write(t.path().join("d/other"), b"x").unwrap();
+        }
+        std::fs::write(t.path().join("d/f"), b"2").unwrap();
+        assert_eq!(l.broken(), vec![WirePath::from("d/f")]);
+    }
+
+    #[test]
+    fn a_directory_made_again_is_watched_again() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("d")).unwrap();
+        std::fs::write(t.path().join("d/f"), b"1").unwrap();
+        let e = Export::open(t.path()).unwrap();
+        let mut l = Leases::new().unwrap();
+        lease(&mut l, &e, "d/f");
+        std::fs::remove_dir_all(t.path().join("d")).unwrap();
+        assert!(l.broken().contains(&WirePath::from("d/f")));
+        std::fs::create_dir(t.path().join("d")).unwrap();
+        std::fs::write(t.path().join("d/g"), b"1").unwrap();
+        lease(&mut l, &e, "d/g");
+        std::fs::write(t.path().join("d/g"), b"2").unwrap();
+        assert_eq!(l.broken(), vec![WirePath::from("d/g")]);
     }
 }

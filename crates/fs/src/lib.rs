@@ -26,9 +26,9 @@ pub mod session;
 
 pub use client::{
     fetch_file, get, list, put, put_file, GetError, GetStats, Mirror, PutOptions, PutStats,
-    RemoteSpec, Sources,
+    RemoteSpec, SourceStats, Sources,
 };
-pub use conn::{refuse, serve, ConnError, Connection, Traffic, DEFAULT_ZSTD_LEVEL};
+pub use conn::{serve, ConnError, Connection, Traffic, DEFAULT_ZSTD_LEVEL};
 pub use export::Export;
 pub use server::{Server, ServerOptions, Staging};
 pub use session::{LinkReader, LinkWriter, Session};

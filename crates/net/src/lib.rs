@@ -31,6 +31,14 @@ pub use keys::{
 pub const DEFAULT_PORT: u16 = 7330;
 /// A TCP connection or a TLS handshake that takes longer than this is given up.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(20);
+/// A client the daemon turns away gets this long to say Hello and read why, in a first frame
+/// of at most [`REFUSAL_FRAME`] bytes: a refused connection costs the daemon a task, a few KB
+/// and a descriptor for this long, never a thread or a session slot.
+const REFUSAL_TIME: Duration = Duration::from_secs(10);
+const REFUSAL_FRAME: usize = 4096;
+/// An authorized client that has not said Hello this long after its handshake is hung up on
+/// (by default: [`Daemon::hello_timeout`]).
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
 /// After one direction of a session ends, the other gets this long to finish.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
@@ -264,8 +272,9 @@ pub struct Peer {
     pub addr: SocketAddr,
 }
 
-/// Runs one session: the protocol over the given stream, until the client hangs up.
-pub type Handler = Arc<dyn Fn(&Peer, UnixStream) + Send + Sync>;
+/// Runs one session: the protocol over the given stream, until the client hangs up (or, if it
+/// has not said Hello within the timeout given, then).
+pub type Handler = Arc<dyn Fn(&Peer, UnixStream, Duration) + Send + Sync>;
 
 /// The TLS daemon.
 pub struct Daemon {
@@ -273,8 +282,12 @@ pub struct Daemon {
     pub identity: Identity,
     /// Read again for every connection, so edits apply at once.
     pub authorized_keys: PathBuf,
-    /// Sessions at once; more are told the server is busy.
+    /// Sessions at once; more are told the server is busy. Only clients whose keys are
+    /// authorized take one.
     pub max_sessions: usize,
+    /// A session whose client has not said Hello this long after its handshake ends, and its
+    /// slot is free again ([`HELLO_TIMEOUT`]).
+    pub hello_timeout: Duration,
 }
 
 impl Daemon {
@@ -284,6 +297,7 @@ impl Daemon {
         let rt = runtime().map_err(|e| NetError::link("network runtime".into(), e))?;
         let keys = Arc::new(self.authorized_keys);
         let slots = Arc::new(tokio::sync::Semaphore::new(self.max_sessions));
+        let hello = self.hello_timeout;
         let listener = self.listener;
         rt.block_on(async move {
             listener
@@ -303,14 +317,13 @@ impl Daemon {
                     }
                 };
                 tune(&tcp);
-                let slot = slots.clone().try_acquire_owned().ok();
                 tokio::spawn(session(
                     acceptor.clone(),
                     tcp,
                     addr,
                     keys.clone(),
-                    handler.clone(),
-                    slot,
+                    (handler.clone(), hello),
+                    slots.clone(),
                 ));
             }
         })
@@ -322,8 +335,8 @@ async fn session(
     tcp: tokio::net::TcpStream,
     addr: SocketAddr,
     keys: Arc<PathBuf>,
-    handler: Handler,
-    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    (handler, hello): (Handler, Duration),
+    slots: Arc<tokio::sync::Semaphore>,
 ) {
     let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(t)) => t,
@@ -339,26 +352,39 @@ async fn session(
     else {
         return tracing::info!("{addr}: no client key");
     };
-    let verdict = match (read_authorized(&keys), &slot) {
-        (Err(e), _) => {
+    // The key first, a session slot only then: clients that are not let in cannot take the
+    // slots of those who are.
+    let verdict = match read_authorized(&keys) {
+        Err(e) => {
             tracing::error!("{e}");
             Err((ErrorCode::Io, "the server cannot read its authorized keys".to_string()))
         }
-        (Ok(list), Some(_)) => match list.into_iter().find(|k| k.fingerprint == fp) {
-            Some(k) => Ok(Peer {
-                fingerprint: fp,
-                name: k.name,
-                addr,
-            }),
+        Ok(list) => match list.into_iter().find(|k| k.fingerprint == fp) {
+            Some(k) => match slots.try_acquire_owned() {
+                Ok(slot) => Ok((
+                    Peer {
+                        fingerprint: fp,
+                        name: k.name,
+                        addr,
+                    },
+                    slot,
+                )),
+                Err(_) => Err((ErrorCode::Busy, "the server is busy; try again later".into())),
+            },
             None => Err((
                 ErrorCode::Permission,
                 format!(
-                    "this client's key {fp} is not authorized on the server; its owner can add it with `ferry key authorize {fp}` (or to {})",
-                    keys.display()
+                    "this client's key {fp} is not authorized on the server; its owner can add it with `ferry key authorize {fp}`"
                 ),
             )),
         },
-        (Ok(_), None) => Err((ErrorCode::Io, "the server is busy; try again later".into())),
+    };
+    let (peer, slot) = match verdict {
+        Ok(v) => v,
+        Err((code, message)) => {
+            tracing::info!("{addr}: refused {fp}: {message}");
+            return refuse(tls, code, &message).await;
+        }
     };
     let (mine, theirs) = match UnixStream::pair() {
         Ok(p) => p,
@@ -366,17 +392,9 @@ async fn session(
     };
     let worker = std::thread::Builder::new()
         .name("ferry-session".into())
-        .spawn(move || match verdict {
-            Ok(peer) => {
-                tracing::info!("{addr}: session for {} ({fp})", peer.name);
-                handler(&peer, mine)
-            }
-            Err((code, message)) => {
-                tracing::info!("{addr}: refused {fp}: {message}");
-                if let Ok(r) = mine.try_clone() {
-                    let _ = ferry_fs::refuse(r, &mine, code, &message);
-                }
-            }
+        .spawn(move || {
+            tracing::info!("{addr}: session for {} ({fp})", peer.name);
+            handler(&peer, mine, hello)
         });
     if let Err(e) = worker {
         return tracing::error!("cannot start a session thread: {e}");
@@ -393,6 +411,47 @@ async fn session(
     }
     drop(slot);
 }
+
+/// Turns a client away: waits (at most [`REFUSAL_TIME`]) for its first frame, which must be
+/// small (a Hello is), and answers it with an `Error`, so the client can say why instead of
+/// seeing the link drop.
+async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, code: ErrorCode, message: &str) {
+    use tokio::io::AsyncReadExt;
+    let answer = async {
+        let mut dec = ferry_proto::FrameDecoder::new();
+        let mut buf = [0u8; 1024];
+        let mut read = 0;
+        let id = loop {
+            match dec.next_frame() {
+                Ok(Some(f)) => break f.request_id,
+                Ok(None) => {}
+                Err(_) => return,
+            }
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    read += n;
+                    if read > REFUSAL_FRAME {
+                        return;
+                    }
+                    dec.feed(&buf[..n]);
+                }
+            }
+        };
+        let reply = ferry_proto::Message::Reply(ferry_proto::Reply::Error {
+            code,
+            message: message.to_string(),
+        });
+        if let Ok(bytes) = reply.encode(id, false) {
+            let _ = s.write_all(&bytes).await;
+            let _ = s.shutdown().await;
+        }
+    };
+    let _ = tokio::time::timeout(REFUSAL_TIME, answer).await;
+}
+
+#[cfg(test)]
+mod daemon_tests;
 
 #[cfg(test)]
 mod tests {

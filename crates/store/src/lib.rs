@@ -31,6 +31,7 @@ mod error;
 mod local;
 mod mem;
 mod object;
+mod paths;
 
 use ferry_format::{HashAlg, Id, Oid, Recipe};
 
@@ -38,6 +39,7 @@ pub use error::StoreError;
 pub use local::{GcReport, LocalStore, Options, TrimReport, VerifyReport};
 pub use mem::MemStore;
 pub use object::{read_object, store_object};
+pub use paths::{PathIndex, Stamp};
 
 /// A chunk whose id is known to be the hash of its bytes.
 #[derive(Clone, Copy, Debug)]

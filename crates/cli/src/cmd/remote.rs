@@ -347,6 +347,9 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         if let Some(h) = &kept {
             server = server.with_history(h.clone());
         }
+        if let Some(i) = export_index(&a.dir) {
+            server = server.with_index(i);
+        }
         let stdin = io::stdin().lock();
         let stdout = BufWriter::with_capacity(256 * 1024, io::stdout().lock());
         ferry_fs::serve(&mut server, stdin, stdout)?;
@@ -384,8 +387,14 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         bytes: a.history_size as u64,
     };
     let dir = a.dir.clone();
-    let handler: ferry_net::Handler = std::sync::Arc::new(move |peer, stream| {
-        if let Err(e) = daemon_session(&dir, &opts, &history, peer, stream) {
+    // One index for every session of the daemon.
+    let index = export_index(&a.dir);
+    let handler: ferry_net::Handler = std::sync::Arc::new(move |peer, stream, hello| {
+        let opts = ServerOptions {
+            hello_timeout: Some(hello),
+            ..opts.clone()
+        };
+        if let Err(e) = daemon_session(&dir, &opts, &history, index.clone(), peer, stream) {
             tracing::warn!("session for {} ({}): {e:#}", peer.name, peer.fingerprint);
         }
     });
@@ -394,6 +403,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         identity,
         authorized_keys: keys,
         max_sessions: a.max_sessions.max(1),
+        hello_timeout: ferry_net::HELLO_TIMEOUT,
     }
     .run(handler)?;
     Ok(ExitCode::SUCCESS)
@@ -405,6 +415,7 @@ fn daemon_session(
     dir: &Path,
     opts: &ServerOptions,
     history: &History,
+    index: Option<std::sync::Arc<ferry_store::PathIndex>>,
     peer: &ferry_net::Peer,
     stream: std::os::unix::net::UnixStream,
 ) -> Result<()> {
@@ -415,6 +426,9 @@ fn daemon_session(
     let kept = history.open();
     if let Some(h) = &kept {
         server = server.with_history(h.clone());
+    }
+    if let Some(i) = index {
+        server = server.with_index(i);
     }
     let input = stream.try_clone()?;
     let output = BufWriter::with_capacity(256 * 1024, stream);
@@ -457,18 +471,38 @@ impl History {
     }
 }
 
-/// Where a daemon keeps the history of the export `dir`: named by a hash of its canonical path.
+/// Where a daemon keeps the history of the export `dir`.
 fn history_dir(dir: &Path) -> Result<PathBuf> {
+    Ok(cache_root().join("daemon-history").join(export_name(dir)?))
+}
+
+/// A name for the export `dir`: a hash of its canonical path.
+fn export_name(dir: &Path) -> Result<String> {
     use std::os::unix::ffi::OsStrExt;
     let canonical = dir
         .canonicalize()
         .with_context(|| format!("cannot export {}", dir.display()))?;
     let id = Id::hash(HashAlg::Blake3, canonical.as_os_str().as_bytes());
-    let name: String = id.digest()[..16]
+    Ok(id.digest()[..16]
         .iter()
         .map(|b| format!("{b:02x}"))
-        .collect();
-    Ok(cache_root().join("daemon-history").join(name))
+        .collect())
+}
+
+/// The export's chunk index (where chunks, recipes and objects were seen, across sessions), if
+/// it can be had: a second session over ssh at the same time goes without.
+fn export_index(dir: &Path) -> Option<std::sync::Arc<ferry_store::PathIndex>> {
+    let name = export_name(dir).ok()?;
+    let path = cache_root()
+        .join("export-index")
+        .join(format!("{name}.redb"));
+    match ferry_store::PathIndex::open(&path, HashAlg::Blake3) {
+        Ok(i) => Some(std::sync::Arc::new(i)),
+        Err(e) => {
+            tracing::info!("no chunk index this session ({}): {e}", path.display());
+            None
+        }
+    }
 }
 
 /// Bound on a staging store, trimmed (least recently used first) after each session: chunks
@@ -736,6 +770,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
                    "chunks_against_old": stats.against_old,
                    "chunks_from_server": stats.from_server, "chunk_bytes_from_server": stats.bytes_from_server,
                    "chunks_from_mirrors": stats.from_mirrors, "chunk_bytes_from_mirrors": stats.bytes_from_mirrors,
+                   "sources": stats.sources.iter().map(|s| json!({"name": s.name, "requests": s.requests, "chunks": s.chunks, "bytes": s.bytes, "misses": s.misses, "rejected": s.rejected, "failed": s.failed})).collect::<Vec<_>>(),
                    "bytes_sent": traffic.bytes_sent, "bytes_received": traffic.bytes_received,
                    "requests": traffic.requests, "round_trips": traffic.round_trips, "seconds": secs})
         )?;

@@ -123,7 +123,7 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
         batches.push((conn.send(Request::ReadFiles { files })?, b));
     }
     // The first ranges go with the recipe requests: no round trip of their own.
-    let mut ranges = Ranges::new(&jobs, &ranged);
+    let mut ranges = Ranges::new(&ranged);
     ranges.send(conn, &jobs)?;
     conn.flush()?;
     let mut fetched = HashSet::new();
@@ -430,6 +430,27 @@ fn fetch_chunks<R: io::Read + Send, W: Write>(
         stats.from_mirrors += m.chunks;
         stats.bytes_from_mirrors += m.bytes;
     }
+    for r in &report.sources {
+        let i = match stats.sources.iter().position(|s| s.name == r.name) {
+            Some(i) => i,
+            None => {
+                stats.sources.push(super::SourceStats {
+                    name: r.name.clone(),
+                    ..Default::default()
+                });
+                stats.sources.len() - 1
+            }
+        };
+        let s = &mut stats.sources[i];
+        s.requests += r.requests;
+        s.chunks += r.chunks;
+        s.bytes += r.bytes;
+        s.misses += r.misses;
+        s.rejected += r.rejected;
+        if r.failed.is_some() {
+            s.failed.clone_from(&r.failed);
+        }
+    }
     Ok(wants.iter().map(|w| w.id).collect())
 }
 
@@ -488,10 +509,13 @@ fn read_files<R: io::Read, W: Write>(
         Some(Reply::Files { files, payload }) if files.len() == batch.len() => (files, payload),
         other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
     };
-    let total: u64 = files.iter().flatten().map(|(len, _)| len).sum();
-    if total > ferry_proto::MAX_FILES_DATA {
-        return Err(ConnError::Unexpected("more file bytes than a reply may carry".into()).into());
-    }
+    // Lengths from the server: summed with a bound, before anything is sized by them.
+    let total = files
+        .iter()
+        .flatten()
+        .try_fold(0u64, |t, (len, _)| t.checked_add(*len))
+        .filter(|&t| t <= ferry_proto::MAX_FILES_DATA)
+        .ok_or_else(|| ConnError::Unexpected("more file bytes than a reply may carry".into()))?;
     let framed = matches!(payload, Payload::Frame { .. });
     let decoded = match payload {
         Payload::Plain(data) if data.len() as u64 == total => Ok(data),
@@ -610,27 +634,42 @@ const RANGES_IN_FLIGHT: usize = 4;
 /// Large new files that a receiver with nothing reads whole (ReadRange), a range at a time, in
 /// order: no recipe and no chunk ids travel, only the files' bytes in the session stream.
 struct Ranges {
-    /// (job, offset, length) of every range to ask for, files one after another.
-    all: Vec<(usize, u64, u32)>,
-    /// How many of them were asked for, and the request ids of those not yet taken.
+    /// The files read so, by job, in order.
+    files: Vec<usize>,
+    /// The next range to ask for: (place in `files`, offset). Ranges are made as they are
+    /// asked for, so a size a server lists (2^62, say) costs nothing until bytes come.
+    next: (usize, u64),
+    /// How many were asked for, and (job, offset, length, request id) of those not yet taken.
     sent: usize,
-    waiting: std::collections::VecDeque<u32>,
+    waiting: std::collections::VecDeque<(usize, u64, u32, u32)>,
+    /// Files no more ranges are asked for (one came back short, or of another version).
+    stopped: HashSet<usize>,
 }
 
 impl Ranges {
-    fn new(jobs: &[FileJob], files: &[usize]) -> Self {
-        let mut all = vec![];
-        for &i in files {
-            let size = jobs[i].attr.size;
-            all.extend((0..size.div_ceil(RANGE_BYTES as u64)).map(|k| {
-                let offset = k * RANGE_BYTES as u64;
-                (i, offset, (size - offset).min(RANGE_BYTES as u64) as u32)
-            }));
-        }
+    fn new(files: &[usize]) -> Self {
         Ranges {
-            all,
+            files: files.to_vec(),
+            next: (0, 0),
             sent: 0,
             waiting: Default::default(),
+            stopped: HashSet::new(),
+        }
+    }
+
+    /// The next range to ask for: (job, offset, length).
+    fn next_range(&mut self, jobs: &[FileJob]) -> Option<(usize, u64, u32)> {
+        loop {
+            let (f, offset) = self.next;
+            let &job = self.files.get(f)?;
+            let size = jobs[job].attr.size;
+            if offset >= size || self.stopped.contains(&job) {
+                self.next = (f + 1, 0);
+                continue;
+            }
+            let len = (size - offset).min(RANGE_BYTES as u64) as u32;
+            self.next.1 = offset + len as u64;
+            return Some((job, offset, len));
         }
     }
 
@@ -641,8 +680,10 @@ impl Ranges {
         conn: &mut Connection<R, W>,
         jobs: &[FileJob],
     ) -> Result<(), GetError> {
-        while self.sent < self.all.len() && self.waiting.len() < RANGES_IN_FLIGHT {
-            let (job, offset, len) = self.all[self.sent];
+        while self.waiting.len() < RANGES_IN_FLIGHT {
+            let Some((job, offset, len)) = self.next_range(jobs) else {
+                break;
+            };
             let r = Request::ReadRange {
                 target: Target::Path(jobs[job].remote.clone()),
                 offset,
@@ -653,7 +694,7 @@ impl Ranges {
             } else {
                 conn.send_paced(r)?
             };
-            self.waiting.push_back(id);
+            self.waiting.push_back((job, offset, len, id));
             self.sent += 1;
         }
         Ok(())
@@ -661,8 +702,8 @@ impl Ranges {
 
     /// Takes every range, writing each file beside its destination and cutting it into the
     /// cache as it arrives (a cut transfer resumes from what arrived). A file whose bytes do
-    /// not hash to the object id the server named for them all (it changed meanwhile) never
-    /// replaces anything: returns those, to fetch by recipe.
+    /// not hash to the object id the server named for them all (it changed meanwhile, or is
+    /// not as long as listed) never replaces anything: returns those, to fetch by recipe.
     fn fetch<R: io::Read, W: Write>(
         mut self,
         conn: &mut Connection<R, W>,
@@ -672,16 +713,20 @@ impl Ranges {
     ) -> Result<Vec<usize>, GetError> {
         let mut file: Option<RangeFile> = None;
         let mut changed = vec![];
+        // Files done with (installed, or to fetch again): their ranges still on the way are
+        // taken and dropped.
+        let mut done = HashSet::new();
         let mut unflushed = 0;
-        for k in 0..self.all.len() {
+        loop {
             self.send(conn, jobs)?;
-            let (job, _, len) = self.all[k];
-            let id = self.waiting.pop_front().expect("asked");
+            let Some((job, offset, len, id)) = self.waiting.pop_front() else {
+                break;
+            };
             let mut replies = conn.replies(id)?;
             let [Reply::Range { oid, data }] = &mut replies[..] else {
                 return Err(ConnError::Unexpected(format!("{replies:?}")).into());
             };
-            if changed.last() == Some(&job) {
+            if done.contains(&job) {
                 continue;
             }
             let f = match &mut file {
@@ -690,6 +735,8 @@ impl Ranges {
             };
             if f.oid != *oid || data.len() > len as usize {
                 file = None;
+                self.stopped.insert(job);
+                done.insert(job);
                 changed.push(job);
                 continue;
             }
@@ -699,8 +746,14 @@ impl Ranges {
                 src.cache.flush()?;
                 unflushed = 0;
             }
-            if self.all.get(k + 1).is_none_or(|n| n.0 != job) {
+            // The file ends here: as listed, or sooner (then it is not what was listed).
+            let short = data.len() < len as usize;
+            if short {
+                self.stopped.insert(job);
+            }
+            if short || offset + len as u64 >= jobs[job].attr.size {
                 let f = file.take().expect("a file");
+                done.insert(job);
                 if !f.finish(&jobs[job], src, stats)? {
                     changed.push(job);
                 }

@@ -115,8 +115,25 @@ pub struct GetStats {
     /// Of those, the chunks (and bytes) that came from mirrors.
     pub from_mirrors: u64,
     pub bytes_from_mirrors: u64,
+    /// What each source of the plain fetches did (the server, then each mirror), by name.
+    pub sources: Vec<SourceStats>,
     /// Of the chunks from the server, those sent compressed against the old local file.
     pub against_old: u64,
+}
+
+/// What one source of a fetch did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SourceStats {
+    pub name: String,
+    pub requests: u64,
+    /// Chunks it delivered first, and their bytes.
+    pub chunks: u64,
+    pub bytes: u64,
+    /// Chunks it did not have, or sent wrong.
+    pub misses: u64,
+    pub rejected: u64,
+    /// Why it stopped, if it failed.
+    pub failed: Option<String>,
 }
 
 /// Chunk sources on the receiving side, tried before the server.

@@ -59,6 +59,19 @@ impl Server {
             if let Some((r, oid)) = self.recipes.get(&fid) {
                 return Ok((r.clone(), attr.version, *oid));
             }
+            // Cut by an earlier session: not again, unless the history lost it (a cut keeps
+            // what clients may hold old versions of).
+            if let Some((r, oid)) = self.indexed(path, &fid) {
+                let kept = |h: &super::Staging| {
+                    r.chunks()
+                        .first()
+                        .is_none_or(|c| h.contains(&c.id).unwrap_or(false))
+                };
+                if self.history.as_ref().is_none_or(kept) {
+                    self.remember(path, fid, r.clone(), oid);
+                    return Ok((r, attr.version, oid));
+                }
+            }
             let history = self.history.clone();
             let (recipe, oid) = chunk_object(&file, &self.opts.chunker, self.opts.hash, |c, d| {
                 keep(&history, c.id, d);
@@ -75,13 +88,21 @@ impl Server {
         Err(io::Error::other("the file keeps changing while it is read"))
     }
 
-    /// The path a target names: itself, or where this session last saw the object.
+    /// The path a target names: itself, or where the object was last seen.
     fn resolve(&self, target: &Target) -> io::Result<WirePath> {
         match target {
             Target::Path(p) => Ok(p.clone()),
-            Target::Object(oid) => self.objects.get(oid).cloned().ok_or_else(|| {
-                io::Error::new(io::ErrorKind::NotFound, format!("no object {oid} here"))
-            }),
+            Target::Object(oid) => self
+                .objects
+                .get(oid)
+                .cloned()
+                .or_else(|| {
+                    let p = self.index.as_ref()?.object(oid).ok()??;
+                    WirePath::new(p).ok()
+                })
+                .ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::NotFound, format!("no object {oid} here"))
+                }),
         }
     }
 
@@ -113,7 +134,7 @@ impl Server {
         let one = |r: Reply| vec![Message::Reply(r).to_frame(id)];
         let asked: Vec<Option<Id>> = match &g.ids {
             Ids::Full(ids) => ids.iter().copied().map(Some).collect(),
-            Ids::Short(s) => s.iter().map(|s| self.short_ids.get(s).copied()).collect(),
+            Ids::Short(s) => s.iter().map(|s| self.by_short(*s)).collect(),
         };
         if let Some(against) = g.against {
             return one(self.against(&asked, against));

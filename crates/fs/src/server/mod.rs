@@ -37,6 +37,9 @@ pub struct ServerOptions {
     /// Hello feature bits this server offers (all it knows by default; fewer to answer as a
     /// server without them would).
     pub features: u64,
+    /// A client that has not said Hello this long after the session began is hung up on
+    /// (the daemon's; a remote shell's sessions wait as long as it takes).
+    pub hello_timeout: Option<std::time::Duration>,
 }
 
 impl Default for ServerOptions {
@@ -48,6 +51,7 @@ impl Default for ServerOptions {
             trash_bytes: 256 << 20,
             zstd_level: crate::conn::DEFAULT_ZSTD_LEVEL,
             features: FEATURES,
+            hello_timeout: None,
         }
     }
 }
@@ -98,6 +102,8 @@ pub struct Server {
     trees: HashMap<WirePath, (std::time::Instant, [u8; 32])>,
     /// Uploads in progress, by the client's handle.
     uploads: upload::Uploads,
+    /// Where chunks, recipes and objects were seen, across sessions (LBFS's database).
+    index: Option<std::sync::Arc<ferry_store::PathIndex>>,
     /// `None` when change notification is unavailable: then no leases are granted.
     leases: Option<crate::leases::Leases>,
     /// Leases broken by changes seen while handling a request, sent before its reply.
@@ -146,6 +152,7 @@ impl Server {
             trees: HashMap::new(),
             history: None,
             uploads: upload::Uploads::default(),
+            index: None,
             leases: match crate::leases::Leases::new() {
                 Ok(l) => Some(l),
                 Err(e) => {
@@ -164,10 +171,23 @@ impl Server {
         self
     }
 
+    /// Keeps where chunks, recipes and objects are seen in `index` (shared by sessions over one
+    /// export, kept across them), and finds them there: any chunk of the export, the trash or
+    /// an earlier upload can be asked for by id, and an unchanged file is not cut again.
+    pub fn with_index(mut self, index: std::sync::Arc<ferry_store::PathIndex>) -> Self {
+        self.index = Some(index);
+        self
+    }
+
     /// The zstd level of the session stream once the Hellos agreed on one: from the reply to
     /// the Hello on, both directions are one zstd stream each.
     pub fn stream_level(&self) -> Option<ferry_proto::Level> {
         (self.features & ferry_proto::FEATURE_ZSTD_STREAM != 0).then_some(self.opts.zstd_level)
+    }
+
+    /// How long the loop may wait for the client now: until its Hello is due, or for ever.
+    pub fn wait_limit(&self) -> Option<std::time::Duration> {
+        self.opts.hello_timeout.filter(|_| !self.greeted)
     }
 
     /// Writing replies out waited `waited` on the transport: large frames against old data
@@ -433,8 +453,37 @@ impl Server {
         }
     }
 
-    /// Records a file's recipe (keyed by its identity) and where each of its chunks lies.
+    /// A recipe of the file at `path` an earlier session cut while it had identity `fid`.
+    fn indexed(&self, path: &WirePath, fid: &FileId) -> Option<(Recipe, Oid)> {
+        let i = self.index.as_ref()?;
+        match i.recipe(path.as_bytes(), &stamp(fid)) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!("index: {e}");
+                None
+            }
+        }
+    }
+
+    /// The chunk a short id names: one this session saw, or one the index knows.
+    fn by_short(&self, short: u64) -> Option<Id> {
+        if let Some(&id) = self.short_ids.get(&short) {
+            return Some(id);
+        }
+        self.index.as_ref()?.find_prefix(short).ok().flatten()
+    }
+
+    /// Records a file's recipe (keyed by its identity) and where each of its chunks lies, for
+    /// this session and (if it has an index) those to come.
     fn remember(&mut self, path: &WirePath, fid: FileId, recipe: Recipe, oid: Oid) {
+        if let Some(i) = &self.index {
+            let known = i.recipe(path.as_bytes(), &stamp(&fid)).ok().flatten();
+            if known.is_none_or(|(r, o)| r != recipe || o != oid) {
+                if let Err(e) = i.record(path.as_bytes(), &stamp(&fid), &recipe, &oid) {
+                    tracing::debug!("index: {e}");
+                }
+            }
+        }
         self.hint_all(path, &recipe);
         if self.recipes.len() >= RECIPE_CACHE_ENTRIES {
             self.recipes.clear();
@@ -446,6 +495,31 @@ impl Server {
 
     /// A chunk's bytes from wherever it was seen, verified; `None` if no valid copy is known.
     fn chunk(&mut self, id: &Id) -> Option<Vec<u8>> {
+        if let Some(d) = self.hinted(id) {
+            return Some(d);
+        }
+        // Seen by an earlier session.
+        let i = self.index.clone()?;
+        let (path, offset, len) = i.locate(id).ok()??;
+        let read = || -> io::Result<Vec<u8>> {
+            use std::os::unix::fs::FileExt;
+            let path = WirePath::new(path.clone()).map_err(io::Error::other)?;
+            let f = self.export.open_file(&path)?;
+            let mut buf = vec![0u8; len as usize];
+            f.read_exact_at(&mut buf, offset)?;
+            Ok(buf)
+        };
+        match read() {
+            Ok(buf) if id.matches(&buf) => Some(buf),
+            _ => {
+                let _ = i.forget(id);
+                None
+            }
+        }
+    }
+
+    /// A chunk's bytes from where this session saw it, verified.
+    fn hinted(&mut self, id: &Id) -> Option<Vec<u8>> {
         use std::os::unix::fs::FileExt;
         let hint = *self.hints.get(id)?;
         let path = self.hint_paths.get(hint.file as usize)?;
@@ -465,6 +539,28 @@ impl Server {
                     self.short_ids.remove(&short);
                 }
                 None
+            }
+        }
+    }
+}
+
+/// A file identity as the index records it.
+fn stamp(fid: &FileId) -> ferry_store::Stamp {
+    ferry_store::Stamp {
+        dev: fid.dev,
+        ino: fid.ino,
+        size: fid.size,
+        mtime_ns: fid.mtime_ns,
+        ctime_ns: fid.ctime_ns,
+    }
+}
+
+impl Drop for Server {
+    /// What the session recorded in the index becomes durable.
+    fn drop(&mut self) {
+        if let Some(i) = &self.index {
+            if let Err(e) = i.sync() {
+                tracing::debug!("index: {e}");
             }
         }
     }

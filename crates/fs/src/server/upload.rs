@@ -177,9 +177,7 @@ impl Server {
                 let id = match ids {
                     Ids::Full(v) => Some(v[i]),
                     Ids::Short(v) => self
-                        .short_ids
-                        .get(&v[i])
-                        .copied()
+                        .by_short(v[i])
                         .or_else(|| self.staging.find_prefix(v[i]).ok().flatten()),
                 };
                 id.is_some_and(|id| {
@@ -670,10 +668,14 @@ impl Server {
                 entry.as_str(),
                 rustix::fs::AtFlags::empty(),
             )?;
-            if let Some((recipe, _)) = self.recipes.get(&fid).cloned() {
+            if let Some((recipe, oid)) = self.recipes.get(&fid).cloned() {
                 let path = WirePath::new(format!("{}/{entry}", crate::export::TRASH).into_bytes())
                     .map_err(io::Error::other)?;
-                self.hint_all(&path, &recipe);
+                // Linked, it has a new ctime: that is the identity it is found by.
+                match stat_at(&trash, entry.as_bytes())? {
+                    Some((_, now)) => self.remember(&path, now, recipe, oid),
+                    None => self.hint_all(&path, &recipe),
+                }
             }
             trim_trash(&trash, self.opts.trash_bytes)
         })();

@@ -1871,10 +1871,15 @@ fn a_mirror_that_never_cut_the_files_serves_chunks_by_place() {
     let dest = t.path().join("dest");
     let s = get_mirrored(&a, vec![(mirror_session(&b, None), "copy/t")], &dest).unwrap();
     same_tree(&a.join("t"), &dest);
-    // The engine hands the mirror batches from the start: ~1,000 chunks, four batches of
-    // 256 outstanding at the first server.
-    assert!(s.from_mirrors > 0, "{s:?}");
-    assert!(s.from_mirrors < s.from_server, "{s:?}");
+    // The engine hands the mirror batches from the start (~1,000 chunks; four batches of 256
+    // outstanding at the first server, the next at the mirror), however the two then race.
+    let mirror = s
+        .sources
+        .iter()
+        .find(|m| m.name == "mirror copy/t")
+        .expect("a mirror");
+    assert!(mirror.requests > 0, "{s:?}");
+    assert_eq!(mirror.misses, 0, "{s:?}");
 }
 
 #[test]
@@ -1896,6 +1901,12 @@ fn a_mirror_whose_link_is_cut_leaves_the_rest_to_the_first_server() {
     let s = get_mirrored(&a, vec![(mirror, "t")], &dest).unwrap();
     same_tree(&a.join("t"), &dest);
     assert!(s.from_mirrors * 8192 < 600_000 + 100_000, "{s:?}");
+    let m = s
+        .sources
+        .iter()
+        .find(|m| m.name == "mirror t")
+        .expect("a mirror");
+    assert!(m.failed.is_some(), "{s:?}");
 }
 
 #[test]
@@ -1913,4 +1924,94 @@ fn a_stale_mirror_costs_time_never_wrong_bytes() {
     let s = get_mirrored(&a, vec![(mirror_session(&b, None), "t")], &dest).unwrap();
     same_tree(&a.join("t"), &dest);
     assert_eq!(s.from_mirrors, 0, "{s:?}");
+}
+
+/// A server session with the chunk index `index` (shared by sessions over one export).
+fn connect_indexed(
+    root: &Path,
+    index: std::sync::Arc<ferry_store::PathIndex>,
+) -> Connection<UnixStream, UnixStream> {
+    let (a, b) = UnixStream::pair().unwrap();
+    let export = Export::open(root).unwrap();
+    std::thread::spawn(move || {
+        let mut server = Server::new(export, ServerOptions::default(), staging()).with_index(index);
+        let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
+    });
+    Connection::open(b.try_clone().unwrap(), b).unwrap()
+}
+
+/// The chunks a GetChunks by full id found (their places in the request).
+fn found(c: &mut Connection<UnixStream, UnixStream>, ids: Vec<ferry_format::Id>) -> Vec<u32> {
+    let r = c
+        .call(Request::GetChunks(ferry_proto::GetChunks {
+            ids: ferry_proto::Ids::Full(ids),
+            at: None,
+            against: None,
+        }))
+        .unwrap();
+    r.into_iter()
+        .flat_map(|r| match r {
+            Reply::Chunks(c) => c.found,
+            other => panic!("{other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn chunks_cut_by_an_earlier_session_are_served_by_id() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir_all(srv.join("d")).unwrap();
+    let content = bytes(71, 200_000);
+    fs::write(srv.join("d/f"), &content).unwrap();
+    let (recipe, oid) = ferry_format::chunk_object(
+        &content[..],
+        &ChunkerSpec::default(),
+        ferry_format::HashAlg::Blake3,
+        |_, _| Ok::<_, std::io::Error>(()),
+    )
+    .unwrap();
+    let ids: Vec<_> = recipe.chunks().iter().map(|c| c.id).collect();
+    let path = t.path().join("index.redb");
+    let index = |p: &Path| {
+        std::sync::Arc::new(ferry_store::PathIndex::open(p, ferry_format::HashAlg::Blake3).unwrap())
+    };
+    // A session that never read the file knows none of its chunks.
+    let i = index(&path);
+    assert!(found(&mut connect_indexed(&srv, i.clone()), ids.clone()).is_empty());
+    // One cuts it (its recipe asked for) and ends.
+    let mut c = connect_indexed(&srv, i.clone());
+    c.call(Request::GetRecipe {
+        target: ferry_proto::Target::Path("d/f".into()),
+        short: false,
+        known: vec![],
+    })
+    .unwrap();
+    drop(c);
+    drop(i);
+    // A later session (a new process: the index opened again) serves them by id, and the
+    // file by its object id.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let i = loop {
+        match ferry_store::PathIndex::open(&path, ferry_format::HashAlg::Blake3) {
+            Ok(i) => break std::sync::Arc::new(i),
+            // The earlier sessions' threads let go of it as they end.
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let mut c = connect_indexed(&srv, i.clone());
+    assert_eq!(found(&mut c, ids.clone()).len(), ids.len());
+    let r = c.call(Request::ReadRange {
+        target: ferry_proto::Target::Object(oid.id()),
+        offset: 0,
+        len: 10,
+    });
+    assert!(matches!(&r.unwrap()[..], [Reply::Range { data, .. }] if data[..] == content[..10]));
+    // The file changed: what the index says is wrong now, and nothing wrong is served.
+    fs::write(srv.join("d/f"), bytes(72, 200_000)).unwrap();
+    let mut c = connect_indexed(&srv, i);
+    assert!(found(&mut c, ids).is_empty());
 }

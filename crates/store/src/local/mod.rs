@@ -44,7 +44,8 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 use crate::cache::ByteLru;
 use crate::{ChunkStore, StoreError, StoreStats, VerifiedChunk};
-use index::{ckey, db_err, Loc, ObjectEntry, CHUNKS, DAMAGED, META, OBJECTS, PACKS, TOMBSTONES};
+pub(crate) use index::db_err;
+use index::{ckey, Loc, ObjectEntry, CHUNKS, DAMAGED, META, OBJECTS, PACKS, TOMBSTONES};
 use pack::{
     encode_record, object_payload, Kind, RecordHeader, PACK_HEADER, PACK_HEADER_LEN,
     RECORD_HEADER_LEN,
