@@ -126,13 +126,10 @@ impl RecordHeader {
 
 /// Builds a whole record (header and payload), compressing when it pays.
 pub(crate) fn encode_record(kind: Kind, id: Id, raw: &[u8], level: i32) -> Vec<u8> {
-    let compressed = if level > 0 {
-        zstd::bulk::compress(raw, level)
-            .ok()
-            .filter(|c| c.len() < raw.len())
-    } else {
-        None
-    };
+    let compressed = (level > 0)
+        .then(|| compress(raw, level))
+        .flatten()
+        .filter(|c| c.len() < raw.len());
     let (codec, payload) = match &compressed {
         Some(c) => (Codec::Zstd, &c[..]),
         None => (Codec::Raw, raw),
@@ -148,6 +145,22 @@ pub(crate) fn encode_record(kind: Kind, id: Id, raw: &[u8], level: i32) -> Vec<u
     out.extend_from_slice(&h.encode());
     out.extend_from_slice(payload);
     out
+}
+
+/// `raw` compressed at `level` with this thread's context: records are many and small, and a
+/// fresh context per record costs more than compressing a chunk does.
+fn compress(raw: &[u8], level: i32) -> Option<Vec<u8>> {
+    thread_local! {
+        static CONTEXT: std::cell::RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    CONTEXT.with_borrow_mut(|context| {
+        if context.as_ref().is_none_or(|(at, _)| *at != level) {
+            *context = Some((level, zstd::bulk::Compressor::new(level).ok()?));
+        }
+        let (_, z) = context.as_mut()?;
+        z.compress(raw).ok()
+    })
 }
 
 /// Decodes and verifies a record's payload: chunks against their id, other records against
