@@ -57,6 +57,8 @@ struct Remote<'a> {
     depth: usize,
     /// Answers wait until the gate opens.
     gate: Option<Arc<Gate>>,
+    /// A gate this source opens once it has failed or lied (for another source to wait on).
+    opens: Option<Arc<Gate>>,
     /// Fails at this receive (counting from 0).
     fail_at: Option<usize>,
     received: usize,
@@ -72,6 +74,7 @@ impl<'a> Remote<'a> {
             pending: VecDeque::new(),
             depth: 2,
             gate: None,
+            opens: None,
             fail_at: None,
             received: 0,
             lie: false,
@@ -101,10 +104,18 @@ impl Source for Remote<'_> {
             g.wait();
         }
         if self.fail_at == Some(self.received) {
+            if let Some(g) = &self.opens {
+                g.open();
+            }
             return Err(SourceError::new("the link went down"));
         }
         self.received += 1;
         let wants = self.pending.pop_front().expect("asked");
+        if self.lie {
+            if let Some(g) = &self.opens {
+                g.open();
+            }
+        }
         Ok(wants
             .iter()
             .map(|w| {
@@ -205,7 +216,12 @@ fn wrong_bytes_are_never_delivered() {
     let mut liar = Remote::new("liar", &good);
     liar.lie = true;
     let mut honest = Remote::new("honest", &good);
-    // The liar first: what it sends is rejected, and the honest source is asked.
+    // What the liar sends is rejected, and the honest source is asked. (The honest one
+    // answers only once the liar has: on a busy machine it could otherwise do all the work
+    // before the liar's first answer arrives.)
+    let gate = Arc::new(Gate::default());
+    liar.opens = Some(gate.clone());
+    honest.gate = Some(gate);
     let r = fetch(
         &mut [&mut liar, &mut honest],
         &w,
@@ -239,6 +255,11 @@ fn a_failed_source_leaves_its_requests_to_the_others() {
     let mut flaky = Remote::new("flaky", &far);
     flaky.fail_at = Some(2);
     let mut steady = Remote::new("steady", &far);
+    // The steady one answers once the flaky one has failed (else, on a busy machine, it could
+    // do all the work before that).
+    let gate = Arc::new(Gate::default());
+    flaky.opens = Some(gate.clone());
+    steady.gate = Some(gate);
     let r = fetch(
         &mut [&mut flaky, &mut steady],
         &w,

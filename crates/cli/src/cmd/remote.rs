@@ -345,7 +345,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         let mut server = Server::new(export, opts, staging.clone());
         let kept = history.open();
         if let Some(h) = &kept {
-            server = server.with_history(h.clone());
+            server = server.with_history(h.clone(), history.bytes);
         }
         if let Some(i) = export_index(&a.dir) {
             server = server.with_index(i);
@@ -425,7 +425,7 @@ fn daemon_session(
     let mut server = Server::new(export, opts.clone(), staging.clone());
     let kept = history.open();
     if let Some(h) = &kept {
-        server = server.with_history(h.clone());
+        server = server.with_history(h.clone(), history.bytes);
     }
     if let Some(i) = index {
         server = server.with_index(i);

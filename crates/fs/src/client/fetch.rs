@@ -22,8 +22,27 @@ use super::walk::FileJob;
 use super::{GetError, GetStats, Sources};
 use crate::conn::{ConnError, Connection};
 
-/// Fetched chunk bytes between cache flushes (each flush is an fsync).
-const RESUME_FLUSH_BYTES: usize = 16 << 20;
+/// Time between cache flushes while chunks arrive (each flush is an fsync and an index
+/// commit): a cut connection, or a killed client, loses at most this much of the transfer.
+const RESUME_FLUSH_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Says when the cache is due a flush: [`RESUME_FLUSH_EVERY`] after the last.
+struct FlushClock(std::sync::Mutex<std::time::Instant>);
+
+impl FlushClock {
+    fn new() -> Self {
+        FlushClock(std::sync::Mutex::new(std::time::Instant::now()))
+    }
+
+    fn due(&self) -> bool {
+        let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let due = last.elapsed() >= RESUME_FLUSH_EVERY;
+        if due {
+            *last = std::time::Instant::now();
+        }
+        due
+    }
+}
 /// Files at most this large, with no old version at the destination, are read whole.
 const WHOLE_FILE: u64 = ferry_proto::MAX_READ_FILE as u64;
 /// Files at most this large, with an old version here that came from the server, come whole
@@ -405,7 +424,7 @@ fn fetch_chunks<R: io::Read + Send, W: Write>(
         .collect();
     let sink = CacheSink {
         cache: src.cache,
-        unflushed: std::sync::atomic::AtomicUsize::new(0),
+        clock: FlushClock::new(),
     };
     let mut mirrors = src
         .mirrors
@@ -454,20 +473,17 @@ fn fetch_chunks<R: io::Read + Send, W: Write>(
     Ok(wants.iter().map(|w| w.id).collect())
 }
 
-/// The cache as the engine's sink, flushed every [`RESUME_FLUSH_BYTES`]: a cut connection, or
+/// The cache as the engine's sink, flushed every [`RESUME_FLUSH_EVERY`]: a cut connection, or
 /// a killed client, resumes from what arrived.
 struct CacheSink<'a> {
     cache: &'a dyn ChunkStore,
-    unflushed: std::sync::atomic::AtomicUsize,
+    clock: FlushClock,
 }
 
 impl Sink for CacheSink<'_> {
     fn deliver(&self, _: usize, chunk: VerifiedChunk<'_>) -> Result<(), ferry_store::StoreError> {
-        use std::sync::atomic::Ordering;
         self.cache.put(&chunk)?;
-        let n = chunk.data().len();
-        if self.unflushed.fetch_add(n, Ordering::AcqRel) + n >= RESUME_FLUSH_BYTES {
-            self.unflushed.store(0, Ordering::Release);
+        if self.clock.due() {
             self.cache.flush()?;
         }
         Ok(())
@@ -701,9 +717,10 @@ impl Ranges {
     }
 
     /// Takes every range, writing each file beside its destination and cutting it into the
-    /// cache as it arrives (a cut transfer resumes from what arrived). A file whose bytes do
-    /// not hash to the object id the server named for them all (it changed meanwhile, or is
-    /// not as long as listed) never replaces anything: returns those, to fetch by recipe.
+    /// cache as it arrives (a cut transfer resumes from what arrived). A file whose ranges
+    /// named more than one version, or whose bytes do not hash to the object id the server
+    /// named (it changed meanwhile, is not as long as listed, or no id came) never replaces
+    /// anything: returns those, to fetch by recipe.
     fn fetch<R: io::Read, W: Write>(
         mut self,
         conn: &mut Connection<R, W>,
@@ -716,14 +733,14 @@ impl Ranges {
         // Files done with (installed, or to fetch again): their ranges still on the way are
         // taken and dropped.
         let mut done = HashSet::new();
-        let mut unflushed = 0;
+        let clock = FlushClock::new();
         loop {
             self.send(conn, jobs)?;
             let Some((job, offset, len, id)) = self.waiting.pop_front() else {
                 break;
             };
             let mut replies = conn.replies(id)?;
-            let [Reply::Range { oid, data }] = &mut replies[..] else {
+            let [Reply::Range { version, oid, data }] = &mut replies[..] else {
                 return Err(ConnError::Unexpected(format!("{replies:?}")).into());
             };
             if done.contains(&job) {
@@ -731,20 +748,26 @@ impl Ranges {
             }
             let f = match &mut file {
                 Some(f) if f.job == job => f,
-                f => f.insert(RangeFile::new(job, *oid, &jobs[job].local, &src.chunker)?),
+                f => f.insert(RangeFile::new(
+                    job,
+                    *version,
+                    &jobs[job].local,
+                    &src.chunker,
+                )?),
             };
-            if f.oid != *oid || data.len() > len as usize {
+            // Another version than the ranges before, or another id named for it.
+            let other = f.oid.is_some_and(|o| oid.is_some_and(|n| n != o));
+            if f.version != *version || other || data.len() > len as usize {
                 file = None;
                 self.stopped.insert(job);
                 done.insert(job);
                 changed.push(job);
                 continue;
             }
+            f.oid = f.oid.or(*oid);
             f.write(data, &jobs[job].local, src, stats)?;
-            unflushed += data.len();
-            if unflushed >= RESUME_FLUSH_BYTES {
+            if clock.due() {
                 src.cache.flush()?;
-                unflushed = 0;
             }
             // The file ends here: as listed, or sooner (then it is not what was listed).
             let short = data.len() < len as usize;
@@ -767,7 +790,10 @@ impl Ranges {
 /// A file being read by ranges: the temporary file it goes into, and its chunking so far.
 struct RangeFile {
     job: usize,
-    oid: Id,
+    /// The version the first range was read from, and the object id once the server named it
+    /// (on the last range at the latest).
+    version: u64,
+    oid: Option<Id>,
     tmp: tempfile::NamedTempFile,
     cutter: Box<dyn ferry_chunk::Cutter>,
     /// The bytes of the chunk not yet cut off.
@@ -776,10 +802,16 @@ struct RangeFile {
 }
 
 impl RangeFile {
-    fn new(job: usize, oid: Id, local: &Path, chunker: &ChunkerSpec) -> Result<Self, GetError> {
+    fn new(
+        job: usize,
+        version: u64,
+        local: &Path,
+        chunker: &ChunkerSpec,
+    ) -> Result<Self, GetError> {
         Ok(RangeFile {
             job,
-            oid,
+            version,
+            oid: None,
             tmp: temp_beside(local)?,
             cutter: chunker.try_build().map_err(|e| GetError::Local {
                 op: "chunk",
@@ -787,7 +819,7 @@ impl RangeFile {
                 error: io::Error::new(io::ErrorKind::InvalidInput, e),
             })?,
             pending: vec![],
-            whole: ferry_format::IdHasher::new(oid.alg()),
+            whole: ferry_format::IdHasher::new(HashAlg::Blake3),
         })
     }
 
@@ -838,7 +870,7 @@ impl RangeFile {
         if !self.pending.is_empty() {
             self.cut(src, stats)?;
         }
-        if self.whole.finish() != self.oid {
+        if Some(self.whole.finish()) != self.oid {
             return Ok(false);
         }
         install(self.tmp, j, stats)?;

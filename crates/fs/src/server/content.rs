@@ -12,6 +12,7 @@ use ferry_proto::{
 };
 
 use super::listing::more;
+use super::ranges::target_path;
 use super::{error, io_error, keep, Server};
 use crate::delta::{FrameLevel, Keys};
 
@@ -47,7 +48,7 @@ impl AgainstState {
 
 impl Server {
     /// The recipe, version and object id of the file at `path`, from the cache when the file
-    /// has not changed. Every chunk cut goes into the history.
+    /// has not changed. The chunks of a file the history keeps go into it as they are cut.
     pub(super) fn recipe(&mut self, path: &WirePath) -> io::Result<(Recipe, u64, Oid)> {
         for _ in 0..3 {
             let file = self.export.open_file(path)?;
@@ -61,18 +62,18 @@ impl Server {
             }
             // Cut by an earlier session: not again, unless the history lost it (a cut keeps
             // what clients may hold old versions of).
+            let history = self.history_for(attr.size);
             if let Some((r, oid)) = self.indexed(path, &fid) {
                 let kept = |h: &super::Staging| {
                     r.chunks()
                         .first()
                         .is_none_or(|c| h.contains(&c.id).unwrap_or(false))
                 };
-                if self.history.as_ref().is_none_or(kept) {
+                if history.as_ref().is_none_or(kept) {
                     self.remember(path, fid, r.clone(), oid);
                     return Ok((r, attr.version, oid));
                 }
             }
-            let history = self.history.clone();
             let (recipe, oid) = chunk_object(&file, &self.opts.chunker, self.opts.hash, |c, d| {
                 keep(&history, c.id, d);
                 Ok::<_, io::Error>(())
@@ -89,7 +90,7 @@ impl Server {
     }
 
     /// The path a target names: itself, or where the object was last seen.
-    fn resolve(&self, target: &Target) -> io::Result<WirePath> {
+    pub(super) fn resolve(&self, target: &Target) -> io::Result<WirePath> {
         match target {
             Target::Path(p) => Ok(p.clone()),
             Target::Object(oid) => self
@@ -354,7 +355,6 @@ impl Server {
     fn files_payload(&mut self, files: Vec<(WirePath, Vec<u64>)>) -> io::Result<Reply> {
         let mut sent = Vec::with_capacity(files.len());
         let mut data = vec![];
-        let history = self.history.clone();
         for (path, _) in &files {
             let left = ferry_proto::MAX_FILES_DATA - data.len() as u64;
             let Ok(bytes) = self.read_whole(path, left) else {
@@ -362,7 +362,7 @@ impl Server {
                 continue;
             };
             let (_, oid) = chunk_object(&bytes[..], &self.opts.chunker, self.opts.hash, |c, d| {
-                keep(&history, c.id, d);
+                keep(&self.history_for(bytes.len() as u64), c.id, d);
                 Ok::<_, io::Error>(())
             })?;
             sent.push(Some((bytes.len() as u64, Some(oid.id()))));
@@ -397,46 +397,6 @@ impl Server {
         })
     }
 
-    /// Bytes `offset..offset + len` of a file (fewer at its end), with the object id of the
-    /// whole version they were read from. The id comes with the file's recipe, cut (and kept
-    /// in the history) once per version.
-    pub(super) fn read_range(&mut self, target: &Target, offset: u64, len: u32) -> Reply {
-        let r = self.resolve(target).and_then(|path| {
-            let (oid, data) = self.range_of(&path, offset, len)?;
-            match target {
-                Target::Object(want) if *want != oid => Err(io::Error::new(
-                    io::ErrorKind::NotFound,
-                    format!("object {want} is gone"),
-                )),
-                _ => Ok((oid, data)),
-            }
-        });
-        match r {
-            Ok((oid, data)) => Reply::Range { oid, data },
-            Err(e) => io_error(&target_path(target), &e),
-        }
-    }
-
-    fn range_of(&mut self, path: &WirePath, offset: u64, len: u32) -> io::Result<(Id, Vec<u8>)> {
-        let file = self.export.open_file(path)?;
-        let (attr, fid) = crate::export::attr_of(&rustix::fs::fstat(&file)?);
-        if attr.kind != FileKind::File {
-            return Err(io::Error::from(io::ErrorKind::IsADirectory));
-        }
-        if !self.recipes.contains_key(&fid) {
-            self.recipe(path)?;
-        }
-        let changed = || io::Error::other("the file changed while it was read; fetch it again");
-        let oid = self.recipes.get(&fid).ok_or_else(changed)?.1.id();
-        let mut data = vec![0u8; (len as u64).min(attr.size.saturating_sub(offset)) as usize];
-        file.read_exact_at(&mut data, offset)
-            .map_err(|_| changed())?;
-        if crate::export::attr_of(&rustix::fs::fstat(&file)?).1 != fid {
-            return Err(changed());
-        }
-        Ok((oid, data))
-    }
-
     /// A regular file's bytes, whole, if it is at most `limit` bytes long.
     fn read_whole(&self, path: &WirePath, limit: u64) -> io::Result<Vec<u8>> {
         use std::io::Read;
@@ -454,16 +414,6 @@ impl Server {
             ));
         }
         Ok(data)
-    }
-}
-
-/// For error messages: the path a target names, or the object id as one.
-fn target_path(t: &Target) -> WirePath {
-    match t {
-        Target::Path(p) => p.clone(),
-        Target::Object(id) => {
-            WirePath::new(id.to_string().replace(':', "-").into_bytes()).unwrap_or_default()
-        }
     }
 }
 

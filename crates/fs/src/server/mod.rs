@@ -21,6 +21,7 @@ use crate::export::{os, Export, FileId};
 
 mod content;
 mod listing;
+mod ranges;
 mod upload;
 
 /// How the server behaves.
@@ -76,6 +77,9 @@ const MAX_HINTS: usize = 4 << 20;
 /// Recipes kept in memory before the cache is cleared (each costs ~36 bytes per chunk).
 const RECIPE_CACHE_ENTRIES: usize = 100_000;
 
+/// A file kept in the history is at most this fraction of its bound.
+const HISTORY_SHARE: u64 = 16;
+
 /// Serves one client session over an [`Export`].
 pub struct Server {
     export: Export,
@@ -98,6 +102,10 @@ pub struct Server {
     /// Every chunk this server has cut, kept (bounded) as what clients may hold old versions
     /// of: the whole old version becomes the prefix of a delta.
     history: Option<Staging>,
+    /// Files larger than this are not kept in the history (one would push out most of it).
+    history_file_max: u64,
+    /// Object ids of files read by ranges, hashed as the ranges go by.
+    ranges: ranges::RangeHashes,
     /// Tree digests of directories, with when they were computed.
     trees: HashMap<WirePath, (std::time::Instant, [u8; 32])>,
     /// Uploads in progress, by the client's handle.
@@ -151,6 +159,8 @@ impl Server {
             features: 0,
             trees: HashMap::new(),
             history: None,
+            history_file_max: 0,
+            ranges: Default::default(),
             uploads: upload::Uploads::default(),
             index: None,
             leases: match crate::leases::Leases::new() {
@@ -164,10 +174,14 @@ impl Server {
         }
     }
 
-    /// Keeps every chunk this server cuts in `history`, and offers the client to compress
-    /// against old chunks found there (FEATURE_HISTORY).
-    pub fn with_history(mut self, history: Staging) -> Self {
+    /// Keeps the chunks this server cuts in `history`, a store bounded to `bytes`, and offers
+    /// the client to compress against old chunks found there (FEATURE_HISTORY). A file larger
+    /// than a sixteenth of the bound is not kept: it would push out most of what is there
+    /// (a changed version of it still travels as the chunks not found, only without a delta
+    /// against the old ones).
+    pub fn with_history(mut self, history: Staging, bytes: u64) -> Self {
         self.history = Some(history);
+        self.history_file_max = bytes / HISTORY_SHARE;
         self
     }
 
@@ -563,6 +577,15 @@ impl Drop for Server {
                 tracing::debug!("index: {e}");
             }
         }
+    }
+}
+
+impl Server {
+    /// The history, if it keeps files of `size` bytes.
+    fn history_for(&self, size: u64) -> Option<Staging> {
+        self.history
+            .clone()
+            .filter(|_| size <= self.history_file_max)
     }
 }
 

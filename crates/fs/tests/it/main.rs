@@ -10,6 +10,8 @@ use ferry_fs::{Connection, Export, GetError, GetStats, Server, ServerOptions, So
 use ferry_proto::{ErrorCode, Frame, FrameDecoder, Hello, Message, Reply, Request, WirePath};
 use ferry_store::{LocalStore, MemStore, Options};
 
+mod ranges;
+
 fn bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0; len];
     blake3::Hasher::new_derive_key("ferry fs tests")
@@ -34,7 +36,7 @@ fn connect_with(
     std::thread::spawn(move || {
         let mut server = Server::new(export, ServerOptions::default(), staging());
         if let Some(h) = history {
-            server = server.with_history(h);
+            server = server.with_history(h, u64::MAX);
         }
         let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
     });
@@ -840,13 +842,18 @@ fn a_lying_server_cannot_plant_data() {
 }
 
 /// A file whose ranges do not hash to the object id they named (it changed meanwhile, or the
-/// server lies) never lands: it is fetched again by recipe.
+/// server lies), or that never named one, never lands: it is fetched again by recipe.
 #[test]
 fn bytes_by_ranges_that_miss_their_id_are_fetched_again_by_recipe() {
-    use ferry_format::{ChunkRef, HashAlg, Id};
+    let oid = ferry_format::Id::hash(ferry_format::HashAlg::Blake3, &bytes(5, 100_000));
+    ranges_named(Some(oid));
+    ranges_named(None);
+}
+
+fn ranges_named(oid: Option<ferry_format::Id>) {
+    use ferry_format::{ChunkRef, HashAlg};
     let t = tempfile::tempdir().unwrap();
     let good = bytes(5, 100_000);
-    let oid = Id::hash(HashAlg::Blake3, &good);
     let chunks: Vec<(ChunkRef, Vec<u8>)> = {
         let mut out = vec![];
         ferry_format::chunk_object(
@@ -864,6 +871,7 @@ fn bytes_by_ranges_that_miss_their_id_are_fetched_again_by_recipe() {
     let mut c = fake_server(move |q| match q {
         Request::GetAttr { .. } => Reply::Attr(attr(ferry_proto::FileKind::File, 100_000)),
         Request::ReadRange { offset, len, .. } => Reply::Range {
+            version: 1,
             oid,
             data: bytes(6, 100_000)[offset as usize..][..len as usize].to_vec(),
         },

@@ -398,8 +398,9 @@ pub(super) fn put_reply(reply: &Reply, w: &mut Writer) -> Option<u8> {
             put_payload(w, payload);
             code::R_FILES
         }
-        Reply::Range { oid, data } => {
-            w.id(oid);
+        Reply::Range { version, oid, data } => {
+            w.u64(*version);
+            w.opt_id(oid.as_ref());
             w.bytes(data);
             code::R_RANGE
         }
@@ -459,7 +460,8 @@ pub(super) fn get_reply(t: u8, r: &mut Reader<'_>) -> Result<Option<Reply>, Prot
             }
         }
         code::R_RANGE => Reply::Range {
-            oid: r.id()?,
+            version: r.u64()?,
+            oid: r.opt_id()?,
             data: r.bytes()?.to_vec(),
         },
         _ => return Ok(None),

@@ -152,9 +152,11 @@ pub enum Reply {
         files: Vec<Option<(u64, Option<Id>)>>,
         payload: Payload,
     },
-    /// Bytes of a file or object, with the id of the whole version they were read from.
+    /// Bytes of a file or object, read from its version `version`; with the object id of that
+    /// whole version when the server knows it, always on the reply that reaches the end.
     Range {
-        oid: Id,
+        version: u64,
+        oid: Option<Id>,
         data: Vec<u8>,
     },
     Have(Vec<bool>),

@@ -243,8 +243,14 @@ pub(crate) fn samples() -> Vec<Message> {
             payload: frame_payload(),
         }),
         r(Reply::Range {
-            oid: id(3),
+            version: 9,
+            oid: Some(id(3)),
             data: b"part".to_vec(),
+        }),
+        r(Reply::Range {
+            version: u64::MAX,
+            oid: None,
+            data: vec![],
         }),
         r(Reply::Have(vec![
             true, false, true, true, false, false, false, false, true,
@@ -596,10 +602,19 @@ fn exact_bytes_of_every_message() {
         ),
         (
             Message::Reply(Reply::Range {
-                oid: id(3),
+                version: 0x0807_0605_0403_0201,
+                oid: Some(id(3)),
                 data: b"ab".to_vec(),
             }),
-            format!("2a000000 49 00 05000000 | {b3} 02 6162"),
+            format!("33000000 49 00 05000000 | 0102030405060708 01 {b3} 02 6162"),
+        ),
+        (
+            Message::Reply(Reply::Range {
+                version: 1,
+                oid: None,
+                data: b"ab".to_vec(),
+            }),
+            "12000000 49 00 05000000 | 0100000000000000 00 02 6162".into(),
         ),
         (
             Message::Reply(Reply::Keys(Keys {

@@ -102,7 +102,8 @@ impl LocalStore {
         rep.chunk_bytes_removed = bytes;
 
         // 3. Compact sparse packs into a fresh one.
-        st.writer = None; // appends below go to a new pack, never into one being compacted
+        // Appends below go to a new pack, never into one being compacted.
+        self.close_writer(&mut st)?;
         for (num, size, _) in self.live_packs()? {
             rep.pack_bytes_before += size;
             let chunks = live_in.remove(&num).unwrap_or_default();
@@ -164,7 +165,7 @@ impl LocalStore {
         })?;
         rep.chunks_removed = n;
         rep.chunk_bytes_removed = bytes;
-        st.writer = None;
+        self.close_writer(&mut st)?;
         for num in victims {
             let chunks = keep.remove(&num).unwrap_or_default();
             self.move_pack(&mut st, num, chunks, records.remove(&num))?;

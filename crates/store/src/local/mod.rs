@@ -32,6 +32,7 @@ mod gc;
 mod index;
 mod pack;
 mod scan;
+mod writer;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
@@ -51,6 +52,7 @@ use pack::{
     RECORD_HEADER_LEN,
 };
 pub use scan::RebuildReport;
+use writer::Writer;
 
 type ChunkTable = redb::ReadOnlyTable<&'static [u8; 16], &'static [u8; 16]>;
 
@@ -76,6 +78,10 @@ pub struct Options {
     /// A cache turns this off: its packs are the unit [`LocalStore::trim`] evicts, so each
     /// session's data should start a pack of its own.
     pub append_to_last_pack: bool,
+    /// Appended records gather in a buffer of this many bytes before they are written to the
+    /// pack file (a flush, and a read of one, write them out sooner); a crash loses what is
+    /// buffered, as it loses anything not flushed.
+    pub write_buffer: usize,
 }
 
 impl Default for Options {
@@ -87,6 +93,7 @@ impl Default for Options {
             zstd_level: 3,
             flush_every: 256 << 20,
             append_to_last_pack: true,
+            write_buffer: 1 << 20,
         }
     }
 }
@@ -122,14 +129,6 @@ pub struct TrimReport {
     pub chunk_bytes_removed: u64,
     pub pack_bytes_before: u64,
     pub pack_bytes_after: u64,
-}
-
-struct Writer {
-    num: u32,
-    file: File,
-    len: u64,
-    committed: u64,
-    dir_synced: bool,
 }
 
 enum PendingObject {
@@ -342,6 +341,18 @@ impl LocalStore {
     /// Reads the chunk record at `loc` and verifies it against the id in its header; returns
     /// that id and the chunk's bytes. An error carries the id too when the header was readable.
     fn read_record(&self, key: &[u8; 16], loc: Loc) -> Result<(Id, Vec<u8>), (Option<Id>, String)> {
+        match self.read_record_once(key, loc) {
+            // Perhaps not in the file yet: still in the pack writer's buffer.
+            Err((None, _)) if self.write_out(loc.pack).is_ok() => self.read_record_once(key, loc),
+            r => r,
+        }
+    }
+
+    fn read_record_once(
+        &self,
+        key: &[u8; 16],
+        loc: Loc,
+    ) -> Result<(Id, Vec<u8>), (Option<Id>, String)> {
         let _g = self.packs_lock.read().unwrap();
         if loc.stored_len as u64 > pack::MAX_OBJECT_RECORD as u64 {
             return Err((
@@ -369,6 +380,14 @@ impl LocalStore {
     /// The id in the header of the chunk record at `loc`, if it matches its index entry: a
     /// hint, read without the payload (a read of the chunk verifies it).
     fn record_id(&self, key: &[u8; 16], loc: Loc) -> Option<Id> {
+        self.record_id_once(key, loc).or_else(|| {
+            // Perhaps not in the file yet: still in the pack writer's buffer.
+            self.write_out(loc.pack).ok()?;
+            self.record_id_once(key, loc)
+        })
+    }
+
+    fn record_id_once(&self, key: &[u8; 16], loc: Loc) -> Option<Id> {
         let _g = self.packs_lock.read().unwrap();
         let mut buf = [0u8; RECORD_HEADER_LEN];
         self.reader(loc.pack)
@@ -533,25 +552,50 @@ impl LocalStore {
         });
         if full {
             self.flush_locked(st)?;
-            st.writer = None;
+            self.close_writer(st)?;
         }
         if st.writer.is_none() {
             st.writer = Some(self.new_pack(st)?);
         }
         let w = st.writer.as_mut().unwrap();
-        let path = self.packs_dir.join(pack_name(w.num));
-        if let Err(e) = w.file.write_all_at(rec, w.len) {
-            // Drop the partial record so the pack stays a sequence of whole records.
-            if let Err(t) = w.file.set_len(w.len) {
-                tracing::error!("truncating {} after a failed write: {t}", path.display());
-                st.poisoned = true;
-            }
-            return Err(StoreError::io("append to", path)(e));
-        }
-        let at = (w.num, w.len as u32);
-        w.len += rec.len() as u64;
+        let at = w.append(rec);
+        let num = w.num;
+        let at = self.written(st, at)?;
         st.unflushed += rec.len() as u64;
-        Ok(at)
+        Ok((num, at as u32))
+    }
+
+    /// Takes the outcome of writing buffered records of the current pack: records the index
+    /// already points at are lost when it failed, so the store is poisoned (nothing more is
+    /// committed; reopening it recovers from what the packs hold).
+    fn written<T>(&self, st: &mut State, r: std::io::Result<T>) -> Result<T, StoreError> {
+        r.map_err(|e| {
+            st.poisoned = true;
+            let num = st.writer.as_ref().map_or(0, |w| w.num);
+            StoreError::io("append to", self.packs_dir.join(pack_name(num)))(e)
+        })
+    }
+
+    /// Writes out the current pack's buffered records, and appends go to a new pack from now on.
+    fn close_writer(&self, st: &mut State) -> Result<(), StoreError> {
+        if let Some(w) = st.writer.as_mut() {
+            let r = w.write_out();
+            self.written(st, r)?;
+        }
+        st.writer = None;
+        Ok(())
+    }
+
+    /// Writes out the current pack's buffered records if it is pack `num`, so reads find them.
+    fn write_out(&self, num: u32) -> Result<(), StoreError> {
+        let mut st = self.state.lock().unwrap();
+        match st.writer.as_mut() {
+            Some(w) if w.num == num => {
+                let r = w.write_out();
+                self.written(&mut st, r)
+            }
+            _ => Ok(()),
+        }
     }
 
     fn new_pack(&self, st: &mut State) -> Result<Writer, StoreError> {
@@ -568,13 +612,14 @@ impl LocalStore {
             let _ = fs::remove_file(&path);
             StoreError::io("write", &path)(e)
         })?;
-        Ok(Writer {
+        Ok(Writer::new(
             num,
             file,
-            len: PACK_HEADER_LEN,
-            committed: 0,
-            dir_synced: false,
-        })
+            PACK_HEADER_LEN,
+            0,
+            false,
+            self.opts.write_buffer,
+        ))
     }
 
     fn flush_locked(&self, st: &mut State) -> Result<(), StoreError> {
@@ -590,7 +635,7 @@ impl LocalStore {
         }
         if let Some(w) = st.writer.as_mut() {
             let path = self.packs_dir.join(pack_name(w.num));
-            if let Err(e) = w.file.sync_data() {
+            if let Err(e) = w.sync() {
                 st.poisoned = true;
                 return Err(StoreError::io("fsync", path)(e));
             }

@@ -126,10 +126,7 @@ impl RecordHeader {
 
 /// Builds a whole record (header and payload), compressing when it pays.
 pub(crate) fn encode_record(kind: Kind, id: Id, raw: &[u8], level: i32) -> Vec<u8> {
-    let compressed = (level > 0)
-        .then(|| compress(raw, level))
-        .flatten()
-        .filter(|c| c.len() < raw.len());
+    let compressed = (level > 0).then(|| compress(raw, level)).flatten();
     let (codec, payload) = match &compressed {
         Some(c) => (Codec::Zstd, &c[..]),
         None => (Codec::Raw, raw),
@@ -147,19 +144,46 @@ pub(crate) fn encode_record(kind: Kind, id: Id, raw: &[u8], level: i32) -> Vec<u
     out
 }
 
-/// `raw` compressed at `level` with this thread's context: records are many and small, and a
-/// fresh context per record costs more than compressing a chunk does.
+/// Records stored raw, without trying, after one that did not compress (then one is tried
+/// again): a run of random data, media or archives costs no compressor time, and a run of
+/// text after it loses a few records' savings at most.
+const SKIP_AFTER_INCOMPRESSIBLE: u32 = 7;
+
+/// This thread's compressor: records are many and small, and a fresh context per record costs
+/// more than compressing a chunk does.
+struct Context {
+    level: i32,
+    z: zstd::bulk::Compressor<'static>,
+    /// Records still to store raw without trying.
+    skip: u32,
+}
+
+/// `raw` compressed at `level`, or `None` when it did not shrink by 1/32 (or was not tried).
 fn compress(raw: &[u8], level: i32) -> Option<Vec<u8>> {
     thread_local! {
-        static CONTEXT: std::cell::RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
-            const { std::cell::RefCell::new(None) };
+        static CONTEXT: std::cell::RefCell<Option<Context>> = const { std::cell::RefCell::new(None) };
     }
     CONTEXT.with_borrow_mut(|context| {
-        if context.as_ref().is_none_or(|(at, _)| *at != level) {
-            *context = Some((level, zstd::bulk::Compressor::new(level).ok()?));
+        if context.as_ref().is_none_or(|c| c.level != level) {
+            *context = Some(Context {
+                level,
+                z: zstd::bulk::Compressor::new(level).ok()?,
+                skip: 0,
+            });
         }
-        let (_, z) = context.as_mut()?;
-        z.compress(raw).ok()
+        let c = context.as_mut()?;
+        if c.skip > 0 {
+            c.skip -= 1;
+            return None;
+        }
+        let out =
+            c.z.compress(raw)
+                .ok()
+                .filter(|z| z.len() < raw.len() - raw.len() / 32);
+        if out.is_none() {
+            c.skip = SKIP_AFTER_INCOMPRESSIBLE;
+        }
+        out
     })
 }
 
@@ -232,6 +256,25 @@ mod tests {
         let mut torn = b;
         torn[5] ^= 0x40;
         assert!(RecordHeader::decode(&torn).is_err());
+    }
+
+    #[test]
+    fn a_record_that_does_not_compress_has_the_next_ones_stored_raw() {
+        let codec = |data: &[u8]| {
+            let rec = encode_record(Kind::Chunk, Id::hash(HashAlg::Blake3, data), data, 3);
+            let h = RecordHeader::decode(rec[..RECORD_HEADER_LEN].try_into().unwrap()).unwrap();
+            assert_eq!(decode_payload(&h, &rec[RECORD_HEADER_LEN..]).unwrap(), data);
+            h.codec
+        };
+        let text = b"compressible text ".repeat(500);
+        let mut noise = vec![0u8; 8192];
+        blake3::Hasher::new().finalize_xof().fill(&mut noise);
+        assert_eq!(codec(&text), Codec::Zstd);
+        assert_eq!(codec(&noise), Codec::Raw);
+        for _ in 0..SKIP_AFTER_INCOMPRESSIBLE {
+            assert_eq!(codec(&text), Codec::Raw);
+        }
+        assert_eq!(codec(&text), Codec::Zstd);
     }
 
     #[test]

@@ -355,13 +355,14 @@ impl LocalStore {
                 .write(true)
                 .open(&path)
                 .map_err(StoreError::io("open", &path))?;
-            st.writer = Some(Writer {
+            st.writer = Some(Writer::new(
                 num,
                 file,
                 len,
-                committed: len,
-                dir_synced: true,
-            });
+                len,
+                true,
+                self.opts.write_buffer,
+            ));
         }
         self.recovery = report;
         Ok(())

@@ -25,6 +25,8 @@ pub fn small_opts() -> Options {
         zstd_level: 3,
         flush_every: 1 << 20,
         append_to_last_pack: true,
+        // Smaller than a pack: records reach the file before a flush, a few at a time.
+        write_buffer: 64 << 10,
     }
 }
 
