@@ -746,8 +746,15 @@ fn the_cache_stays_within_its_bound() {
     std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let srv = t.path().join("srv");
     std::fs::create_dir(&srv).unwrap();
-    std::fs::write(srv.join("a"), data(3_000_000, 1)).unwrap();
-    std::fs::write(srv.join("b"), data(3_000_000, 2)).unwrap();
+    // Two trees of 3 MB in files each under a sixteenth of the bound (a larger file read
+    // whole is not kept: it would push out everything else).
+    for (tree, seed) in [("a", 1), ("b", 2)] {
+        std::fs::create_dir(srv.join(tree)).unwrap();
+        for i in 0..15u8 {
+            let f = srv.join(tree).join(format!("f{i}"));
+            std::fs::write(f, data(200_000, seed * 16 + i)).unwrap();
+        }
+    }
     let cache = t.path().join("cache");
     let get = |name: &str, dst: &str| -> serde_json::Value {
         let remote = format!("h:{}", srv.join(name).display());

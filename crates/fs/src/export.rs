@@ -71,6 +71,24 @@ pub(crate) fn is_commit_temp(name: &[u8]) -> bool {
     commit_temp_pid(name).is_some()
 }
 
+/// The prefix of a client's partial file: `.ferry-partial-<key>-<version>`, each 16 lowercase
+/// hex digits (see `client::partial`).
+pub(crate) const PARTIAL_PREFIX: &str = ".ferry-partial-";
+
+/// Whether `name` is a client's partial file (a large file still arriving): not user data,
+/// never listed, uploaded or deleted as if it were. The pattern is strict, as for commit
+/// temporaries.
+pub fn is_partial(name: &[u8]) -> bool {
+    let hex16 = |p: &[u8]| {
+        p.len() == 16
+            && p.iter()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    };
+    name.strip_prefix(PARTIAL_PREFIX.as_bytes())
+        .filter(|rest| rest.len() == 33 && rest[16] == b'-')
+        .is_some_and(|rest| hex16(&rest[..16]) && hex16(&rest[17..]))
+}
+
 /// Removes commit temporaries in `dir` left by server processes that no longer run (a crash
 /// mid-commit leaves one; the committed file itself is always whole).
 pub(crate) fn remove_stale_temps(dir: &OwnedFd) {
@@ -232,7 +250,12 @@ impl Export {
         for e in rustix::fs::Dir::read_from(&dir)? {
             let e = e?;
             let name = e.file_name().to_bytes();
-            if name == b"." || name == b".." || is_commit_temp(name) || name == TRASH.as_bytes() {
+            if name == b"."
+                || name == b".."
+                || is_commit_temp(name)
+                || is_partial(name)
+                || name == TRASH.as_bytes()
+            {
                 continue;
             }
             // A single component relative to a descriptor of the directory: it cannot escape.

@@ -690,6 +690,7 @@ impl Vfs {
             // of a file evicted, renamed or copied on the server.
             ranges: false,
             short_ids: true,
+            cache_file_max: u64::MAX,
             mirrors: None,
             progress: None,
         }

@@ -155,6 +155,7 @@ impl Demo {
             cold,
             ranges: cold,
             short_ids: true,
+            cache_file_max: u64::MAX,
             mirrors: None,
         };
         let mut stats = ferry_fs::GetStats::default();

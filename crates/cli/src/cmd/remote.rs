@@ -102,6 +102,12 @@ impl CacheArgs {
             .with_context(|| format!("cannot open the cache {}", dir.display()))
     }
 
+    /// The largest file read by ranges whose chunks are kept: a sixteenth of the bound (a
+    /// larger one would push out most of what the cache holds for little gain).
+    fn file_max(&self) -> u64 {
+        self.cache_size as u64 / 16
+    }
+
     /// Evicts the least recently used data beyond `--cache-size`.
     fn trim(&self, cache: &LocalStore) -> Result<()> {
         let r = cache
@@ -350,6 +356,8 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         if let Some(i) = export_index(&a.dir) {
             server = server.with_index(i);
         }
+        ferry_fs::session::widen_pipe(io::stdin());
+        ferry_fs::session::widen_pipe(io::stdout());
         let stdin = io::stdin().lock();
         let stdout = BufWriter::with_capacity(256 * 1024, io::stdout().lock());
         ferry_fs::serve(&mut server, stdin, stdout)?;
@@ -736,6 +744,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
             cold,
             ranges: cold && a.mirror.is_empty(),
             short_ids: a.mirror.is_empty(),
+            cache_file_max: a.cache.file_max(),
             mirrors: (!a.mirror.is_empty()).then_some(&mirrors),
         };
         let mut stats = ferry_fs::GetStats::default();

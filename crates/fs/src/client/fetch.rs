@@ -3,19 +3,19 @@
 //! hold, then each file assembled.
 
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
+use std::fs::{self, File};
 use std::io::{self, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use ferry_chunk::ChunkerSpec;
 use ferry_format::{ChunkRef, HashAlg, Id, Recipe};
 use ferry_proto::{short_id, Chunks, GetChunks, Ids, Payload, Reply, Request, Target};
 use ferry_store::{ChunkStore, VerifiedChunk};
 use ferry_transfer::{EngineError, Options, Place, Sink, Source, Want};
 
 use super::against::{fetch_against, found_places, groups, AgainstOld};
-use super::install::{assemble, install, temp_beside};
+use super::install::{assemble, install_path, parent_dir};
 use super::local::{index_local, LocalIndex};
+use super::partial;
 use super::recipes::{recipe_from, Shorts};
 use super::source::SessionSource;
 use super::walk::FileJob;
@@ -108,6 +108,12 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
                 .iter()
                 .all(|c| src.cache.contains(&c.id).unwrap_or(false));
         let empty = old.order.is_empty();
+        // A large file cut short by an earlier fetch goes on from its partial file.
+        let resume = if empty && shortcuts && src.mirrors.is_none() && size > WHOLE_FILE {
+            partial::resume_point(&jobs[i].local, jobs[i].attr.version, size)
+        } else {
+            0
+        };
         olds.push(old);
         if against {
             add_to_batch(&mut warm, i, size);
@@ -115,9 +121,9 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
         } else if empty && src.cold && size <= WHOLE_FILE {
             add_to_batch(&mut cold, i, size);
             asks.push(Ask::Other);
-        } else if empty && shortcuts && src.ranges {
+        } else if empty && shortcuts && (src.ranges || resume > 0) {
             // Large ones likewise, a range at a time.
-            ranged.push(i);
+            ranged.push((i, resume));
             asks.push(Ask::Other);
         } else {
             asks.push(Ask::Recipe(ask_recipe(conn, &jobs[i], &olds[i], short)?));
@@ -650,8 +656,8 @@ const RANGES_IN_FLIGHT: usize = 4;
 /// Large new files that a receiver with nothing reads whole (ReadRange), a range at a time, in
 /// order: no recipe and no chunk ids travel, only the files' bytes in the session stream.
 struct Ranges {
-    /// The files read so, by job, in order.
-    files: Vec<usize>,
+    /// The files read so, by job, in order, each from where its partial file ends.
+    files: Vec<(usize, u64)>,
     /// The next range to ask for: (place in `files`, offset). Ranges are made as they are
     /// asked for, so a size a server lists (2^62, say) costs nothing until bytes come.
     next: (usize, u64),
@@ -663,10 +669,10 @@ struct Ranges {
 }
 
 impl Ranges {
-    fn new(files: &[usize]) -> Self {
+    fn new(files: &[(usize, u64)]) -> Self {
         Ranges {
             files: files.to_vec(),
-            next: (0, 0),
+            next: (0, files.first().map_or(0, |f| f.1)),
             sent: 0,
             waiting: Default::default(),
             stopped: HashSet::new(),
@@ -677,10 +683,10 @@ impl Ranges {
     fn next_range(&mut self, jobs: &[FileJob]) -> Option<(usize, u64, u32)> {
         loop {
             let (f, offset) = self.next;
-            let &job = self.files.get(f)?;
+            let &(job, _) = self.files.get(f)?;
             let size = jobs[job].attr.size;
             if offset >= size || self.stopped.contains(&job) {
-                self.next = (f + 1, 0);
+                self.next = (f + 1, self.files.get(f + 1).map_or(0, |n| n.1));
                 continue;
             }
             let len = (size - offset).min(RANGE_BYTES as u64) as u32;
@@ -716,11 +722,11 @@ impl Ranges {
         Ok(())
     }
 
-    /// Takes every range, writing each file beside its destination and cutting it into the
-    /// cache as it arrives (a cut transfer resumes from what arrived). A file whose ranges
-    /// named more than one version, or whose bytes do not hash to the object id the server
-    /// named (it changed meanwhile, is not as long as listed, or no id came) never replaces
-    /// anything: returns those, to fetch by recipe.
+    /// Takes every range, writing each file into its partial file (a cut transfer goes on from
+    /// there) and cutting it into the cache as it arrives unless it is larger than the cache
+    /// takes. A file whose ranges named another version than listed, or whose bytes do not
+    /// hash to the object id the server named (it changed meanwhile, is not as long as listed,
+    /// or no id came) never replaces anything: returns those, to fetch by recipe.
     fn fetch<R: io::Read, W: Write>(
         mut self,
         conn: &mut Connection<R, W>,
@@ -747,23 +753,22 @@ impl Ranges {
                 continue;
             }
             let f = match &mut file {
-                Some(f) if f.job == job => f,
-                f => f.insert(RangeFile::new(
-                    job,
-                    *version,
-                    &jobs[job].local,
-                    &src.chunker,
-                )?),
+                Some(f) if f.job == job => Some(f),
+                f => RangeFile::new(job, &jobs[job], offset, src, stats)?.map(|new| f.insert(new)),
             };
-            // Another version than the ranges before, or another id named for it.
-            let other = f.oid.is_some_and(|o| oid.is_some_and(|n| n != o));
-            if f.version != *version || other || data.len() > len as usize {
+            // Another version than listed, or another id named for it.
+            let other = |f: &RangeFile| f.oid.is_some_and(|o| oid.is_some_and(|n| n != o));
+            let Some(f) =
+                f.filter(|f| f.version == *version && !other(f) && data.len() <= len as usize)
+            else {
+                let _ =
+                    fs::remove_file(partial::path_for(&jobs[job].local, jobs[job].attr.version));
                 file = None;
                 self.stopped.insert(job);
                 done.insert(job);
                 changed.push(job);
                 continue;
-            }
+            };
             f.oid = f.oid.or(*oid);
             f.write(data, &jobs[job].local, src, stats)?;
             if clock.due() {
@@ -778,6 +783,10 @@ impl Ranges {
                 let f = file.take().expect("a file");
                 done.insert(job);
                 if !f.finish(&jobs[job], src, stats)? {
+                    let _ = fs::remove_file(partial::path_for(
+                        &jobs[job].local,
+                        jobs[job].attr.version,
+                    ));
                     changed.push(job);
                 }
             }
@@ -787,93 +796,157 @@ impl Ranges {
     }
 }
 
-/// A file being read by ranges: the temporary file it goes into, and its chunking so far.
+/// A file being read by ranges: the partial file it goes into, and what was made of it so far.
 struct RangeFile {
     job: usize,
-    /// The version the first range was read from, and the object id once the server named it
-    /// (on the last range at the latest).
+    /// The version listed (which every range must come from), and the object id once the
+    /// server named it (on the last range at the latest).
     version: u64,
     oid: Option<Id>,
-    tmp: tempfile::NamedTempFile,
-    cutter: Box<dyn ferry_chunk::Cutter>,
+    path: PathBuf,
+    file: File,
+    intake: Intake,
+}
+
+impl RangeFile {
+    /// The file of job `j`, its ranges coming from `start` (where its partial file ends); `None`
+    /// if that partial is not as long as it was.
+    fn new(
+        job: usize,
+        j: &FileJob,
+        start: u64,
+        src: &Sources<'_>,
+        stats: &mut GetStats,
+    ) -> Result<Option<Self>, GetError> {
+        let local = &j.local;
+        let dir = parent_dir(local);
+        fs::create_dir_all(dir).map_err(GetError::local("create directory", dir))?;
+        let mut intake = Intake::new(j, src)?;
+        let path = partial::path_for(local, j.attr.version);
+        // What arrived before is hashed (and cut) again: the object id covers it too.
+        let mut failed = None;
+        let opened = partial::open(&path, start, |b| {
+            if failed.is_none() {
+                failed = intake.take(b, src, stats, false).err();
+            }
+        })
+        .map_err(GetError::local("open", &path))?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let Some(file) = opened else {
+            return Ok(None);
+        };
+        if start > 0 {
+            tracing::debug!("{}: going on from byte {start}", local.display());
+        }
+        Ok(Some(RangeFile {
+            job,
+            version: j.attr.version,
+            oid: None,
+            path,
+            file,
+            intake,
+        }))
+    }
+
+    fn write(
+        &mut self,
+        data: &[u8],
+        local: &Path,
+        src: &Sources<'_>,
+        stats: &mut GetStats,
+    ) -> Result<(), GetError> {
+        self.file
+            .write_all(data)
+            .map_err(GetError::local("write", local))?;
+        self.intake.take(data, src, stats, true)
+    }
+
+    /// Installs the file if its bytes hash to the object id named; says whether they did.
+    fn finish(
+        self,
+        j: &FileJob,
+        src: &Sources<'_>,
+        stats: &mut GetStats,
+    ) -> Result<bool, GetError> {
+        if Some(self.intake.finish(src, stats)?) != self.oid {
+            return Ok(false);
+        }
+        install_path(&self.file, &self.path, j, stats)?;
+        Ok(true)
+    }
+}
+
+/// What is made of a file's bytes as they arrive: their object id, and chunks in the cache
+/// (unless the file is larger than the cache takes: it would only push out the rest).
+struct Intake {
+    cutter: Option<Box<dyn ferry_chunk::Cutter>>,
     /// The bytes of the chunk not yet cut off.
     pending: Vec<u8>,
     whole: ferry_format::IdHasher,
 }
 
-impl RangeFile {
-    fn new(
-        job: usize,
-        version: u64,
-        local: &Path,
-        chunker: &ChunkerSpec,
-    ) -> Result<Self, GetError> {
-        Ok(RangeFile {
-            job,
-            version,
-            oid: None,
-            tmp: temp_beside(local)?,
-            cutter: chunker.try_build().map_err(|e| GetError::Local {
+impl Intake {
+    fn new(j: &FileJob, src: &Sources<'_>) -> Result<Self, GetError> {
+        let cutter = match j.attr.size <= src.cache_file_max {
+            true => Some(src.chunker.try_build().map_err(|e| GetError::Local {
                 op: "chunk",
-                path: local.to_path_buf(),
+                path: j.local.clone(),
                 error: io::Error::new(io::ErrorKind::InvalidInput, e),
-            })?,
+            })?),
+            false => None,
+        };
+        Ok(Intake {
+            cutter,
             pending: vec![],
             whole: ferry_format::IdHasher::new(HashAlg::Blake3),
         })
     }
 
-    fn write(
+    /// Takes the file's next bytes; `fetched` counts them as come from the server.
+    fn take(
         &mut self,
         mut data: &[u8],
-        local: &Path,
         src: &Sources<'_>,
         stats: &mut GetStats,
+        fetched: bool,
     ) -> Result<(), GetError> {
-        self.tmp
-            .as_file()
-            .write_all(data)
-            .map_err(GetError::local("write", local))?;
         self.whole.update(data);
-        while let Some(n) = self.cutter.next_cut(data) {
+        if fetched {
+            stats.bytes_from_server += data.len() as u64;
+            stats.bytes += data.len() as u64;
+            if let Some(p) = src.progress {
+                p(data.len() as u64);
+            }
+        }
+        let Some(cutter) = self.cutter.as_mut() else {
+            return Ok(());
+        };
+        while let Some(n) = cutter.next_cut(data) {
             self.pending.extend_from_slice(&data[..n]);
-            self.cut(src, stats)?;
+            cut(&mut self.pending, src, stats)?;
             data = &data[n..];
         }
         self.pending.extend_from_slice(data);
         Ok(())
     }
 
-    /// The pending bytes are a chunk: into the cache.
-    fn cut(&mut self, src: &Sources<'_>, stats: &mut GetStats) -> Result<(), GetError> {
-        let len = self.pending.len() as u64;
-        src.cache
-            .put(&VerifiedChunk::hash(HashAlg::Blake3, &self.pending))?;
-        self.pending.clear();
-        stats.from_server += 1;
-        stats.bytes_from_server += len;
-        stats.chunks += 1;
-        stats.bytes += len;
-        if let Some(p) = src.progress {
-            p(len);
-        }
-        Ok(())
-    }
-
-    /// Installs the file if its bytes hash to the object id named; says whether they did.
-    fn finish(
-        mut self,
-        j: &FileJob,
-        src: &Sources<'_>,
-        stats: &mut GetStats,
-    ) -> Result<bool, GetError> {
+    /// The last chunk cut; returns the object id of all the bytes taken.
+    fn finish(mut self, src: &Sources<'_>, stats: &mut GetStats) -> Result<Id, GetError> {
         if !self.pending.is_empty() {
-            self.cut(src, stats)?;
+            cut(&mut self.pending, src, stats)?;
         }
-        if Some(self.whole.finish()) != self.oid {
-            return Ok(false);
-        }
-        install(self.tmp, j, stats)?;
-        Ok(true)
+        Ok(self.whole.finish())
     }
+}
+
+/// `pending` is a chunk: into the cache.
+fn cut(pending: &mut Vec<u8>, src: &Sources<'_>, stats: &mut GetStats) -> Result<(), GetError> {
+    src.cache
+        .put(&VerifiedChunk::hash(HashAlg::Blake3, pending))?;
+    pending.clear();
+    stats.from_server += 1;
+    stats.chunks += 1;
+    Ok(())
 }

@@ -85,20 +85,42 @@ pub(crate) fn install(
     j: &FileJob,
     stats: &mut GetStats,
 ) -> Result<(), GetError> {
-    let (local, dir) = (&j.local, parent_dir(&j.local));
-    let f = tmp.as_file();
+    settle(tmp.as_file(), j)?;
+    tmp.persist(&j.local).map_err(|e| GetError::Local {
+        op: "rename into",
+        path: j.local.clone(),
+        error: e.error,
+    })?;
+    installed(j, stats)
+}
+
+/// Like [`install`] for a file written in full at `path` (a partial file).
+pub(crate) fn install_path(
+    f: &File,
+    path: &Path,
+    j: &FileJob,
+    stats: &mut GetStats,
+) -> Result<(), GetError> {
+    settle(f, j)?;
+    fs::rename(path, &j.local).map_err(GetError::local("rename into", &j.local))?;
+    installed(j, stats)
+}
+
+/// The file's mode and mtime, and its bytes on disk.
+fn settle(f: &File, j: &FileJob) -> Result<(), GetError> {
+    let local = &j.local;
     f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
         j.attr.mode & 0o7777,
     ))
     .map_err(GetError::local("chmod", local))?;
     f.set_modified(mtime(&j.attr))
         .map_err(GetError::local("set mtime of", local))?;
-    f.sync_all().map_err(GetError::local("fsync", local))?;
-    tmp.persist(local).map_err(|e| GetError::Local {
-        op: "rename into",
-        path: local.to_path_buf(),
-        error: e.error,
-    })?;
+    f.sync_all().map_err(GetError::local("fsync", local))
+}
+
+/// The rename made durable.
+fn installed(j: &FileJob, stats: &mut GetStats) -> Result<(), GetError> {
+    let dir = parent_dir(&j.local);
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(GetError::local("fsync", dir))?;

@@ -84,6 +84,9 @@ pub(crate) fn local_items(dir: &Path, trees: &LocalTrees) -> io::Result<Items> {
     let mut items = vec![];
     for e in fs::read_dir(dir)? {
         let e = e?;
+        if crate::export::is_partial(e.file_name().as_bytes()) {
+            continue;
+        }
         let m = e.metadata()?;
         let (mode, mtime_ns) = (
             m.mode() & 0o7777,

@@ -25,6 +25,7 @@ mod against;
 mod fetch;
 mod install;
 mod local;
+mod partial;
 mod push;
 mod recipes;
 mod source;
@@ -150,6 +151,9 @@ pub struct Sources<'a> {
     /// Nothing in the cache could hold chunks of new files (it was empty when the transfer
     /// began): large new files are read whole too, by ranges, with no recipe.
     pub ranges: bool,
+    /// Files larger than this read by ranges are not cut into the cache (they would only push
+    /// the rest out); a cut transfer of one goes on from its partial file instead.
+    pub cache_file_max: u64,
     /// Other servers holding the same tree, asked for chunks in parallel with the first
     /// (listings and recipes come from the first). They need full ids: `short_ids` off.
     pub mirrors: Option<&'a std::sync::Mutex<Vec<Mirror>>>,

@@ -231,8 +231,10 @@ fn put_walk<R: io::Read, W: Write>(
         let mut names: Vec<_> = fs::read_dir(&local)
             .map_err(GetError::local("read directory", &local))?
             .map(|e| e.map(|e| e.file_name()))
-            .collect::<Result<_, _>>()
+            .collect::<Result<Vec<_>, _>>()
             .map_err(GetError::local("read directory", &local))?;
+        // A fetch's partial files are not the tree's.
+        names.retain(|n| !crate::export::is_partial(n.as_bytes()));
         names.sort();
         for name in &names {
             let (child_local, child) = (local.join(name), remote.join(name.as_bytes())?);

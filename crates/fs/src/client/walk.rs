@@ -195,7 +195,10 @@ fn walk<R: io::Read + Send, W: Write>(
         if local.is_dir() {
             for e in fs::read_dir(&local).map_err(GetError::local("read directory", &local))? {
                 let e = e.map_err(GetError::local("read directory", &local))?;
-                if keep.contains(e.file_name().as_bytes()) {
+                // A partial file is not the tree's: a later fetch goes on from it.
+                if keep.contains(e.file_name().as_bytes())
+                    || crate::export::is_partial(e.file_name().as_bytes())
+                {
                     continue;
                 }
                 let p = e.path();

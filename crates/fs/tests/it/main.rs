@@ -156,6 +156,7 @@ fn get_with(
         cold: cache.is_empty().unwrap(),
         ranges: ranges && cache.is_empty().unwrap(),
         short_ids,
+        cache_file_max: u64::MAX,
         mirrors: None,
     };
     ferry_fs::get(
@@ -1279,19 +1280,11 @@ fn a_receiver_with_nothing_reads_large_files_without_recipes() {
     );
 }
 
-#[test]
-fn a_cut_connection_resumes_inside_a_large_file() {
+/// A session with the server over `srv` whose link the server's side hangs up after `bytes`.
+fn cut_after(srv: &Path, bytes: usize) -> Connection<UnixStream, UnixStream> {
     use std::io::{Read, Write};
-    let t = tempfile::tempdir().unwrap();
-    let srv = t.path().join("srv");
-    fs::create_dir(&srv).unwrap();
-    let big = bytes(77, 40 << 20);
-    fs::write(srv.join("big"), &big).unwrap();
-    let cache = LocalStore::open_or_create(t.path().join("cache"), Options::default()).unwrap();
-
-    // Server on one socket pair; the client talks through a relay that hangs up after 25 MiB.
     let (a, b) = UnixStream::pair().unwrap();
-    let export = Export::open(&srv).unwrap();
+    let export = Export::open(srv).unwrap();
     std::thread::spawn(move || {
         let mut server = Server::new(export, ServerOptions::default(), staging());
         let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
@@ -1301,7 +1294,7 @@ fn a_cut_connection_resumes_inside_a_large_file() {
     std::thread::spawn(move || {
         let mut buf = [0u8; 65536];
         let mut total = 0;
-        while total < (25 << 20) {
+        while total < bytes {
             let Ok(n) = b_read.read(&mut buf) else { break };
             if n == 0 || d_write.write_all(&buf[..n]).is_err() {
                 break;
@@ -1314,24 +1307,105 @@ fn a_cut_connection_resumes_inside_a_large_file() {
     std::thread::spawn(move || {
         let _ = std::io::copy(&mut d_read, &mut b_write);
     });
-    let mut cut = Connection::open(c.try_clone().unwrap(), c).unwrap();
-    assert!(
-        get(&mut cut, "big", &t.path().join("out"), &cache).is_err(),
-        "the cut must be noticed"
-    );
-    assert!(
-        !t.path().join("out").exists(),
-        "no partial file at the destination"
-    );
+    Connection::open(c.try_clone().unwrap(), c).unwrap()
+}
 
-    let mut whole = connect(&srv);
-    let s = get(&mut whole, "big", &t.path().join("out"), &cache).unwrap();
-    assert_eq!(fs::read(t.path().join("out")).unwrap(), big);
-    assert!(
-        s.bytes_from_server < (24 << 20),
-        "refetched {} bytes",
-        s.bytes_from_server
-    );
+/// Gets `path` into `dest` as `ferry get` does with an empty cache bounded so that files over
+/// `cache_file_max` bytes are not kept in it.
+fn get_large(
+    conn: &mut Connection<UnixStream, UnixStream>,
+    path: &str,
+    dest: &Path,
+    cache: &dyn ferry_store::ChunkStore,
+    cache_file_max: u64,
+) -> Result<GetStats, GetError> {
+    let mut stats = GetStats::default();
+    let cold = cache.is_empty().unwrap();
+    let src = Sources {
+        cache,
+        chunker: ChunkerSpec::default(),
+        delete: true,
+        dry_run: false,
+        progress: None,
+        cold,
+        ranges: cold,
+        short_ids: true,
+        cache_file_max,
+        mirrors: None,
+    };
+    let wire = WirePath::new(path.as_bytes().to_vec()).unwrap();
+    ferry_fs::get(conn, &wire, dest, &src, &mut stats)?;
+    Ok(stats)
+}
+
+#[test]
+fn a_cut_connection_resumes_inside_a_large_file() {
+    // Cut into the cache as it arrives, or too large for it: either way the partial file
+    // beside the destination holds what arrived, and the next run fetches only the rest.
+    for cache_file_max in [u64::MAX, 1 << 20] {
+        let t = tempfile::tempdir().unwrap();
+        let srv = t.path().join("srv");
+        fs::create_dir(&srv).unwrap();
+        let big = bytes(77, 40 << 20);
+        fs::write(srv.join("big"), &big).unwrap();
+        let cache = LocalStore::open_or_create(t.path().join("cache"), Options::default()).unwrap();
+        let dest = t.path().join("dest");
+        let mut cut = cut_after(&srv, 25 << 20);
+        assert!(
+            get_large(&mut cut, "", &dest, &cache, cache_file_max).is_err(),
+            "the cut must be noticed"
+        );
+        assert!(
+            !dest.join("big").exists(),
+            "nothing half made at the destination"
+        );
+        // A second cut run, then a whole one (with --delete: the partial is not the tree's).
+        let mut cut = cut_after(&srv, 5 << 20);
+        assert!(get_large(&mut cut, "", &dest, &cache, cache_file_max).is_err());
+        let mut whole = connect(&srv);
+        let s = get_large(&mut whole, "", &dest, &cache, cache_file_max).unwrap();
+        assert_eq!(fs::read(dest.join("big")).unwrap(), big);
+        assert!(
+            s.bytes_from_server < (15 << 20),
+            "{cache_file_max}: refetched {} bytes",
+            s.bytes_from_server
+        );
+        let left: Vec<_> = fs::read_dir(&dest)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(left, ["big"], "no partial left behind");
+    }
+}
+
+/// A partial file whose bytes are not what the server has (damaged, or of a version that
+/// happens to share the name) costs a fetch by recipe, never a wrong file.
+#[test]
+fn a_damaged_partial_file_is_never_installed() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir(&srv).unwrap();
+    let big = bytes(78, 12 << 20);
+    fs::write(srv.join("big"), &big).unwrap();
+    let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+    let dest = t.path().join("dest");
+    let mut cut = cut_after(&srv, 6 << 20);
+    assert!(get_large(&mut cut, "", &dest, &cache, 0).is_err());
+    let partial = fs::read_dir(&dest)
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let mut damaged = fs::read(&partial).unwrap();
+    assert!(damaged.len() > 1 << 20, "{} bytes arrived", damaged.len());
+    damaged[1000] ^= 1;
+    fs::write(&partial, &damaged).unwrap();
+    let mut c = connect(&srv);
+    get_large(&mut c, "", &dest, &cache, 0).unwrap();
+    assert_eq!(fs::read(dest.join("big")).unwrap(), big);
+    assert!(!partial.exists());
 }
 
 #[test]
@@ -1395,6 +1469,7 @@ fn dry_run_changes_nothing_and_says_what_it_would_do() {
         cold: false,
         ranges: false,
         short_ids: true,
+        cache_file_max: u64::MAX,
         mirrors: None,
     };
     let mut stats = GetStats::default();
@@ -1846,6 +1921,7 @@ fn get_mirrored(
         cold: false,
         ranges: false,
         short_ids: false,
+        cache_file_max: u64::MAX,
         mirrors: Some(&mirrors),
     };
     let mut stats = GetStats::default();
