@@ -756,6 +756,120 @@ fn fake_server(
     Connection::open(b.try_clone().unwrap(), b).unwrap()
 }
 
+/// `--chunk-size 524288` (chunks up to 4 MiB, each near the frame limit alone): batches of
+/// chunks, recipes and uploads stay within the frame limit, both ways.
+#[test]
+fn the_largest_chunk_size_moves_files_both_ways() {
+    let spec = ChunkerSpec::fastcdc(128 << 10, 512 << 10, 4 << 20);
+    spec.validate().unwrap();
+    let t = tempfile::tempdir().unwrap();
+    let (srv, dst, up) = (
+        t.path().join("srv"),
+        t.path().join("dst"),
+        t.path().join("up"),
+    );
+    fs::create_dir(&srv).unwrap();
+    // Random bytes, and a run of one byte (cut only at the maximum size).
+    let mut data = bytes(90, 24 << 20);
+    data.extend(vec![0u8; 12 << 20]);
+    fs::write(srv.join("f"), &data).unwrap();
+    let serve = |root: &Path| {
+        let (a, b) = UnixStream::pair().unwrap();
+        let export = Export::open(root).unwrap();
+        let options = ServerOptions {
+            chunker: spec.clone(),
+            ..ServerOptions::default()
+        };
+        std::thread::spawn(move || {
+            let mut server = Server::new(export, options, staging());
+            let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
+        });
+        Connection::open(b.try_clone().unwrap(), b).unwrap()
+    };
+    // By recipe and GetChunks (not by ranges): the batches are what is tested.
+    let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+    let src = Sources {
+        cache: &cache,
+        chunker: spec.clone(),
+        delete: false,
+        dry_run: false,
+        progress: None,
+        cold: false,
+        ranges: false,
+        short_ids: true,
+        cache_file_max: u64::MAX,
+        mirrors: None,
+    };
+    let mut stats = GetStats::default();
+    ferry_fs::get(&mut serve(&srv), &"".into(), &dst, &src, &mut stats).unwrap();
+    assert_eq!(fs::read(dst.join("f")).unwrap(), data);
+    // Up, to a server holding nothing, then a changed version against the first.
+    fs::create_dir(&up).unwrap();
+    let put_opts = ferry_fs::PutOptions {
+        chunker: spec.clone(),
+        ..opts(false)
+    };
+    let mut ps = ferry_fs::PutStats::default();
+    ferry_fs::put(&mut serve(&up), &dst, &"".into(), &put_opts, &mut ps).unwrap();
+    assert_eq!(fs::read(up.join("f")).unwrap(), data);
+    data[5 << 20] ^= 1;
+    fs::write(dst.join("f"), &data).unwrap();
+    let mut ps = ferry_fs::PutStats::default();
+    ferry_fs::put(&mut serve(&up), &dst, &"".into(), &put_opts, &mut ps).unwrap();
+    assert_eq!(fs::read(up.join("f")).unwrap(), data);
+}
+
+/// A hostile server answering every request with `MORE` frames that never end: the client
+/// refuses the reply at its bound (`MAX_REPLY`), never holding more.
+#[test]
+fn a_reply_that_never_ends_is_refused_at_its_bound() {
+    let (a, b) = UnixStream::pair().unwrap();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut r, mut w) = (a.try_clone().unwrap(), a);
+        let mut dec = FrameDecoder::new();
+        let mut buf = [0u8; 65536];
+        loop {
+            while let Some(f) = dec.next_frame().unwrap() {
+                match Message::decode(&f).unwrap() {
+                    Message::Hello(h) => {
+                        let hello = Message::Hello(ferry_proto::Hello { features: 0, ..h });
+                        w.write_all(&hello.encode(f.request_id, false).unwrap())
+                            .unwrap();
+                    }
+                    _ => loop {
+                        let mut more = Message::Reply(Reply::Range {
+                            version: 1,
+                            oid: None,
+                            data: vec![7; 4 << 20],
+                        })
+                        .to_frame(f.request_id);
+                        more.flags |= ferry_proto::FLAG_MORE;
+                        if w.write_all(&more.encode(false).unwrap()).is_err() {
+                            return;
+                        }
+                    },
+                }
+            }
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => dec.feed(&buf[..n]),
+            }
+        }
+    });
+    let mut c = Connection::open(b.try_clone().unwrap(), b).unwrap();
+    let e = c.call(Request::GetAttr { path: "".into() }).unwrap_err();
+    assert!(
+        matches!(&e, ferry_fs::ConnError::Unexpected(m) if m.contains("a reply of over")),
+        "{e:?}"
+    );
+    assert!(
+        c.traffic().bytes_received <= ferry_fs::conn::MAX_REPLY as u64 + (9 << 20),
+        "{} bytes taken",
+        c.traffic().bytes_received
+    );
+}
+
 /// A whole recipe, as a server sends it to a client that named no pages.
 fn recipe_reply(chunks: Vec<ferry_format::ChunkRef>) -> Reply {
     let recipe =
