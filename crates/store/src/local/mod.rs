@@ -225,6 +225,35 @@ impl LocalStore {
         let index_path = dir.join("index.redb");
         let packs_dir = dir.join("packs");
         let fresh_index = !index_path.exists();
+        // redb trusts its own pages: damage past its header checks can panic inside it
+        // ("unreachable"). Opening is where a damaged index is met; it is an error to repair,
+        // not a crash.
+        let at = index_path.clone();
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            Self::open_index(dir, packs_dir, index_path, alg, opts, lock, fresh_index)
+        }));
+        opened.unwrap_or_else(|panic| {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic in the index".into());
+            Err(StoreError::Index {
+                path: at,
+                msg: format!("damaged beyond reading ({why})"),
+            })
+        })
+    }
+
+    fn open_index(
+        dir: PathBuf,
+        packs_dir: PathBuf,
+        index_path: PathBuf,
+        alg: HashAlg,
+        opts: Options,
+        lock: File,
+        fresh_index: bool,
+    ) -> Result<Self, StoreError> {
         let db = Database::create(&index_path).map_err(db_err(&index_path))?;
         let mut store = LocalStore {
             dir,

@@ -66,12 +66,14 @@ struct ScanEnd {
 }
 
 /// Reads records of the pack at `path` from `from` on, calling `f` for each valid one.
-/// With `skip_bad_payload`, a record whose header is sound but whose payload fails
-/// verification is counted and skipped; otherwise it ends the scan (a torn write).
+/// With `skip_damage` (a rebuild), damage costs only what it hit: a record whose payload fails
+/// verification is skipped, and after a header that cannot be read the scan resyncs on the
+/// next offset holding a whole valid record (header checksum and payload hash), counting the
+/// bytes between as unreadable. Without it (a crash tail) the first bad record ends the scan.
 fn scan_pack(
     path: &Path,
     from: u64,
-    skip_bad_payload: bool,
+    skip_damage: bool,
     report: &mut RebuildReport,
     mut f: impl FnMut(u64, &RecordHeader, Vec<u8>) -> Result<(), StoreError>,
 ) -> Result<ScanEnd, StoreError> {
@@ -81,61 +83,123 @@ fn scan_pack(
     r.seek(SeekFrom::Start(from))
         .map_err(StoreError::io("seek", path))?;
     let mut off = from;
+    // Just past the last whole record (or where the scan began).
+    let mut end = from;
+    let mut stopped = None;
     let mut payload = Vec::new();
     while off < len {
-        if len - off < RECORD_HEADER_LEN as u64 {
-            return Ok(ScanEnd {
-                end: off,
-                stopped: Some("torn record header".into()),
-            });
-        }
-        let mut hb = [0u8; RECORD_HEADER_LEN];
-        r.read_exact(&mut hb)
-            .map_err(StoreError::io("read", path))?;
-        let h = match RecordHeader::decode(&hb) {
-            Ok(h) => h,
-            Err(why) => {
-                return Ok(ScanEnd {
-                    end: off,
-                    stopped: Some(why),
-                })
-            }
+        let bad = match next_record(&mut r, off, len, &mut payload)
+            .map_err(StoreError::io("read", path))?
+        {
+            Ok(h) => match pack::decode_payload(&h, &payload) {
+                Ok(raw) => {
+                    report.records += 1;
+                    f(off, &h, raw)?;
+                    off += h.record_len();
+                    end = off;
+                    stopped = None;
+                    continue;
+                }
+                Err(why) if skip_damage => {
+                    report.damaged_records += 1;
+                    tracing::error!(
+                        "{} offset {off}: skipping damaged record {}: {why}",
+                        path.display(),
+                        h.id
+                    );
+                    off += h.record_len();
+                    end = off;
+                    continue;
+                }
+                Err(why) => why,
+            },
+            Err(why) => why,
         };
-        if len - off - (RECORD_HEADER_LEN as u64) < h.stored_len as u64 {
+        if !skip_damage {
             return Ok(ScanEnd {
                 end: off,
-                stopped: Some("torn record payload".into()),
+                stopped: Some(bad),
             });
         }
-        payload.resize(h.stored_len as usize, 0);
-        r.read_exact(&mut payload)
-            .map_err(StoreError::io("read", path))?;
-        match pack::decode_payload(&h, &payload) {
-            Ok(raw) => {
-                report.records += 1;
-                f(off, &h, raw)?;
+        let next = resync(r.get_ref(), off + 1, len).map_err(StoreError::io("read", path))?;
+        let skipped = next.unwrap_or(len) - off;
+        report.unreadable_bytes += skipped;
+        tracing::error!(
+            "{}: {skipped} bytes at offset {off} cannot be read ({bad}){}",
+            path.display(),
+            if next.is_some() {
+                "; the records after them are"
+            } else {
+                ""
             }
-            Err(why) if skip_bad_payload => {
-                report.damaged_records += 1;
-                tracing::error!(
-                    "{} offset {off}: skipping damaged record {}: {why}",
-                    path.display(),
-                    h.id
-                );
+        );
+        stopped = Some(bad);
+        match next {
+            Some(q) => {
+                r.seek(SeekFrom::Start(q))
+                    .map_err(StoreError::io("seek", path))?;
+                off = q;
             }
-            Err(why) => {
-                return Ok(ScanEnd {
-                    end: off,
-                    stopped: Some(why),
-                })
+            None => break,
+        }
+    }
+    Ok(ScanEnd { end, stopped })
+}
+
+/// Reads the record at `off` (its payload into `payload`): its header, or why there is none.
+fn next_record(
+    r: &mut impl Read,
+    off: u64,
+    len: u64,
+    payload: &mut Vec<u8>,
+) -> std::io::Result<Result<RecordHeader, String>> {
+    if len - off < RECORD_HEADER_LEN as u64 {
+        return Ok(Err("torn record header".into()));
+    }
+    let mut hb = [0u8; RECORD_HEADER_LEN];
+    r.read_exact(&mut hb)?;
+    let h = match RecordHeader::decode(&hb) {
+        Ok(h) => h,
+        Err(why) => return Ok(Err(why)),
+    };
+    if len - off - (RECORD_HEADER_LEN as u64) < h.stored_len as u64 {
+        return Ok(Err("torn record payload".into()));
+    }
+    payload.resize(h.stored_len as usize, 0);
+    r.read_exact(payload)?;
+    Ok(Ok(h))
+}
+
+/// The first offset at or after `from` where a whole, valid record starts (its header's
+/// checksum and its payload's hash both hold), if any.
+fn resync(file: &File, from: u64, len: u64) -> std::io::Result<Option<u64>> {
+    use std::os::unix::fs::FileExt;
+    const WINDOW: usize = 1 << 20;
+    let mut buf = vec![0u8; WINDOW + RECORD_HEADER_LEN];
+    let mut payload = vec![];
+    let mut at = from;
+    while at + RECORD_HEADER_LEN as u64 <= len {
+        let n = ((len - at) as usize).min(buf.len());
+        file.read_exact_at(&mut buf[..n], at)?;
+        for i in 0..=(n - RECORD_HEADER_LEN).min(WINDOW - 1) {
+            let hb: &[u8; RECORD_HEADER_LEN] =
+                buf[i..i + RECORD_HEADER_LEN].try_into().expect("sized");
+            let Ok(h) = RecordHeader::decode(hb) else {
+                continue;
+            };
+            let q = at + i as u64;
+            if q + h.record_len() > len {
+                continue;
+            }
+            payload.resize(h.stored_len as usize, 0);
+            file.read_exact_at(&mut payload, q + RECORD_HEADER_LEN as u64)?;
+            if pack::decode_payload(&h, &payload).is_ok() {
+                return Ok(Some(q));
             }
         }
-        off += h.record_len();
+        at += WINDOW as u64;
     }
-    Ok(ScanEnd {
-        end: off,
-        stopped: None,
-    })
+    Ok(None)
 }
 
 impl LocalStore {
@@ -299,32 +363,26 @@ impl LocalStore {
                         }
                         Ok(())
                     })?;
-                    if let Some(why) = &end.stopped {
+                    if let (Some(why), true) = (&end.stopped, crash_tail) {
                         let lost = file_len - end.end;
-                        if crash_tail {
-                            tracing::warn!(
-                                "{}: cutting {lost} torn bytes at offset {} ({why})",
-                                path.display(),
-                                end.end
-                            );
-                            let f = OpenOptions::new()
-                                .write(true)
-                                .open(&path)
-                                .map_err(StoreError::io("open", &path))?;
-                            f.set_len(end.end)
-                                .and_then(|_| f.sync_all())
-                                .map_err(StoreError::io("truncate", &path))?;
-                            report.torn_bytes_truncated += lost;
-                        } else {
-                            tracing::error!(
-                                "{}: {lost} bytes after offset {} cannot be read ({why})",
-                                path.display(),
-                                end.end
-                            );
-                            report.unreadable_bytes += lost;
-                        }
+                        tracing::warn!(
+                            "{}: cutting {lost} torn bytes at offset {} ({why})",
+                            path.display(),
+                            end.end
+                        );
+                        let f = OpenOptions::new()
+                            .write(true)
+                            .open(&path)
+                            .map_err(StoreError::io("open", &path))?;
+                        f.set_len(end.end)
+                            .and_then(|_| f.sync_all())
+                            .map_err(StoreError::io("truncate", &path))?;
+                        report.torn_bytes_truncated += lost;
                     }
-                    packs.insert(num, (end.end, 0u8)).map_err(db_err(&p))?;
+                    // What a rebuild could not read stays, and is never taken for a crash's
+                    // tail later: the pack is indexed to its end.
+                    let indexed = if crash_tail { end.end } else { file_len };
+                    packs.insert(num, (indexed, 0u8)).map_err(db_err(&p))?;
                     if end.stopped.is_none() || crash_tail {
                         resumable = Some((num, end.end));
                     } else {
