@@ -2155,6 +2155,64 @@ fn found(c: &mut Connection<UnixStream, UnixStream>, ids: Vec<ferry_format::Id>)
         .collect()
 }
 
+/// One GetChunks naming one 64 KiB chunk 16,000 times (a 528 KB request; once 1 GB of reply
+/// built in memory): the reply is bounded, plainly and against old data alike.
+#[test]
+fn a_chunk_asked_for_many_times_is_sent_within_a_bound() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir(&srv).unwrap();
+    // One byte repeated: a single chunk of the chunker's maximum.
+    let content = vec![9u8; 64 << 10];
+    fs::write(srv.join("f"), &content).unwrap();
+    let (recipe, _) = ferry_format::chunk_object(
+        &content[..],
+        &ChunkerSpec::default(),
+        ferry_format::HashAlg::Blake3,
+        |_, _| Ok::<_, std::io::Error>(()),
+    )
+    .unwrap();
+    let id = recipe.chunks()[0].id;
+    let mut c = connect(&srv);
+    // The server cuts the file (and so knows its chunks) for its recipe.
+    c.call(Request::GetRecipe {
+        target: ferry_proto::Target::Path("f".into()),
+        short: false,
+        known: vec![],
+    })
+    .unwrap();
+    let against = ferry_proto::Against {
+        key_bytes: 4,
+        runs: false,
+        keys: Some(vec![]),
+        olds: Some(vec![]),
+        context: None,
+    };
+    for against in [None, Some(against)] {
+        let before = c.traffic().bytes_received;
+        let r = c
+            .call(Request::GetChunks(ferry_proto::GetChunks {
+                ids: ferry_proto::Ids::Full(vec![id; 16_000]),
+                at: None,
+                against,
+            }))
+            .unwrap();
+        let found: usize = r
+            .iter()
+            .map(|r| match r {
+                Reply::Chunks(c) => c.found.len(),
+                other => panic!("{other:?}"),
+            })
+            .sum();
+        assert!(found >= 1);
+        let got = c.traffic().bytes_received - before;
+        assert!(
+            got < 20 << 20,
+            "{got} bytes for one chunk asked 16,000 times"
+        );
+    }
+}
+
 #[test]
 fn chunks_cut_by_an_earlier_session_are_served_by_id() {
     let t = tempfile::tempdir().unwrap();
