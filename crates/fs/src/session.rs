@@ -312,7 +312,7 @@ impl Session {
 /// limit for unprivileged users) lets each run ahead.
 const PIPE_BYTES: usize = 1 << 20;
 
-/// Gives `fd`, if it is a pipe, [`PIPE_BYTES`] of buffer (as much as the system allows).
+/// Gives `fd`, if it is a pipe, 1 MiB of buffer (as much as the system allows).
 pub fn widen_pipe(fd: impl AsFd) {
     let fd = fd.as_fd();
     let is_pipe = rustix::fs::fstat(fd).is_ok_and(|st| {
