@@ -64,7 +64,7 @@ impl PathIndex {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(StoreError::io("create directory", dir))?;
         }
-        let db = Database::create(path).map_err(|e| match e {
+        let db = crate::index_builder().create(path).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Locked {
                 path: path.to_path_buf(),
             },

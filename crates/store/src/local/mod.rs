@@ -254,7 +254,9 @@ impl LocalStore {
         lock: File,
         fresh_index: bool,
     ) -> Result<Self, StoreError> {
-        let db = Database::create(&index_path).map_err(db_err(&index_path))?;
+        let db = crate::index_builder()
+            .create(&index_path)
+            .map_err(db_err(&index_path))?;
         let mut store = LocalStore {
             dir,
             packs_dir,
