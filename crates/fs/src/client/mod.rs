@@ -27,6 +27,7 @@ mod install;
 mod local;
 mod partial;
 mod push;
+mod ranged;
 mod recipes;
 mod source;
 mod upload;
