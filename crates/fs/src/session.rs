@@ -230,8 +230,6 @@ impl Session {
             .map_err(|e| io::Error::new(e.kind(), format!("cannot run {prog}: {e}")))?;
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
-        widen_pipe(&stdin);
-        widen_pipe(&stdout);
         let reader = LinkReader::new(stdout);
         let timeout = reader.timeout.clone();
         match Connection::open_with(reader, Box::new(stdin) as LinkWriter, zstd_level) {
@@ -303,24 +301,6 @@ impl Session {
                     .name("ferry-hangup".into())
                     .spawn(move || drop(f()));
             }
-        }
-    }
-}
-
-/// Pipe capacity asked for on a session's pipes: the default 64 KiB makes each side wait on the
-/// other every 64 KiB (a reader busy writing a file stops the sender); 1 MiB (Linux's default
-/// limit for unprivileged users) lets each run ahead.
-const PIPE_BYTES: usize = 1 << 20;
-
-/// Gives `fd`, if it is a pipe, 1 MiB of buffer (as much as the system allows).
-pub fn widen_pipe(fd: impl AsFd) {
-    let fd = fd.as_fd();
-    let is_pipe = rustix::fs::fstat(fd).is_ok_and(|st| {
-        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo
-    });
-    if is_pipe {
-        if let Err(e) = rustix::pipe::fcntl_setpipe_size(fd, PIPE_BYTES) {
-            tracing::debug!("cannot widen a pipe: {e}");
         }
     }
 }

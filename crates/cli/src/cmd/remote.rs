@@ -356,8 +356,6 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         if let Some(i) = export_index(&a.dir) {
             server = server.with_index(i);
         }
-        ferry_fs::session::widen_pipe(io::stdin());
-        ferry_fs::session::widen_pipe(io::stdout());
         let stdin = io::stdin().lock();
         let stdout = BufWriter::with_capacity(256 * 1024, io::stdout().lock());
         ferry_fs::serve(&mut server, stdin, stdout)?;
