@@ -28,6 +28,16 @@ pub(crate) fn path_for(local: &Path, version: u64) -> PathBuf {
     super::install::parent_dir(local).join(format!("{PARTIAL_PREFIX}{}-{version:016x}", key(local)))
 }
 
+/// Removes the partial file of `local` at `version` (what it holds is not that version).
+pub(crate) fn remove(local: &Path, version: u64) {
+    let p = path_for(local, version);
+    match fs::remove_file(&p) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!("cannot remove {}: {e}", p.display()),
+    }
+}
+
 /// Where a fetch of `local` at `version` (`size` bytes) may go on from: the length of its
 /// partial file, short of the last byte (the range that names the object id must still come);
 /// 0 without one. Partials of other versions of `local` are removed.

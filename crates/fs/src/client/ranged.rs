@@ -126,11 +126,9 @@ impl Ranges {
             };
             // Another version than listed, or another id named for it.
             let other = |f: &RangeFile| f.oid.is_some_and(|o| oid.is_some_and(|n| n != o));
-            let Some(f) =
-                f.filter(|f| f.version == *version && !other(f) && data.len() <= len as usize)
-            else {
-                let _ =
-                    fs::remove_file(partial::path_for(&jobs[job].local, jobs[job].attr.version));
+            let listed = *version == jobs[job].attr.version;
+            let Some(f) = f.filter(|f| listed && !other(f) && data.len() <= len as usize) else {
+                partial::remove(&jobs[job].local, jobs[job].attr.version);
                 file = None;
                 self.stopped.insert(job);
                 done.insert(job);
@@ -151,10 +149,7 @@ impl Ranges {
                 let f = file.take().expect("a file");
                 done.insert(job);
                 if !f.finish(&jobs[job], src, stats)? {
-                    let _ = fs::remove_file(partial::path_for(
-                        &jobs[job].local,
-                        jobs[job].attr.version,
-                    ));
+                    partial::remove(&jobs[job].local, jobs[job].attr.version);
                     changed.push(job);
                 }
             }
@@ -167,9 +162,7 @@ impl Ranges {
 /// A file being read by ranges: the partial file it goes into, and what was made of it so far.
 struct RangeFile {
     job: usize,
-    /// The version listed (which every range must come from), and the object id once the
-    /// server named it (on the last range at the latest).
-    version: u64,
+    /// The object id once the server named it (on the last range at the latest).
     oid: Option<Id>,
     path: PathBuf,
     file: File,
@@ -210,7 +203,6 @@ impl RangeFile {
         }
         Ok(Some(RangeFile {
             job,
-            version: j.attr.version,
             oid: None,
             path,
             file,
@@ -293,7 +285,7 @@ impl Intake {
         };
         while let Some(n) = cutter.next_cut(data) {
             self.pending.extend_from_slice(&data[..n]);
-            cut(&mut self.pending, src, stats)?;
+            cut(&mut self.pending, src, stats, fetched)?;
             data = &data[n..];
         }
         self.pending.extend_from_slice(data);
@@ -303,18 +295,27 @@ impl Intake {
     /// The last chunk cut; returns the object id of all the bytes taken.
     fn finish(mut self, src: &Sources<'_>, stats: &mut GetStats) -> Result<Id, GetError> {
         if !self.pending.is_empty() {
-            cut(&mut self.pending, src, stats)?;
+            cut(&mut self.pending, src, stats, true)?;
         }
         Ok(self.whole.finish())
     }
 }
 
-/// `pending` is a chunk: into the cache.
-fn cut(pending: &mut Vec<u8>, src: &Sources<'_>, stats: &mut GetStats) -> Result<(), GetError> {
+/// `pending` is a chunk: into the cache. `fetched`: it came from the server (else from the
+/// partial file an earlier fetch left).
+fn cut(
+    pending: &mut Vec<u8>,
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+    fetched: bool,
+) -> Result<(), GetError> {
     src.cache
         .put(&VerifiedChunk::hash(HashAlg::Blake3, pending))?;
     pending.clear();
-    stats.from_server += 1;
+    match fetched {
+        true => stats.from_server += 1,
+        false => stats.from_local += 1,
+    }
     stats.chunks += 1;
     Ok(())
 }

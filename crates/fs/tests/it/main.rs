@@ -1396,19 +1396,26 @@ fn a_receiver_with_nothing_reads_large_files_without_recipes() {
 
 /// A session with the server over `srv` whose link the server's side hangs up after `bytes`.
 fn cut_after(srv: &Path, bytes: usize) -> Connection<UnixStream, UnixStream> {
-    use std::io::{Read, Write};
     let (a, b) = UnixStream::pair().unwrap();
     let export = Export::open(srv).unwrap();
     std::thread::spawn(move || {
         let mut server = Server::new(export, ServerOptions::default(), staging());
         let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
     });
+    let c = relay_cut(b, bytes);
+    Connection::open(c.try_clone().unwrap(), c).unwrap()
+}
+
+/// The client's end of a relay to `server` (a socket to a serving thread) that hangs up after
+/// `cut` bytes of the server's replies.
+fn relay_cut(server: UnixStream, cut: usize) -> UnixStream {
+    use std::io::{Read, Write};
     let (c, d) = UnixStream::pair().unwrap();
-    let (mut b_read, mut d_write) = (b.try_clone().unwrap(), d.try_clone().unwrap());
+    let (mut b_read, mut d_write) = (server.try_clone().unwrap(), d.try_clone().unwrap());
     std::thread::spawn(move || {
         let mut buf = [0u8; 65536];
         let mut total = 0;
-        while total < bytes {
+        while total < cut {
             let Ok(n) = b_read.read(&mut buf) else { break };
             if n == 0 || d_write.write_all(&buf[..n]).is_err() {
                 break;
@@ -1417,11 +1424,11 @@ fn cut_after(srv: &Path, bytes: usize) -> Connection<UnixStream, UnixStream> {
         }
         let _ = d_write.shutdown(std::net::Shutdown::Both);
     });
-    let (mut d_read, mut b_write) = (d, b);
+    let (mut d_read, mut b_write) = (d, server);
     std::thread::spawn(move || {
         let _ = std::io::copy(&mut d_read, &mut b_write);
     });
-    Connection::open(c.try_clone().unwrap(), c).unwrap()
+    c
 }
 
 /// Gets `path` into `dest` as `ferry get` does with an empty cache bounded so that files over
@@ -1970,7 +1977,6 @@ fn small_files_come_together_against_their_old_versions() {
 /// A session with a server on a thread serving `root`, whose link (the server's replies) is
 /// cut after `cut` bytes, if given.
 fn mirror_session(root: &Path, cut: Option<usize>) -> ferry_fs::Session {
-    use std::io::{Read, Write};
     let (a, b) = UnixStream::pair().unwrap();
     let export = Export::open(root).unwrap();
     std::thread::spawn(move || {
@@ -1982,24 +1988,7 @@ fn mirror_session(root: &Path, cut: Option<usize>) -> ferry_fs::Session {
         return ferry_fs::Session::over(b, w, Box::new(|| Ok(()))).unwrap();
     };
     // Through a relay that hangs up after `cut` bytes of replies.
-    let (c, d) = UnixStream::pair().unwrap();
-    let (mut b_read, mut d_write) = (b.try_clone().unwrap(), d.try_clone().unwrap());
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 65536];
-        let mut total = 0;
-        while total < cut {
-            let Ok(n) = b_read.read(&mut buf) else { break };
-            if n == 0 || d_write.write_all(&buf[..n]).is_err() {
-                break;
-            }
-            total += n;
-        }
-        let _ = d_write.shutdown(std::net::Shutdown::Both);
-    });
-    let (mut d_read, mut b_write) = (d, b);
-    std::thread::spawn(move || {
-        let _ = std::io::copy(&mut d_read, &mut b_write);
-    });
+    let c = relay_cut(b, cut);
     let w: ferry_fs::LinkWriter = Box::new(c.try_clone().unwrap());
     ferry_fs::Session::over(c, w, Box::new(|| Ok(()))).unwrap()
 }
