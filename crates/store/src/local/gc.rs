@@ -279,7 +279,8 @@ impl LocalStore {
         records: Option<PackRecords>,
     ) -> Result<(), StoreError> {
         for (key, loc) in chunks {
-            match self.read_record(&key, loc) {
+            // The state lock is held: reading must not take it again.
+            match self.read_record_locked(st, &key, loc) {
                 Ok((id, data)) => {
                     let rec = encode_record(Kind::Chunk, id, &data, self.opts.zstd_level);
                     let (pack, offset) = self.append(st, &rec)?;

@@ -379,6 +379,21 @@ impl LocalStore {
         }
     }
 
+    /// [`read_record`](Self::read_record) for a caller that holds the state lock.
+    fn read_record_locked(
+        &self,
+        st: &mut State,
+        key: &[u8; 16],
+        loc: Loc,
+    ) -> Result<(Id, Vec<u8>), (Option<Id>, String)> {
+        match self.read_record_once(key, loc) {
+            Err((None, _)) if self.write_out_locked(st, loc.pack).is_ok() => {
+                self.read_record_once(key, loc)
+            }
+            r => r,
+        }
+    }
+
     fn read_record_once(
         &self,
         key: &[u8; 16],
@@ -620,10 +635,14 @@ impl LocalStore {
     /// Writes out the current pack's buffered records if it is pack `num`, so reads find them.
     fn write_out(&self, num: u32) -> Result<(), StoreError> {
         let mut st = self.state.lock().unwrap();
+        self.write_out_locked(&mut st, num)
+    }
+
+    fn write_out_locked(&self, st: &mut State, num: u32) -> Result<(), StoreError> {
         match st.writer.as_mut() {
             Some(w) if w.num == num => {
                 let r = w.write_out();
-                self.written(&mut st, r)
+                self.written(st, r)
             }
             _ => Ok(()),
         }

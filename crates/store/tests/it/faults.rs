@@ -307,6 +307,32 @@ fn a_lost_index_is_rebuilt_from_the_packs() {
     assert!(s.verify(|_| {}).unwrap().damaged.is_empty());
 }
 
+/// Compaction that meets a live chunk whose record header is damaged stops with an error and
+/// leaves the pack as it was (it once hung: reading the record took the lock compaction held).
+#[test]
+fn compaction_stops_at_a_damaged_live_record() {
+    let t = tempfile::tempdir().unwrap();
+    let s = new_local(t.path());
+    let live = bytes(60, 16 << 10);
+    let mut dead = live.clone();
+    dead.extend(bytes(61, 100 << 10));
+    let spec = ChunkerSpec::fixed(4096);
+    let (od, _, _) = store_object(&s, &dead[..], &spec, |_| {}).unwrap();
+    let (ol, _, _) = store_object(&s, &live[..], &spec, |_| {}).unwrap();
+    s.remove_object(&od).unwrap();
+    s.flush().unwrap();
+    drop(s);
+    let pack = packs(t.path()).remove(0);
+    let mut raw = fs::read(&pack).unwrap();
+    // The first record (the live data's first chunk): a byte of its header's id.
+    raw[8 + 20] ^= 0x01;
+    fs::write(&pack, &raw).unwrap();
+    let s = reopen(t.path());
+    assert!(matches!(s.gc(0.9), Err(StoreError::Damaged { .. })));
+    assert_eq!(fs::read(&pack).unwrap(), raw, "the pack is left as it was");
+    assert!(read_back(&s, &ol).is_err());
+}
+
 #[test]
 fn gc_drops_unreferenced_chunks_and_compacts() {
     let t = tempfile::tempdir().unwrap();
