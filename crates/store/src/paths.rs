@@ -188,10 +188,8 @@ impl PathIndex {
         let mut range = t
             .range::<&[u8; 32]>(&lo..=&hi)
             .map_err(db_err(&self.path))?;
-        Ok(match range.next() {
-            Some(Ok((k, _))) => Some(Id::from_parts(self.alg, *k.value())),
-            _ => None,
-        })
+        let first = range.next().transpose().map_err(db_err(&self.path))?;
+        Ok(first.map(|(k, _)| Id::from_parts(self.alg, *k.value())))
     }
 
     /// Where object `oid` was last seen.

@@ -361,8 +361,9 @@ impl Server {
                 sent.push(None);
                 continue;
             };
+            let history = self.history_for(bytes.len() as u64);
             let (_, oid) = chunk_object(&bytes[..], &self.opts.chunker, self.opts.hash, |c, d| {
-                keep(&self.history_for(bytes.len() as u64), c.id, d);
+                keep(&history, c.id, d);
                 Ok::<_, io::Error>(())
             })?;
             sent.push(Some((bytes.len() as u64, Some(oid.id()))));

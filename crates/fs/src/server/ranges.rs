@@ -74,11 +74,16 @@ impl RangeHashes {
         }
         let f = self.files.remove(i).expect("found");
         let oid = f.hasher.finish();
+        self.remember(f.fid, oid);
+        Some(oid)
+    }
+
+    /// Notes that version `fid` is object `oid`.
+    fn remember(&mut self, fid: FileId, oid: Id) {
         if self.hashed.len() == HASHED {
             self.hashed.pop_front();
         }
-        self.hashed.push_back((f.fid, oid));
-        Some(oid)
+        self.hashed.push_back((fid, oid));
     }
 
     /// The object id of version `fid`, if it was read to the end.
@@ -97,8 +102,10 @@ impl Server {
     pub(super) fn read_range(&mut self, target: &Target, offset: u64, len: u32) -> Reply {
         let r = self.resolve(target).and_then(|path| {
             let (version, oid, data) = self.range_of(&path, offset, len, target)?;
-            match (target, oid) {
-                (Target::Object(want), Some(oid)) if *want != oid => Err(io::Error::new(
+            match target {
+                // Checked before any byte leaves: a file that is not (or no longer known to
+                // be) the object asked for serves none of it.
+                Target::Object(want) if oid != Some(*want) => Err(io::Error::new(
                     io::ErrorKind::NotFound,
                     format!("object {want} is gone"),
                 )),
@@ -154,15 +161,18 @@ impl Server {
     }
 
     /// The object id of version `fid` of the file at `path`, if this session or the index
-    /// knows it.
-    fn known_oid(&self, path: &WirePath, fid: &FileId) -> Option<Id> {
+    /// knows it (what the index knows is remembered: it is read once per version, not per
+    /// range).
+    fn known_oid(&mut self, path: &WirePath, fid: &FileId) -> Option<Id> {
         if let Some((_, oid)) = self.recipes.get(fid) {
             return Some(oid.id());
         }
         if let Some(oid) = self.ranges.hashed(fid) {
             return Some(oid);
         }
-        self.indexed(path, fid).map(|(_, oid)| oid.id())
+        let oid = self.indexed(path, fid).map(|(_, oid)| oid.id())?;
+        self.ranges.remember(fid.clone(), oid);
+        Some(oid)
     }
 }
 
