@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ferry_proto::{
     Frame, Hello, Inflow, Level, Message, Outflow, ProtoError, Reply, Request, FEATURES,
-    FEATURE_ZSTD_STREAM, VERSION,
+    FEATURE_RATE, FEATURE_ZSTD_STREAM, VERSION,
 };
 use thiserror::Error;
 
@@ -296,6 +296,8 @@ pub struct Connection<R, W> {
     traffic: Traffic,
     /// Frames queued since the last flush.
     unflushed: bool,
+    /// How fast replies arrive, for the server's choice of levels.
+    rate: crate::rate::RateMeter,
     pub server: Option<Hello>,
     /// Paths whose leases the server broke (Invalidate), in arrival order, until taken.
     pub invalidated: Vec<ferry_proto::WirePath>,
@@ -321,6 +323,7 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             outstanding: HashMap::from([(0, 0)]),
             traffic: Traffic::default(),
             unflushed: false,
+            rate: Default::default(),
             server: None,
             invalidated: vec![],
         };
@@ -399,6 +402,12 @@ impl<R: Read, W> Connection<R, W> {
     pub fn send(&mut self, r: Request) -> Result<u32, ConnError> {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
+        if self.offers(FEATURE_RATE) {
+            if let Some(rate) = self.rate.to_report() {
+                tracing::debug!("the link brings at least {rate} bytes/s");
+                self.write(Message::Rate(rate).to_frame(0))?;
+            }
+        }
         let f = Message::Request(r).to_frame(id);
         tracing::trace!(target: "ferry::sizes", "request {:#04x} {}", f.msg_type, f.body.len());
         self.write(f)?;
@@ -436,16 +445,20 @@ impl<R: Read, W> Connection<R, W> {
                 return Ok(q.remove(0));
             }
         }
+        let mut waited = crate::rate::Wait::start();
         loop {
             while let Some(f) = self.inflow.next_frame()? {
                 if let Some(f) = self.route(f, id)? {
+                    self.rate.ended(&waited);
                     return Ok(f);
                 }
             }
+            let began = std::time::Instant::now();
             let n = self.reader.read(&mut self.buf)?;
             if n == 0 {
                 return Err(ConnError::Closed);
             }
+            waited.read(began, n);
             self.traffic.bytes_received += n as u64;
             self.inflow.feed(&self.buf[..n]);
         }

@@ -21,6 +21,7 @@ pub mod conn;
 pub mod delta;
 pub mod export;
 mod leases;
+mod rate;
 pub mod server;
 pub mod session;
 

@@ -13,7 +13,7 @@ use std::os::fd::OwnedFd;
 use ferry_chunk::ChunkerSpec;
 use ferry_format::{HashAlg, Id, Oid, Recipe};
 use ferry_proto::{
-    ErrorCode, Frame, Hello, Message, Reply, Request, WirePath, FEATURES, FEATURE_HISTORY, VERSION,
+    ErrorCode, Frame, Hello, Message, Reply, Request, WirePath, FEATURES, FEATURE_HISTORY, FEATURE_RATE, VERSION,
 };
 use ferry_store::{ChunkStore, VerifiedChunk};
 
@@ -276,6 +276,14 @@ impl Server {
             }
             _ if !self.greeted => one(error(ErrorCode::BadRequest, "hello first")),
             Message::Request(r) => self.request(id, r),
+            // A measure, not a request: nothing is answered, even when it is not taken.
+            Message::Rate(rate) => {
+                if self.features & FEATURE_RATE != 0 {
+                    tracing::debug!("the client measures the link at {rate} bytes/s or more");
+                    self.against.level.link_rate(rate);
+                }
+                vec![]
+            }
             Message::Reply(_) | Message::Invalidate(_) => {
                 one(error(ErrorCode::BadRequest, "servers take requests"))
             }

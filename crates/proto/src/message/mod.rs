@@ -33,9 +33,13 @@ pub const VERSION: u16 = 2;
 /// name old chunks by short id in GetChunks and ReadFiles and have them found there. Offered
 /// by a server only when it has a history.
 pub const FEATURE_HISTORY: u64 = 2;
-/// Feature bits this build understands: [`crate::FEATURE_ZSTD_STREAM`] and
-/// [`FEATURE_HISTORY`]. Everything else of version 2 is always there.
-pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM | FEATURE_HISTORY;
+/// Hello feature bit: the server takes [`Message::Rate`], the client's measure of how fast the
+/// link brings it the server's bytes (the server picks the level of its frames against old data
+/// by it). A client sends it only to a server that offers it.
+pub const FEATURE_RATE: u64 = 4;
+/// Feature bits this build understands: [`crate::FEATURE_ZSTD_STREAM`], [`FEATURE_HISTORY`]
+/// and [`FEATURE_RATE`]. Everything else of version 2 is always there.
+pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM | FEATURE_HISTORY | FEATURE_RATE;
 /// Largest file a client reads whole with no old version (ReadFiles with no olds) rather than
 /// by recipe.
 pub const MAX_READ_FILE: usize = 64 << 10;
@@ -175,6 +179,10 @@ pub enum Message {
     Reply(Reply),
     /// A lease broken (server → client, request id 0).
     Invalidate(WirePath),
+    /// How fast the link brings this side its peer's bytes, in bytes per second, as measured
+    /// so far (client → server, request id 0, no reply; only to a server offering
+    /// [`FEATURE_RATE`]).
+    Rate(u64),
 }
 
 /// Message type codes.
@@ -212,6 +220,7 @@ pub(crate) mod code {
     pub const R_RANGE: u8 = 0x49;
     pub const R_KEYS: u8 = 0x4a;
     pub const INVALIDATE: u8 = 0x60;
+    pub const RATE: u8 = 0x61;
 }
 
 impl Request {
@@ -286,6 +295,10 @@ impl Message {
                 types::put_path(&mut w, p);
                 code::INVALIDATE
             }
+            Message::Rate(r) => {
+                w.varint(*r);
+                code::RATE
+            }
             Message::Request(q) => q.encode(&mut w),
             Message::Reply(r) => r.encode(&mut w),
         };
@@ -321,6 +334,7 @@ impl Message {
                 })
             }
             code::INVALIDATE => Message::Invalidate(types::get_path(&mut r)?),
+            code::RATE => Message::Rate(r.varint()?),
             t @ 0x10..=0x3f => match Request::decode(t, &mut r)? {
                 Some(q) => Message::Request(q),
                 None => return Err(ProtoError::UnknownType(t)),

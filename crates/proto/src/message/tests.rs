@@ -46,6 +46,8 @@ pub(crate) fn samples() -> Vec<Message> {
             agent: "ferry test".into(),
         }),
         Message::Invalidate("a/b".into()),
+        Message::Rate(0),
+        Message::Rate(u64::MAX),
         q(Request::GetAttr { path: "".into() }),
         q(Request::ReadDir {
             path: "src".into(),
@@ -339,6 +341,10 @@ fn exact_bytes_of_every_message() {
             "09000000 60 00 00000000 | 02 6162".into(),
         ),
         (
+            Message::Rate(300_000),
+            "09000000 61 00 00000000 | e0a712".into(),
+        ),
+        (
             Message::Request(Request::GetAttr { path: "ab".into() }),
             "09000000 10 00 05000000 | 02 6162".into(),
         ),
@@ -627,7 +633,10 @@ fn exact_bytes_of_every_message() {
     ];
     let mut wrong = vec![];
     for (m, want) in &cases {
-        let unasked = matches!(m, Message::Hello(_) | Message::Invalidate(_));
+        let unasked = matches!(
+            m,
+            Message::Hello(_) | Message::Invalidate(_) | Message::Rate(_)
+        );
         let got = m.encode(if unasked { 0 } else { 5 }, false).unwrap();
         if got != hex(want) {
             wrong.push(format!(
