@@ -14,14 +14,15 @@ use thiserror::Error;
 
 use crate::server::Server;
 
-/// What went wrong talking to the other side.
+/// What went wrong talking to the other side. The cause is in the message, not also a
+/// `source()`: a report that prints the chain would say it twice.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ConnError {
     #[error("connection: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
     #[error("protocol violation by the peer: {0}")]
-    Proto(#[from] ProtoError),
+    Proto(ProtoError),
     #[error("the connection closed")]
     Closed,
     #[error("unexpected reply: {0}")]
@@ -31,6 +32,18 @@ pub enum ConnError {
         code: ferry_proto::ErrorCode,
         message: String,
     },
+}
+
+impl From<io::Error> for ConnError {
+    fn from(e: io::Error) -> Self {
+        ConnError::Io(e)
+    }
+}
+
+impl From<ProtoError> for ConnError {
+    fn from(e: ProtoError) -> Self {
+        ConnError::Proto(e)
+    }
 }
 
 const READ_BUF: usize = 256 * 1024;
@@ -403,9 +416,9 @@ impl<R: Read, W> Connection<R, W> {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
         if self.offers(FEATURE_RATE) {
-            if let Some(rate) = self.rate.to_report() {
-                tracing::debug!("the link brings at least {rate} bytes/s");
-                self.write(Message::Rate(rate).to_frame(0))?;
+            if let Some((rate, sample)) = self.rate.to_report() {
+                tracing::debug!("the link brings at least {rate} bytes/s ({sample} bytes at once)");
+                self.write(Message::Rate { rate, sample }.to_frame(0))?;
             }
         }
         let f = Message::Request(r).to_frame(id);

@@ -240,6 +240,12 @@ const START_LEVEL: i32 = 12;
 /// Links the receiver measured at least this fast (64 Mbit/s, a LAN) start at the session's
 /// own level.
 const FAST_LINK: u64 = 8 << 20;
+/// A link the receiver measured over a reply of [`THIN_SAMPLE`] bytes or more and found no
+/// faster than this (2 Mbit/s) is thin: its frames start at the top, where the bytes saved are
+/// worth the time (the next frames' compressing hides behind the link sending this one). A
+/// measure from smaller replies is mostly a round trip's and proves nothing slow.
+const THIN_LINK: u64 = 256 << 10;
+const THIN_SAMPLE: u64 = 16 << 10;
 
 impl FrameLevel {
     /// Levels from `floor` (the session's level) up to [`TOP_LEVEL`].
@@ -262,13 +268,24 @@ impl FrameLevel {
         }
     }
 
-    /// The receiver measured the link bringing it at least `rate` bytes a second: on a fast
-    /// one, large frames start at the session's own level (until the first large frame; after
+    /// The receiver measured the link bringing it at least `rate` bytes a second, over replies
+    /// the largest of which was `sample` bytes: on a fast link large frames start at the
+    /// session's own level, on one shown thin at the top (until the first large frame; after
     /// it, the link's waits lead).
-    pub fn link_rate(&mut self, rate: u64) {
-        if !self.started && rate >= FAST_LINK {
-            self.at = 0;
+    pub fn link_rate(&mut self, rate: u64, sample: u64) {
+        if self.started {
+            return;
         }
+        self.at = if rate >= FAST_LINK {
+            0
+        } else if rate < THIN_LINK && sample >= THIN_SAMPLE {
+            self.levels.len() - 1
+        } else {
+            self.levels
+                .iter()
+                .rposition(|&l| l <= START_LEVEL)
+                .unwrap_or(0)
+        };
     }
 
     /// The session's own level, the lowest.
@@ -631,28 +648,35 @@ mod tests {
     fn large_frames_start_at_12_or_on_a_fast_link_at_the_sessions_level() {
         let big = 2 << 20;
         let text = b"fn main() { println!(\"hello\"); }\n".repeat(4);
-        let first = |floor: i32, rate: Option<u64>| {
+        let first = |floor: i32, measure: Option<(u64, u64)>| {
             let mut f = FrameLevel::new(floor);
-            if let Some(r) = rate {
-                f.link_rate(r);
+            if let Some((rate, sample)) = measure {
+                f.link_rate(rate, sample);
             }
             f.level(big, &text)
         };
         assert_eq!(first(9, None), 12);
-        assert_eq!(first(9, Some(500_000)), 12, "4 Mbit/s");
-        assert_eq!(first(9, Some(12_500_000)), 9, "100 Mbit/s");
+        assert_eq!(first(9, Some((500_000, 30_000))), 12, "4 Mbit/s");
+        assert_eq!(first(9, Some((12_500_000, 500))), 9, "100 Mbit/s");
+        assert_eq!(first(9, Some((190_000, 30_000))), 19, "1.5 Mbit/s, shown");
+        assert_eq!(first(9, Some((16_000, 500))), 12, "a round trip proves nothing");
         assert_eq!(first(3, None), 12);
-        assert_eq!(first(3, Some(12_500_000)), 3);
-        assert_eq!(first(19, Some(12_500_000)), 19, "a session at 19 stays there");
+        assert_eq!(first(3, Some((12_500_000, 500))), 3);
+        assert_eq!(first(19, Some((12_500_000, 500))), 19, "a session at 19 stays");
         assert_eq!(first(22, None), 22);
+        // Later measures replace earlier ones until the first large frame.
+        let mut f = FrameLevel::new(9);
+        f.link_rate(190_000, 30_000);
+        f.link_rate(400_000, 60_000);
+        assert_eq!(f.level(big, &text), 12);
         // After the first large frame, the link's waits lead: a later measure changes nothing.
         let mut f = FrameLevel::new(9);
         assert_eq!(f.timed(big, &text, |l| l), 12);
-        f.link_rate(12_500_000);
+        f.link_rate(12_500_000, 500);
         assert_eq!(f.level(big, &text), 12);
         // Small frames stay at the top whatever the link.
         let mut f = FrameLevel::new(9);
-        f.link_rate(12_500_000);
+        f.link_rate(12_500_000, 500);
         assert_eq!(f.level(1000, &text), 19);
     }
 }

@@ -6,18 +6,22 @@
 //! Each wait for a reply gives a lower bound: the bytes that arrived during it, over its time
 //! (which also holds the round trip and the server's work, so it can only say too little). A
 //! wait whose first read returned at once read bytes that arrived before it began (the client
-//! was busy while the link delivered), and says nothing. The measure is the best bound so far.
+//! was busy while the link delivered), and says nothing. The measure is the best bound so far,
+//! with the most bytes one measured wait brought: a bound from a few hundred bytes is a round
+//! trip's, from tens of KB the link's own.
 
 use std::time::{Duration, Instant};
 
 /// A first read quicker than this found bytes already there.
 const ALREADY_THERE: Duration = Duration::from_micros(50);
 
-/// The best lower bound of the link's rate so far, and what was last reported.
+/// The best lower bound of the link's rate so far, the most bytes one measured wait brought,
+/// and what was last reported of both.
 #[derive(Debug, Default)]
 pub(crate) struct RateMeter {
     best: u64,
-    reported: u64,
+    sample: u64,
+    reported: (u64, u64),
 }
 
 /// One wait for a reply, as its reads go.
@@ -62,15 +66,18 @@ impl RateMeter {
         }
         let rate = (bytes as f64 / took.as_secs_f64().max(1e-6)).min(u64::MAX as f64) as u64;
         self.best = self.best.max(rate);
+        self.sample = self.sample.max(bytes);
     }
 
-    /// The measure to tell the server, when there is one it has not heard (the first, or one
-    /// at least twice the last told).
-    pub(crate) fn to_report(&mut self) -> Option<u64> {
-        let new = self.best > 0 && (self.reported == 0 || self.best / 2 >= self.reported);
+    /// The measure to tell the server (rate, sample), when there is one it has not heard: the
+    /// first, or one whose rate or sample is at least twice the last told.
+    pub(crate) fn to_report(&mut self) -> Option<(u64, u64)> {
+        let (rate, sample) = self.reported;
+        let new = self.best > 0
+            && (rate == 0 || self.best / 2 >= rate || self.sample / 2 >= sample);
         new.then(|| {
-            self.reported = self.best;
-            self.best
+            self.reported = (self.best, self.sample);
+            self.reported
         })
     }
 }
@@ -90,14 +97,17 @@ mod tests {
         assert_eq!(m.to_report(), None);
         // 30 KB in 80 ms (a recipe over DSL): 375 KB/s.
         m.take(false, 30_000, ms(80));
-        assert_eq!(m.to_report(), Some(375_000));
+        assert_eq!(m.to_report(), Some((375_000, 30_000)));
         assert_eq!(m.to_report(), None, "told once");
         // Slower waits (the server working) do not lower it; a faster one under twice neither.
         m.take(false, 3_000, ms(80));
-        m.take(false, 60_000, ms(100));
+        m.take(false, 50_000, ms(100));
         assert_eq!(m.to_report(), None);
         m.take(false, 75_000, ms(100));
-        assert_eq!(m.to_report(), Some(750_000));
+        assert_eq!(m.to_report(), Some((750_000, 75_000)));
+        // A sample twice as large is news even at a lower rate.
+        m.take(false, 150_000, ms(1000));
+        assert_eq!(m.to_report(), Some((750_000, 150_000)));
     }
 
     #[test]

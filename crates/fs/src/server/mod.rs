@@ -277,10 +277,10 @@ impl Server {
             _ if !self.greeted => one(error(ErrorCode::BadRequest, "hello first")),
             Message::Request(r) => self.request(id, r),
             // A measure, not a request: nothing is answered, even when it is not taken.
-            Message::Rate(rate) => {
+            Message::Rate { rate, sample } => {
                 if self.features & FEATURE_RATE != 0 {
                     tracing::debug!("the client measures the link at {rate} bytes/s or more");
-                    self.against.level.link_rate(rate);
+                    self.against.level.link_rate(rate, sample);
                 }
                 vec![]
             }

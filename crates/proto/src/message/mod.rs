@@ -179,10 +179,10 @@ pub enum Message {
     Reply(Reply),
     /// A lease broken (server → client, request id 0).
     Invalidate(WirePath),
-    /// How fast the link brings this side its peer's bytes, in bytes per second, as measured
-    /// so far (client → server, request id 0, no reply; only to a server offering
-    /// [`FEATURE_RATE`]).
-    Rate(u64),
+    /// How fast the link brings the client the server's bytes (client → server, request id 0,
+    /// no reply; only to a server offering [`FEATURE_RATE`]): at least `rate` bytes per second,
+    /// measured over waits for replies the largest of which brought `sample` bytes.
+    Rate { rate: u64, sample: u64 },
 }
 
 /// Message type codes.
@@ -295,8 +295,9 @@ impl Message {
                 types::put_path(&mut w, p);
                 code::INVALIDATE
             }
-            Message::Rate(r) => {
-                w.varint(*r);
+            Message::Rate { rate, sample } => {
+                w.varint(*rate);
+                w.varint(*sample);
                 code::RATE
             }
             Message::Request(q) => q.encode(&mut w),
@@ -334,7 +335,10 @@ impl Message {
                 })
             }
             code::INVALIDATE => Message::Invalidate(types::get_path(&mut r)?),
-            code::RATE => Message::Rate(r.varint()?),
+            code::RATE => Message::Rate {
+                rate: r.varint()?,
+                sample: r.varint()?,
+            },
             t @ 0x10..=0x3f => match Request::decode(t, &mut r)? {
                 Some(q) => Message::Request(q),
                 None => return Err(ProtoError::UnknownType(t)),

@@ -46,8 +46,11 @@ pub(crate) fn samples() -> Vec<Message> {
             agent: "ferry test".into(),
         }),
         Message::Invalidate("a/b".into()),
-        Message::Rate(0),
-        Message::Rate(u64::MAX),
+        Message::Rate { rate: 0, sample: 0 },
+        Message::Rate {
+            rate: u64::MAX,
+            sample: u64::MAX,
+        },
         q(Request::GetAttr { path: "".into() }),
         q(Request::ReadDir {
             path: "src".into(),
@@ -341,8 +344,11 @@ fn exact_bytes_of_every_message() {
             "09000000 60 00 00000000 | 02 6162".into(),
         ),
         (
-            Message::Rate(300_000),
-            "09000000 61 00 00000000 | e0a712".into(),
+            Message::Rate {
+                rate: 300_000,
+                sample: 20_000,
+            },
+            "0c000000 61 00 00000000 | e0a712 a09c01".into(),
         ),
         (
             Message::Request(Request::GetAttr { path: "ab".into() }),
@@ -635,7 +641,7 @@ fn exact_bytes_of_every_message() {
     for (m, want) in &cases {
         let unasked = matches!(
             m,
-            Message::Hello(_) | Message::Invalidate(_) | Message::Rate(_)
+            Message::Hello(_) | Message::Invalidate(_) | Message::Rate { .. }
         );
         let got = m.encode(if unasked { 0 } else { 5 }, false).unwrap();
         if got != hex(want) {
