@@ -680,6 +680,7 @@ impl Vfs {
 
     fn sources(&self) -> Sources<'_> {
         Sources {
+            borrowing: true,
             cache: &self.chunks,
             chunker: self.opts.chunker.clone(),
             delete: false,

@@ -147,6 +147,7 @@ impl Demo {
         let mut s = self.session()?;
         let cold = ferry_store::ChunkStore::is_empty(&self.cache)?;
         let src = Sources {
+            borrowing: true,
             cache: &self.cache,
             chunker: ChunkerSpec::default(),
             delete: true,

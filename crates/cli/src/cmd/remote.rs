@@ -253,6 +253,10 @@ pub struct GetArgs {
     /// listings and recipes from the first. Repeatable.
     #[arg(long, value_name = "REMOTE")]
     mirror: Vec<String>,
+    /// Never move requests queued at a slow source to an idle one (DOT's request borrowing):
+    /// for experiments (`ferry lab --multipath`).
+    #[arg(long, hide = true)]
+    no_borrowing: bool,
     /// Print a JSON summary.
     #[arg(long)]
     json: bool,
@@ -290,6 +294,9 @@ pub struct SyncArgs {
     /// When fetching: another server holding the same tree (see `ferry get --mirror`).
     #[arg(long, value_name = "REMOTE")]
     mirror: Vec<String>,
+    /// When fetching: see `ferry get --no-borrowing`.
+    #[arg(long, hide = true)]
+    no_borrowing: bool,
     /// Print a JSON summary.
     #[arg(long)]
     json: bool,
@@ -308,6 +315,7 @@ pub fn sync(a: SyncArgs) -> Result<ExitCode> {
             rsh: a.rsh,
             cache: a.cache,
             mirror: a.mirror,
+            no_borrowing: a.no_borrowing,
             json: a.json,
             mode: a.mode,
             remote: a.src,
@@ -744,6 +752,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
             short_ids: a.mirror.is_empty(),
             cache_file_max: a.cache.file_max(),
             mirrors: (!a.mirror.is_empty()).then_some(&mirrors),
+            borrowing: !a.no_borrowing,
         };
         let mut stats = ferry_fs::GetStats::default();
         ferry_fs::get(&mut s.conn, &wire, &a.local, &src, &mut stats)
@@ -755,7 +764,9 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
             traffic.bytes_sent += t.bytes_sent;
             traffic.bytes_received += t.bytes_received;
             traffic.requests += t.requests;
-            m.session.close()?;
+            // A mirror only served chunks: nothing of its ending matters, and a dead link's
+            // orderly ending could take as long as its TCP gives up.
+            m.session.abort();
         }
         Ok((stats, traffic))
     })?;

@@ -445,7 +445,10 @@ fn fetch_chunks<R: io::Read + Send, W: Write>(
     for o in &mut others {
         sources.push(o);
     }
-    let report = ferry_transfer::fetch(&mut sources, &wants, &sink, &Options::default());
+    let opts = Options {
+        borrowing: src.borrowing,
+    };
+    let report = ferry_transfer::fetch(&mut sources, &wants, &sink, &opts);
     // What arrived is kept, whatever else happened: a retry resumes from it.
     src.cache.flush()?;
     let report = report.map_err(engine_error)?;

@@ -158,6 +158,9 @@ pub struct Sources<'a> {
     /// Other servers holding the same tree, asked for chunks in parallel with the first
     /// (listings and recipes come from the first). They need full ids: `short_ids` off.
     pub mirrors: Option<&'a std::sync::Mutex<Vec<Mirror>>>,
+    /// Requests queued at a slow or failed source move to an idle one (DOT's request
+    /// borrowing); off only for experiments.
+    pub borrowing: bool,
     /// Recipes name the chunks held nowhere here by 8-byte short ids (the client finds what it
     /// holds by prefix, checks the whole recipe once the rest arrived). Off, they come with full
     /// ids: what other sources than the server (mirrors) need to serve them.

@@ -148,6 +148,7 @@ fn get_with(
 ) -> Result<GetStats, GetError> {
     let mut stats = GetStats::default();
     let src = Sources {
+        borrowing: true,
         cache,
         chunker: ChunkerSpec::default(),
         delete,
@@ -789,6 +790,7 @@ fn the_largest_chunk_size_moves_files_both_ways() {
     // By recipe and GetChunks (not by ranges): the batches are what is tested.
     let cache = MemStore::new(ferry_format::HashAlg::Blake3);
     let src = Sources {
+        borrowing: true,
         cache: &cache,
         chunker: spec.clone(),
         delete: false,
@@ -1443,6 +1445,7 @@ fn get_large(
     let mut stats = GetStats::default();
     let cold = cache.is_empty().unwrap();
     let src = Sources {
+        borrowing: true,
         cache,
         chunker: ChunkerSpec::default(),
         delete: true,
@@ -1582,6 +1585,7 @@ fn dry_run_changes_nothing_and_says_what_it_would_do() {
     fs::write(dst.join("extra"), b"only here").unwrap();
     let before = fs::read(dst.join("one")).unwrap();
     let src = Sources {
+        borrowing: true,
         cache: &cache,
         chunker: ChunkerSpec::default(),
         delete: true,
@@ -2016,6 +2020,7 @@ fn get_mirrored(
             .collect(),
     );
     let src = Sources {
+        borrowing: true,
         cache: &cache,
         chunker: ChunkerSpec::default(),
         delete: false,

@@ -49,6 +49,8 @@ pub struct Relay {
     pub port: u16,
     counters: Arc<Counters>,
     stop: Arc<AtomicBool>,
+    /// The link is dead: every connection through it is shut down, new ones refused.
+    cut: Arc<AtomicBool>,
 }
 
 impl Relay {
@@ -57,13 +59,17 @@ impl Relay {
         let port = listener.local_addr()?.port();
         let counters = Arc::new(Counters::default());
         let stop = Arc::new(AtomicBool::new(false));
-        let (c, s) = (counters.clone(), stop.clone());
+        let cut = Arc::new(AtomicBool::new(false));
+        let (c, s, dead) = (counters.clone(), stop.clone(), cut.clone());
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 if s.load(Ordering::Relaxed) {
                     break;
                 }
                 let Ok(client) = conn else { continue };
+                if dead.load(Ordering::Relaxed) {
+                    continue;
+                }
                 let Ok(server) = TcpStream::connect(target) else {
                     continue;
                 };
@@ -75,11 +81,11 @@ impl Relay {
                     _ => continue,
                 };
                 let up = c.clone();
-                pump(cr, server, shape.up_bps, half, move |n| {
+                pump(cr, server, shape.up_bps, half, dead.clone(), move |n| {
                     up.up.fetch_add(n, Ordering::Relaxed);
                 });
                 let down = c.clone();
-                pump(sr, client, shape.down_bps, half, move |n| {
+                pump(sr, client, shape.down_bps, half, dead.clone(), move |n| {
                     down.down.fetch_add(n, Ordering::Relaxed);
                 });
             }
@@ -88,7 +94,14 @@ impl Relay {
             port,
             counters,
             stop,
+            cut,
         })
+    }
+
+    /// Kills the link: within a segment's time every connection through it is shut down both
+    /// ways (the ends see it closed), and new ones are closed at once.
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::Relaxed);
     }
 
     /// Bytes carried (up, down) since the last call; the counters start again from zero.
@@ -109,16 +122,19 @@ impl Drop for Relay {
 }
 
 /// Carries `from` to `to` at `bps` after `delay`, calling `count` with each segment's length
-/// as it enters the link; at the end of `from`, shuts down the writing half of `to`.
+/// as it enters the link; at the end of `from`, shuts down the writing half of `to`; once `cut`
+/// is set, shuts both down both ways.
 fn pump(
     mut from: TcpStream,
     mut to: TcpStream,
     bps: u64,
     delay: Duration,
+    cut: Arc<AtomicBool>,
     count: impl Fn(u64) + Send + 'static,
 ) {
     let bdp = (bps as f64 / 8.0 * delay.as_secs_f64() * 2.0) as usize;
     let (tx, rx) = mpsc::sync_channel::<(Instant, Vec<u8>)>((bdp + (64 << 10)) / SEGMENT + 1);
+    let reading = from.try_clone();
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 64 << 10];
         let mut free = Instant::now();
@@ -140,7 +156,20 @@ fn pump(
         // Dropping the sender tells the writer the stream ended.
     });
     std::thread::spawn(move || {
-        for (at, seg) in rx {
+        let idle = Duration::from_millis(20);
+        loop {
+            if cut.load(Ordering::Relaxed) {
+                let _ = to.shutdown(Shutdown::Both);
+                if let Ok(r) = &reading {
+                    let _ = r.shutdown(Shutdown::Both);
+                }
+                return;
+            }
+            let (at, seg) = match rx.recv_timeout(idle) {
+                Ok(s) => s,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            };
             let now = Instant::now();
             if at > now {
                 std::thread::sleep(at - now);
@@ -208,5 +237,29 @@ mod tests {
         assert_eq!(back, vec![7u8; 20_000]);
         assert_eq!(relay.take(), (20_004, 20_004));
         assert_eq!(relay.take(), (0, 0));
+    }
+
+    #[test]
+    fn a_cut_link_closes_its_connections_and_takes_no_new_ones() {
+        let relay = Relay::start(Shape::UNLIMITED, echo()).unwrap();
+        let mut s = TcpStream::connect(("127.0.0.1", relay.port)).unwrap();
+        s.write_all(b"ping").unwrap();
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).unwrap();
+        relay.cut();
+        // A generous deadline: only a link that never closes fails.
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let r = s.read(&mut b);
+        assert!(
+            matches!(&r, Ok(0)) || r.as_ref().is_err_and(|e| e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::TimedOut),
+            "{r:?}"
+        );
+        let mut n = TcpStream::connect(("127.0.0.1", relay.port)).unwrap();
+        n.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let r = n.read(&mut b);
+        assert!(
+            matches!(&r, Ok(0)) || r.as_ref().is_err_and(|e| e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::TimedOut),
+            "{r:?}"
+        );
     }
 }

@@ -9,6 +9,7 @@
 mod chart;
 mod interactive;
 mod link;
+mod multipath;
 mod netns;
 mod sshd;
 mod workloads;
@@ -69,6 +70,12 @@ pub struct Args {
     /// with --quick, the document saves only.
     #[arg(long)]
     interactive: bool,
+    /// Run DOT's multi-path experiment instead (its Table 2): a 16 MiB file over two emulated
+    /// links at once (`ferry get --mirror`), with and without request borrowing, against the
+    /// faster link alone, and each link cut in the middle of a transfer. Writes multipath.md
+    /// and multipath.json into --out.
+    #[arg(long, conflicts_with_all = ["quick", "profiles", "down", "interactive", "from_json"])]
+    multipath: bool,
     /// Where results go.
     #[arg(long, default_value = "lab-results", value_name = "DIR")]
     out: PathBuf,
@@ -618,6 +625,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
         direct,
         ferry: std::env::current_exe()?,
     };
+    if a.multipath {
+        return multipath_report(&lab, &a);
+    }
     let mut infos = vec![];
     for w in &wls {
         infos.push(WorkloadInfo {
@@ -710,6 +720,43 @@ pub fn run(a: Args) -> Result<ExitCode> {
             format!(", {}", charts.join(", "))
         }
     );
+    if failed > 0 {
+        eprintln!("lab: {failed} run(s) failed");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs DOT's multi-path experiment and writes its results.
+fn multipath_report(lab: &Lab, a: &Args) -> Result<ExitCode> {
+    let started = Instant::now();
+    let runs = multipath::run(lab)?;
+    let md = multipath::markdown(&runs);
+    let report = serde_json::json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "machine": machine(),
+        "seconds": started.elapsed().as_secs_f64(),
+        "runs": runs,
+    });
+    fs::create_dir_all(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
+    fs::write(a.out.join("multipath.md"), &md)?;
+    fs::write(
+        a.out.join("multipath.json"),
+        serde_json::to_string_pretty(&report)? + "\n",
+    )?;
+    if a.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{md}");
+    }
+    eprintln!(
+        "lab: results in {} (multipath.md, multipath.json)",
+        a.out.display()
+    );
+    let failed = runs
+        .iter()
+        .filter(|r| r.status.starts_with("failed"))
+        .count();
     if failed > 0 {
         eprintln!("lab: {failed} run(s) failed");
         return Ok(ExitCode::from(1));
