@@ -302,6 +302,8 @@ pub struct Connection<R, W> {
     next_id: u32,
     /// Frames that arrived for requests other than the one being waited for.
     early: HashMap<u32, Vec<Frame>>,
+    /// Requests whose replies are not wanted: dropped as they arrive.
+    forgotten: std::collections::HashSet<u32>,
     /// Requests whose last reply frame has not arrived, with the round trip each was sent in; a
     /// frame for any other id is a violation (it would otherwise let a hostile server fill
     /// `early` without bound).
@@ -333,6 +335,7 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             buf: vec![0u8; READ_BUF],
             next_id: 1,
             early: HashMap::new(),
+            forgotten: Default::default(),
             outstanding: HashMap::from([(0, 0)]),
             traffic: Traffic::default(),
             unflushed: false,
@@ -480,6 +483,12 @@ impl<R: Read, W> Connection<R, W> {
     /// Takes a frame that arrived: an invalidation is noted, a reply to another request kept
     /// for later; a reply to `id` is returned.
     fn route(&mut self, f: Frame, id: u32) -> Result<Option<Frame>, ConnError> {
+        if self.forgotten.contains(&f.request_id) {
+            if !f.more() {
+                self.forgotten.remove(&f.request_id);
+            }
+            return Ok(None);
+        }
         if !self.outstanding.contains_key(&f.request_id) {
             if f.request_id == 0 {
                 if let Message::Invalidate(p) = Message::decode(&f)? {
@@ -559,6 +568,15 @@ impl<R: Read, W> Connection<R, W> {
             if !more {
                 return Ok(out);
             }
+        }
+    }
+
+    /// The reply to request `id` is not wanted: what came of it already is dropped, and the
+    /// rest as it arrives (the link still carries it).
+    pub fn forget(&mut self, id: u32) {
+        self.early.remove(&id);
+        if self.outstanding.remove(&id).is_some() {
+            self.forgotten.insert(id);
         }
     }
 

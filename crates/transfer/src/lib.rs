@@ -133,6 +133,17 @@ pub trait Source {
     /// The answer to the oldest request not yet received: one entry per chunk it named, its
     /// bytes or `None` (not here). Waits for it.
     fn receive(&mut self) -> Result<Vec<Option<Vec<u8>>>, SourceError>;
+
+    /// The fetch is over: the answers to the `outstanding` requests not yet received are not
+    /// wanted (what they asked for came from elsewhere). A source that can drops them as they
+    /// come, without waiting (DOT's cancel); by default they are received and dropped.
+    fn abandon(&mut self, outstanding: usize) {
+        for _ in 0..outstanding {
+            if self.receive().is_err() {
+                return;
+            }
+        }
+    }
 }
 
 /// Where verified chunks go.

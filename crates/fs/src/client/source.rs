@@ -141,6 +141,12 @@ impl<R: io::Read + Send, W: Write> Source for SessionSource<'_, R, W> {
         }
         Ok(out)
     }
+
+    fn abandon(&mut self, _: usize) {
+        for (id, _) in self.pending.drain(..) {
+            self.conn.forget(id);
+        }
+    }
 }
 
 fn source_error(e: ConnError) -> SourceError {

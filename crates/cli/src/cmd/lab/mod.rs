@@ -70,7 +70,7 @@ pub struct Args {
     /// with --quick, the document saves only.
     #[arg(long)]
     interactive: bool,
-    /// Run DOT's multi-path experiment instead (its Table 2): a 16 MiB file over two emulated
+    /// Run DOT's multi-path experiment instead (its Table 2): a 40 MB file over two emulated
     /// links at once (`ferry get --mirror`), with and without request borrowing, against the
     /// faster link alone, and each link cut in the middle of a transfer. Writes multipath.md
     /// and multipath.json into --out.
