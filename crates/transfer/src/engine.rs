@@ -515,17 +515,19 @@ fn work(
                 }
             }
         }
-        if stopping && !pending.is_empty() {
-            // The fetch is over (everything arrived): what is still on its way is not wanted.
-            src.abandon(pending.len());
-            return;
-        }
         let Some((batch, since)) = pending.pop_front() else {
             if stopping {
                 return;
             }
             continue;
         };
+        // Everything it asked for came from elsewhere (or the fetch is over): its answer is
+        // not wanted, and not waited for (DOT's cancel).
+        if stopping || batch.iter().all(|&w| done[w].load(Ordering::Acquire)) {
+            src.abandon(1);
+            let _ = events.send(nothing(s));
+            continue;
+        }
         let answers = match src.receive() {
             Ok(a) => a,
             Err(e) => {

@@ -134,11 +134,11 @@ pub trait Source {
     /// bytes or `None` (not here). Waits for it.
     fn receive(&mut self) -> Result<Vec<Option<Vec<u8>>>, SourceError>;
 
-    /// The fetch is over: the answers to the `outstanding` requests not yet received are not
-    /// wanted (what they asked for came from elsewhere). A source that can drops them as they
+    /// The answers to the oldest `n` requests not yet received are not wanted (what they asked
+    /// for came from elsewhere, or the fetch is over). A source that can drops them as they
     /// come, without waiting (DOT's cancel); by default they are received and dropped.
-    fn abandon(&mut self, outstanding: usize) {
-        for _ in 0..outstanding {
+    fn abandon(&mut self, n: usize) {
+        for _ in 0..n {
             if self.receive().is_err() {
                 return;
             }

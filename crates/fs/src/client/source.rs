@@ -142,8 +142,8 @@ impl<R: io::Read + Send, W: Write> Source for SessionSource<'_, R, W> {
         Ok(out)
     }
 
-    fn abandon(&mut self, _: usize) {
-        for (id, _) in self.pending.drain(..) {
+    fn abandon(&mut self, n: usize) {
+        for (id, _) in self.pending.drain(..n.min(self.pending.len())) {
             self.conn.forget(id);
         }
     }
