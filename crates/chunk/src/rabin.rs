@@ -30,15 +30,62 @@ const LOW53: u64 = (1 << DEGREE) - 1;
 /// fixed forever for `lbfs-v1`.
 const MAGIC: u64 = 0x0b4d_5a3c;
 
+/// The tables of one polynomial.
+struct Tables {
+    /// `b·x^(8·47) mod P`: a byte's weight when it is the oldest in the window.
+    out: [u64; 256],
+    /// `out[b]·x^8 mod P`.
+    out8: [u64; 256],
+    /// `t·x^53 mod P` and `t·x^61 mod P`: reduce the top byte after a shift by 8 or 16.
+    r53: [u64; 256],
+    r61: [u64; 256],
+}
+
+impl Tables {
+    fn of(pol: u64) -> Box<Tables> {
+        let mut t = Box::new(Tables {
+            out: [0; 256],
+            out8: [0; 256],
+            r53: [0; 256],
+            r61: [0; 256],
+        });
+        for b in 0..256u64 {
+            let mut h = append_byte(0, b as u8, pol);
+            for _ in 0..WINDOW - 1 {
+                h = append_byte(h, 0, pol);
+            }
+            t.out[b as usize] = h;
+            t.out8[b as usize] = append_byte(h, 0, pol);
+            t.r53[b as usize] = poly_mod((b as u128) << DEGREE, pol);
+            t.r61[b as usize] = poly_mod((b as u128) << (DEGREE + 8), pol);
+        }
+        t
+    }
+}
+
+/// The tables of [`LBFS_POLYNOMIAL`], made once: a cutter per file (a server cutting a tree of
+/// small files) would otherwise spend more on them than on the files.
+static LBFS_TABLES: std::sync::OnceLock<Box<Tables>> = std::sync::OnceLock::new();
+
+/// A cutter's tables: the shared ones, or its key's own.
+enum TablesRef {
+    Shared(&'static Tables),
+    Own(Box<Tables>),
+}
+
+impl std::ops::Deref for TablesRef {
+    type Target = Tables;
+    fn deref(&self) -> &Tables {
+        match self {
+            TablesRef::Shared(t) => t,
+            TablesRef::Own(t) => t,
+        }
+    }
+}
+
 /// The Rabin-fingerprint cutter. See the module documentation.
 pub struct RabinCutter {
-    /// `b·x^(8·47) mod P`: a byte's weight when it is the oldest in the window.
-    out: Box<[u64; 256]>,
-    /// `out[b]·x^8 mod P`.
-    out8: Box<[u64; 256]>,
-    /// `t·x^53 mod P` and `t·x^61 mod P`: reduce the top byte after a shift by 8 or 16.
-    r53: Box<[u64; 256]>,
-    r61: Box<[u64; 256]>,
+    tables: TablesRef,
     subst: [u8; 256],
     keyed: bool,
     mask: u64,
@@ -64,25 +111,12 @@ impl RabinCutter {
             }
             Some(key) => keyed_params(key),
         };
-        let mut out = Box::new([0u64; 256]);
-        let mut out8 = Box::new([0u64; 256]);
-        let mut r53 = Box::new([0u64; 256]);
-        let mut r61 = Box::new([0u64; 256]);
-        for b in 0..256u64 {
-            let mut h = append_byte(0, b as u8, pol);
-            for _ in 0..WINDOW - 1 {
-                h = append_byte(h, 0, pol);
-            }
-            out[b as usize] = h;
-            out8[b as usize] = append_byte(h, 0, pol);
-            r53[b as usize] = poly_mod((b as u128) << DEGREE, pol);
-            r61[b as usize] = poly_mod((b as u128) << (DEGREE + 8), pol);
-        }
+        let tables = match pol {
+            LBFS_POLYNOMIAL => TablesRef::Shared(LBFS_TABLES.get_or_init(|| Tables::of(pol))),
+            _ => TablesRef::Own(Tables::of(pol)),
+        };
         RabinCutter {
-            out,
-            out8,
-            r53,
-            r61,
+            tables,
             subst,
             keyed: spec.key.is_some(),
             mask,
@@ -114,8 +148,8 @@ impl RabinCutter {
         if *wpos == WINDOW {
             *wpos = 0;
         }
-        let d = digest ^ self.out[leaving as usize];
-        (((d << 8) & LOW53) | b as u64) ^ self.r53[(d >> SHIFT) as usize & 0xff]
+        let d = digest ^ self.tables.out[leaving as usize];
+        (((d << 8) & LOW53) | b as u64) ^ self.tables.r53[(d >> SHIFT) as usize & 0xff]
     }
 }
 
@@ -131,7 +165,8 @@ impl RabinCutter {
         end: usize,
         mut digest: u64,
     ) -> Result<usize, (usize, u64)> {
-        let (out, out8, r53, r61) = (&*self.out, &*self.out8, &*self.r53, &*self.r61);
+        let t = &*self.tables;
+        let (out, out8, r53, r61) = (&t.out, &t.out8, &t.r53, &t.r61);
         let sub = |b: u8| if KEYED { self.subst[b as usize] } else { b };
         let pairs = (end - i) / 2;
         let cur = data[i..i + 2 * pairs].chunks_exact(2);

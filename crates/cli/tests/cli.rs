@@ -562,7 +562,11 @@ fn retry_reconnects_after_a_failed_link() {
     ]);
     assert_eq!(o.status.code(), Some(4), "a failed link exits 4");
     let e = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert_eq!(e.matches("before the session began").count(), 1, "said once: {e}");
+    assert_eq!(
+        e.matches("before the session began").count(),
+        1,
+        "said once: {e}"
+    );
     std::fs::remove_file(&mark).unwrap();
     ok(&[
         "get",

@@ -202,22 +202,23 @@ pub fn find<'a>(runs: impl IntoIterator<Item = &'a [u8]>, keys: &Keys) -> (Vec<u
     (refs, prefix)
 }
 
-/// The level of a sender's large frames against old data, following the link: it starts at
-/// [`START_LEVEL`] (or the session's own on a link the receiver measured fast,
-/// [`link_rate`](Self::link_rate)), and after each frame
-/// compares how long writing it out waited on the link with how long compressing it took. Waits
-/// longer than compressing: the compressor is hidden behind the link, a step up (more at once
-/// for longer waits). Waits under an eighth of it: the compressor is the bottleneck (a LAN,
-/// where level 19 would take seconds a frame for a few per cent of bytes), steps down, as many
-/// as halvings of the ratio beyond that eighth, down to the session's own level. Frames of data
-/// that hardly compresses (archives) stay at the session's level unless the link is far slower
-/// than compressing (writes waiting 8 times as long, and since at least as long).
+/// The level of a sender's frames against old data, following the link: it starts at
+/// [`START_LEVEL`] (or the session's own on a link the receiver measured fast, the top on one
+/// it showed thin: [`link_rate`](Self::link_rate)), and after a large frame (or small ones
+/// that took [`DECIDE_AFTER`] in all) compares how long writing them out waited on the link
+/// with how long compressing them took. Waits longer than compressing: the compressor is
+/// hidden behind the link, a step up (more at once for longer waits). Waits under an eighth of
+/// it: the compressor is the bottleneck (a LAN, where level 19 would take seconds a frame for a
+/// few per cent of bytes), steps down, as many as halvings of the ratio beyond that eighth, down
+/// to the session's own level. Large frames of data that hardly compresses (archives) stay at
+/// the session's level unless the link is far slower than compressing (writes waiting 8 times
+/// as long, and since at least as long).
 #[derive(Debug)]
 pub struct FrameLevel {
     levels: Vec<i32>,
     at: usize,
-    /// How long the last large frame took to compress, and the writes since (how many, and
-    /// how long they waited).
+    /// How long the frames since the last decision took to compress (`None`: no frame since),
+    /// and the writes since the first of them (how many, and how long they waited).
     busy: Option<std::time::Duration>,
     writes: u32,
     waited: std::time::Duration,
@@ -226,9 +227,16 @@ pub struct FrameLevel {
     thin: bool,
     /// The writes counted so far by [`saw_writes`](Self::saw_writes).
     seen: (u64, std::time::Duration),
-    /// Whether a large frame was compressed yet (after the first, the link's waits lead).
+    /// Whether a large frame was compressed yet, or a decision made (from then on, the link's
+    /// waits lead).
     started: bool,
+    /// A large frame is among those since the last decision.
+    large: bool,
 }
+
+/// Small frames since the last decision must have taken this long in all for the next: a few
+/// milliseconds of compressing and a write that waited as long say little.
+const DECIDE_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// The level large frames start at: a frame alone, its time not hidden behind the link's
 /// sending of others, goes quicker at 12 than at 19 on any link over 40 kbit/s. mbox-append's
@@ -265,6 +273,7 @@ impl FrameLevel {
             thin: false,
             seen: Default::default(),
             started: false,
+            large: false,
         }
     }
 
@@ -296,11 +305,13 @@ impl FrameLevel {
     /// The level for a frame of `bytes` of work, its data starting with `sample`.
     fn level(&mut self, bytes: usize, sample: &[u8]) -> i32 {
         let top = self.levels.len() - 1;
-        if bytes <= SMALL_FRAME {
-            return self.levels[top];
-        }
-        // Nothing written since the last large frame says nothing about the link.
-        if let Some(busy) = self.busy.take_if(|_| self.writes > 0) {
+        // A decision once the frames since the last took long enough to say something (a large
+        // one, or small ones adding up) and were written: nothing written says nothing about
+        // the link.
+        let enough = self.large || self.busy.is_some_and(|b| b >= DECIDE_AFTER);
+        if let Some(busy) = self.busy.take_if(|_| enough && self.writes > 0) {
+            self.large = false;
+            self.started = true;
             let waited = std::mem::take(&mut self.waited);
             let ratio = waited.as_secs_f64() / busy.as_secs_f64().max(1e-9);
             self.thin = ratio >= if self.thin { 1.0 } else { 8.0 };
@@ -310,6 +321,9 @@ impl FrameLevel {
                 let steps = ((1.0 / (ratio * 8.0)).log2().floor() as usize).max(1);
                 self.at = self.at.saturating_sub(steps);
             }
+        }
+        if bytes <= SMALL_FRAME {
+            return self.levels[self.at];
         }
         // Data that hardly compresses gains a few per cent from the higher levels for ten
         // times the time and more (`zstd --patch-from` on django-sdist: 10.09 MB in 0.16 s at
@@ -331,18 +345,22 @@ impl FrameLevel {
         out
     }
 
-    /// A large frame was compressed in `busy`.
+    /// A frame of `bytes` of work was compressed in `busy`: it joins the frames since the last
+    /// decision (the first of them starts counting the writes).
     fn compressed(&mut self, bytes: usize, busy: std::time::Duration) {
-        if bytes > SMALL_FRAME {
-            self.started = true;
-            self.busy = Some(busy);
+        if self.busy.is_none() {
             self.writes = 0;
             self.waited = Default::default();
         }
+        self.busy = Some(self.busy.unwrap_or_default() + busy);
+        if bytes > SMALL_FRAME {
+            self.started = true;
+            self.large = true;
+        }
     }
 
-    /// Whether a large frame was compressed and nothing written since: the sender should write
-    /// it out now, so the next large frame's level knows how fast the link took it.
+    /// Whether frames were compressed since the last decision and nothing written since: the
+    /// sender should write them out now, so the next decision knows how fast the link took them.
     pub fn unwritten(&self) -> bool {
         self.busy.is_some() && self.writes == 0
     }
@@ -585,14 +603,14 @@ mod tests {
         };
         let next = |f: &mut FrameLevel, busy: u64, waited: u64| next_for(f, busy, waited, TEXT);
         let mut f = FrameLevel::new(9);
-        // Small frames: the top level, always; the first large one starts at 12.
-        assert_eq!(f.level(1000, TEXT), 19);
+        // Frames start at 12, small and large.
+        assert_eq!(f.level(1000, TEXT), 12);
         assert_eq!(f.level(big, TEXT), 12);
         // A thin link: writing waited 20 times as long as compressing took; up to the top.
         assert_eq!(next(&mut f, 2000, 40_000), 19);
         // A LAN: the write hardly waited. Down, several steps at once, to the session's level.
         assert_eq!(next(&mut f, 2000, 1), 9);
-        assert_eq!(f.level(1000, TEXT), 19, "small frames stay at the top");
+        assert_eq!(f.level(1000, TEXT), 9, "small frames follow");
         // No write between two large frames (replies gather before they go out): no decision.
         f.compressed(big, ms(2000));
         assert!(f.unwritten());
@@ -632,7 +650,7 @@ mod tests {
         .collect();
         assert!(hardly_compresses(&random) && !hardly_compresses(TEXT));
         let mut f = FrameLevel::new(9);
-        assert_eq!(f.level(1000, &random), 19, "small frames stay at the top");
+        assert_eq!(f.level(1000, &random), 12, "small frames follow the level");
         assert_eq!(f.level(big, &random), 9);
         // A LAN, where the peer's work makes writes wait a little: stays.
         assert_eq!(next_for(&mut f, 100, 300, &random), 9);
@@ -659,10 +677,18 @@ mod tests {
         assert_eq!(first(9, Some((500_000, 30_000))), 12, "4 Mbit/s");
         assert_eq!(first(9, Some((12_500_000, 500))), 9, "100 Mbit/s");
         assert_eq!(first(9, Some((190_000, 30_000))), 19, "1.5 Mbit/s, shown");
-        assert_eq!(first(9, Some((16_000, 500))), 12, "a round trip proves nothing");
+        assert_eq!(
+            first(9, Some((16_000, 500))),
+            12,
+            "a round trip proves nothing"
+        );
         assert_eq!(first(3, None), 12);
         assert_eq!(first(3, Some((12_500_000, 500))), 3);
-        assert_eq!(first(19, Some((12_500_000, 500))), 19, "a session at 19 stays");
+        assert_eq!(
+            first(19, Some((12_500_000, 500))),
+            19,
+            "a session at 19 stays"
+        );
         assert_eq!(first(22, None), 22);
         // Later measures replace earlier ones until the first large frame.
         let mut f = FrameLevel::new(9);
@@ -674,9 +700,37 @@ mod tests {
         assert_eq!(f.timed(big, &text, |l| l), 12);
         f.link_rate(12_500_000, 500);
         assert_eq!(f.level(big, &text), 12);
-        // Small frames stay at the top whatever the link.
+        // Small frames start there too.
         let mut f = FrameLevel::new(9);
         f.link_rate(12_500_000, 500);
+        assert_eq!(f.level(1000, &text), 9);
+        f.link_rate(190_000, 30_000);
         assert_eq!(f.level(1000, &text), 19);
+    }
+
+    #[test]
+    fn small_frames_decide_once_they_add_up() {
+        use std::time::Duration;
+        let ms = Duration::from_millis;
+        let text = b"fn main() { println!(\"hello\"); }\n".repeat(4);
+        let mut f = FrameLevel::new(9);
+        // Small frames of 10 ms, each written after waiting 40 ms (a thin link): no decision
+        // until 50 ms of compressing add up, then up (the waits were 4 times as long).
+        for _ in 0..5 {
+            assert_eq!(f.level(1000, &text), 12);
+            f.compressed(1000, ms(10));
+            f.wrote(ms(40));
+        }
+        assert_eq!(f.level(1000, &text), 17);
+        // A fast link: the writes hardly wait; down once 50 ms add up again.
+        for _ in 0..5 {
+            assert_eq!(f.level(1000, &text), 17);
+            f.compressed(1000, ms(10));
+            f.wrote(ms(0));
+        }
+        assert_eq!(f.level(1000, &text), 9);
+        // The measure of the link counts only until the first decision.
+        f.link_rate(190_000, 30_000);
+        assert_eq!(f.level(1000, &text), 9);
     }
 }

@@ -73,8 +73,8 @@ impl RateMeter {
     /// first, or one whose rate or sample is at least twice the last told.
     pub(crate) fn to_report(&mut self) -> Option<(u64, u64)> {
         let (rate, sample) = self.reported;
-        let new = self.best > 0
-            && (rate == 0 || self.best / 2 >= rate || self.sample / 2 >= sample);
+        let new =
+            self.best > 0 && (rate == 0 || self.best / 2 >= rate || self.sample / 2 >= sample);
         new.then(|| {
             self.reported = (self.best, self.sample);
             self.reported

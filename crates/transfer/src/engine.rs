@@ -653,7 +653,11 @@ mod tests {
         assert_eq!(batch_bytes(true, None, max), 256 << 10);
         assert_eq!(batch_bytes(true, None, 64 << 10), 64 << 10);
         assert_eq!(batch_bytes(true, Some(625_000.0), max), 156_250, "5 Mbit/s");
-        assert_eq!(batch_bytes(true, Some(12_500_000.0), max), 3_125_000, "100 Mbit/s");
+        assert_eq!(
+            batch_bytes(true, Some(12_500_000.0), max),
+            3_125_000,
+            "100 Mbit/s"
+        );
         assert_eq!(batch_bytes(true, Some(1e9), max), max);
         assert_eq!(batch_bytes(true, Some(1000.0), max), 32 << 10, "a floor");
     }

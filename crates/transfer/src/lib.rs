@@ -11,9 +11,12 @@
 //!   outstanding, as DOT's plugins keep ten), handing out work in the order wanted;
 //! - treats "not here" as a reason to ask the next source that may have the chunk, never as an
 //!   error (only a chunk no source has is one);
+//! - among several remote sources, sizes each one's requests to a quarter second of its own
+//!   measured rate, so a slow source never holds much of what is left;
 //! - lends the requests still outstanding at the slowest source to one that has run out of
 //!   work (request borrowing, DOT's multi-path plugin): whichever answers first wins, the
-//!   other's copy is dropped;
+//!   other's copy is dropped, and a request whose every chunk came from elsewhere is abandoned
+//!   rather than waited for (DOT's cancel); the fetch ends when the last chunk arrives;
 //! - verifies every chunk (its bytes must hash to its id), on the source's thread, and hands
 //!   it to the [`Sink`] once;
 //! - when a source fails (a cut link, an unplugged device), gives its outstanding requests to

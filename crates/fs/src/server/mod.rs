@@ -13,7 +13,8 @@ use std::os::fd::OwnedFd;
 use ferry_chunk::ChunkerSpec;
 use ferry_format::{HashAlg, Id, Oid, Recipe};
 use ferry_proto::{
-    ErrorCode, Frame, Hello, Message, Reply, Request, WirePath, FEATURES, FEATURE_HISTORY, FEATURE_RATE, VERSION,
+    ErrorCode, Frame, Hello, Message, Reply, Request, WirePath, FEATURES, FEATURE_HISTORY,
+    FEATURE_RATE, VERSION,
 };
 use ferry_store::{ChunkStore, VerifiedChunk};
 

@@ -182,7 +182,10 @@ pub enum Message {
     /// How fast the link brings the client the server's bytes (client → server, request id 0,
     /// no reply; only to a server offering [`FEATURE_RATE`]): at least `rate` bytes per second,
     /// measured over waits for replies the largest of which brought `sample` bytes.
-    Rate { rate: u64, sample: u64 },
+    Rate {
+        rate: u64,
+        sample: u64,
+    },
 }
 
 /// Message type codes.

@@ -251,14 +251,20 @@ mod tests {
         s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         let r = s.read(&mut b);
         assert!(
-            matches!(&r, Ok(0)) || r.as_ref().is_err_and(|e| e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::TimedOut),
+            matches!(&r, Ok(0))
+                || r.as_ref()
+                    .is_err_and(|e| e.kind() != std::io::ErrorKind::WouldBlock
+                        && e.kind() != std::io::ErrorKind::TimedOut),
             "{r:?}"
         );
         let mut n = TcpStream::connect(("127.0.0.1", relay.port)).unwrap();
         n.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         let r = n.read(&mut b);
         assert!(
-            matches!(&r, Ok(0)) || r.as_ref().is_err_and(|e| e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::TimedOut),
+            matches!(&r, Ok(0))
+                || r.as_ref()
+                    .is_err_and(|e| e.kind() != std::io::ErrorKind::WouldBlock
+                        && e.kind() != std::io::ErrorKind::TimedOut),
             "{r:?}"
         );
     }
