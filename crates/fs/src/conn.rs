@@ -419,7 +419,7 @@ impl<R: Read, W> Connection<R, W> {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
         if self.offers(FEATURE_RATE) {
-            if let Some((rate, sample)) = self.rate.to_report() {
+            if let Some((rate, sample)) = self.rate.news() {
                 tracing::debug!("the link brings at least {rate} bytes/s ({sample} bytes at once)");
                 self.write(Message::Rate { rate, sample }.to_frame(0))?;
             }

@@ -71,7 +71,7 @@ impl RateMeter {
 
     /// The measure to tell the server (rate, sample), when there is one it has not heard: the
     /// first, or one whose rate or sample is at least twice the last told.
-    pub(crate) fn to_report(&mut self) -> Option<(u64, u64)> {
+    pub(crate) fn news(&mut self) -> Option<(u64, u64)> {
         let (rate, sample) = self.reported;
         let new =
             self.best > 0 && (rate == 0 || self.best / 2 >= rate || self.sample / 2 >= sample);
@@ -90,24 +90,24 @@ mod tests {
     fn the_best_bound_is_reported_once_and_again_when_it_doubles() {
         let ms = Duration::from_millis;
         let mut m = RateMeter::default();
-        assert_eq!(m.to_report(), None, "nothing measured");
+        assert_eq!(m.news(), None, "nothing measured");
         // Bytes that were already there say nothing.
         m.take(true, 1 << 20, ms(1));
         m.take(false, 0, ms(1));
-        assert_eq!(m.to_report(), None);
+        assert_eq!(m.news(), None);
         // 30 KB in 80 ms (a recipe over DSL): 375 KB/s.
         m.take(false, 30_000, ms(80));
-        assert_eq!(m.to_report(), Some((375_000, 30_000)));
-        assert_eq!(m.to_report(), None, "told once");
+        assert_eq!(m.news(), Some((375_000, 30_000)));
+        assert_eq!(m.news(), None, "told once");
         // Slower waits (the server working) do not lower it; a faster one under twice neither.
         m.take(false, 3_000, ms(80));
         m.take(false, 50_000, ms(100));
-        assert_eq!(m.to_report(), None);
+        assert_eq!(m.news(), None);
         m.take(false, 75_000, ms(100));
-        assert_eq!(m.to_report(), Some((750_000, 75_000)));
+        assert_eq!(m.news(), Some((750_000, 75_000)));
         // A sample twice as large is news even at a lower rate.
         m.take(false, 150_000, ms(1000));
-        assert_eq!(m.to_report(), Some((750_000, 150_000)));
+        assert_eq!(m.news(), Some((750_000, 150_000)));
     }
 
     #[test]
