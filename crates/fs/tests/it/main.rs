@@ -522,6 +522,43 @@ fn round_trips_of_a_small_file() {
     assert_eq!(fs::read(t.path().join("out2")).unwrap(), b"hello");
 }
 
+#[test]
+fn a_forgotten_reply_is_dropped_as_it_comes_and_the_session_goes_on() {
+    let t = tempfile::tempdir().unwrap();
+    let data = bytes(7, 3 << 20);
+    fs::write(t.path().join("big"), &data).unwrap();
+    fs::write(t.path().join("small"), b"hello").unwrap();
+    let mut c = connect(t.path());
+    let range = |offset: u64, len: u32| Request::ReadRange {
+        target: ferry_proto::Target::Path("big".into()),
+        offset,
+        len,
+    };
+    // A 2 MiB range (several frames) not wanted once asked for, and a reply after it.
+    let unwanted = c.send(range(0, 2 << 20)).unwrap();
+    let wanted = c
+        .send(Request::GetAttr {
+            path: "small".into(),
+        })
+        .unwrap();
+    c.forget(unwanted);
+    match &c.replies(wanted).unwrap()[..] {
+        [Reply::Attr(a)] => assert_eq!(a.size, 5),
+        other => panic!("{other:?}"),
+    }
+    // The session goes on: the next reply is the next request's.
+    let got: Vec<u8> = c
+        .call(range(1 << 20, 1 << 20))
+        .unwrap()
+        .into_iter()
+        .flat_map(|r| match r {
+            Reply::Range { data, .. } => data,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(got, data[1 << 20..2 << 20]);
+}
+
 /// A tree of 300 files in 3 levels of directories, and links.
 fn wide_tree(root: &Path) {
     for d in 0..3 {
