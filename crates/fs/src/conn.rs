@@ -418,7 +418,13 @@ impl<R: Read, W> Connection<R, W> {
     pub fn send(&mut self, r: Request) -> Result<u32, ConnError> {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
-        if self.offers(FEATURE_RATE) {
+        // The measure matters where the server compresses against old data: only there.
+        let against_old = match &r {
+            Request::GetChunks(g) => g.against.is_some(),
+            Request::ReadFiles { files } => files.iter().any(|(_, olds)| !olds.is_empty()),
+            _ => false,
+        };
+        if against_old && self.offers(FEATURE_RATE) {
             if let Some((rate, sample)) = self.rate.news() {
                 tracing::debug!("the link brings at least {rate} bytes/s ({sample} bytes at once)");
                 self.write(Message::Rate { rate, sample }.to_frame(0))?;

@@ -203,9 +203,9 @@ pub fn find<'a>(runs: impl IntoIterator<Item = &'a [u8]>, keys: &Keys) -> (Vec<u
 }
 
 /// The level of a sender's frames against old data, following the link: it starts at
-/// [`START_LEVEL`] (or the session's own on a link the receiver measured fast, the top on one
+/// level 12 (or the session's own on a link the receiver measured fast, the top on one
 /// it showed thin: [`link_rate`](Self::link_rate)), and after a large frame (or small ones
-/// that took [`DECIDE_AFTER`] in all) compares how long writing them out waited on the link
+/// that took 50 ms in all) compares how long writing them out waited on the link
 /// with how long compressing them took. Waits longer than compressing: the compressor is
 /// hidden behind the link, a step up (more at once for longer waits). Waits under an eighth of
 /// it: the compressor is the bottleneck (a LAN, where level 19 would take seconds a frame for a

@@ -175,6 +175,8 @@ impl Read for LinkReader {
 pub struct Session {
     pub conn: Connection<LinkReader, LinkWriter>,
     timeout: Arc<AtomicU64>,
+    /// The reader's flag that lets go of the transport (see [`Session::hang_up_handle`]).
+    hang_up: Arc<AtomicBool>,
     end: End,
 }
 
@@ -231,11 +233,12 @@ impl Session {
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
         let reader = LinkReader::new(stdout);
-        let timeout = reader.timeout.clone();
+        let (timeout, hang_up) = (reader.timeout.clone(), reader.dropped.clone());
         match Connection::open_with(reader, Box::new(stdin) as LinkWriter, zstd_level) {
             Ok(conn) => Ok(Session {
                 conn,
                 timeout,
+                hang_up,
                 end: End::Child(child),
             }),
             Err(e) => {
@@ -260,13 +263,21 @@ impl Session {
         finish: Box<dyn FnOnce() -> io::Result<()> + Send>,
     ) -> Result<Session, ConnError> {
         let reader = LinkReader::new(reader);
-        let timeout = reader.timeout.clone();
+        let (timeout, hang_up) = (reader.timeout.clone(), reader.dropped.clone());
         let conn = Connection::open(reader, writer)?;
         Ok(Session {
             conn,
             timeout,
+            hang_up,
             end: End::Other(finish),
         })
+    }
+
+    /// A handle that ends the session's reading from another thread: within 100 ms a wait for
+    /// the server fails (the session counts as closed), even one already blocked. For a link
+    /// that went silent under a thread that cannot be told otherwise.
+    pub fn hang_up_handle(&self) -> Arc<AtomicBool> {
+        self.hang_up.clone()
     }
 
     /// How long a wait for the server may last before the link counts as failed (`TimedOut`);

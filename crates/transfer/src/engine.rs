@@ -25,11 +25,17 @@ use crate::{Sink, Source, Want};
 pub struct Options {
     /// Lend the requests outstanding at a slow source to one that ran out of work.
     pub borrowing: bool,
+    /// Once everything arrived, how long a source may go on receiving an answer before it is
+    /// interrupted (a link gone silent would otherwise hold the fetch until TCP gives up).
+    pub grace: Duration,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { borrowing: true }
+        Options {
+            borrowing: true,
+            grace: Duration::from_secs(10),
+        }
     }
 }
 
@@ -125,6 +131,9 @@ enum Event {
         error: String,
     },
     Sink(StoreError),
+    /// The source's thread ended (it wakes [`wind_down`]).
+    #[allow(dead_code)]
+    Exited(usize),
 }
 
 /// The coordinator's view of one source.
@@ -187,12 +196,14 @@ pub fn fetch(
     }
     let done: Vec<AtomicBool> = wants.iter().map(|_| AtomicBool::new(false)).collect();
     let (events, inbox) = mpsc::channel::<Event>();
+    let interrupters: Vec<_> = sources.iter().map(|s| s.interrupter()).collect();
+    let exited: Vec<AtomicBool> = sources.iter().map(|_| AtomicBool::new(false)).collect();
     std::thread::scope(|scope| {
         let mut seats = vec![];
         for (s, src) in sources.iter_mut().enumerate() {
             let (tx, rx) = mpsc::channel();
             let events = events.clone();
-            let done = &done;
+            let (done, exited) = (&done, &exited[s]);
             let (depth, batch, local) = (src.depth().max(1), src.batch(), src.local());
             let queue = (0..wants.len())
                 .filter(|&w| may[w] & (1 << s) != 0)
@@ -200,7 +211,10 @@ pub fn fetch(
             let src: &mut (dyn Source + Send) = &mut **src;
             std::thread::Builder::new()
                 .name(format!("ferry-source-{s}"))
-                .spawn_scoped(scope, move || work(s, src, wants, done, sink, &rx, &events))
+                .spawn_scoped(scope, move || {
+                    let _exit = Exit(s, exited, &events);
+                    work(s, src, wants, done, sink, &rx, &events)
+                })
                 .expect("a thread for a source");
             seats.push(Seat {
                 queue,
@@ -218,9 +232,45 @@ pub fn fetch(
         for seat in &seats {
             let _ = seat.tx.send(Command::Stop);
         }
+        wind_down(&exited, &inbox, &interrupters, opts.grace);
         r
     })?;
     Ok(report)
+}
+
+/// Marks a source's thread as ended, however it ends, and tells the coordinator.
+struct Exit<'a>(usize, &'a AtomicBool, &'a mpsc::Sender<Event>);
+
+impl Drop for Exit<'_> {
+    fn drop(&mut self) {
+        self.1.store(true, Ordering::Release);
+        let _ = self.2.send(Event::Exited(self.0));
+    }
+}
+
+/// Waits for the sources' threads to end (told to stop): those still receiving an answer
+/// after `grace` are interrupted, when they can be.
+fn wind_down(
+    exited: &[AtomicBool],
+    inbox: &mpsc::Receiver<Event>,
+    interrupters: &[Option<crate::Interrupter>],
+    grace: Duration,
+) {
+    let deadline = Instant::now() + grace;
+    while exited.iter().any(|e| !e.load(Ordering::Acquire)) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match inbox.recv_timeout(left) {
+            Ok(_) => {}
+            Err(mpsc::RecvTimeoutError::Timeout) => break,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+    }
+    for (s, i) in interrupters.iter().enumerate() {
+        if let (false, Some(i)) = (exited[s].load(Ordering::Acquire), i) {
+            tracing::warn!("source {s} still receiving {grace:?} after the fetch ended: hung up");
+            i();
+        }
+    }
 }
 
 /// Hands out work until every want is done, or cannot be.
@@ -328,6 +378,8 @@ fn coordinate(
                 last_error = error;
             }
             Event::Sink(e) => return Err(EngineError::Sink(e)),
+            // Only after a failure (reported before) or a stop.
+            Event::Exited(_) => {}
         }
     }
 }

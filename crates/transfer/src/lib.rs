@@ -137,6 +137,14 @@ pub trait Source {
     /// bytes or `None` (not here). Waits for it.
     fn receive(&mut self) -> Result<Vec<Option<Vec<u8>>>, SourceError>;
 
+    /// What stops this source's waiting from another thread, if it can be stopped (a
+    /// session's link gone silent): after a fetch has everything, the engine waits a grace
+    /// period for each source to finish the answer it is receiving, then calls this; the
+    /// source's receive must then fail soon.
+    fn interrupter(&self) -> Option<Interrupter> {
+        None
+    }
+
     /// The answers to the oldest `n` requests not yet received are not wanted (what they asked
     /// for came from elsewhere, or the fetch is over). A source that can drops them as they
     /// come, without waiting (DOT's cancel); by default they are received and dropped.
@@ -148,6 +156,9 @@ pub trait Source {
         }
     }
 }
+
+/// Stops a source's waiting from another thread (see [`Source::interrupter`]).
+pub type Interrupter = Box<dyn Fn() + Send + Sync>;
 
 /// Where verified chunks go.
 pub trait Sink: Sync {

@@ -66,6 +66,9 @@ struct Remote<'a> {
     lie: bool,
     /// Requests whose answers were abandoned (dropped unreceived).
     abandoned: usize,
+    /// Gone silent: every receive waits until this gate opens (its interrupter opens it), then
+    /// fails.
+    silent: Option<Arc<Gate>>,
 }
 
 impl<'a> Remote<'a> {
@@ -81,6 +84,7 @@ impl<'a> Remote<'a> {
             received: 0,
             lie: false,
             abandoned: 0,
+            silent: None,
         }
     }
 }
@@ -102,6 +106,10 @@ impl Source for Remote<'_> {
         self.pending.push_back(wants.to_vec());
         Ok(())
     }
+    fn interrupter(&self) -> Option<ferry_transfer::Interrupter> {
+        let g = self.silent.clone()?;
+        Some(Box::new(move || g.open()))
+    }
     fn abandon(&mut self, n: usize) {
         for _ in 0..n {
             self.pending.pop_front().expect("asked");
@@ -109,6 +117,10 @@ impl Source for Remote<'_> {
         }
     }
     fn receive(&mut self) -> Result<Vec<Option<Vec<u8>>>, SourceError> {
+        if let Some(g) = &self.silent {
+            g.wait();
+            return Err(SourceError::new("hung up"));
+        }
         if let Some(g) = &self.gate {
             g.wait();
         }
@@ -339,6 +351,27 @@ fn answers_to_what_came_from_elsewhere_are_not_waited_for() {
     holds_all(&near, &w);
     assert_eq!(r.chunks(), 64);
     assert_eq!((slow.received, slow.abandoned), (1, 1));
+}
+
+#[test]
+fn a_source_gone_silent_is_interrupted_once_everything_arrived() {
+    // `mute` never answers (a link that lost every packet) until interrupted: the others
+    // bring everything (borrowing its requests), then the fetch hangs it up and ends.
+    let far = store_of(0..64);
+    let near = MemStore::new(HashAlg::Blake3);
+    let w = wants(64);
+    let gate = Arc::new(Gate::default());
+    let mut mute = Remote::new("mute", &far);
+    mute.silent = Some(gate.clone());
+    let mut fast = Remote::new("fast", &far);
+    let opts = Options {
+        grace: std::time::Duration::ZERO,
+        ..Options::default()
+    };
+    let r = fetch(&mut [&mut mute, &mut fast], &w, &near, &opts).unwrap();
+    holds_all(&near, &w);
+    assert_eq!(r.sources[1].chunks, 64, "{r:?}");
+    assert!(*gate.open.lock().unwrap(), "interrupted");
 }
 
 #[test]

@@ -438,7 +438,10 @@ fn fetch_chunks<R: io::Read + Send, W: Write>(
     let mut others: Vec<_> = mirrors
         .iter_mut()
         .flat_map(|m| m.iter_mut())
-        .map(|m| SessionSource::mirror(&mut m.session.conn, &m.name, &m.of, &m.root))
+        .map(|m| {
+            let hang_up = Some(m.session.hang_up_handle());
+            SessionSource::mirror(&mut m.session.conn, &m.name, &m.of, &m.root, hang_up)
+        })
         .collect();
     let mut primary = SessionSource::primary(conn);
     let mut sources: Vec<&mut (dyn Source + Send)> = vec![&mut primary];
@@ -447,6 +450,7 @@ fn fetch_chunks<R: io::Read + Send, W: Write>(
     }
     let opts = Options {
         borrowing: src.borrowing,
+        ..Options::default()
     };
     let report = ferry_transfer::fetch(&mut sources, &wants, &sink, &opts);
     // What arrived is kept, whatever else happened: a retry resumes from it.

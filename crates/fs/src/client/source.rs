@@ -41,6 +41,8 @@ pub(crate) struct SessionSource<'c, R, W> {
     /// Requests sent so far: the first window costs a round trip, refills keep the stream
     /// going.
     sent: usize,
+    /// Ends the session's reading from another thread (a mirror's: its link may go silent).
+    hang_up: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl<'c, R: io::Read, W: Write> SessionSource<'c, R, W> {
@@ -52,15 +54,18 @@ impl<'c, R: io::Read, W: Write> SessionSource<'c, R, W> {
             places: None,
             pending: VecDeque::new(),
             sent: 0,
+            hang_up: None,
         }
     }
 
-    /// A mirror: chunks asked for with their places, its paths for the listed server's.
+    /// A mirror: chunks asked for with their places, its paths for the listed server's;
+    /// `hang_up` ends its session's reading (a link gone silent cannot hold the fetch).
     pub(crate) fn mirror(
         conn: &'c mut Connection<R, W>,
         name: &str,
         of: &WirePath,
         root: &WirePath,
+        hang_up: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     ) -> Self {
         SessionSource {
             conn,
@@ -68,6 +73,7 @@ impl<'c, R: io::Read, W: Write> SessionSource<'c, R, W> {
             places: Some((of.clone(), root.clone())),
             pending: VecDeque::new(),
             sent: 0,
+            hang_up,
         }
     }
 
@@ -140,6 +146,13 @@ impl<R: io::Read + Send, W: Write> Source for SessionSource<'_, R, W> {
             out[p] = Some(bytes);
         }
         Ok(out)
+    }
+
+    fn interrupter(&self) -> Option<ferry_transfer::Interrupter> {
+        let flag = self.hang_up.clone()?;
+        Some(Box::new(move || {
+            flag.store(true, std::sync::atomic::Ordering::Release)
+        }))
     }
 
     fn abandon(&mut self, n: usize) {

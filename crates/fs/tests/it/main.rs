@@ -401,9 +401,10 @@ fn a_small_files_keys_are_three_bytes() {
     assert!(fs::read(t.path().join("local")).unwrap() == new);
     assert!(s.against_old >= 1, "{s:?}");
     // The requests: GetAttr, the recipe against the old pages, and one GetChunks with the
-    // keys; 4-byte keys alone would be ~150 bytes.
+    // keys (with it, when the client has a measure of the link, one Rate of at most 20
+    // bytes); 4-byte keys alone would be ~150 bytes more.
     let sent = c.traffic().bytes_sent - before;
-    assert!(sent < 260, "{sent} bytes sent");
+    assert!(sent < 280, "{sent} bytes sent");
 }
 
 #[test]

@@ -51,6 +51,8 @@ pub struct Relay {
     stop: Arc<AtomicBool>,
     /// The link is dead: every connection through it is shut down, new ones refused.
     cut: Arc<AtomicBool>,
+    /// The link is silent: nothing crosses it either way, and nothing tells the ends.
+    mute: Arc<AtomicBool>,
 }
 
 impl Relay {
@@ -60,7 +62,8 @@ impl Relay {
         let counters = Arc::new(Counters::default());
         let stop = Arc::new(AtomicBool::new(false));
         let cut = Arc::new(AtomicBool::new(false));
-        let (c, s, dead) = (counters.clone(), stop.clone(), cut.clone());
+        let mute = Arc::new(AtomicBool::new(false));
+        let (c, s, dead, quiet) = (counters.clone(), stop.clone(), cut.clone(), mute.clone());
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 if s.load(Ordering::Relaxed) {
@@ -81,11 +84,12 @@ impl Relay {
                     _ => continue,
                 };
                 let up = c.clone();
-                pump(cr, server, shape.up_bps, half, dead.clone(), move |n| {
+                let ends = (dead.clone(), quiet.clone());
+                pump(cr, server, shape.up_bps, half, ends.clone(), move |n| {
                     up.up.fetch_add(n, Ordering::Relaxed);
                 });
                 let down = c.clone();
-                pump(sr, client, shape.down_bps, half, dead.clone(), move |n| {
+                pump(sr, client, shape.down_bps, half, ends, move |n| {
                     down.down.fetch_add(n, Ordering::Relaxed);
                 });
             }
@@ -95,7 +99,14 @@ impl Relay {
             counters,
             stop,
             cut,
+            mute,
         })
+    }
+
+    /// Silences the link: from now on nothing crosses it either way, and the connections stay
+    /// open (a link that loses every packet: the ends find out only when their own timers say).
+    pub fn mute(&self) {
+        self.mute.store(true, Ordering::Relaxed);
     }
 
     /// Kills the link: within a segment's time every connection through it is shut down both
@@ -123,13 +134,13 @@ impl Drop for Relay {
 
 /// Carries `from` to `to` at `bps` after `delay`, calling `count` with each segment's length
 /// as it enters the link; at the end of `from`, shuts down the writing half of `to`; once `cut`
-/// is set, shuts both down both ways.
+/// is set, shuts both down both ways; while `mute` is set, delivers nothing.
 fn pump(
     mut from: TcpStream,
     mut to: TcpStream,
     bps: u64,
     delay: Duration,
-    cut: Arc<AtomicBool>,
+    (cut, mute): (Arc<AtomicBool>, Arc<AtomicBool>),
     count: impl Fn(u64) + Send + 'static,
 ) {
     let bdp = (bps as f64 / 8.0 * delay.as_secs_f64() * 2.0) as usize;
@@ -164,6 +175,10 @@ fn pump(
                     let _ = r.shutdown(Shutdown::Both);
                 }
                 return;
+            }
+            if mute.load(Ordering::Relaxed) {
+                std::thread::sleep(idle);
+                continue;
             }
             let (at, seg) = match rx.recv_timeout(idle) {
                 Ok(s) => s,

@@ -1,7 +1,7 @@
 //! DOT's multi-path experiment (Table 2 of the DOT paper): one file fetched over two emulated
 //! links at once (`ferry get A --mirror B`, the same tree on both ends), with and without
 //! request borrowing, against the faster link alone; then each link cut in the middle of a
-//! transfer, which the other must finish.
+//! transfer (closed, or for the mirror's also gone silent), which the other must finish.
 //!
 //! Both links reach the lab's sshd; a remote shell script maps the host names `a` and `b` to
 //! them, each with a server state of its own (two servers of one tree). Each run starts with
@@ -99,7 +99,7 @@ pub fn run(lab: &Lab) -> Result<Vec<MultiRun>> {
         let mut modes = vec!["single", "multipath", "no-borrowing"];
         // The links cut once, on the pair of unequal fast links.
         if p.a.down_bps == 20_000_000 && p.b.down_bps == 5_000_000 {
-            modes.extend(["b-cut", "a-cut"]);
+            modes.extend(["b-cut", "b-silent", "a-cut"]);
         }
         for mode in modes {
             // New links for every run: a cut one stays dead.
@@ -142,9 +142,10 @@ fn one(
     let both = (FILE_BYTES * 8) as f64 / (p.a.down_bps + p.b.down_bps) as f64;
     let cut = match mode {
         "a-cut" => Some(a),
-        "b-cut" => Some(b),
+        "b-cut" | "b-silent" => Some(b),
         _ => None,
     };
+    let silent = mode.ends_with("silent");
     a.take();
     b.take();
     let t = Instant::now();
@@ -152,7 +153,10 @@ fn one(
         if let Some(link) = cut {
             s.spawn(move || {
                 std::thread::sleep(Duration::from_secs_f64(both / 3.0));
-                link.cut();
+                match silent {
+                    true => link.mute(),
+                    false => link.cut(),
+                }
             });
         }
         run_bounded(&mut cmd, HOUR)
