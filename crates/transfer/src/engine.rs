@@ -145,8 +145,12 @@ struct Seat {
     local: bool,
     alive: bool,
     tx: mpsc::Sender<Command>,
-    /// Bytes a second the source carried on its last answer of some size.
+    /// Bytes a second the source carried, over its answers so far (once they make up some size).
     rate: Option<f64>,
+    /// Bytes it carried and the time it took over them, in all (its rate, smoothed: one
+    /// answer that came in a burst says little).
+    carried: u64,
+    served: Duration,
 }
 
 /// With several remote sources, a source's batches hold about this much of its own time (its
@@ -225,6 +229,8 @@ pub fn fetch(
                 alive: true,
                 tx,
                 rate: None,
+                carried: 0,
+                served: Duration::ZERO,
             });
         }
         drop(events);
@@ -338,8 +344,11 @@ fn coordinate(
                 served,
                 carried,
             } => {
-                if carried >= RATE_SAMPLE {
-                    seats[source].rate = Some(carried as f64 / served.as_secs_f64().max(1e-6));
+                let seat = &mut seats[source];
+                seat.carried += carried;
+                seat.served += served;
+                if seat.carried >= RATE_SAMPLE {
+                    seat.rate = Some(seat.carried as f64 / seat.served.as_secs_f64().max(1e-6));
                 }
                 let batch = seats[source].outstanding.pop_front().unwrap_or_default();
                 for &w in &batch {
