@@ -20,7 +20,8 @@
 //! - verifies every chunk (its bytes must hash to its id), on the source's thread, and hands
 //!   it to the [`Sink`] once;
 //! - when a source fails (a cut link, an unplugged device), gives its outstanding requests to
-//!   the others.
+//!   the others; once everything arrived, a source still waiting on its link after a grace
+//!   period (a link gone silent) is interrupted, so it cannot hold the fetch.
 //!
 //! What reaches the sink stays there: a fetch cut short (every source failed) is resumed by
 //! fetching again what is still missing from it (the file service's `--retry` does).
