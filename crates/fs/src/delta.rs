@@ -265,7 +265,7 @@ impl FrameLevel {
                 .filter(|&l| l > floor),
         );
         FrameLevel {
-            at: levels.iter().rposition(|&l| l <= START_LEVEL).unwrap_or(0),
+            at: start_of(&levels),
             levels,
             busy: None,
             writes: 0,
@@ -290,10 +290,7 @@ impl FrameLevel {
         } else if rate < THIN_LINK && sample >= THIN_SAMPLE {
             self.levels.len() - 1
         } else {
-            self.levels
-                .iter()
-                .rposition(|&l| l <= START_LEVEL)
-                .unwrap_or(0)
+            start_of(&self.levels)
         };
     }
 
@@ -382,6 +379,12 @@ impl FrameLevel {
             self.seen = (writes, waited);
         }
     }
+}
+
+/// Where in `levels` frames start: the highest at most [`START_LEVEL`] (the session's own when
+/// that is higher).
+fn start_of(levels: &[i32]) -> usize {
+    levels.iter().rposition(|&l| l <= START_LEVEL).unwrap_or(0)
 }
 
 /// Whether `data` hardly compresses on its own (already compressed, say), judged by level 1 on

@@ -131,9 +131,8 @@ enum Event {
         error: String,
     },
     Sink(StoreError),
-    /// The source's thread ended (it wakes [`wind_down`]).
-    #[allow(dead_code)]
-    Exited(usize),
+    /// A source's thread ended (it wakes [`wind_down`]).
+    Exited,
 }
 
 /// The coordinator's view of one source.
@@ -216,7 +215,7 @@ pub fn fetch(
             std::thread::Builder::new()
                 .name(format!("ferry-source-{s}"))
                 .spawn_scoped(scope, move || {
-                    let _exit = Exit(s, exited, &events);
+                    let _exit = Exit(exited, &events);
                     work(s, src, wants, done, sink, &rx, &events)
                 })
                 .expect("a thread for a source");
@@ -245,12 +244,12 @@ pub fn fetch(
 }
 
 /// Marks a source's thread as ended, however it ends, and tells the coordinator.
-struct Exit<'a>(usize, &'a AtomicBool, &'a mpsc::Sender<Event>);
+struct Exit<'a>(&'a AtomicBool, &'a mpsc::Sender<Event>);
 
 impl Drop for Exit<'_> {
     fn drop(&mut self) {
-        self.1.store(true, Ordering::Release);
-        let _ = self.2.send(Event::Exited(self.0));
+        self.0.store(true, Ordering::Release);
+        let _ = self.1.send(Event::Exited);
     }
 }
 
@@ -388,7 +387,7 @@ fn coordinate(
             }
             Event::Sink(e) => return Err(EngineError::Sink(e)),
             // Only after a failure (reported before) or a stop.
-            Event::Exited(_) => {}
+            Event::Exited => {}
         }
     }
 }

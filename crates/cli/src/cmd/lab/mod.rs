@@ -706,20 +706,32 @@ pub fn run(a: Args) -> Result<ExitCode> {
             runs,
         },
     )?;
-    if a.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        print!("{md}");
-    }
-    eprintln!(
-        "lab: results in {} (results.md, results.json{})",
-        a.out.display(),
+    let files = format!(
+        "results.md, results.json{}",
         if charts.is_empty() {
             ", no charts: gnuplot not found".to_string()
         } else {
             format!(", {}", charts.join(", "))
         }
     );
+    report_out(a, &report, &md, &files, failed)
+}
+
+/// Prints a run's results (JSON with --json, else the markdown), says where `files` went, and
+/// exits 1 if `failed` runs failed.
+fn report_out(
+    a: &Args,
+    report: &serde_json::Value,
+    md: &str,
+    files: &str,
+    failed: usize,
+) -> Result<ExitCode> {
+    if a.json {
+        println!("{}", serde_json::to_string(report)?);
+    } else {
+        print!("{md}");
+    }
+    eprintln!("lab: results in {} ({files})", a.out.display());
     if failed > 0 {
         eprintln!("lab: {failed} run(s) failed");
         return Ok(ExitCode::from(1));
@@ -744,24 +756,11 @@ fn multipath_report(lab: &Lab, a: &Args) -> Result<ExitCode> {
         a.out.join("multipath.json"),
         serde_json::to_string_pretty(&report)? + "\n",
     )?;
-    if a.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        print!("{md}");
-    }
-    eprintln!(
-        "lab: results in {} (multipath.md, multipath.json)",
-        a.out.display()
-    );
     let failed = runs
         .iter()
         .filter(|r| r.status.starts_with("failed"))
         .count();
-    if failed > 0 {
-        eprintln!("lab: {failed} run(s) failed");
-        return Ok(ExitCode::from(1));
-    }
-    Ok(ExitCode::SUCCESS)
+    report_out(a, &report, &md, "multipath.md, multipath.json", failed)
 }
 
 /// 1.5M, 384k.
