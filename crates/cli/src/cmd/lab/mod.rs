@@ -714,7 +714,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             format!(", {}", charts.join(", "))
         }
     );
-    report_out(a, &report, &md, &files, failed)
+    report_out(&a, &report, &md, &files, failed)
 }
 
 /// Prints a run's results (JSON with --json, else the markdown), says where `files` went, and
