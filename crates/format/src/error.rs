@@ -38,6 +38,11 @@ pub enum FormatError {
     MixedHashAlgs(&'static str, &'static str),
     #[error("diff does not fit the recipe it is applied to: {0}")]
     DiffMismatch(&'static str),
+    #[error("{what} is invalid: {why}")]
+    Invalid {
+        what: &'static str,
+        why: &'static str,
+    },
     #[error("unknown diff operation tag {0}")]
     UnknownDiffOp(u8),
 }

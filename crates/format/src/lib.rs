@@ -28,7 +28,7 @@ mod diff;
 mod error;
 mod id;
 mod recipe;
-mod varint;
+pub mod varint;
 
 pub use diff::{DiffOp, RecipeDiff};
 pub use error::FormatError;

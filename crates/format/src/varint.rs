@@ -1,9 +1,10 @@
-//! Unsigned LEB128, minimal encodings only (so every value has exactly one encoding and golden
-//! bytes stay golden).
+//! Unsigned LEB128 (`docs/formats.md`, "Varint"), minimal encodings only (so every value has
+//! exactly one encoding and golden bytes stay golden).
 
 use crate::FormatError;
 
-pub(crate) fn put(out: &mut Vec<u8>, mut v: u64) {
+/// Appends `v`.
+pub fn put(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -12,7 +13,7 @@ pub(crate) fn put(out: &mut Vec<u8>, mut v: u64) {
 }
 
 /// Reads a varint from the front of `buf`, advancing it.
-pub(crate) fn get(buf: &mut &[u8], what: &'static str) -> Result<u64, FormatError> {
+pub fn get(buf: &mut &[u8], what: &'static str) -> Result<u64, FormatError> {
     let mut v: u64 = 0;
     for i in 0..10 {
         let Some((&b, rest)) = buf.split_first() else {

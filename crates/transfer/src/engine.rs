@@ -146,6 +146,13 @@ struct Seat {
     tx: mpsc::Sender<Command>,
     /// Bytes a second the source carried, over its answers so far (once they make up some size).
     rate: Option<f64>,
+    /// What the source knew of its rate before the fetch ([`Source::rate_hint`]).
+    hint: Option<f64>,
+    /// Local sources before this one (bit t): what one of them may have waits for it.
+    ahead: u64,
+    /// Since when the oldest outstanding batch has been its own work (sent, or the answer
+    /// before it came): how long it has been waited for.
+    waiting: Option<Instant>,
     /// Bytes it carried and the time it took over them, in all (its rate, smoothed: one
     /// answer that came in a burst says little).
     carried: u64,
@@ -161,6 +168,8 @@ const BATCH_TIME: Duration = Duration::from_millis(250);
 /// Their bytes before a source's rate is known, and at least.
 const FIRST_BATCH_BYTES: usize = 256 << 10;
 const MIN_BATCH_BYTES: usize = 32 << 10;
+/// How often a local source's work is looked at while another source is idle.
+const WATCH: Duration = Duration::from_millis(50);
 /// Answers smaller than this say too little of a source's rate.
 const RATE_SAMPLE: u64 = 16 << 10;
 
@@ -197,6 +206,11 @@ pub fn fetch(
             }
         }
     }
+    let locals = sources
+        .iter()
+        .enumerate()
+        .filter(|(_, src)| src.local())
+        .fold(0u64, |m, (s, _)| m | 1 << s);
     let done: Vec<AtomicBool> = wants.iter().map(|_| AtomicBool::new(false)).collect();
     let (events, inbox) = mpsc::channel::<Event>();
     let interrupters: Vec<_> = sources.iter().map(|s| s.interrupter()).collect();
@@ -208,9 +222,11 @@ pub fn fetch(
             let events = events.clone();
             let (done, exited) = (&done, &exited[s]);
             let (depth, batch, local) = (src.depth().max(1), src.batch(), src.local());
-            let queue = (0..wants.len())
-                .filter(|&w| may[w] & (1 << s) != 0)
-                .collect();
+            let hint = src.rate_hint();
+            let ahead = (0..s)
+                .filter(|&t| locals & (1 << t) != 0)
+                .fold(0u64, |m, t| m | 1 << t);
+            let queue = queue(s, ahead, &may);
             let src: &mut (dyn Source + Send) = &mut **src;
             std::thread::Builder::new()
                 .name(format!("ferry-source-{s}"))
@@ -228,6 +244,9 @@ pub fn fetch(
                 alive: true,
                 tx,
                 rate: None,
+                hint,
+                ahead,
+                waiting: None,
                 carried: 0,
                 served: Duration::ZERO,
             });
@@ -241,6 +260,61 @@ pub fn fetch(
         r
     })?;
     Ok(report)
+}
+
+/// The wants source `s` may serve, in the order it takes them: first those no local source
+/// before it (`ahead`) may have, in the order wanted; then those one may, from the last (it
+/// takes them only once that source turns out slower, from the end the other does not reach
+/// first).
+fn queue(s: usize, ahead: u64, may: &[u64]) -> VecDeque<usize> {
+    let mine = |w: &usize| may[*w] & (1 << s) != 0;
+    let (first, later): (Vec<usize>, Vec<usize>) =
+        (0..may.len()).filter(mine).partition(|&w| may[w] & ahead == 0);
+    first.into_iter().chain(later.into_iter().rev()).collect()
+}
+
+impl Seat {
+    /// Its rate: measured in this fetch, else as the source knew it.
+    fn speed(&self) -> Option<f64> {
+        self.rate.or(self.hint)
+    }
+
+    /// Its rate at most, now: a batch of B bytes waited for T says the source carries less
+    /// than B/T (a device that stalls, a stuck read, shows as slow as it goes on).
+    fn speed_now(&self, wants: &[Want], now: Instant) -> Option<f64> {
+        let bound = self.outstanding.front().zip(self.waiting).map(|(b, since)| {
+            let bytes: u64 = b.iter().map(|&w| wants[w].len as u64).sum();
+            bytes as f64 / now.duration_since(since).as_secs_f64().max(1e-9)
+        });
+        match (self.speed(), bound) {
+            (Some(k), Some(b)) => Some(k.min(b)),
+            (k, b) => k.or(b),
+        }
+    }
+}
+
+/// Whether source `s` may take want `w` now: no local source ahead of it that may have `w`, and
+/// has not said otherwise, is still at work and not known to be slower than `s` (a device is
+/// searched first; the network takes what it holds only when the device is the slower).
+fn waits(s: usize, w: usize, seats: &[Seat], wants: &[Want], may: &[u64], tried: &[u64]) -> bool {
+    let mut ahead = may[w] & seats[s].ahead & !tried[w];
+    let now = Instant::now();
+    while ahead != 0 {
+        let t = ahead.trailing_zeros() as usize;
+        ahead &= ahead - 1;
+        if seats[t].alive && !slower(t, s, seats, wants, now) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether local source `t` is known to be slower, now, than source `s`.
+fn slower(t: usize, s: usize, seats: &[Seat], wants: &[Want], now: Instant) -> bool {
+    matches!(
+        (seats[t].speed_now(wants, now), seats[s].speed()),
+        (Some(a), Some(b)) if a < b
+    )
 }
 
 /// Marks a source's thread as ended, however it ends, and tells the coordinator.
@@ -296,12 +370,12 @@ fn coordinate(
     let mut last_error = String::new();
     loop {
         for s in 0..seats.len() {
-            fill(s, seats, wants, done, &tried, &mut asked, report)?;
+            fill(s, seats, wants, may, done, &tried, &mut asked, report)?;
         }
         if opts.borrowing {
             for s in 0..seats.len() {
                 if seats[s].alive && seats[s].outstanding.is_empty() {
-                    borrow(s, seats, may, done, &tried, &mut asked, report)?;
+                    borrow(s, seats, wants, may, done, &tried, &mut asked, report)?;
                 }
             }
         }
@@ -327,7 +401,18 @@ fn coordinate(
                 lied: lied[w] != 0,
             });
         }
-        let Ok(event) = inbox.recv() else {
+        // While a local source works and another is idle, the idle one may take over what
+        // the local one holds once it proves slow: look again now and then.
+        let watch = seats.iter().any(|x| x.local && !x.outstanding.is_empty())
+            && seats.iter().any(|x| x.alive && x.outstanding.is_empty());
+        let event = match watch {
+            false => inbox.recv().map_err(|_| ()),
+            true => match inbox.recv_timeout(WATCH) {
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                r => r.map_err(|_| ()),
+            },
+        };
+        let Ok(event) = event else {
             return Err(EngineError::Sources(last_error));
         };
         match event {
@@ -350,6 +435,8 @@ fn coordinate(
                     seat.rate = Some(seat.carried as f64 / seat.served.as_secs_f64().max(1e-6));
                 }
                 let batch = seats[source].outstanding.pop_front().unwrap_or_default();
+                seats[source].waiting = (!seats[source].outstanding.is_empty())
+                    .then(Instant::now);
                 for &w in &batch {
                     asked[w] = asked[w].saturating_sub(1);
                 }
@@ -405,41 +492,45 @@ fn batch_bytes(shared: bool, rate: Option<f64>, max: usize) -> usize {
 }
 
 /// Gives source `s` batches from its queue while it has room.
+#[allow(clippy::too_many_arguments)]
 fn fill(
     s: usize,
     seats: &mut [Seat],
     wants: &[Want],
+    may: &[u64],
     done: &[AtomicBool],
     tried: &[u64],
     asked: &mut [u8],
     report: &mut Report,
 ) -> Result<(), EngineError> {
     let remote = seats.iter().filter(|x| x.alive && !x.local).count();
-    let seat = &mut seats[s];
-    let max_bytes = batch_bytes(remote > 1 && !seat.local, seat.rate, seat.batch.bytes);
-    while seat.alive && seat.outstanding.len() < seat.depth {
+    let max_bytes = batch_bytes(remote > 1 && !seats[s].local, seats[s].rate, seats[s].batch.bytes);
+    while seats[s].alive && seats[s].outstanding.len() < seats[s].depth {
         let mut batch = vec![];
         let mut bytes = 0;
-        // Skipped ones stay queued (at the front, in order): outstanding elsewhere now, they
-        // may come back (not there) for this source to try.
+        // Skipped ones stay queued (at the front, in order): outstanding elsewhere now, or
+        // waiting for a local source, they may come back (not there) for this source to try.
         let mut skipped = vec![];
-        while let Some(w) = seat.queue.pop_front() {
+        let ahead = seats[s].ahead != 0;
+        while let Some(w) = seats[s].queue.pop_front() {
             if done[w].load(Ordering::Acquire) || tried[w] & (1 << s) != 0 {
                 continue;
             }
-            if asked[w] > 0 {
+            if asked[w] > 0 || (ahead && waits(s, w, seats, wants, may, tried)) {
                 skipped.push(w);
                 continue;
             }
             if !batch.is_empty()
-                && (batch.len() >= seat.batch.chunks || bytes + wants[w].len as usize > max_bytes)
+                && (batch.len() >= seats[s].batch.chunks
+                    || bytes + wants[w].len as usize > max_bytes)
             {
-                seat.queue.push_front(w);
+                seats[s].queue.push_front(w);
                 break;
             }
             bytes += wants[w].len as usize;
             batch.push(w);
         }
+        let seat = &mut seats[s];
         for w in skipped.into_iter().rev() {
             seat.queue.push_front(w);
         }
@@ -453,18 +544,25 @@ fn fill(
 
 /// Lends source `s` (out of work) the last batch outstanding at the busiest other source that
 /// still has wants `s` may have and no one else is asked for.
+#[allow(clippy::too_many_arguments)]
 fn borrow(
     s: usize,
     seats: &mut [Seat],
+    wants: &[Want],
     may: &[u64],
     done: &[AtomicBool],
     tried: &[u64],
     asked: &mut [u8],
     report: &mut Report,
 ) -> Result<(), EngineError> {
-    // What a source here would hand over is not spent on a link.
+    // What a source here would hand over is not spent on a link, unless it proves slower.
+    let now = Instant::now();
     let busiest = (0..seats.len())
-        .filter(|&t| t != s && seats[t].alive && (seats[s].local || !seats[t].local))
+        .filter(|&t| {
+            t != s
+                && seats[t].alive
+                && (seats[s].local || !seats[t].local || slower(t, s, seats, wants, now))
+        })
         .max_by_key(|&t| {
             seats[t]
                 .outstanding
@@ -508,6 +606,9 @@ fn send(
         asked[w] += 1;
     }
     report.sources[s].requests += 1;
+    if seat.outstanding.is_empty() {
+        seat.waiting = Some(Instant::now());
+    }
     if seat.tx.send(Command::Ask(batch.clone())).is_err() {
         // Its thread is gone: it failed, and says so in the inbox.
         seat.alive = false;

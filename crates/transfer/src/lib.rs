@@ -55,7 +55,7 @@ mod engine;
 mod local;
 
 pub use engine::{fetch, EngineError, Options, Report, SourceReport};
-pub use local::{FileIndex, FilesSource, StoreSource};
+pub use local::{open_beneath, FileIndex, FilesSource, StoreSource};
 
 /// A chunk a fetch wants.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,6 +74,9 @@ pub struct Place {
     /// a single file).
     pub path: Arc<[u8]>,
     pub offset: u64,
+    /// The whole file's id, when known: a source holding a file with that id has the chunk
+    /// at `offset` of it.
+    pub oid: Option<Id>,
 }
 
 /// Why a source cannot go on (its link failed, its device went away). Not "not here": a
@@ -116,6 +119,13 @@ pub trait Source {
     /// lent to a source across a network, which would spend the link on what is at hand.
     fn local(&self) -> bool {
         false
+    }
+
+    /// Bytes a second this source is known to carry before the fetch measures it (a session's
+    /// measure of its link so far), if it knows: the engine weighs it against a local device's
+    /// from the start.
+    fn rate_hint(&self) -> Option<f64> {
+        None
     }
 
     /// Requests kept outstanding: enough to keep a link's pipe full.

@@ -162,8 +162,9 @@ impl FilesSource {
 
 use std::os::unix::ffi::OsStrExt;
 
-/// Opens a regular file `rel` beneath `root`, never through a symlink out of it.
-fn open_beneath(root: &std::os::fd::OwnedFd, rel: &Path) -> std::io::Result<File> {
+/// Opens a regular file `rel` beneath `root`, never through a symlink out of it (nor through
+/// `..`, nor a magic link): a device's files cannot lead a source anywhere else.
+pub fn open_beneath(root: &std::os::fd::OwnedFd, rel: &Path) -> std::io::Result<File> {
     use rustix::fs::{Mode, OFlags, ResolveFlags};
     let rel = if rel.as_os_str().is_empty() {
         Path::new(".")

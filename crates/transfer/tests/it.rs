@@ -69,6 +69,11 @@ struct Remote<'a> {
     /// Gone silent: every receive waits until this gate opens (its interrupter opens it), then
     /// fails.
     silent: Option<Arc<Gate>>,
+    /// Says it reads from this machine (a device), with this rate known before the fetch.
+    local: bool,
+    hint: Option<f64>,
+    /// Every id it was asked for.
+    asked: Vec<Id>,
 }
 
 impl<'a> Remote<'a> {
@@ -85,6 +90,9 @@ impl<'a> Remote<'a> {
             lie: false,
             abandoned: 0,
             silent: None,
+            local: false,
+            hint: None,
+            asked: vec![],
         }
     }
 }
@@ -102,7 +110,14 @@ impl Source for Remote<'_> {
             bytes: 1 << 20,
         }
     }
+    fn local(&self) -> bool {
+        self.local
+    }
+    fn rate_hint(&self) -> Option<f64> {
+        self.hint
+    }
     fn request(&mut self, wants: &[Want]) -> Result<(), SourceError> {
+        self.asked.extend(wants.iter().map(|w| w.id));
         self.pending.push_back(wants.to_vec());
         Ok(())
     }
@@ -374,6 +389,80 @@ fn a_store_is_asked_only_for_what_it_holds() {
 }
 
 #[test]
+fn a_local_source_ahead_is_searched_first() {
+    // A device holding the first half: the network, of unknown rate, is never asked for what
+    // the device may have (a slow link spends nothing on it).
+    let stick = store_of(0..50);
+    let far = store_of(0..100);
+    let near = MemStore::new(HashAlg::Blake3);
+    let w = wants(100);
+    let mut device = Remote::new("stick", &stick);
+    device.local = true;
+    let mut remote = Remote::new("far", &far);
+    let r = fetch(
+        &mut [&mut device, &mut remote],
+        &w,
+        &near,
+        &Options::default(),
+    )
+    .unwrap();
+    holds_all(&near, &w);
+    assert_eq!((r.sources[0].chunks, r.sources[1].chunks), (50, 50), "{r:?}");
+    assert!(
+        w[..50].iter().all(|x| !remote.asked.contains(&x.id)),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn what_a_local_source_misses_goes_to_the_network() {
+    // The device's index claims everything, but it holds only the even chunks.
+    let stick = store_of((0..40).filter(|i| i % 2 == 0));
+    let far = store_of(0..40);
+    let near = MemStore::new(HashAlg::Blake3);
+    let w = wants(40);
+    let mut device = Remote::new("stick", &stick);
+    device.local = true;
+    let mut remote = Remote::new("far", &far);
+    let r = fetch(
+        &mut [&mut device, &mut remote],
+        &w,
+        &near,
+        &Options::default(),
+    )
+    .unwrap();
+    holds_all(&near, &w);
+    assert_eq!((r.sources[0].chunks, r.sources[0].misses), (20, 20), "{r:?}");
+    assert_eq!(r.sources[1].chunks, 20, "{r:?}");
+}
+
+#[test]
+fn a_local_source_slower_than_the_link_gives_way() {
+    // The device stalls (a stuck read) until everything has arrived; the link is known to be
+    // fast. Waited for, the device shows as ever slower, and the link takes its work: the
+    // queued wants and, borrowed, the batch the device is stuck on.
+    let stick = store_of(0..64);
+    let far = store_of(0..64);
+    let near = MemStore::new(HashAlg::Blake3);
+    let w = wants(64);
+    let gate = Arc::new(Gate::default());
+    let mut device = Remote::new("stick", &stick);
+    device.local = true;
+    device.gate = Some(gate.clone());
+    let mut remote = Remote::new("far", &far);
+    remote.hint = Some(1e12);
+    let sink = OpensAt {
+        store: &near,
+        n: 64,
+        got: AtomicUsize::new(0),
+        gate,
+    };
+    let r = fetch(&mut [&mut device, &mut remote], &w, &sink, &Options::default()).unwrap();
+    holds_all(&near, &w);
+    assert_eq!((r.sources[0].chunks, r.sources[1].chunks), (0, 64), "{r:?}");
+}
+
+#[test]
 fn a_sink_that_fails_stops_the_fetch() {
     struct Full;
     impl Sink for Full {
@@ -422,6 +511,7 @@ fn files_serve_chunks_by_index_and_by_place_and_stale_ones_are_not_used() {
             place: (i >= 3).then(|| Place {
                 path: path.clone(),
                 offset: offs[i],
+                oid: None,
             }),
             ..want(&chunk(i as u64))
         })
@@ -481,6 +571,7 @@ fn files_are_never_read_outside_their_root() {
         place: Some(Place {
             path: Arc::from(&b"../secret"[..]),
             offset: 0,
+            oid: None,
         }),
         ..want(&secret)
     }];
