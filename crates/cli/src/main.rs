@@ -54,6 +54,9 @@ enum Command {
     Mount(cmd::mount::MountArgs),
     /// Unmount a `ferry mount`.
     Umount(cmd::mount::UmountArgs),
+    /// Devices searched for chunks before the network (USB sticks, DVDs, old copies): stale
+    /// or wrong data on them costs time, never correctness.
+    Lookaside(cmd::lookaside::Args),
     /// Ferry against rsync, rsync -z, scp and the near-ideal delta over emulated slow links:
     /// bytes counted at the link, time, tables and charts.
     Lab(cmd::lab::Args),
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
         Command::Mount(a) => cmd::mount::mount(a),
         Command::Umount(a) => cmd::mount::umount(a),
         Command::Lab(a) => cmd::lab::run(a),
+        Command::Lookaside(a) => cmd::lookaside::run(a, &ui),
     };
     match result {
         Ok(code) => code,

@@ -577,6 +577,11 @@ impl<R: Read, W> Connection<R, W> {
         }
     }
 
+    /// At least how many bytes a second the link has brought replies so far, if measured.
+    pub fn link_rate(&self) -> Option<u64> {
+        self.rate.best()
+    }
+
     /// The reply to request `id` is not wanted: what came of it already is dropped, and the
     /// rest as it arrives (the link still carries it).
     pub fn forget(&mut self, id: u32) {

@@ -69,6 +69,11 @@ impl RateMeter {
         self.sample = self.sample.max(bytes);
     }
 
+    /// The best lower bound so far, if any.
+    pub(crate) fn best(&self) -> Option<u64> {
+        (self.best > 0).then_some(self.best)
+    }
+
     /// The measure to tell the server (rate, sample), when there is one it has not heard: the
     /// first, or one whose rate or sample is at least twice the last told.
     pub(crate) fn news(&mut self) -> Option<(u64, u64)> {

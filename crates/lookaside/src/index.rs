@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use ferry_chunk::{Algorithm, ChunkerSpec};
-use ferry_format::{varint, ChunkRef, FormatError, HashAlg, Id, ID_BYTES};
+use ferry_format::{varint, ChunkRef, FormatError, HashAlg, Id, Recipe, ID_BYTES};
 
 const MAGIC: &[u8; 4] = b"FLKA";
 const VERSION: u8 = 1;
@@ -78,6 +78,8 @@ pub struct DeviceIndex {
     by_chunk: HashMap<[u8; ID_BYTES], (u32, u64, u32)>,
     /// Object digest → file.
     by_oid: HashMap<[u8; ID_BYTES], u32>,
+    /// Check of the file's recipe (`Recipe::check`) → file.
+    by_recipe: HashMap<[u8; 32], u32>,
 }
 
 /// Where an index says a chunk lies.
@@ -92,9 +94,13 @@ impl DeviceIndex {
     pub fn new(chunker: ChunkerMark, alg: HashAlg, files: Vec<IndexedFile>) -> Self {
         let mut by_chunk = HashMap::new();
         let mut by_oid = HashMap::new();
+        let mut by_recipe = HashMap::new();
         for (f, file) in files.iter().enumerate() {
             let f = f as u32;
             by_oid.entry(*file.oid.digest()).or_insert(f);
+            if let Ok(r) = Recipe::from_chunks(alg, file.chunks.clone()) {
+                by_recipe.entry(r.check()).or_insert(f);
+            }
             let mut offset = 0;
             for c in &file.chunks {
                 by_chunk
@@ -109,6 +115,7 @@ impl DeviceIndex {
             files,
             by_chunk,
             by_oid,
+            by_recipe,
         }
     }
 
@@ -127,6 +134,11 @@ impl DeviceIndex {
             return None;
         }
         self.by_oid.get(oid.digest()).copied()
+    }
+
+    /// The file whose recipe has check `check` (`Recipe::check`): the same content.
+    pub fn recipe(&self, check: &[u8; 32]) -> Option<u32> {
+        self.by_recipe.get(check).copied()
     }
 
     /// Distinct chunks, and the bytes of the files.

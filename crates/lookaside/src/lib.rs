@@ -30,7 +30,9 @@ use ferry_transfer::{SourceReport, Want};
 
 pub use index::{ChunkerMark, DeviceIndex, IndexedFile, Location, MAX_INDEX_BYTES, MAX_PATH};
 pub use registry::{Entry, Registry, Supplied};
-pub use scan::{cache_path, load, save, scan, Identity, Kept, ScanReport, INDEX_NAME};
+pub use scan::{
+    cache_path, load, save, scan, verify, Identity, Kept, ScanReport, Verified, INDEX_NAME,
+};
 pub use source::{DeviceSource, Matching, Rejections};
 
 /// A device ready for fetches: its root and its index.
@@ -68,6 +70,14 @@ impl std::fmt::Display for Unusable {
 pub struct Lookaside {
     devices: Vec<Device>,
     matching: Matching,
+}
+
+impl std::fmt::Debug for Lookaside {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.devices.iter().map(|d| &d.root))
+            .finish()
+    }
 }
 
 impl Lookaside {

@@ -289,3 +289,68 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     tmp.persist(path).map_err(|e| e.error)?;
     File::open(dir)?.sync_all()
 }
+
+/// What reading a device's files again found of its index's claims.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Verified {
+    /// Files as indexed.
+    pub ok: u64,
+    /// Files gone.
+    pub missing: Vec<Vec<u8>>,
+    /// Files whose identity changed since indexing (they are not used until indexed again).
+    pub changed: Vec<Vec<u8>>,
+    /// Files with their indexed identity but other content (each chunk read from them fails
+    /// its check, and is not used).
+    pub wrong: Vec<Vec<u8>>,
+}
+
+/// Reads every file `index` names under `root` again and compares.
+pub fn verify(root: &Path, index: &DeviceIndex) -> io::Result<Verified> {
+    let root_fd = open_root(root)?;
+    let stable = stable_inodes(&root_fd);
+    let spec = index_spec(index)?;
+    let mut v = Verified::default();
+    for f in &index.files {
+        let rel = Path::new(std::ffi::OsStr::from_bytes(&f.path));
+        let file = match ferry_transfer::open_beneath(&root_fd, rel) {
+            Ok(file) => file,
+            Err(e) if gone_or_denied(&e) || e.kind() == io::ErrorKind::InvalidInput => {
+                v.missing.push(f.path.clone());
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let id = Identity::of(&file)?;
+        if !id.matches(f, stable) {
+            v.changed.push(f.path.clone());
+            continue;
+        }
+        let now = cut(file, f.path.clone(), id, &spec, index.alg)?;
+        if now.oid == f.oid && now.chunks == f.chunks {
+            v.ok += 1;
+        } else {
+            v.wrong.push(f.path.clone());
+        }
+    }
+    Ok(v)
+}
+
+/// The chunker an index was cut with, to cut again with it (a keyed one cannot be: only its
+/// fingerprint is recorded).
+fn index_spec(index: &DeviceIndex) -> io::Result<ChunkerSpec> {
+    let m = &index.chunker;
+    let bad = |why: &str| io::Error::new(io::ErrorKind::InvalidData, why.to_string());
+    if m.key.is_some() {
+        return Err(bad("the index was cut with a keyed chunker"));
+    }
+    let alg = ferry_chunk::Algorithm::from_tag(m.algorithm).ok_or_else(|| bad("unknown chunker"))?;
+    let spec = ChunkerSpec {
+        algorithm: alg,
+        min: m.min as usize,
+        avg: m.avg as usize,
+        max: m.max as usize,
+        key: None,
+    };
+    spec.validate().map_err(|e| bad(&e.0))?;
+    Ok(spec)
+}

@@ -152,7 +152,7 @@ pub(crate) fn locate(
         }
         Matching::WholeFiles => {
             let place = want.place.as_ref()?;
-            let f = index.object(place.oid.as_ref()?)?;
+            let f = index.recipe(place.recipe.as_ref()?)?;
             let fits = place.offset + want.len as u64 <= index.files[f as usize].size;
             fits.then_some((f, place.offset, want.len))
         }

@@ -25,6 +25,7 @@
 //!     cache_size: 2 << 30,
 //!     timeout: Duration::from_secs(15),
 //!     chunker: Default::default(),
+//!     lookaside: None,
 //! };
 //! let vfs = ferry_mount::Vfs::new(connect, ferry_proto::WirePath::default(), opts)?;
 //! ferry_mount::serve(vfs, "/home/me/src".as_ref(), &ferry_mount::MountOptions::default(), |_| {})?;

@@ -133,6 +133,8 @@ pub struct Options {
     /// How long a wait for the server may last before it counts as unreachable.
     pub timeout: Duration,
     pub chunker: ChunkerSpec,
+    /// Devices searched for chunks before the server (lookaside caching).
+    pub lookaside: Option<std::sync::Arc<ferry_lookaside::Lookaside>>,
 }
 
 /// Errors of mounting (once mounted, operations return an [`Errno`]).
@@ -694,6 +696,7 @@ impl Vfs {
             cache_file_max: u64::MAX,
             mirrors: None,
             progress: None,
+            lookaside: self.opts.lookaside.as_deref(),
         }
     }
 

@@ -74,9 +74,9 @@ pub struct Place {
     /// a single file).
     pub path: Arc<[u8]>,
     pub offset: u64,
-    /// The whole file's id, when known: a source holding a file with that id has the chunk
-    /// at `offset` of it.
-    pub oid: Option<Id>,
+    /// The check of the whole file's recipe (`Recipe::check`), when known: a source holding a
+    /// file with that recipe (the same content) has the chunk at `offset` of it.
+    pub recipe: Option<[u8; 32]>,
 }
 
 /// Why a source cannot go on (its link failed, its device went away). Not "not here": a

@@ -511,7 +511,7 @@ fn files_serve_chunks_by_index_and_by_place_and_stale_ones_are_not_used() {
             place: (i >= 3).then(|| Place {
                 path: path.clone(),
                 offset: offs[i],
-                oid: None,
+                recipe: None,
             }),
             ..want(&chunk(i as u64))
         })
@@ -571,7 +571,7 @@ fn files_are_never_read_outside_their_root() {
         place: Some(Place {
             path: Arc::from(&b"../secret"[..]),
             offset: 0,
-            oid: None,
+            recipe: None,
         }),
         ..want(&secret)
     }];

@@ -153,6 +153,7 @@ impl Demo {
             delete: true,
             dry_run: false,
             progress: None,
+            lookaside: None,
             cold,
             ranges: cold,
             short_ids: true,

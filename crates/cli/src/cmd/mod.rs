@@ -2,6 +2,7 @@ pub mod chunk;
 pub mod demo;
 pub mod key;
 pub mod lab;
+pub mod lookaside;
 pub mod mount;
 pub mod remote;
 pub mod similarity;

@@ -48,6 +48,8 @@ pub struct MountArgs {
     /// The background mount's log [default: mount.log in the cache directory].
     #[arg(long, value_name = "FILE")]
     log: Option<PathBuf>,
+    #[command(flatten)]
+    lookaside: super::lookaside::UseArgs,
 }
 
 #[derive(clap::Args)]
@@ -104,6 +106,7 @@ fn run(a: &MountArgs, cache: &Path, daemon: bool) -> Result<()> {
         cache_size: a.cache_size as u64,
         timeout: Duration::from_secs(a.timeout),
         chunker: a.rsh.chunker(),
+        lookaside: Some(Arc::new(a.lookaside.load(&a.rsh.chunker())?.lookaside)),
     };
     let vfs = ferry_mount::Vfs::new(connect, root, opts)
         .with_context(|| format!("cannot mount {}", a.remote))?;

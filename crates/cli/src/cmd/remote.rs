@@ -179,7 +179,7 @@ impl Rsh {
 
 /// How files are cut into chunks; both sides must agree for chunks to be shared.
 #[derive(clap::Args, Clone, Copy)]
-pub struct Chunking {
+pub(crate) struct Chunking {
     /// Average chunk size in bytes (FastCDC; minimum a quarter, maximum eight times; passed to
     /// the far side) [default: 8192].
     #[arg(long, value_name = "BYTES", value_parser = chunk_size)]
@@ -187,7 +187,7 @@ pub struct Chunking {
 }
 
 impl Chunking {
-    fn spec(&self) -> ChunkerSpec {
+    pub(crate) fn spec(&self) -> ChunkerSpec {
         match self.chunk_size {
             Some(avg) => ChunkerSpec::fastcdc(avg / 4, avg, avg * 8),
             None => ChunkerSpec::default(),
@@ -257,6 +257,8 @@ pub struct GetArgs {
     /// for experiments (`ferry lab --multipath`).
     #[arg(long, hide = true)]
     no_borrowing: bool,
+    #[command(flatten)]
+    lookaside: super::lookaside::UseArgs,
     /// Print a JSON summary.
     #[arg(long)]
     json: bool,
@@ -297,6 +299,8 @@ pub struct SyncArgs {
     /// When fetching: see `ferry get --no-borrowing`.
     #[arg(long, hide = true)]
     no_borrowing: bool,
+    #[command(flatten)]
+    lookaside: super::lookaside::UseArgs,
     /// Print a JSON summary.
     #[arg(long)]
     json: bool,
@@ -316,6 +320,7 @@ pub fn sync(a: SyncArgs) -> Result<ExitCode> {
             cache: a.cache,
             mirror: a.mirror,
             no_borrowing: a.no_borrowing,
+            lookaside: a.lookaside,
             json: a.json,
             mode: a.mode,
             remote: a.src,
@@ -724,6 +729,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
     let cache = a.cache.open()?;
     let bar = a.mode.bar();
     let tick = |n: u64| bar.inc(n);
+    let devices = a.lookaside.load(&a.rsh.chunking.spec())?;
     let (stats, traffic) = with_retries(a.rsh.retry, || {
         // An empty cache can hold none of the chunks: new files come whole, small and large.
         // (Asked again on a retry: what arrived before is in the cache, and found there.)
@@ -753,6 +759,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
             cache_file_max: a.cache.file_max(),
             mirrors: (!a.mirror.is_empty()).then_some(&mirrors),
             borrowing: !a.no_borrowing,
+            lookaside: Some(&devices.lookaside),
         };
         let mut stats = ferry_fs::GetStats::default();
         ferry_fs::get(&mut s.conn, &wire, &a.local, &src, &mut stats)
@@ -771,6 +778,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
         Ok((stats, traffic))
     })?;
     bar.finish_and_clear();
+    devices.count()?;
     a.cache.trim(&cache)?;
     let secs = t.elapsed().as_secs_f64();
     let mut out = io::stdout().lock();
@@ -788,6 +796,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
                    "chunks_against_old": stats.against_old,
                    "chunks_from_server": stats.from_server, "chunk_bytes_from_server": stats.bytes_from_server,
                    "chunks_from_mirrors": stats.from_mirrors, "chunk_bytes_from_mirrors": stats.bytes_from_mirrors,
+                   "chunks_from_lookaside": stats.from_lookaside, "chunk_bytes_from_lookaside": stats.bytes_from_lookaside,
                    "sources": stats.sources.iter().map(|s| json!({"name": s.name, "requests": s.requests, "chunks": s.chunks, "bytes": s.bytes, "misses": s.misses, "rejected": s.rejected, "failed": s.failed})).collect::<Vec<_>>(),
                    "bytes_sent": traffic.bytes_sent, "bytes_received": traffic.bytes_received,
                    "requests": traffic.requests, "round_trips": traffic.round_trips, "seconds": secs})
@@ -795,7 +804,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
     } else {
         writeln!(
             out,
-            "{} files fetched ({}), {} unchanged, {} deleted: {} chunks from the server, {} from the cache, {} from local files; {} received, {} sent, {} round trips, {secs:.2} s",
+            "{} files fetched ({}), {} unchanged, {} deleted: {} chunks from the server, {} from the cache, {} from local files{}; {} received, {} sent, {} round trips, {secs:.2} s",
             stats.files,
             human(stats.bytes),
             stats.unchanged,
@@ -803,6 +812,10 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
             stats.from_server,
             stats.from_cache,
             stats.from_local,
+            match stats.from_lookaside {
+                0 => String::new(),
+                n => format!(", {n} from lookaside devices"),
+            },
             human(traffic.bytes_received),
             human(traffic.bytes_sent),
             traffic.round_trips

@@ -78,7 +78,12 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
     let mut ranged = vec![];
     let history = conn.offers(ferry_proto::FEATURE_HISTORY);
     // Chunks named by short ids in recipes: those held nowhere here are fetched by them.
-    let short = shortcuts && src.short_ids;
+    let short = shortcuts && src.short_ids && src.devices().is_none();
+    // Devices are searched by chunk id: every file comes by recipe, then.
+    let (whole_new, by_ranges) = match src.devices() {
+        None => (src.cold, src.ranges),
+        Some(_) => (false, false),
+    };
     // Files that come whole, in batches: (job indices, bytes). A receiver with nothing cached
     // reads small new files whole (their recipes and chunk ids would only add to the bytes);
     // with a cache, recipes let it find what it already holds. Files whose old version came
@@ -118,10 +123,10 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
         if against {
             add_to_batch(&mut warm, i, size);
             asks.push(Ask::Other);
-        } else if empty && src.cold && size <= WHOLE_FILE {
+        } else if empty && whole_new && size <= WHOLE_FILE {
             add_to_batch(&mut cold, i, size);
             asks.push(Ask::Other);
-        } else if empty && shortcuts && (src.ranges || resume > 0) {
+        } else if empty && shortcuts && (by_ranges || resume > 0) {
             // Large ones likewise, a range at a time.
             ranged.push((i, resume));
             asks.push(Ask::Other);
@@ -226,13 +231,31 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
         };
         let mut file_missing = vec![];
         let path: std::sync::Arc<[u8]> = std::sync::Arc::from(j.remote.as_bytes());
+        let whole = src.devices().map(|_| recipe.check());
         for (offset, c) in recipe.with_offsets() {
             // Held here or not, each chunk once (one file's old version holding it says
             // nothing of another's).
             if !old.at.contains_key(&c.id) && !src.cache.contains(&c.id)? && seen.insert(c.id) {
-                file_missing.push(*c);
                 let path = path.clone();
-                places.insert(c.id, Place { path, offset });
+                let place = Place {
+                    path,
+                    offset,
+                    recipe: whole,
+                };
+                // What a device may hold is fetched plainly (the device first), not against
+                // old data.
+                let near = src.devices().is_some_and(|l| {
+                    l.may_have(&Want {
+                        id: c.id,
+                        len: c.len,
+                        place: Some(place.clone()),
+                    })
+                });
+                match near {
+                    true => missing.push(*c),
+                    false => file_missing.push(*c),
+                }
+                places.insert(c.id, place);
             }
         }
         let history = history.then_some(src.cache);
@@ -443,8 +466,15 @@ fn fetch_chunks<R: io::Read + Send, W: Write>(
             SessionSource::mirror(&mut m.session.conn, &m.name, &m.of, &m.root, hang_up)
         })
         .collect();
+    let mut devices = src.devices().map(|l| l.sources()).unwrap_or_default();
     let mut primary = SessionSource::primary(conn);
-    let mut sources: Vec<&mut (dyn Source + Send)> = vec![&mut primary];
+    // Devices first (searched before the network), then the server, then its mirrors.
+    let mut sources: Vec<&mut (dyn Source + Send)> = vec![];
+    for d in &mut devices {
+        sources.push(d);
+    }
+    let first_remote = sources.len();
+    sources.push(&mut primary);
     for o in &mut others {
         sources.push(o);
     }
@@ -456,9 +486,18 @@ fn fetch_chunks<R: io::Read + Send, W: Write>(
     // What arrived is kept, whatever else happened: a retry resumes from it.
     src.cache.flush()?;
     let report = report.map_err(engine_error)?;
-    stats.from_server += report.chunks();
-    stats.bytes_from_server += report.bytes();
-    for m in &report.sources[1..] {
+    if let Some(l) = src.devices() {
+        l.record(&report.sources[..first_remote]);
+    }
+    for d in &report.sources[..first_remote] {
+        stats.from_lookaside += d.chunks;
+        stats.bytes_from_lookaside += d.bytes;
+    }
+    for r in &report.sources[first_remote..] {
+        stats.from_server += r.chunks;
+        stats.bytes_from_server += r.bytes;
+    }
+    for m in &report.sources[first_remote + 1..] {
         stats.from_mirrors += m.chunks;
         stats.bytes_from_mirrors += m.bytes;
     }

@@ -117,6 +117,9 @@ pub struct GetStats {
     /// Of those, the chunks (and bytes) that came from mirrors.
     pub from_mirrors: u64,
     pub bytes_from_mirrors: u64,
+    /// Chunks (and bytes) read from lookaside devices instead: not counted as from the server.
+    pub from_lookaside: u64,
+    pub bytes_from_lookaside: u64,
     /// What each source of the plain fetches did (the server, then each mirror), by name.
     pub sources: Vec<SourceStats>,
     /// Of the chunks from the server, those sent compressed against the old local file.
@@ -167,6 +170,17 @@ pub struct Sources<'a> {
     pub short_ids: bool,
     /// Told the bytes of each chunk written (for progress bars).
     pub progress: Option<&'a dyn Fn(u64)>,
+    /// Devices searched for chunks before the network (lookaside caching). With any, files are
+    /// fetched by recipe with full ids (what a device is searched by): `cold`, `ranges` and
+    /// `short_ids` do not apply.
+    pub lookaside: Option<&'a ferry_lookaside::Lookaside>,
+}
+
+impl Sources<'_> {
+    /// The devices to look aside to, if there are any.
+    pub(crate) fn devices(&self) -> Option<&ferry_lookaside::Lookaside> {
+        self.lookaside.filter(|l| !l.is_empty())
+    }
 }
 
 /// How to upload.

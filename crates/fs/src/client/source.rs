@@ -106,6 +106,10 @@ impl<R: io::Read + Send, W: Write> Source for SessionSource<'_, R, W> {
         DEPTH
     }
 
+    fn rate_hint(&self) -> Option<f64> {
+        self.conn.link_rate().map(|r| r as f64)
+    }
+
     fn batch(&self) -> Batch {
         BATCH
     }

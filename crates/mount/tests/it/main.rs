@@ -78,6 +78,7 @@ pub fn client(remote: &Remote, cache: &Path, timeout: Duration) -> Vfs {
         cache_size: 1 << 30,
         timeout,
         chunker: Default::default(),
+        lookaside: None,
     };
     Vfs::new(remote.connector(), WirePath::default(), opts).unwrap()
 }
