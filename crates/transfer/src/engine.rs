@@ -132,7 +132,7 @@ enum Event {
     },
     Sink(StoreError),
     /// A source's thread ended (it wakes [`wind_down`]).
-    Exited,
+    Exited(usize),
 }
 
 /// The coordinator's view of one source.
@@ -231,7 +231,7 @@ pub fn fetch(
             std::thread::Builder::new()
                 .name(format!("ferry-source-{s}"))
                 .spawn_scoped(scope, move || {
-                    let _exit = Exit(exited, &events);
+                    let _exit = Exit(s, exited, &events);
                     work(s, src, wants, done, sink, &rx, &events)
                 })
                 .expect("a thread for a source");
@@ -318,12 +318,12 @@ fn slower(t: usize, s: usize, seats: &[Seat], wants: &[Want], now: Instant) -> b
 }
 
 /// Marks a source's thread as ended, however it ends, and tells the coordinator.
-struct Exit<'a>(&'a AtomicBool, &'a mpsc::Sender<Event>);
+struct Exit<'a>(usize, &'a AtomicBool, &'a mpsc::Sender<Event>);
 
 impl Drop for Exit<'_> {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Release);
-        let _ = self.1.send(Event::Exited);
+        self.1.store(true, Ordering::Release);
+        let _ = self.2.send(Event::Exited(self.0));
     }
 }
 
@@ -473,8 +473,16 @@ fn coordinate(
                 last_error = error;
             }
             Event::Sink(e) => return Err(EngineError::Sink(e)),
-            // Only after a failure (reported before) or a stop.
-            Event::Exited => {}
+            // After a failure (reported before): nothing more to do.
+            Event::Exited(s) if report.sources[s].failed.is_some() => {}
+            // Neither failed nor stopped: it panicked (the panic is raised again once every
+            // thread has ended). What it was delivering may be lost: the fetch ends here.
+            Event::Exited(s) => {
+                return Err(EngineError::Sources(format!(
+                    "{}: its thread ended unexpectedly",
+                    report.sources[s].name
+                )))
+            }
         }
     }
 }

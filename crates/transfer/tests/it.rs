@@ -481,6 +481,20 @@ fn a_sink_that_fails_stops_the_fetch() {
 }
 
 #[test]
+#[should_panic]
+fn a_panic_in_a_source_thread_is_raised_not_waited_for() {
+    struct Broken;
+    impl Sink for Broken {
+        fn deliver(&self, _: usize, _: VerifiedChunk<'_>) -> Result<(), StoreError> {
+            panic!("the sink broke")
+        }
+    }
+    let far = store_of(0..10);
+    let mut s = Remote::new("far", &far);
+    let _ = fetch(&mut [&mut s], &wants(10), &Broken, &Options::default());
+}
+
+#[test]
 fn files_serve_chunks_by_index_and_by_place_and_stale_ones_are_not_used() {
     let t = tempfile::tempdir().unwrap();
     let root = t.path().join("stick");
