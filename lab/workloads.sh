@@ -5,14 +5,14 @@
 #   ferry lab --workloads OUT/workloads
 #
 # Usage: bash lab/workloads.sh [OUT]        (OUT defaults to ./lab-workloads; ~250 MB, 1-3 min)
-# Needs: python3 with venv and pip, cargo, tar, unzip (apt-get install python3-venv unzip).
+# Needs: python3 with venv and pip, cargo, tar, unzip, curl (apt-get install python3-venv unzip curl).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 OUT=$(realpath -m "${1:-lab-workloads}")
 DL=$OUT/downloads
 W=$OUT/workloads
 say() { printf '[workloads %(%H:%M:%S)T] %s\n' -1 "$*"; }
-for t in python3 cargo tar unzip; do
+for t in python3 cargo tar unzip curl sha256sum; do
   command -v "$t" >/dev/null || { echo "workloads.sh needs $t" >&2; exit 1; }
 done
 mkdir -p "$DL/pypi" "$DL/cargo" "$W"
@@ -79,6 +79,27 @@ unzip -q "$DL"/pypi/numpy-2.1.2-cp311-*.whl -d "$W/numpy-whl-tree/new"
 pair numpy-whl-raw
 cp "$DL"/pypi/numpy-2.1.1-cp311-*.whl "$W/numpy-whl-raw/old/numpy.whl"
 cp "$DL"/pypi/numpy-2.1.2-cp311-*.whl "$W/numpy-whl-raw/new/numpy.whl"
+
+# Five consecutive releases of one project, for `ferry lab --lookaside OUT/releases/tokio` (the
+# lookaside paper's five kernel releases): the crates.io archives, checked against pinned hashes.
+say "downloads (crates.io releases)"
+mkdir -p "$DL/crates" "$OUT/releases/tokio"
+while read -r v sum; do
+  f=$DL/crates/tokio-$v.crate
+  if [ ! -f "$f" ]; then
+    curl -sSfL -o "$f.part" "https://static.crates.io/crates/tokio/tokio-$v.crate"
+    mv "$f.part" "$f"
+  fi
+  echo "$sum  $f" | sha256sum -c --quiet -
+  rm -rf "$OUT/releases/tokio/$v"; mkdir -p "$OUT/releases/tokio/$v"
+  tar xzf "$f" --strip-components=1 -C "$OUT/releases/tokio/$v"
+done <<'PINS'
+1.38.0 ba4f4a02a7a80d6f274636f0aa95c7e383b912d41fe721a31f29e29698585a4a
+1.39.0 9c3318c4fc7126c339a40fbc025927d0328ca32259f68bfe4321660644c1f626
+1.40.0 e2b070231665d27ad9ec9b8df639893f46727666c6767db40317fbe920a5d998
+1.41.0 145f3413504347a2be84393cc8a7d2fb4d863b375909ea59f2158261aa258bbb
+1.42.0 5cec9b21b0450273377fc97bd4c33a8acffc8c996c987a7c5b319a0083707551
+PINS
 
 say "generate mbox-append, text-insert, docx-edit; set times"
 for w in mbox-append text-insert docx-edit; do pair "$w"; done

@@ -11,6 +11,7 @@ fn ferry(args: &[&str]) -> Output {
         .args(args)
         .env_remove("FERRY_STORE")
         .env("XDG_CACHE_HOME", test_cache())
+        .env("XDG_DATA_HOME", test_cache().join("data"))
         .output()
         .unwrap()
 }
@@ -838,4 +839,118 @@ fn get_with_a_mirror_draws_on_both_and_survives_a_dead_one() {
     let dead = format!("h:{}", t.path().join("nowhere").display());
     let j = get(&[dead], "d2-longer");
     assert_eq!(j["chunks_from_mirrors"], 0, "{j}");
+}
+
+#[test]
+fn lookaside_devices_supply_chunks_and_stale_ones_cost_only_time() {
+    let t = tempfile::tempdir().unwrap();
+    let home = t.path().join("home");
+    let rsh = t.path().join("fake-ssh");
+    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
+    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // The server holds v2; the stick an older copy, in its own layout.
+    let (export, stick) = (t.path().join("export"), t.path().join("stick"));
+    std::fs::create_dir_all(export.join("src")).unwrap();
+    std::fs::create_dir_all(stick.join("backup-2025")).unwrap();
+    for i in 0..8u8 {
+        let old = data(100_000, i);
+        let mut new = old.clone();
+        if i % 2 == 0 {
+            new[50_000..50_100].copy_from_slice(&[i; 100]);
+        }
+        std::fs::write(stick.join(format!("backup-2025/f{i}.old")), &old).unwrap();
+        std::fs::write(export.join(format!("src/f{i}")), &new).unwrap();
+    }
+    let get = |dst: &str, extra: &[&str]| -> serde_json::Value {
+        let dst = t.path().join(dst);
+        let remote = format!("h:{}", export.display());
+        let cache = t
+            .path()
+            .join(format!("cache-{}", dst.display().to_string().len()));
+        let mut args = vec!["get", "--json", "-e", s(&rsh), "--remote-ferry"];
+        args.extend([env!("CARGO_BIN_EXE_ferry"), "--cache", s(&cache)]);
+        args.extend(extra);
+        args.extend([remote.as_str(), s(&dst)]);
+        let out = ok_as(&home, &args);
+        for i in 0..8u8 {
+            let want = std::fs::read(export.join(format!("src/f{i}"))).unwrap();
+            assert_eq!(std::fs::read(dst.join(format!("src/f{i}"))).unwrap(), want);
+        }
+        serde_json::from_str(out.trim()).unwrap()
+    };
+    let list = || -> Vec<serde_json::Value> {
+        ok_as(&home, &["lookaside", "list", "--json"])
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    assert!(ok_as(&home, &["lookaside", "list"]).contains("no lookaside devices"));
+    let j: serde_json::Value =
+        serde_json::from_str(ok_as(&home, &["lookaside", "index", "--json", s(&stick)]).trim())
+            .unwrap();
+    assert_eq!(
+        (j["files"].as_u64(), j["kept"].as_str()),
+        (Some(8), Some("device")),
+        "{j}"
+    );
+    assert!(ok_as(&home, &["lookaside", "add", s(&stick)]).starts_with("added"));
+    let l = list();
+    assert_eq!(
+        (l.len(), l[0]["state"].as_str()),
+        (1, Some("ready")),
+        "{l:?}"
+    );
+
+    // Most chunks come from the stick; the changed ones from the server.
+    let j = get("d1", &[]);
+    let from_stick = j["chunks_from_lookaside"].as_u64().unwrap();
+    assert!(from_stick > 0, "{j}");
+    assert!(
+        j["chunk_bytes_from_lookaside"].as_u64().unwrap() > 600_000,
+        "{j}"
+    );
+    assert!(
+        j["chunk_bytes_from_server"].as_u64().unwrap() < 200_000,
+        "{j}"
+    );
+    assert_eq!(list()[0]["supplied"]["chunks"].as_u64(), Some(from_stick));
+    // Not this time.
+    let j = get("d2-x", &["--no-lookaside"]);
+    assert_eq!(j["chunks_from_lookaside"], 0, "{j}");
+
+    // The stick changes behind the index's back: verify says so, and a fetch is still right.
+    let mut f = std::fs::read(stick.join("backup-2025/f1.old")).unwrap();
+    f.extend_from_slice(b"appended");
+    std::fs::write(stick.join("backup-2025/f1.old"), f).unwrap();
+    let o = ferry_as(&home, &["lookaside", "verify", s(&stick)]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("changed since indexed: backup-2025/f1.old")
+    );
+    get("d3-xx", &[]);
+    assert!(list()[0]["supplied"]["stale_files"].as_u64().unwrap() >= 1);
+
+    // A directory added without an index is indexed in the background.
+    let other = t.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("x"), data(10_000, 9)).unwrap();
+    assert!(ok_as(&home, &["lookaside", "add", s(&other)]).contains("in the background"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while list()[1]["state"] != "ready" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never indexed: {:?}",
+            list()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+
+    assert!(ok_as(&home, &["lookaside", "remove", s(&stick)]).starts_with("removed"));
+    let o = ferry_as(&home, &["lookaside", "remove", s(&stick)]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is not a lookaside device"));
+    let o = ferry_as(&home, &["lookaside", "add", s(&t.path().join("nowhere"))]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(ok_as(&home, &["lookaside", "clear"]).contains("removed 1"));
+    assert!(list().is_empty());
 }

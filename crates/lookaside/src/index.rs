@@ -103,9 +103,7 @@ impl DeviceIndex {
             }
             let mut offset = 0;
             for c in &file.chunks {
-                by_chunk
-                    .entry(*c.id.digest())
-                    .or_insert((f, offset, c.len));
+                by_chunk.entry(*c.id.digest()).or_insert((f, offset, c.len));
                 offset += c.len as u64;
             }
         }

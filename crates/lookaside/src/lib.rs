@@ -162,7 +162,11 @@ impl Lookaside {
     /// ignored).
     pub fn record(&self, reports: &[SourceReport]) {
         for r in reports {
-            if let Some(d) = self.devices.iter().find(|d| d.root.display().to_string() == r.name) {
+            if let Some(d) = self
+                .devices
+                .iter()
+                .find(|d| d.root.display().to_string() == r.name)
+            {
                 let mut s = d.supplied.lock().unwrap_or_else(|e| e.into_inner());
                 s.chunks += r.chunks;
                 s.bytes += r.bytes;

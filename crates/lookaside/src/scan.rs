@@ -48,6 +48,8 @@ pub fn stable_inodes(root: &OwnedFd) -> bool {
     const EXFAT: i64 = 0x2011_bab0;
     const FUSEBLK: i64 = 0x6573_5546;
     match rustix::fs::fstatfs(root) {
+        // f_type's width differs between architectures.
+        #[allow(clippy::unnecessary_cast)]
         Ok(s) => !matches!(s.f_type as i64, MSDOS | EXFAT | FUSEBLK),
         Err(_) => true,
     }
@@ -343,7 +345,8 @@ fn index_spec(index: &DeviceIndex) -> io::Result<ChunkerSpec> {
     if m.key.is_some() {
         return Err(bad("the index was cut with a keyed chunker"));
     }
-    let alg = ferry_chunk::Algorithm::from_tag(m.algorithm).ok_or_else(|| bad("unknown chunker"))?;
+    let alg =
+        ferry_chunk::Algorithm::from_tag(m.algorithm).ok_or_else(|| bad("unknown chunker"))?;
     let spec = ChunkerSpec {
         algorithm: alg,
         min: m.min as usize,

@@ -20,9 +20,11 @@ fn spec() -> ChunkerSpec {
 }
 
 fn recipe_of(data: &[u8]) -> Recipe {
-    chunk_object(data, &spec(), HashAlg::Blake3, |_, _| Ok::<_, std::io::Error>(()))
-        .unwrap()
-        .0
+    chunk_object(data, &spec(), HashAlg::Blake3, |_, _| {
+        Ok::<_, std::io::Error>(())
+    })
+    .unwrap()
+    .0
 }
 
 fn noise(seed: u64, n: usize) -> Vec<u8> {
@@ -35,7 +37,9 @@ fn noise(seed: u64, n: usize) -> Vec<u8> {
 }
 
 fn index_of(root: &Path) -> DeviceIndex {
-    scan(root, &spec(), HashAlg::Blake3, None, &|_| {}).unwrap().0
+    scan(root, &spec(), HashAlg::Blake3, None, &|_| {})
+        .unwrap()
+        .0
 }
 
 /// The server: every chunk of the latest versions.
@@ -164,10 +168,16 @@ fn changed_files_are_never_served_and_a_hidden_change_is_caught_by_the_hash() {
     let mut b2 = b.clone();
     b2.extend_from_slice(b"more");
     write(root, "b", &b2);
-    let times = std::fs::metadata(root.join("c")).unwrap().modified().unwrap();
+    let times = std::fs::metadata(root.join("c"))
+        .unwrap()
+        .modified()
+        .unwrap();
     {
         use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new().write(true).open(root.join("c")).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(root.join("c"))
+            .unwrap();
         f.write_all_at(&noise(4, 30_000), 0).unwrap();
         f.set_modified(times).unwrap();
     }
@@ -180,10 +190,16 @@ fn changed_files_are_never_served_and_a_hidden_change_is_caught_by_the_hash() {
         assert_eq!(g, want);
     }
     assert_eq!(r.sources[0].bytes, 30_000, "only a from the device: {r:?}");
-    assert_eq!(r.sources[0].rejected, 0, "the source checks before handing over");
+    assert_eq!(
+        r.sources[0].rejected, 0,
+        "the source checks before handing over"
+    );
     let rej = rej.lock().unwrap().clone();
     assert_eq!(rej.stale_files, 2, "{rej:?}");
-    assert_eq!(rej.chunks, 1, "one chunk of c read, then c left alone: {rej:?}");
+    assert_eq!(
+        rej.chunks, 1,
+        "one chunk of c read, then c left alone: {rej:?}"
+    );
 }
 
 #[test]
@@ -298,7 +314,11 @@ fn indexing_again_reads_only_what_changed_and_the_index_is_kept_atomically() {
     write(&root, "d/2", &noise(7, 12_000));
     let (old, _) = ferry_lookaside::load(&root, &cache).unwrap().unwrap();
     let (second, r2) = scan(&root, &spec(), HashAlg::Blake3, Some(&old), &|_| {}).unwrap();
-    assert_eq!((r2.files, r2.reused, r2.hashed), (4, 3, 12_000), "the index file is not indexed");
+    assert_eq!(
+        (r2.files, r2.reused, r2.hashed),
+        (4, 3, 12_000),
+        "the index file is not indexed"
+    );
     // Kept in the cache instead: that copy is found, the device's removed from the search.
     let kept = ferry_lookaside::save(&root, &cache, &second, true).unwrap();
     assert!(kept.path().starts_with(&cache));
@@ -360,8 +380,20 @@ fn cases() -> u32 {
     }
 }
 
+/// A scratch directory in memory when the machine has one (the long mode makes 100,000).
+fn scratch() -> tempfile::TempDir {
+    match Path::new("/dev/shm").is_dir() {
+        true => tempfile::tempdir_in("/dev/shm").unwrap(),
+        false => tempfile::tempdir().unwrap(),
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     /// Stale data is harmless: files with random histories on the server, a device holding
     /// random older versions (or none), changed after it was indexed in every way a device
@@ -377,7 +409,7 @@ proptest! {
             1..5),
         whole in any::<bool>(),
     ) {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = scratch();
         let root = dir.path().join("dev");
         std::fs::create_dir_all(&root).unwrap();
         let names: Vec<String> = (0..histories.len()).map(|i| format!("f{i}")).collect();

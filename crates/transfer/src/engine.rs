@@ -268,8 +268,9 @@ pub fn fetch(
 /// first).
 fn queue(s: usize, ahead: u64, may: &[u64]) -> VecDeque<usize> {
     let mine = |w: &usize| may[*w] & (1 << s) != 0;
-    let (first, later): (Vec<usize>, Vec<usize>) =
-        (0..may.len()).filter(mine).partition(|&w| may[w] & ahead == 0);
+    let (first, later): (Vec<usize>, Vec<usize>) = (0..may.len())
+        .filter(mine)
+        .partition(|&w| may[w] & ahead == 0);
     first.into_iter().chain(later.into_iter().rev()).collect()
 }
 
@@ -282,10 +283,14 @@ impl Seat {
     /// Its rate at most, now: a batch of B bytes waited for T says the source carries less
     /// than B/T (a device that stalls, a stuck read, shows as slow as it goes on).
     fn speed_now(&self, wants: &[Want], now: Instant) -> Option<f64> {
-        let bound = self.outstanding.front().zip(self.waiting).map(|(b, since)| {
-            let bytes: u64 = b.iter().map(|&w| wants[w].len as u64).sum();
-            bytes as f64 / now.duration_since(since).as_secs_f64().max(1e-9)
-        });
+        let bound = self
+            .outstanding
+            .front()
+            .zip(self.waiting)
+            .map(|(b, since)| {
+                let bytes: u64 = b.iter().map(|&w| wants[w].len as u64).sum();
+                bytes as f64 / now.duration_since(since).as_secs_f64().max(1e-9)
+            });
         match (self.speed(), bound) {
             (Some(k), Some(b)) => Some(k.min(b)),
             (k, b) => k.or(b),
@@ -435,8 +440,7 @@ fn coordinate(
                     seat.rate = Some(seat.carried as f64 / seat.served.as_secs_f64().max(1e-6));
                 }
                 let batch = seats[source].outstanding.pop_front().unwrap_or_default();
-                seats[source].waiting = (!seats[source].outstanding.is_empty())
-                    .then(Instant::now);
+                seats[source].waiting = (!seats[source].outstanding.is_empty()).then(Instant::now);
                 for &w in &batch {
                     asked[w] = asked[w].saturating_sub(1);
                 }
@@ -512,7 +516,11 @@ fn fill(
     report: &mut Report,
 ) -> Result<(), EngineError> {
     let remote = seats.iter().filter(|x| x.alive && !x.local).count();
-    let max_bytes = batch_bytes(remote > 1 && !seats[s].local, seats[s].rate, seats[s].batch.bytes);
+    let max_bytes = batch_bytes(
+        remote > 1 && !seats[s].local,
+        seats[s].rate,
+        seats[s].batch.bytes,
+    );
     while seats[s].alive && seats[s].outstanding.len() < seats[s].depth {
         let mut batch = vec![];
         let mut bytes = 0;

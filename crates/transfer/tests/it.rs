@@ -407,7 +407,11 @@ fn a_local_source_ahead_is_searched_first() {
     )
     .unwrap();
     holds_all(&near, &w);
-    assert_eq!((r.sources[0].chunks, r.sources[1].chunks), (50, 50), "{r:?}");
+    assert_eq!(
+        (r.sources[0].chunks, r.sources[1].chunks),
+        (50, 50),
+        "{r:?}"
+    );
     assert!(
         w[..50].iter().all(|x| !remote.asked.contains(&x.id)),
         "{r:?}"
@@ -432,7 +436,11 @@ fn what_a_local_source_misses_goes_to_the_network() {
     )
     .unwrap();
     holds_all(&near, &w);
-    assert_eq!((r.sources[0].chunks, r.sources[0].misses), (20, 20), "{r:?}");
+    assert_eq!(
+        (r.sources[0].chunks, r.sources[0].misses),
+        (20, 20),
+        "{r:?}"
+    );
     assert_eq!(r.sources[1].chunks, 20, "{r:?}");
 }
 
@@ -457,7 +465,13 @@ fn a_local_source_slower_than_the_link_gives_way() {
         got: AtomicUsize::new(0),
         gate,
     };
-    let r = fetch(&mut [&mut device, &mut remote], &w, &sink, &Options::default()).unwrap();
+    let r = fetch(
+        &mut [&mut device, &mut remote],
+        &w,
+        &sink,
+        &Options::default(),
+    )
+    .unwrap();
     holds_all(&near, &w);
     assert_eq!((r.sources[0].chunks, r.sources[1].chunks), (0, 64), "{r:?}");
 }

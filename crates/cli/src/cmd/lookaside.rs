@@ -118,10 +118,16 @@ impl UseArgs {
         for (root, why) in unusable {
             match why {
                 Unusable::NoIndex | Unusable::OtherChunker(_) => {
-                    tracing::info!("lookaside {}: {why}; indexing it in the background", root.display());
+                    tracing::info!(
+                        "lookaside {}: {why}; indexing it in the background",
+                        root.display()
+                    );
                     index_in_background(&root, spec);
                 }
-                why => eprintln!("ferry: lookaside {}: {why}; going on without it", root.display()),
+                why => eprintln!(
+                    "ferry: lookaside {}: {why}; going on without it",
+                    root.display()
+                ),
             }
         }
         Ok(InUse {
@@ -157,7 +163,8 @@ fn index_cache() -> PathBuf {
 
 /// A device's root as the registry names it: absolute, symlinks resolved.
 fn device_root(dir: &Path) -> Result<PathBuf> {
-    let root = std::fs::canonicalize(dir).with_context(|| format!("cannot use {}", dir.display()))?;
+    let root =
+        std::fs::canonicalize(dir).with_context(|| format!("cannot use {}", dir.display()))?;
     if !root.is_dir() {
         bail!("{} is not a directory", dir.display());
     }
@@ -210,14 +217,13 @@ fn index(
     };
     let bar = ui.bytes_bar(0, "indexing");
     bar.set_length(old.as_ref().map_or(0, |o| o.bytes()));
-    let (index, report) =
-        ferry_lookaside::scan(root, spec, HashAlg::Blake3, old.as_ref(), &|n| {
-            if bar.position() + n > bar.length().unwrap_or(0) {
-                bar.set_length(bar.position() + n);
-            }
-            bar.inc(n)
-        })
-        .with_context(|| format!("cannot index {}", root.display()))?;
+    let (index, report) = ferry_lookaside::scan(root, spec, HashAlg::Blake3, old.as_ref(), &|n| {
+        if bar.position() + n > bar.length().unwrap_or(0) {
+            bar.set_length(bar.position() + n);
+        }
+        bar.inc(n)
+    })
+    .with_context(|| format!("cannot index {}", root.display()))?;
     bar.finish_and_clear();
     let kept = ferry_lookaside::save(root, &cache, &index, to_cache)
         .with_context(|| format!("cannot save the index of {}", root.display()))?;
@@ -254,7 +260,10 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
                 .or_else(|_| std::path::absolute(&dir))
                 .with_context(|| format!("cannot name {}", dir.display()))?;
             if !registry().remove(&root)? {
-                bail!("{} is not a lookaside device (see `ferry lookaside list`)", dir.display());
+                bail!(
+                    "{} is not a lookaside device (see `ferry lookaside list`)",
+                    dir.display()
+                );
             }
             writeln!(out, "removed {}", root.display())?;
         }
@@ -333,7 +342,10 @@ fn lock_indexing(root: &Path) -> Result<Option<std::fs::File>> {
 fn list(out: &mut impl Write, json: bool) -> Result<()> {
     let entries = registry().list()?;
     if entries.is_empty() && !json {
-        writeln!(out, "no lookaside devices (add one with `ferry lookaside add DIR`)")?;
+        writeln!(
+            out,
+            "no lookaside devices (add one with `ferry lookaside add DIR`)"
+        )?;
     }
     for (n, e) in entries.iter().enumerate() {
         let (state, index) = match ferry_lookaside::load(&e.path, &index_cache()) {
@@ -412,7 +424,10 @@ fn verify(out: &mut impl Write, dir: &Path, json: bool) -> Result<ExitCode> {
         for (what, l) in [
             ("missing", &v.missing),
             ("changed since indexed", &v.changed),
-            ("content differs from the index (same size and times)", &v.wrong),
+            (
+                "content differs from the index (same size and times)",
+                &v.wrong,
+            ),
         ] {
             for p in l {
                 writeln!(out, "{what}: {}", String::from_utf8_lossy(p))?;
@@ -427,7 +442,10 @@ fn verify(out: &mut impl Write, dir: &Path, json: bool) -> Result<ExitCode> {
             v.changed.len(),
             v.wrong.len(),
             if bad > 0 {
-                format!(" (none is ever used wrongly; `ferry lookaside index {}` refreshes the index)", dir.display())
+                format!(
+                    " (none is ever used wrongly; `ferry lookaside index {}` refreshes the index)",
+                    dir.display()
+                )
             } else {
                 String::new()
             }

@@ -9,9 +9,11 @@
 mod chart;
 mod interactive;
 mod link;
+mod lookaside;
 mod multipath;
 mod netns;
 mod sshd;
+mod stick;
 mod workloads;
 
 use std::fs;
@@ -76,6 +78,13 @@ pub struct Args {
     /// and multipath.json into --out.
     #[arg(long, conflicts_with_all = ["quick", "profiles", "down", "interactive", "from_json"])]
     multipath: bool,
+    /// Run the lookaside paper's experiments instead (its Figures 5 and 7) with the releases
+    /// in DIR (one directory per release, as lab/workloads.sh puts in releases/tokio): the
+    /// newest fetched at four bandwidths with an emulated USB stick holding it, older ones or
+    /// nothing, with chunk-level and whole-file lookaside; and a 41 MB memory image. Root
+    /// emulates the stick (a throttled loop device). Writes lookaside.md and lookaside.json.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["quick", "profiles", "down", "interactive", "from_json", "multipath"])]
+    lookaside: Option<PathBuf>,
     /// Where results go.
     #[arg(long, default_value = "lab-results", value_name = "DIR")]
     out: PathBuf,
@@ -391,9 +400,13 @@ fn mount_unavailable(tool: &str) -> Option<String> {
 
 /// Runs `cmd` with output captured, killing it after `limit`; `Err(message)` when it failed.
 fn run_bounded(cmd: &mut Command, limit: Duration) -> Result<Result<(), String>> {
+    run_bounded_keep_stdout(cmd.stdout(Stdio::null()), limit)
+}
+
+/// [`run_bounded`] with standard output where `cmd` already sends it.
+fn run_bounded_keep_stdout(cmd: &mut Command, limit: Duration) -> Result<Result<(), String>> {
     let mut child = cmd
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
@@ -628,6 +641,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if a.multipath {
         return multipath_report(&lab, &a);
     }
+    if let Some(dir) = &a.lookaside {
+        return lookaside_report(&lab, &a, dir);
+    }
     let mut infos = vec![];
     for w in &wls {
         infos.push(WorkloadInfo {
@@ -761,6 +777,31 @@ fn multipath_report(lab: &Lab, a: &Args) -> Result<ExitCode> {
         .filter(|r| r.status.starts_with("failed"))
         .count();
     report_out(a, &report, &md, "multipath.md, multipath.json", failed)
+}
+
+/// Runs the lookaside paper's experiments and writes their results.
+fn lookaside_report(lab: &Lab, a: &Args, dir: &Path) -> Result<ExitCode> {
+    let started = Instant::now();
+    let (device, runs) = lookaside::run(lab, dir)?;
+    let md = lookaside::markdown(&device, &runs);
+    let report = serde_json::json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "machine": machine(),
+        "seconds": started.elapsed().as_secs_f64(),
+        "stick": device,
+        "runs": runs,
+    });
+    fs::create_dir_all(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
+    fs::write(a.out.join("lookaside.md"), &md)?;
+    fs::write(
+        a.out.join("lookaside.json"),
+        serde_json::to_string_pretty(&report)? + "\n",
+    )?;
+    let failed = runs
+        .iter()
+        .filter(|r| r.status.starts_with("failed"))
+        .count();
+    report_out(a, &report, &md, "lookaside.md, lookaside.json", failed)
 }
 
 /// 1.5M, 384k.
