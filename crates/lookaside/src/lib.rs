@@ -168,6 +168,7 @@ impl Lookaside {
                 .find(|d| d.root.display().to_string() == r.name)
             {
                 let mut s = d.supplied.lock().unwrap_or_else(|e| e.into_inner());
+                s.requests += r.requests;
                 s.chunks += r.chunks;
                 s.bytes += r.bytes;
                 s.misses += r.misses;

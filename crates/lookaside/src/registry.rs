@@ -15,6 +15,9 @@ const VERSION: u32 = 1;
 /// What a device has supplied, over every fetch since it was added.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Supplied {
+    /// Requests a fetch made of it.
+    #[serde(default)]
+    pub requests: u64,
     /// Chunks it delivered, and their bytes.
     pub chunks: u64,
     pub bytes: u64,
@@ -29,6 +32,7 @@ pub struct Supplied {
 
 impl Supplied {
     pub fn add(&mut self, o: &Supplied) {
+        self.requests += o.requests;
         self.chunks += o.chunks;
         self.bytes += o.bytes;
         self.misses += o.misses;

@@ -153,6 +153,8 @@ struct Seat {
     /// Since when the oldest outstanding batch has been its own work (sent, or the answer
     /// before it came): how long it has been waited for.
     waiting: Option<Instant>,
+    /// It sent a probe (see [`fill`]) not yet answered with enough to measure it by.
+    probed: bool,
     /// Bytes it carried and the time it took over them, in all (its rate, smoothed: one
     /// answer that came in a burst says little).
     carried: u64,
@@ -247,6 +249,7 @@ pub fn fetch(
                 hint,
                 ahead,
                 waiting: None,
+                probed: false,
                 carried: 0,
                 served: Duration::ZERO,
             });
@@ -439,6 +442,8 @@ fn coordinate(
                 if seat.carried >= RATE_SAMPLE {
                     seat.rate = Some(seat.carried as f64 / seat.served.as_secs_f64().max(1e-6));
                 }
+                // Still not measured: another probe may go.
+                seat.probed &= seat.rate.is_some();
                 let batch = seats[source].outstanding.pop_front().unwrap_or_default();
                 seats[source].waiting = (!seats[source].outstanding.is_empty()).then(Instant::now);
                 for &w in &batch {
@@ -528,17 +533,35 @@ fn fill(
         // waiting for a local source, they may come back (not there) for this source to try.
         let mut skipped = vec![];
         let ahead = seats[s].ahead != 0;
+        // A source of unknown rate with nothing to do may take one small batch of what waits
+        // for a local source (from the end that one reaches last): its answer measures it.
+        let mut probe = false;
         while let Some(w) = seats[s].queue.pop_front() {
             if done[w].load(Ordering::Acquire) || tried[w] & (1 << s) != 0 {
                 continue;
             }
-            if asked[w] > 0 || (ahead && waits(s, w, seats, wants, may, tried)) {
+            if asked[w] > 0 {
                 skipped.push(w);
                 continue;
             }
+            if ahead && waits(s, w, seats, wants, may, tried) {
+                let seat = &seats[s];
+                let may_probe = seat.rate.is_none()
+                    && !seat.probed
+                    && seat.outstanding.is_empty()
+                    && (batch.is_empty() || probe);
+                if !may_probe {
+                    skipped.push(w);
+                    continue;
+                }
+                probe = true;
+            }
+            let cap = match probe {
+                true => probe_bytes(seats[s].hint),
+                false => max_bytes,
+            };
             if !batch.is_empty()
-                && (batch.len() >= seats[s].batch.chunks
-                    || bytes + wants[w].len as usize > max_bytes)
+                && (batch.len() >= seats[s].batch.chunks || bytes + wants[w].len as usize > cap)
             {
                 seats[s].queue.push_front(w);
                 break;
@@ -553,9 +576,17 @@ fn fill(
         if batch.is_empty() {
             break;
         }
+        seat.probed |= probe;
         send(s, seat, batch, asked, report)?;
     }
     Ok(())
+}
+
+/// A probe's bytes: a quarter second at the least rate the source is known to carry, at least
+/// enough to measure it by, at most a first batch.
+fn probe_bytes(hint: Option<f64>) -> usize {
+    let at_hint = hint.map_or(0, |h| (h * BATCH_TIME.as_secs_f64()) as usize);
+    at_hint.clamp(RATE_SAMPLE as usize, FIRST_BATCH_BYTES)
 }
 
 /// Lends source `s` (out of work) the last batch outstanding at the busiest other source that

@@ -367,7 +367,7 @@ fn list(out: &mut impl Write, json: bool) -> Result<()> {
                 out,
                 "{}",
                 json!({"position": n + 1, "path": e.path, "state": state, "index": index,
-                       "supplied": {"chunks": s.chunks, "bytes": s.bytes, "misses": s.misses,
+                       "supplied": {"requests": s.requests, "chunks": s.chunks, "bytes": s.bytes, "misses": s.misses,
                                     "rejected": s.rejected, "rejected_bytes": s.rejected_bytes,
                                     "stale_files": s.stale_files}})
             )?;

@@ -190,6 +190,42 @@ fn close_to_open_between_two_clients_with_leases() {
 }
 
 #[test]
+fn opens_read_from_a_lookaside_device_first() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    let doc = bytes(7, 400_000);
+    std::fs::write(root.join("doc"), &doc).unwrap();
+    // A stick holding an older copy under another name: all but the edited part matches.
+    let stick = t.path().join("stick");
+    std::fs::create_dir(&stick).unwrap();
+    let mut old = doc.clone();
+    old[200_000..200_100].fill(0);
+    std::fs::write(stick.join("doc-backup"), &old).unwrap();
+    let spec = ferry_chunk::ChunkerSpec::default();
+    let (index, _) =
+        ferry_lookaside::scan(&stick, &spec, ferry_format::HashAlg::Blake3, None, &|_| {}).unwrap();
+    let devices = Arc::new(ferry_lookaside::Lookaside::new(
+        vec![(stick.clone(), index)],
+        ferry_lookaside::Matching::Chunks,
+    ));
+    let remote = Remote::new(&root, 60_000);
+    let opts = Options {
+        cache_dir: t.path().join("c"),
+        cache_size: 1 << 30,
+        timeout: Duration::from_secs(5),
+        chunker: spec,
+        lookaside: Some(devices.clone()),
+    };
+    let c = Vfs::new(remote.connector(), WirePath::default(), opts).unwrap();
+    assert_eq!(read(&c, "doc").unwrap(), doc);
+    // Asked first (who then answers first is the machine's business: the server here is as
+    // fast as the stick).
+    let supplied = &devices.supplied()[0].1;
+    assert!(supplied.requests > 0, "{supplied:?}");
+}
+
+#[test]
 fn round_trips_of_the_lbfs_budget() {
     let t = tempfile::tempdir().unwrap();
     let root = t.path().join("export");

@@ -123,17 +123,7 @@ fn steps(dir: &Path, name: &str) -> Result<()> {
 }
 
 fn run(cmd: &mut Command) -> Result<()> {
-    let o = cmd
-        .output()
-        .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
-    if !o.status.success() {
-        bail!(
-            "{:?} failed: {}",
-            cmd.get_program(),
-            String::from_utf8_lossy(&o.stderr).trim()
-        );
-    }
-    Ok(())
+    super::output(cmd).map(drop)
 }
 
 /// Whether something is mounted at `at`.

@@ -234,6 +234,7 @@ fn prime(lab: &Lab, work: &Path) -> Result<()> {
 fn get(lab: &Lab, work: &Path, port: u16, what: &str, extra: &[&str]) -> Command {
     let (dst, state) = (work.join("dst"), work.join("state"));
     let _ = fs::remove_dir_all(&dst);
+    let _ = fs::create_dir_all(&dst);
     let _ = fs::remove_dir_all(state.join("cache"));
     let mut c = lab.ferry_command(&["-q", "get", "--json"], port, &state);
     c.env("XDG_DATA_HOME", work.join("data"))

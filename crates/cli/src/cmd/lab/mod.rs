@@ -441,7 +441,11 @@ fn same_files(want: &Path, got: &Path) -> Result<()> {
     for e in walkdir::WalkDir::new(want) {
         let e = e?;
         let rel = e.path().strip_prefix(want)?;
-        let other = got.join(rel);
+        // `want` a file: `got` is the other file (joining "" would add a slash).
+        let other = match rel.as_os_str().is_empty() {
+            true => got.to_path_buf(),
+            false => got.join(rel),
+        };
         if e.file_type().is_file() {
             if fs::read(e.path())? != fs::read(&other).unwrap_or_default() {
                 bail!("{} differs", rel.display());
@@ -760,48 +764,62 @@ fn multipath_report(lab: &Lab, a: &Args) -> Result<ExitCode> {
     let started = Instant::now();
     let runs = multipath::run(lab)?;
     let md = multipath::markdown(&runs);
-    let report = serde_json::json!({
-        "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "machine": machine(),
-        "seconds": started.elapsed().as_secs_f64(),
-        "runs": runs,
-    });
-    fs::create_dir_all(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
-    fs::write(a.out.join("multipath.md"), &md)?;
-    fs::write(
-        a.out.join("multipath.json"),
-        serde_json::to_string_pretty(&report)? + "\n",
-    )?;
     let failed = runs
         .iter()
         .filter(|r| r.status.starts_with("failed"))
         .count();
-    report_out(a, &report, &md, "multipath.md, multipath.json", failed)
+    let report = serde_json::json!({ "runs": runs });
+    experiment_out(a, "multipath", started, report, &md, failed)
 }
 
 /// Runs the lookaside paper's experiments and writes their results.
 fn lookaside_report(lab: &Lab, a: &Args, dir: &Path) -> Result<ExitCode> {
     let started = Instant::now();
-    let (device, runs) = lookaside::run(lab, dir)?;
-    let md = lookaside::markdown(&device, &runs);
-    let report = serde_json::json!({
-        "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "machine": machine(),
-        "seconds": started.elapsed().as_secs_f64(),
-        "stick": device,
-        "runs": runs,
-    });
-    fs::create_dir_all(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
-    fs::write(a.out.join("lookaside.md"), &md)?;
-    fs::write(
-        a.out.join("lookaside.json"),
-        serde_json::to_string_pretty(&report)? + "\n",
-    )?;
+    let (stick, runs) = lookaside::run(lab, dir)?;
+    let md = lookaside::markdown(&stick, &runs);
     let failed = runs
         .iter()
         .filter(|r| r.status.starts_with("failed"))
         .count();
-    report_out(a, &report, &md, "lookaside.md, lookaside.json", failed)
+    let report = serde_json::json!({ "stick": stick, "runs": runs });
+    experiment_out(a, "lookaside", started, report, &md, failed)
+}
+
+/// Writes an experiment's `report` (with the command, the machine and the time it took) and
+/// `md` as NAME.json and NAME.md into --out, and reports them.
+fn experiment_out(
+    a: &Args,
+    name: &str,
+    started: Instant,
+    mut report: serde_json::Value,
+    md: &str,
+    failed: usize,
+) -> Result<ExitCode> {
+    report["command"] = std::env::args().collect::<Vec<_>>().join(" ").into();
+    report["machine"] = machine();
+    report["seconds"] = started.elapsed().as_secs_f64().into();
+    fs::create_dir_all(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
+    fs::write(a.out.join(format!("{name}.md")), md)?;
+    fs::write(
+        a.out.join(format!("{name}.json")),
+        serde_json::to_string_pretty(&report)? + "\n",
+    )?;
+    report_out(a, &report, md, &format!("{name}.md, {name}.json"), failed)
+}
+
+/// A command's standard output; an error with its standard error if it fails.
+fn output(cmd: &mut Command) -> Result<String> {
+    let o = cmd
+        .output()
+        .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+    if !o.status.success() {
+        bail!(
+            "{:?} failed: {}",
+            cmd.get_program(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
 /// 1.5M, 384k.

@@ -10,6 +10,8 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
+use super::output;
+
 /// What a stick here is.
 pub enum Stick {
     Device {
@@ -27,20 +29,6 @@ pub enum Stick {
 pub const STICK_READ_BPS: u64 = 6_000_000;
 
 const BLKIO: &str = "/sys/fs/cgroup/blkio";
-
-fn sh(cmd: &mut Command) -> Result<String> {
-    let o = cmd
-        .output()
-        .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
-    if !o.status.success() {
-        bail!(
-            "{:?} failed: {}",
-            cmd.get_program(),
-            String::from_utf8_lossy(&o.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
-}
 
 impl Stick {
     /// A stick of `bytes` under `dir`, or a directory there when one cannot be made.
@@ -63,8 +51,8 @@ impl Stick {
         fs::create_dir_all(dir)?;
         let image = dir.join("stick.img");
         fs::File::create(&image)?.set_len(bytes)?;
-        sh(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image))?;
-        let loopdev = sh(Command::new("losetup").args(["-f", "--show"]).arg(&image))?;
+        output(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image))?;
+        let loopdev = output(Command::new("losetup").args(["-f", "--show"]).arg(&image))?;
         let mnt = dir.join("stick");
         fs::create_dir_all(&mnt)?;
         let cgroup = Path::new(BLKIO).join(format!("ferry-lab-{}", std::process::id()));
@@ -74,7 +62,7 @@ impl Stick {
             mnt: mnt.clone(),
             cgroup: cgroup.clone(),
         };
-        sh(Command::new("mount").arg(&loopdev).arg(&mnt))?;
+        output(Command::new("mount").arg(&loopdev).arg(&mnt))?;
         fs::create_dir_all(&cgroup)?;
         let rdev = fs::metadata(&loopdev)
             .map(|m| std::os::unix::fs::MetadataExt::rdev(&m))
@@ -121,18 +109,20 @@ impl Stick {
                 false => fs::remove_file(&p)?,
             }
         }
-        sh(Command::new("cp")
-            .arg("-a")
-            .arg(format!("{}/.", src.display()))
-            .arg(root))?;
+        output(
+            Command::new("cp")
+                .arg("-a")
+                .arg(format!("{}/.", src.display()))
+                .arg(root),
+        )?;
         Ok(())
     }
 
     /// Unmounts and mounts it again: nothing of it stays in the page cache.
     pub fn cold(&self) -> Result<()> {
         if let Stick::Device { loopdev, mnt, .. } = self {
-            sh(Command::new("umount").arg(mnt))?;
-            sh(Command::new("mount").arg(loopdev).arg(mnt))?;
+            output(Command::new("umount").arg(mnt))?;
+            output(Command::new("mount").arg(loopdev).arg(mnt))?;
         }
         Ok(())
     }
