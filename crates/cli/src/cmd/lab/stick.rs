@@ -64,6 +64,12 @@ impl Stick {
         };
         output(Command::new("mount").arg(&loopdev).arg(&mnt))?;
         fs::create_dir_all(&cgroup)?;
+        // Interrupted (Ctrl-C, a kill), the lab leaves no mount, loop device or cgroup behind.
+        let (l, m, c) = (loopdev.clone(), mnt.clone(), cgroup.clone());
+        let _ = ctrlc::set_handler(move || {
+            release(&l, &m, &c);
+            std::process::exit(130);
+        });
         let rdev = fs::metadata(&loopdev)
             .map(|m| std::os::unix::fs::MetadataExt::rdev(&m))
             .context("the loop device")?;
@@ -172,10 +178,15 @@ impl Drop for Stick {
             cgroup,
         } = self
         {
-            let _ = Command::new("umount").arg(&*mnt).status();
-            let _ = Command::new("losetup").arg("-d").arg(&*loopdev).status();
-            let _ = fs::remove_dir(&*cgroup);
+            release(loopdev, mnt, cgroup);
             let _ = fs::remove_file(&*image);
         }
     }
+}
+
+/// Unmounts the stick, frees its loop device and removes its cgroup.
+fn release(loopdev: &str, mnt: &Path, cgroup: &Path) {
+    let _ = Command::new("umount").arg(mnt).status();
+    let _ = Command::new("losetup").arg("-d").arg(loopdev).status();
+    let _ = fs::remove_dir(cgroup);
 }
