@@ -186,7 +186,7 @@ impl Drop for Stick {
 
 /// Unmounts the stick, frees its loop device and removes its cgroup.
 fn release(loopdev: &str, mnt: &Path, cgroup: &Path) {
-    let _ = Command::new("umount").arg(mnt).status();
+    let _ = Command::new("umount").arg("-l").arg(mnt).status();
     let _ = Command::new("losetup").arg("-d").arg(loopdev).status();
     let _ = fs::remove_dir(cgroup);
 }
