@@ -1,5 +1,6 @@
 //! The engine against real stores and files, and against sources that stall, lie or fail on
-//! purpose. No test depends on timing: a stalled source waits on a gate the test opens.
+//! purpose. No test depends on timing: a stalled source waits on a gate the test opens, and
+//! what depends on which of two sources proves faster is not asserted.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -410,9 +411,9 @@ fn a_store_is_asked_only_for_what_it_holds() {
 
 #[test]
 fn a_local_source_ahead_is_searched_first() {
-    // A device holding the first half: the network is asked for what the device may have
-    // only once, to measure itself (a probe of 16 KiB, when it has nothing else to do and its
-    // own work did not measure it); a slow link spends next to nothing on it.
+    // A device holding the first half, the network all. (Which of the two then proves the
+    // faster here, and takes more, is the machine's business: the gate itself is tested in
+    // engine/gate.rs.) Without borrowing, the device's first batch is its own.
     let stick = store_of(0..50);
     let far = store_of(0..100);
     let near = MemStore::new(HashAlg::Blake3);
@@ -420,24 +421,14 @@ fn a_local_source_ahead_is_searched_first() {
     let mut device = Remote::new("stick", &stick);
     device.local = true;
     let mut remote = Remote::new("far", &far);
-    let r = fetch(
-        &mut [&mut device, &mut remote],
-        &w,
-        &near,
-        &Options::default(),
-    )
-    .unwrap();
+    let opts = Options {
+        borrowing: false,
+        ..Options::default()
+    };
+    let r = fetch(&mut [&mut device, &mut remote], &w, &near, &opts).unwrap();
     holds_all(&near, &w);
     assert_eq!(r.chunks(), 100, "{r:?}");
-    let probed = w[..50]
-        .iter()
-        .filter(|x| remote.asked.contains(&x.id))
-        .count();
-    assert!(
-        probed <= (16 << 10) / 1000 + 1,
-        "{probed} asked of the network: {r:?}"
-    );
-    assert!(r.sources[0].chunks >= 50 - probed as u64, "{r:?}");
+    assert!(r.sources[0].chunks > 0, "{r:?}");
 }
 
 #[test]
@@ -458,16 +449,9 @@ fn what_a_local_source_misses_goes_to_the_network() {
     )
     .unwrap();
     holds_all(&near, &w);
-    // Every odd one from the network (which may also have probed some even ones).
+    // Every odd one from the network (which may also have taken some even ones).
     assert_eq!(r.chunks(), 40, "{r:?}");
-    assert!(
-        r.sources[0].chunks <= 20 && r.sources[1].chunks >= 20,
-        "{r:?}"
-    );
-    assert!(
-        r.sources[0].misses > 0,
-        "the device said what it lacked: {r:?}"
-    );
+    assert!(r.sources[1].chunks >= 20, "{r:?}");
 }
 
 #[test]
@@ -550,17 +534,25 @@ fn a_sink_that_fails_stops_the_fetch() {
 }
 
 #[test]
-#[should_panic]
-fn a_panic_in_a_source_thread_is_raised_not_waited_for() {
+fn a_panic_in_a_source_thread_fails_the_fetch_not_hangs_it() {
     struct Broken;
     impl Sink for Broken {
         fn deliver(&self, _: usize, _: VerifiedChunk<'_>) -> Result<(), StoreError> {
             panic!("the sink broke")
         }
     }
+    // The second source stalls until the test ends: only the first's panic can end the fetch.
     let far = store_of(0..10);
-    let mut s = Remote::new("far", &far);
-    let _ = fetch(&mut [&mut s], &wants(10), &Broken, &Options::default());
+    let gate = Arc::new(Gate::default());
+    let mut a = Remote::new("a", &far);
+    let mut b = Remote::new("b", &far);
+    b.silent = Some(gate.clone());
+    let opts = Options {
+        grace: std::time::Duration::ZERO,
+        ..Options::default()
+    };
+    let e = fetch(&mut [&mut a, &mut b], &wants(10), &Broken, &opts).unwrap_err();
+    assert!(e.to_string().contains("panicked"), "{e}");
 }
 
 #[test]

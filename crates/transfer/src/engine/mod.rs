@@ -20,6 +20,9 @@ use ferry_store::{StoreError, VerifiedChunk};
 
 use crate::{Sink, Source, Want};
 
+mod gate;
+use gate::{probe_bytes, queue, slower};
+
 /// How a fetch behaves.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -133,6 +136,8 @@ enum Event {
     Sink(StoreError),
     /// A source's thread ended (it wakes [`wind_down`]).
     Exited(usize),
+    /// A source's thread panicked, saying this.
+    Panicked(usize, String),
 }
 
 /// The coordinator's view of one source.
@@ -153,8 +158,6 @@ struct Seat {
     /// Since when the oldest outstanding batch has been its own work (sent, or the answer
     /// before it came): how long it has been waited for.
     waiting: Option<Instant>,
-    /// It sent a probe (see [`fill`]) not yet answered with enough to measure it by.
-    probed: bool,
     /// Bytes it carried and the time it took over them, in all (its rate, smoothed: one
     /// answer that came in a burst says little).
     carried: u64,
@@ -234,7 +237,17 @@ pub fn fetch(
                 .name(format!("ferry-source-{s}"))
                 .spawn_scoped(scope, move || {
                     let _exit = Exit(s, exited, &events);
-                    work(s, src, wants, done, sink, &rx, &events)
+                    // A panic (a bug in a source or the sink) ends the fetch with an error: what
+                    // the thread was delivering may be lost.
+                    let run = || work(s, src, wants, done, sink, &rx, &events);
+                    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+                        let why = p
+                            .downcast_ref::<&str>()
+                            .map(|m| m.to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_default();
+                        let _ = events.send(Event::Panicked(s, why));
+                    }
                 })
                 .expect("a thread for a source");
             seats.push(Seat {
@@ -249,7 +262,6 @@ pub fn fetch(
                 hint,
                 ahead,
                 waiting: None,
-                probed: false,
                 carried: 0,
                 served: Duration::ZERO,
             });
@@ -263,66 +275,6 @@ pub fn fetch(
         r
     })?;
     Ok(report)
-}
-
-/// The wants source `s` may serve, in the order it takes them: first those no local source
-/// before it (`ahead`) may have, in the order wanted; then those one may, from the last (it
-/// takes them only once that source turns out slower, from the end the other does not reach
-/// first).
-fn queue(s: usize, ahead: u64, may: &[u64]) -> VecDeque<usize> {
-    let mine = |w: &usize| may[*w] & (1 << s) != 0;
-    let (first, later): (Vec<usize>, Vec<usize>) = (0..may.len())
-        .filter(mine)
-        .partition(|&w| may[w] & ahead == 0);
-    first.into_iter().chain(later.into_iter().rev()).collect()
-}
-
-impl Seat {
-    /// Its rate: measured in this fetch, else as the source knew it.
-    fn speed(&self) -> Option<f64> {
-        self.rate.or(self.hint)
-    }
-
-    /// Its rate at most, now: a batch of B bytes waited for T says the source carries less
-    /// than B/T (a device that stalls, a stuck read, shows as slow as it goes on).
-    fn speed_now(&self, wants: &[Want], now: Instant) -> Option<f64> {
-        let bound = self
-            .outstanding
-            .front()
-            .zip(self.waiting)
-            .map(|(b, since)| {
-                let bytes: u64 = b.iter().map(|&w| wants[w].len as u64).sum();
-                bytes as f64 / now.duration_since(since).as_secs_f64().max(1e-9)
-            });
-        match (self.speed(), bound) {
-            (Some(k), Some(b)) => Some(k.min(b)),
-            (k, b) => k.or(b),
-        }
-    }
-}
-
-/// Whether source `s` may take want `w` now: no local source ahead of it that may have `w`, and
-/// has not said otherwise, is still at work and not known to be slower than `s` (a device is
-/// searched first; the network takes what it holds only when the device is the slower).
-fn waits(s: usize, w: usize, seats: &[Seat], wants: &[Want], may: &[u64], tried: &[u64]) -> bool {
-    let mut ahead = may[w] & seats[s].ahead & !tried[w];
-    let now = Instant::now();
-    while ahead != 0 {
-        let t = ahead.trailing_zeros() as usize;
-        ahead &= ahead - 1;
-        if seats[t].alive && !slower(t, s, seats, wants, now) {
-            return true;
-        }
-    }
-    false
-}
-
-/// Whether local source `t` is known to be slower, now, than source `s`.
-fn slower(t: usize, s: usize, seats: &[Seat], wants: &[Want], now: Instant) -> bool {
-    matches!(
-        (seats[t].speed_now(wants, now), seats[s].speed()),
-        (Some(a), Some(b)) if a < b
-    )
 }
 
 /// Marks a source's thread as ended, however it ends, and tells the coordinator.
@@ -442,8 +394,6 @@ fn coordinate(
                 if seat.carried >= RATE_SAMPLE {
                     seat.rate = Some(seat.carried as f64 / seat.served.as_secs_f64().max(1e-6));
                 }
-                // Still not measured: another probe may go.
-                seat.probed &= seat.rate.is_some();
                 let batch = seats[source].outstanding.pop_front().unwrap_or_default();
                 seats[source].waiting = (!seats[source].outstanding.is_empty()).then(Instant::now);
                 for &w in &batch {
@@ -461,6 +411,7 @@ fn coordinate(
                 report.duplicate_bytes += duplicates.1;
                 for w in missing {
                     tried[w] |= 1 << source;
+                    requeue(w, source, seats, may);
                 }
                 for w in lies {
                     lied[w] |= 1 << source;
@@ -471,11 +422,13 @@ fn coordinate(
                 let seat = &mut seats[source];
                 seat.alive = false;
                 seat.queue.clear();
-                for batch in seat.outstanding.drain(..) {
+                let given_back: Vec<Vec<usize>> = seat.outstanding.drain(..).collect();
+                for batch in given_back {
                     for w in batch {
                         asked[w] = asked[w].saturating_sub(1);
-                        // Given back: the others take it from their queues.
+                        // Given back: the others take it first.
                         tried[w] |= 1 << source;
+                        requeue(w, source, seats, may);
                     }
                 }
                 report.sources[source].failed = Some(error.clone());
@@ -484,14 +437,30 @@ fn coordinate(
             Event::Sink(e) => return Err(EngineError::Sink(e)),
             // After a failure (reported before): nothing more to do.
             Event::Exited(s) if report.sources[s].failed.is_some() => {}
-            // Neither failed nor stopped: it panicked (the panic is raised again once every
-            // thread has ended). What it was delivering may be lost: the fetch ends here.
+            // Neither failed nor stopped: it panicked. What it was delivering may be lost: the
+            // fetch ends here.
             Event::Exited(s) => {
                 return Err(EngineError::Sources(format!(
-                    "{}: its thread ended unexpectedly",
+                    "{}: its thread ended unexpectedly (a bug)",
                     report.sources[s].name
                 )))
             }
+            Event::Panicked(s, why) => {
+                return Err(EngineError::Sources(format!(
+                    "{}: its thread panicked (a bug): {why}",
+                    report.sources[s].name
+                )))
+            }
+        }
+    }
+}
+
+/// Puts want `w`, which source `from` did not serve, at the front of the queues of the others
+/// that may have it: it may have waited behind others there (see [`gate`]).
+fn requeue(w: usize, from: usize, seats: &mut [Seat], may: &[u64]) {
+    for (t, seat) in seats.iter_mut().enumerate() {
+        if t != from && seat.alive && may[w] & (1 << t) != 0 {
+            seat.queue.push_front(w);
         }
     }
 }
@@ -532,9 +501,11 @@ fn fill(
         // Skipped ones stay queued (at the front, in order): outstanding elsewhere now, or
         // waiting for a local source, they may come back (not there) for this source to try.
         let mut skipped = vec![];
-        let ahead = seats[s].ahead != 0;
-        // A source of unknown rate with nothing to do may take one small batch of what waits
-        // for a local source (from the end that one reaches last): its answer measures it.
+        // Local sources ahead that may still serve what waits for them, now.
+        let blocking = gate::blocking(s, seats, wants, Instant::now());
+        // A source of unknown rate with nothing outstanding may take one small batch of what
+        // waits for a local source (from the end that one reaches last): its answer measures it.
+        let may_probe = seats[s].rate.is_none() && seats[s].outstanding.is_empty();
         let mut probe = false;
         while let Some(w) = seats[s].queue.pop_front() {
             if done[w].load(Ordering::Acquire) || tried[w] & (1 << s) != 0 {
@@ -544,15 +515,12 @@ fn fill(
                 skipped.push(w);
                 continue;
             }
-            if ahead && waits(s, w, seats, wants, may, tried) {
-                let seat = &seats[s];
-                let may_probe = seat.rate.is_none()
-                    && !seat.probed
-                    && seat.outstanding.is_empty()
-                    && (batch.is_empty() || probe);
-                if !may_probe {
-                    skipped.push(w);
-                    continue;
+            if may[w] & blocking & !tried[w] != 0 {
+                if !(may_probe && (batch.is_empty() || probe)) {
+                    // The rest of the queue waits too (what a local source did not have is
+                    // queued again at the front): stop here.
+                    seats[s].queue.push_front(w);
+                    break;
                 }
                 probe = true;
             }
@@ -576,17 +544,9 @@ fn fill(
         if batch.is_empty() {
             break;
         }
-        seat.probed |= probe;
         send(s, seat, batch, asked, report)?;
     }
     Ok(())
-}
-
-/// A probe's bytes: a quarter second at the least rate the source is known to carry, at least
-/// enough to measure it by, at most a first batch.
-fn probe_bytes(hint: Option<f64>) -> usize {
-    let at_hint = hint.map_or(0, |h| (h * BATCH_TIME.as_secs_f64()) as usize);
-    at_hint.clamp(RATE_SAMPLE as usize, FIRST_BATCH_BYTES)
 }
 
 /// Lends source `s` (out of work) the last batch outstanding at the busiest other source that
