@@ -12,8 +12,9 @@ const MAGIC: &[u8; 4] = b"FLKA";
 const VERSION: u8 = 1;
 /// The longest path an index may name, in bytes.
 pub const MAX_PATH: usize = 4096;
-/// The largest index read: a bound on what a hostile device can make us allocate.
-pub const MAX_INDEX_BYTES: u64 = 1 << 30;
+/// The largest index read: a bound on what a hostile device can make us allocate (the decoded
+/// index takes about 2.5 times its size). 256 MiB is some 7 million chunks: 60 GB of files.
+pub const MAX_INDEX_BYTES: u64 = 256 << 20;
 /// What a file entry takes at least: path length and one byte, size, mtime, inode, object
 /// digest, chunk count.
 const MIN_FILE_BYTES: usize = 1 + 1 + 1 + 8 + 1 + ID_BYTES + 1;

@@ -167,13 +167,18 @@ impl Lookaside {
                 .iter()
                 .find(|d| d.root.display().to_string() == r.name)
             {
-                let mut s = d.supplied.lock().unwrap_or_else(|e| e.into_inner());
-                s.requests += r.requests;
-                s.chunks += r.chunks;
-                s.bytes += r.bytes;
-                s.misses += r.misses;
-                s.rejected += r.rejected;
-                s.rejected_bytes += r.rejected_bytes;
+                d.supplied
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .add(&Supplied {
+                        requests: r.requests,
+                        chunks: r.chunks,
+                        bytes: r.bytes,
+                        misses: r.misses,
+                        rejected: r.rejected,
+                        rejected_bytes: r.rejected_bytes,
+                        stale_files: 0,
+                    });
             }
         }
     }

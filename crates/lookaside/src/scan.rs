@@ -29,7 +29,10 @@ impl Identity {
         let st = rustix::fs::fstat(fd)?;
         Ok(Identity {
             size: st.st_size as u64,
-            mtime_ns: st.st_mtime as i64 * 1_000_000_000 + st.st_mtime_nsec as i64,
+            // Saturating: a hostile mtime far in the future must not overflow.
+            mtime_ns: (st.st_mtime as i64)
+                .saturating_mul(1_000_000_000)
+                .saturating_add(st.st_mtime_nsec as i64),
             ino: st.st_ino as u64,
         })
     }
@@ -95,7 +98,15 @@ pub fn scan(
         .into_iter()
         .filter_entry(|e| !(e.depth() == 1 && is_ours(e.file_name().as_bytes())));
     for entry in walk {
-        let entry = entry.map_err(io::Error::from)?;
+        let entry = match entry {
+            Ok(e) => e,
+            // The root itself unreadable is an error; below it, one entry is not.
+            Err(e) if e.depth() == 0 => return Err(e.into()),
+            Err(_) => {
+                report.unreadable += 1;
+                continue;
+            }
+        };
         if entry.file_type().is_dir() {
             continue;
         }
@@ -111,7 +122,7 @@ pub fn scan(
         }
         let file = match ferry_transfer::open_beneath(&root_fd, rel) {
             Ok(f) => f,
-            Err(e) if gone_or_denied(&e) => {
+            Err(e) if unusable_file(&e) => {
                 report.unreadable += 1;
                 continue;
             }
@@ -128,7 +139,7 @@ pub fn scan(
                     report.hashed += f.size;
                     f
                 }
-                Err(e) if gone_or_denied(&e) => {
+                Err(e) if unusable_file(&e) => {
                     report.unreadable += 1;
                     continue;
                 }
@@ -148,11 +159,16 @@ fn is_ours(name: &[u8]) -> bool {
     name.starts_with(INDEX_NAME.as_bytes())
 }
 
-fn gone_or_denied(e: &io::Error) -> bool {
+/// Errors that make one file of a device unusable without saying anything of the device:
+/// gone, not readable, no longer a regular file, or a symlink now (never followed).
+pub(crate) fn unusable_file(e: &io::Error) -> bool {
+    use rustix::io::Errno;
     matches!(
         e.kind(),
-        io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
-    )
+        io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied | io::ErrorKind::InvalidInput
+    ) || [Errno::LOOP, Errno::XDEV, Errno::NOTDIR]
+        .iter()
+        .any(|n| e.raw_os_error() == Some(n.raw_os_error()))
 }
 
 /// Cuts and hashes one file. A file that changed while it was read is indexed as read (its
@@ -218,46 +234,42 @@ impl Kept {
 /// Reads the index of the device at `root`: the newer of the one on the device and the one in
 /// `cache`. `Ok(None)` when it has none; an index that cannot be read is an error naming it.
 pub fn load(root: &Path, cache: &Path) -> io::Result<Option<(DeviceIndex, Kept)>> {
-    let mut found: Vec<(std::time::SystemTime, Kept)> = vec![];
-    let on_device = root.join(INDEX_NAME);
-    if let Ok(m) = std::fs::symlink_metadata(&on_device) {
-        if m.is_file() {
-            found.push((m.modified()?, Kept::OnDevice(on_device)));
-        }
+    // The device's own index is opened beneath its root (never through a symlink there).
+    let on_device = open_root(root)
+        .and_then(|fd| ferry_transfer::open_beneath(&fd, Path::new(INDEX_NAME)))
+        .ok();
+    let mut found: Vec<(std::time::SystemTime, File, Kept)> = vec![];
+    if let Some(f) = on_device {
+        found.push((
+            f.metadata()?.modified()?,
+            f,
+            Kept::OnDevice(root.join(INDEX_NAME)),
+        ));
     }
     if let Ok(p) = cache_path(root, cache) {
-        if let Ok(m) = std::fs::metadata(&p) {
-            found.push((m.modified()?, Kept::InCache(p)));
+        if let Ok(f) = File::open(&p) {
+            found.push((f.metadata()?.modified()?, f, Kept::InCache(p)));
         }
     }
-    let Some((_, kept)) = found.into_iter().max_by_key(|(t, _)| *t) else {
+    let Some((_, f, kept)) = found.into_iter().max_by_key(|(t, _, _)| *t) else {
         return Ok(None);
     };
-    let bytes = read_bounded(kept.path())?;
-    let index = DeviceIndex::decode(&bytes).map_err(|e| {
+    let invalid = |why: String| {
         io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("{}: {e}", kept.path().display()),
+            format!("{}: {why}", kept.path().display()),
         )
-    })?;
-    Ok(Some((index, kept)))
-}
-
-fn read_bounded(p: &Path) -> io::Result<Vec<u8>> {
-    let f = File::open(p)?;
+    };
     if f.metadata()?.len() > MAX_INDEX_BYTES {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "{}: larger than the {} MiB an index may take",
-                p.display(),
-                MAX_INDEX_BYTES >> 20
-            ),
-        ));
+        return Err(invalid(format!(
+            "larger than the {} MiB an index may take",
+            MAX_INDEX_BYTES >> 20
+        )));
     }
     let mut bytes = vec![];
     f.take(MAX_INDEX_BYTES).read_to_end(&mut bytes)?;
-    Ok(bytes)
+    let index = DeviceIndex::decode(&bytes).map_err(|e| invalid(e.to_string()))?;
+    Ok(Some((index, kept)))
 }
 
 /// Writes `index` for the device at `root`: onto the device, or when it cannot be written
@@ -316,7 +328,7 @@ pub fn verify(root: &Path, index: &DeviceIndex) -> io::Result<Verified> {
         let rel = Path::new(std::ffi::OsStr::from_bytes(&f.path));
         let file = match ferry_transfer::open_beneath(&root_fd, rel) {
             Ok(file) => file,
-            Err(e) if gone_or_denied(&e) || e.kind() == io::ErrorKind::InvalidInput => {
+            Err(e) if unusable_file(&e) => {
                 v.missing.push(f.path.clone());
                 continue;
             }

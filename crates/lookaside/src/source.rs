@@ -33,6 +33,8 @@ pub struct Rejections {
     pub chunks: u64,
     pub bytes: u64,
     pub stale_files: u64,
+    /// The files counted in `stale_files` (each once, however many fetches find it).
+    stale: std::collections::HashSet<u32>,
 }
 
 /// See the module documentation.
@@ -71,19 +73,22 @@ impl DeviceSource {
 
     /// The file of index entry `f`, opened (beneath the root) if it is still the one indexed.
     fn file(&mut self, f: u32) -> Result<Option<&File>, SourceError> {
+        if !self.open.contains_key(&f) && self.known_stale(f) {
+            self.open.insert(f, None);
+        }
         if !self.open.contains_key(&f) {
             let entry = &self.index.files[f as usize];
             let rel = Path::new(std::ffi::OsStr::from_bytes(&entry.path));
             let file = match ferry_transfer::open_beneath(&self.root, rel) {
                 Ok(file) => Some(file),
-                Err(e) if usable_miss(&e) => None,
+                Err(e) if crate::scan::unusable_file(&e) => None,
                 Err(e) => return Err(self.failed(e)),
             };
             let file = match file {
                 Some(file) => match Identity::of(&file) {
                     Ok(id) if id.matches(entry, self.stable_ino) => Some(file),
                     Ok(_) => {
-                        self.reject(0, true);
+                        self.reject(f, 0);
                         None
                     }
                     Err(e) => return Err(self.failed(e)),
@@ -111,7 +116,7 @@ impl DeviceSource {
             // Cut short since it was opened: changed.
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 self.open.insert(f, None);
-                self.reject(0, true);
+                self.reject(f, 0);
                 return Ok(None);
             }
             Err(e) => return Err(self.failed(e)),
@@ -119,19 +124,28 @@ impl DeviceSource {
         if !want.id.matches(&buf) {
             // Changed in place with its identity kept: nothing more is taken from it.
             self.open.insert(f, None);
-            self.reject(len as u64, true);
+            self.reject(f, len as u64);
             return Ok(None);
         }
         Ok(Some(buf))
     }
 
-    fn reject(&self, bytes: u64, stale: bool) {
+    /// Whether an earlier source of this device found file `f` changed.
+    fn known_stale(&self, f: u32) -> bool {
+        let r = self.rejections.lock().unwrap_or_else(|e| e.into_inner());
+        r.stale.contains(&f)
+    }
+
+    /// File `f` is not what was indexed; `bytes` of a chunk read from it were wrong.
+    fn reject(&self, f: u32, bytes: u64) {
         let mut r = self.rejections.lock().unwrap_or_else(|e| e.into_inner());
         if bytes > 0 {
             r.chunks += 1;
             r.bytes += bytes;
         }
-        r.stale_files += stale as u64;
+        if r.stale.insert(f) {
+            r.stale_files += 1;
+        }
     }
 
     fn failed(&self, e: io::Error) -> SourceError {
@@ -153,20 +167,11 @@ pub(crate) fn locate(
         Matching::WholeFiles => {
             let place = want.place.as_ref()?;
             let f = index.recipe(place.recipe.as_ref()?)?;
-            let fits = place.offset + want.len as u64 <= index.files[f as usize].size;
+            let end = place.offset.checked_add(want.len as u64)?;
+            let fits = end <= index.files[f as usize].size;
             fits.then_some((f, place.offset, want.len))
         }
     }
-}
-
-/// Errors that make one file unusable without saying anything of the device.
-fn usable_miss(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied | io::ErrorKind::InvalidInput
-    ) || e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error())
-        || e.raw_os_error() == Some(rustix::io::Errno::XDEV.raw_os_error())
-        || e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error())
 }
 
 use std::os::unix::ffi::OsStrExt;

@@ -85,7 +85,7 @@ pub struct UseArgs {
 
 /// The devices a fetch uses, and which of them are registered (their supplies are counted).
 pub struct InUse {
-    pub lookaside: Lookaside,
+    pub lookaside: std::sync::Arc<Lookaside>,
     registered: Vec<PathBuf>,
 }
 
@@ -131,7 +131,7 @@ impl UseArgs {
             }
         }
         Ok(InUse {
-            lookaside,
+            lookaside: std::sync::Arc::new(lookaside),
             registered,
         })
     }

@@ -101,12 +101,13 @@ pub fn mount(a: MountArgs) -> Result<ExitCode> {
 
 fn run(a: &MountArgs, cache: &Path, daemon: bool) -> Result<()> {
     let (connect, root) = connector(&a.remote, &a.rsh)?;
+    let devices = a.lookaside.load(&a.rsh.chunker())?;
     let opts = ferry_mount::Options {
         cache_dir: cache.to_path_buf(),
         cache_size: a.cache_size as u64,
         timeout: Duration::from_secs(a.timeout),
         chunker: a.rsh.chunker(),
-        lookaside: Some(Arc::new(a.lookaside.load(&a.rsh.chunker())?.lookaside)),
+        lookaside: Some(devices.lookaside.clone()),
     };
     let vfs = ferry_mount::Vfs::new(connect, root, opts)
         .with_context(|| format!("cannot mount {}", a.remote))?;
@@ -143,7 +144,7 @@ fn run(a: &MountArgs, cache: &Path, daemon: bool) -> Result<()> {
         }
     })
     .with_context(|| format!("cannot mount at {}", a.mountpoint.display()))?;
-    Ok(())
+    devices.count()
 }
 
 /// Starts the mount in the background and reports how that went.

@@ -759,7 +759,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
             cache_file_max: a.cache.file_max(),
             mirrors: (!a.mirror.is_empty()).then_some(&mirrors),
             borrowing: !a.no_borrowing,
-            lookaside: Some(&devices.lookaside),
+            lookaside: Some(&*devices.lookaside),
         };
         let mut stats = ferry_fs::GetStats::default();
         ferry_fs::get(&mut s.conn, &wire, &a.local, &src, &mut stats)

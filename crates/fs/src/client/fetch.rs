@@ -79,7 +79,9 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
     let history = conn.offers(ferry_proto::FEATURE_HISTORY);
     // Chunks named by short ids in recipes: those held nowhere here are fetched by them.
     let short = shortcuts && src.short_ids && src.devices().is_none();
-    // Devices are searched by chunk id: every file comes by recipe, then.
+    // Devices are searched by chunk id: new files come by recipe, then (not whole, not by
+    // ranges). A small file whose old version came from the server still comes whole against
+    // it (a delta costs less than any search), and a cut large one goes on from its partial file.
     let (whole_new, by_ranges) = match src.devices() {
         None => (src.cold, src.ranges),
         Some(_) => (false, false),

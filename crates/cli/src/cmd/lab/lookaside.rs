@@ -320,10 +320,8 @@ pub fn markdown(device: &str, runs: &[LkRun]) -> String {
         r.and_then(|r| r.seconds.filter(|_| r.status == "ok"))
             .map_or("–".to_string(), |s| format!("{s:.1}"))
     };
-    let win = |r: Option<&LkRun>, base: Option<&LkRun>| match (
-        r.and_then(|r| r.seconds),
-        base.and_then(|b| b.seconds),
-    ) {
+    let ok = |r: Option<&LkRun>| r.filter(|r| r.status == "ok").and_then(|r| r.seconds);
+    let win = |r: Option<&LkRun>, base: Option<&LkRun>| match (ok(r), ok(base)) {
         (Some(s), Some(b)) => format!("{:+.1} %", (b - s) / b * 100.0),
         _ => "–".into(),
     };

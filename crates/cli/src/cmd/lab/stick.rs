@@ -135,18 +135,21 @@ impl Stick {
 
     /// `cmd` run with the stick's throttle applying to its reads.
     pub fn throttled(&self, cmd: &Command) -> Command {
-        let Stick::Device { cgroup, .. } = self else {
-            return clone(cmd);
+        let mut c = match self {
+            Stick::Device { cgroup, .. } => {
+                let mut c = Command::new("sh");
+                c.arg("-c")
+                    .arg(format!(
+                        "echo $$ > {}/cgroup.procs && exec \"$@\"",
+                        cgroup.display()
+                    ))
+                    .arg("sh")
+                    .arg(cmd.get_program());
+                c
+            }
+            Stick::Directory(_) => Command::new(cmd.get_program()),
         };
-        let mut c = Command::new("sh");
-        c.arg("-c")
-            .arg(format!(
-                "echo $$ > {}/cgroup.procs && exec \"$@\"",
-                cgroup.display()
-            ))
-            .arg("sh")
-            .arg(cmd.get_program())
-            .args(cmd.get_args());
+        c.args(cmd.get_args());
         for (k, v) in cmd.get_envs() {
             match v {
                 Some(v) => c.env(k, v),
@@ -155,18 +158,6 @@ impl Stick {
         }
         c
     }
-}
-
-fn clone(cmd: &Command) -> Command {
-    let mut c = Command::new(cmd.get_program());
-    c.args(cmd.get_args());
-    for (k, v) in cmd.get_envs() {
-        match v {
-            Some(v) => c.env(k, v),
-            None => c.env_remove(k),
-        };
-    }
-    c
 }
 
 impl Drop for Stick {
