@@ -329,13 +329,20 @@ fn coordinate(
     let mut left = wants.len();
     let mut last_error = String::new();
     loop {
+        let mut ws = Wants {
+            wants,
+            may,
+            done,
+            tried: &tried,
+            asked: &mut asked,
+        };
         for s in 0..seats.len() {
-            fill(s, seats, wants, may, done, &tried, &mut asked, report)?;
+            fill(s, seats, &mut ws, report)?;
         }
         if opts.borrowing {
             for s in 0..seats.len() {
                 if seats[s].alive && seats[s].outstanding.is_empty() {
-                    borrow(s, seats, wants, may, done, &tried, &mut asked, report)?;
+                    borrow(s, seats, &mut ws, report)?;
                 }
             }
         }
@@ -477,18 +484,32 @@ fn batch_bytes(shared: bool, rate: Option<f64>, max: usize) -> usize {
     }
 }
 
+/// What the coordinator hands out from: the wants, who may have each, and where each stands.
+struct Wants<'a> {
+    wants: &'a [Want],
+    /// Sources that may have each want (bit s).
+    may: &'a [u64],
+    done: &'a [AtomicBool],
+    /// Sources that said "not here" to each (bit s).
+    tried: &'a [u64],
+    /// How many sources each is outstanding at.
+    asked: &'a mut [u8],
+}
+
 /// Gives source `s` batches from its queue while it has room.
-#[allow(clippy::too_many_arguments)]
 fn fill(
     s: usize,
     seats: &mut [Seat],
-    wants: &[Want],
-    may: &[u64],
-    done: &[AtomicBool],
-    tried: &[u64],
-    asked: &mut [u8],
+    ws: &mut Wants<'_>,
     report: &mut Report,
 ) -> Result<(), EngineError> {
+    let Wants {
+        wants,
+        may,
+        done,
+        tried,
+        ..
+    } = *ws;
     let remote = seats.iter().filter(|x| x.alive && !x.local).count();
     let max_bytes = batch_bytes(
         remote > 1 && !seats[s].local,
@@ -511,7 +532,7 @@ fn fill(
             if done[w].load(Ordering::Acquire) || tried[w] & (1 << s) != 0 {
                 continue;
             }
-            if asked[w] > 0 {
+            if ws.asked[w] > 0 {
                 skipped.push(w);
                 continue;
             }
@@ -544,24 +565,26 @@ fn fill(
         if batch.is_empty() {
             break;
         }
-        send(s, seat, batch, asked, report)?;
+        send(s, seat, batch, ws.asked, report)?;
     }
     Ok(())
 }
 
 /// Lends source `s` (out of work) the last batch outstanding at the busiest other source that
 /// still has wants `s` may have and no one else is asked for.
-#[allow(clippy::too_many_arguments)]
 fn borrow(
     s: usize,
     seats: &mut [Seat],
-    wants: &[Want],
-    may: &[u64],
-    done: &[AtomicBool],
-    tried: &[u64],
-    asked: &mut [u8],
+    ws: &mut Wants<'_>,
     report: &mut Report,
 ) -> Result<(), EngineError> {
+    let Wants {
+        wants,
+        may,
+        done,
+        tried,
+        ..
+    } = *ws;
     // What a source here would hand over is not spent on a link, unless it proves slower.
     let now = Instant::now();
     let busiest = (0..seats.len())
@@ -584,7 +607,7 @@ fn borrow(
     // The last batch there with something to lend: the one it would answer last.
     let lendable = |w: &usize| {
         !done[*w].load(Ordering::Acquire)
-            && asked[*w] == 1
+            && ws.asked[*w] == 1
             && may[*w] & (1 << s) != 0
             && tried[*w] & (1 << s) == 0
     };
@@ -599,7 +622,7 @@ fn borrow(
         return Ok(());
     }
     report.sources[s].borrowed += lent.len() as u64;
-    send(s, &mut seats[s], lent, asked, report)
+    send(s, &mut seats[s], lent, ws.asked, report)
 }
 
 fn send(
