@@ -171,13 +171,18 @@ fn device_root(dir: &Path) -> Result<PathBuf> {
     Ok(root)
 }
 
+/// Whether `root` has an index cut with `spec`.
+fn indexed(root: &Path, spec: &ChunkerSpec) -> bool {
+    matches!(
+        ferry_lookaside::load(root, &index_cache()),
+        Ok(Some((i, _))) if i.chunker == ferry_lookaside::ChunkerMark::of(spec)
+    )
+}
+
 /// Indexes `root` now unless it has an index cut with `spec`.
 fn ensure_index(root: &Path, spec: &ChunkerSpec) -> Result<()> {
-    let want = ferry_lookaside::ChunkerMark::of(spec);
-    if let Ok(Some((i, _))) = ferry_lookaside::load(root, &index_cache()) {
-        if i.chunker == want {
-            return Ok(());
-        }
+    if indexed(root, spec) {
+        return Ok(());
     }
     index(root, spec, false, &Ui { quiet: true }).map(drop)
 }
@@ -240,11 +245,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             let spec = chunking.spec();
-            let indexed = matches!(
-                ferry_lookaside::load(&root, &index_cache()),
-                Ok(Some((i, _))) if i.chunker == ferry_lookaside::ChunkerMark::of(&spec)
-            );
-            if indexed {
+            if indexed(&root, &spec) {
                 writeln!(out, "added {}", root.display())?;
             } else {
                 index_in_background(&root, &spec);

@@ -233,31 +233,29 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
         };
         let mut file_missing = vec![];
         let path: std::sync::Arc<[u8]> = std::sync::Arc::from(j.remote.as_bytes());
-        let whole = src.devices().map(|_| recipe.check());
+        let file_recipe = src.devices().map(|_| recipe.check());
         for (offset, c) in recipe.with_offsets() {
             // Held here or not, each chunk once (one file's old version holding it says
             // nothing of another's).
             if !old.at.contains_key(&c.id) && !src.cache.contains(&c.id)? && seen.insert(c.id) {
-                let path = path.clone();
-                let place = Place {
-                    path,
-                    offset,
-                    recipe: whole,
+                let want = Want {
+                    id: c.id,
+                    len: c.len,
+                    place: Some(Place {
+                        path: path.clone(),
+                        offset,
+                        recipe: file_recipe,
+                    }),
                 };
                 // What a device may hold is fetched plainly (the device first), not against
                 // old data.
-                let near = src.devices().is_some_and(|l| {
-                    l.may_have(&Want {
-                        id: c.id,
-                        len: c.len,
-                        place: Some(place.clone()),
-                    })
-                });
-                match near {
+                match src.devices().is_some_and(|l| l.may_have(&want)) {
                     true => missing.push(*c),
                     false => file_missing.push(*c),
                 }
-                places.insert(c.id, place);
+                if let Some(place) = want.place {
+                    places.insert(c.id, place);
+                }
             }
         }
         let history = history.then_some(src.cache);
