@@ -14,6 +14,7 @@ use crate::{Frame, ProtoError};
 
 mod content;
 mod namespace;
+mod object;
 mod types;
 mod upload;
 
@@ -21,6 +22,7 @@ pub use content::{
     Against, Chunks, Context, GetChunks, Located, Payload, RecipeDelta, RecipePart, KEY_BYTES,
     MAX_CONTEXT, MAX_FILES_DATA, MAX_READ_RANGE,
 };
+pub use object::{CAP_BYTES, MAX_OBJECT_REFS};
 pub use types::{short_id, Attr, DirEntry, ErrorCode, FileKind, Hello, Ids, Target, WirePath};
 pub use upload::{KeyOlds, Keys, WritePart, MAX_WRITE_DATA};
 
@@ -134,6 +136,19 @@ pub enum Request {
     Abort {
         handle: u32,
     },
+    /// An object's size and chunks, from chunk `from` on (DOT's object-level request between
+    /// daemons), if `cap` lets this peer read it.
+    ObjectRecipe {
+        oid: Id,
+        cap: [u8; CAP_BYTES],
+        from: u64,
+    },
+    /// Chunks of an object, by id; every id must be one of the object's.
+    ObjectChunks {
+        oid: Id,
+        cap: [u8; CAP_BYTES],
+        ids: Ids,
+    },
 }
 
 /// Replies, from the server.
@@ -165,6 +180,14 @@ pub enum Reply {
     },
     Have(Vec<bool>),
     Keys(Keys),
+    /// An object's size and its chunks `from..from + chunks.len()` of `total`.
+    Object {
+        oid: Id,
+        size: u64,
+        total: u64,
+        from: u64,
+        chunks: Vec<ferry_format::ChunkRef>,
+    },
     Ok,
     Error {
         code: ErrorCode,
@@ -210,6 +233,8 @@ pub(crate) mod code {
     pub const WRITE: u8 = 0x33;
     pub const COMMIT: u8 = 0x34;
     pub const ABORT: u8 = 0x35;
+    pub const OBJECT_RECIPE: u8 = 0x38;
+    pub const OBJECT_CHUNKS: u8 = 0x39;
     pub const R_ATTR: u8 = 0x40;
     pub const R_ENTRIES: u8 = 0x41;
     pub const R_RECIPE: u8 = 0x42;
@@ -222,6 +247,7 @@ pub(crate) mod code {
     pub const R_FILES: u8 = 0x48;
     pub const R_RANGE: u8 = 0x49;
     pub const R_KEYS: u8 = 0x4a;
+    pub const R_OBJECT: u8 = 0x4b;
     pub const INVALIDATE: u8 = 0x60;
     pub const RATE: u8 = 0x61;
 }
@@ -231,6 +257,7 @@ impl Request {
         namespace::put_request(self, w)
             .or_else(|| content::put_request(self, w))
             .or_else(|| upload::put_request(self, w))
+            .or_else(|| object::put_request(self, w))
             .expect("every request belongs to a family")
     }
 
@@ -241,7 +268,10 @@ impl Request {
         if let Some(q) = content::get_request(t, r)? {
             return Ok(Some(q));
         }
-        upload::get_request(t, r)
+        if let Some(q) = upload::get_request(t, r)? {
+            return Ok(Some(q));
+        }
+        object::get_request(t, r)
     }
 }
 
@@ -257,6 +287,7 @@ impl Reply {
             r => namespace::put_reply(r, w)
                 .or_else(|| content::put_reply(r, w))
                 .or_else(|| upload::put_reply(r, w))
+                .or_else(|| object::put_reply(r, w))
                 .expect("every reply belongs to a family"),
         }
     }
@@ -278,7 +309,10 @@ impl Reply {
         if let Some(x) = content::get_reply(t, r)? {
             return Ok(Some(x));
         }
-        upload::get_reply(t, r)
+        if let Some(x) = upload::get_reply(t, r)? {
+            return Ok(Some(x));
+        }
+        object::get_reply(t, r)
     }
 }
 

@@ -265,6 +265,30 @@ pub(crate) fn samples() -> Vec<Message> {
             runs: true,
             keys: vec![0xff_ffff, 1],
         })),
+        q(Request::ObjectRecipe {
+            oid: id(5),
+            cap: [7; CAP_BYTES],
+            from: 70_000,
+        }),
+        q(Request::ObjectChunks {
+            oid: id(5),
+            cap: [7; CAP_BYTES],
+            ids: Ids::Full(vec![id(1), id(2)]),
+        }),
+        r(Reply::Object {
+            oid: id(5),
+            size: 8199,
+            total: 2,
+            from: 0,
+            chunks: refs.clone(),
+        }),
+        r(Reply::Object {
+            oid: id(5),
+            size: 0,
+            total: 0,
+            from: 0,
+            chunks: vec![],
+        }),
         r(Reply::Ok),
         r(Reply::Error {
             code: ErrorCode::Conflict,
@@ -327,6 +351,8 @@ fn rep(b: u8, n: usize) -> String {
 #[test]
 fn exact_bytes_of_every_message() {
     let a1 = rep(0xa1, 32);
+    let b2 = rep(0xb2, 32);
+    let c7 = rep(0xc7, 32);
     let b3 = format!("01{}", rep(0x03, 32)); // tag 1 (BLAKE3) · digest
     let attr_hex =
         format!("01 a4010000 3930000000000000 fbffffffffffffff 0900000000000000 01 {b3} 60ea0000");
@@ -526,6 +552,35 @@ fn exact_bytes_of_every_message() {
         (
             Message::Request(Request::Abort { handle: 1 }),
             "0a000000 35 00 05000000 | 01000000".into(),
+        ),
+        (
+            Message::Request(Request::ObjectRecipe {
+                oid: Id::from_parts(HashAlg::Blake3, [0xa1; 32]),
+                cap: [0xc7; CAP_BYTES],
+                from: 300,
+            }),
+            format!("49000000 38 00 05000000 | 01{a1} | {c7} | ac02"),
+        ),
+        (
+            Message::Request(Request::ObjectChunks {
+                oid: Id::from_parts(HashAlg::Blake3, [0xa1; 32]),
+                cap: [0xc7; CAP_BYTES],
+                ids: Ids::Full(vec![Id::from_parts(HashAlg::Blake3, [0xb2; 32])]),
+            }),
+            format!("6a000000 39 00 05000000 | 01{a1} | {c7} | 00 01 01{b2}"),
+        ),
+        (
+            Message::Reply(Reply::Object {
+                oid: Id::from_parts(HashAlg::Blake3, [0xa1; 32]),
+                size: 300,
+                total: 1,
+                from: 0,
+                chunks: vec![ChunkRef {
+                    id: Id::from_parts(HashAlg::Blake3, [0xb2; 32]),
+                    len: 300,
+                }],
+            }),
+            format!("4e000000 4b 00 05000000 | 01{a1} | ac02 01 00 | 01 ac02 {b2}"),
         ),
         (
             Message::Reply(Reply::Attr(attr())),

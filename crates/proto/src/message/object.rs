@@ -1,0 +1,108 @@
+//! The object family: DOT's object-level requests, between transfer daemons. An object is named
+//! by its OID (the id of its whole content); the capability that came with the OID, 32 bytes
+//! the serving daemon made, is what lets a peer read it: knowing an OID is not enough. A
+//! daemon answers a wrong capability and an object it does not hold alike (`NotFound`).
+//!
+//! | type | request | reply |
+//! |---|---|---|
+//! | 0x38 | ObjectRecipe: object *id* · capability (32 bytes) · from varint | Object |
+//! | 0x39 | ObjectChunks: object *id* · capability (32 bytes) · ids | Chunks |
+//! | 0x4b | Object: object *id* · size varint · total varint · from varint · chunk refs (the object id's hash) | |
+
+use ferry_format::ChunkRef;
+
+use super::types::*;
+use super::{code, Reply, Request};
+use crate::codec::{Reader, Writer};
+use crate::ProtoError;
+
+/// Bytes of a read capability.
+pub const CAP_BYTES: usize = 32;
+/// The most chunk refs one Object reply carries (37 bytes at most each: well inside a frame).
+pub const MAX_OBJECT_REFS: usize = 64 << 10;
+
+pub(super) fn put_request(q: &Request, w: &mut Writer) -> Option<u8> {
+    Some(match q {
+        Request::ObjectRecipe { oid, cap, from } => {
+            w.id(oid);
+            w.0.extend_from_slice(cap);
+            w.varint(*from);
+            code::OBJECT_RECIPE
+        }
+        Request::ObjectChunks { oid, cap, ids } => {
+            w.id(oid);
+            w.0.extend_from_slice(cap);
+            put_id_list(w, ids);
+            code::OBJECT_CHUNKS
+        }
+        _ => return None,
+    })
+}
+
+fn get_cap(r: &mut Reader<'_>) -> Result<[u8; CAP_BYTES], ProtoError> {
+    let mut cap = [0u8; CAP_BYTES];
+    cap.copy_from_slice(r.take_exact(CAP_BYTES)?);
+    Ok(cap)
+}
+
+pub(super) fn get_request(t: u8, r: &mut Reader<'_>) -> Result<Option<Request>, ProtoError> {
+    Ok(Some(match t {
+        code::OBJECT_RECIPE => Request::ObjectRecipe {
+            oid: r.id()?,
+            cap: get_cap(r)?,
+            from: r.varint()?,
+        },
+        code::OBJECT_CHUNKS => Request::ObjectChunks {
+            oid: r.id()?,
+            cap: get_cap(r)?,
+            ids: get_id_list(r)?,
+        },
+        _ => return Ok(None),
+    }))
+}
+
+pub(super) fn put_reply(reply: &Reply, w: &mut Writer) -> Option<u8> {
+    Some(match reply {
+        Reply::Object {
+            oid,
+            size,
+            total,
+            from,
+            chunks,
+        } => {
+            w.id(oid);
+            w.varint(*size);
+            w.varint(*total);
+            w.varint(*from);
+            put_chunk_refs(w, chunks);
+            code::R_OBJECT
+        }
+        _ => return None,
+    })
+}
+
+pub(super) fn get_reply(t: u8, r: &mut Reader<'_>) -> Result<Option<Reply>, ProtoError> {
+    Ok(Some(match t {
+        code::R_OBJECT => {
+            let oid = r.id()?;
+            let size = r.varint()?;
+            let total = r.varint()?;
+            let from = r.varint()?;
+            let chunks: Vec<ChunkRef> = get_chunk_refs(r, oid.alg(), "object")?;
+            if chunks.len() > MAX_OBJECT_REFS {
+                return Err(ProtoError::Invalid {
+                    what: "object",
+                    why: format!("{} chunk refs in one reply", chunks.len()),
+                });
+            }
+            Reply::Object {
+                oid,
+                size,
+                total,
+                from,
+                chunks,
+            }
+        }
+        _ => return Ok(None),
+    }))
+}
