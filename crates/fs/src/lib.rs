@@ -27,9 +27,9 @@ pub mod session;
 
 pub use client::{
     fetch_file, get, list, put, put_file, GetError, GetStats, Mirror, PutOptions, PutStats,
-    RemoteSpec, SourceStats, Sources,
+    RemoteSpec, SessionSource, SourceStats, Sources,
 };
 pub use conn::{serve, ConnError, Connection, Traffic, DEFAULT_ZSTD_LEVEL};
 pub use export::Export;
-pub use server::{Server, ServerOptions, Staging};
+pub use server::{ObjectShelf, Server, ServerOptions, Staging};
 pub use session::{LinkReader, LinkWriter, Session};

@@ -45,6 +45,7 @@ fn daemon(hello: Duration) -> Setup {
         identity: server,
         authorized_keys: keys,
         max_sessions: 1,
+        guests: 0,
         hello_timeout: hello,
     };
     std::thread::spawn(move || d.run(handler));

@@ -270,6 +270,9 @@ pub struct Peer {
     /// Its name in `authorized_keys` (may be empty).
     pub name: String,
     pub addr: SocketAddr,
+    /// Whether its key is in `authorized_keys`. A guest's (see [`Daemon::guests`]) is not: it
+    /// may use only what needs no key (objects read by capability).
+    pub authorized: bool,
 }
 
 /// Runs one session: the protocol over the given stream, until the client hangs up (or, if it
@@ -285,6 +288,10 @@ pub struct Daemon {
     /// Sessions at once; more are told the server is busy. Only clients whose keys are
     /// authorized take one.
     pub max_sessions: usize,
+    /// Sessions at once for clients whose keys are not authorized (guests: a transfer daemon
+    /// serves them objects by capability); 0 turns them away. Guests have slots of their own,
+    /// so they cannot take those of authorized clients.
+    pub guests: usize,
     /// A session whose client has not said Hello this long after its handshake ends, and its
     /// slot is free again ([`HELLO_TIMEOUT`]).
     pub hello_timeout: Duration,
@@ -297,6 +304,8 @@ impl Daemon {
         let rt = runtime().map_err(|e| NetError::link("network runtime".into(), e))?;
         let keys = Arc::new(self.authorized_keys);
         let slots = Arc::new(tokio::sync::Semaphore::new(self.max_sessions));
+        let guest_slots = Arc::new(tokio::sync::Semaphore::new(self.guests));
+        let admit_guests = self.guests > 0;
         let hello = self.hello_timeout;
         let listener = self.listener;
         rt.block_on(async move {
@@ -323,7 +332,7 @@ impl Daemon {
                     addr,
                     keys.clone(),
                     (handler.clone(), hello),
-                    slots.clone(),
+                    (slots.clone(), admit_guests.then(|| guest_slots.clone())),
                 ));
             }
         })
@@ -336,7 +345,7 @@ async fn session(
     addr: SocketAddr,
     keys: Arc<PathBuf>,
     (handler, hello): (Handler, Duration),
-    slots: Arc<tokio::sync::Semaphore>,
+    (slots, guests): (Arc<tokio::sync::Semaphore>, Option<Arc<tokio::sync::Semaphore>>),
 ) {
     let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(t)) => t,
@@ -366,17 +375,30 @@ async fn session(
                         fingerprint: fp,
                         name: k.name,
                         addr,
+                        authorized: true,
                     },
                     slot,
                 )),
                 Err(_) => Err((ErrorCode::Busy, "the server is busy; try again later".into())),
             },
-            None => Err((
-                ErrorCode::Permission,
-                format!(
-                    "this client's key {fp} is not authorized on the server; its owner can add it with `ferry key authorize {fp}`"
-                ),
-            )),
+            None => match guests.map(|g| g.try_acquire_owned()) {
+                Some(Ok(slot)) => Ok((
+                    Peer {
+                        fingerprint: fp,
+                        name: String::new(),
+                        addr,
+                        authorized: false,
+                    },
+                    slot,
+                )),
+                Some(Err(_)) => Err((ErrorCode::Busy, "the server is busy; try again later".into())),
+                None => Err((
+                    ErrorCode::Permission,
+                    format!(
+                        "this client's key {fp} is not authorized on the server; its owner can add it with `ferry key authorize {fp}`"
+                    ),
+                )),
+            },
         },
     };
     let (peer, slot) = match verdict {

@@ -422,6 +422,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         identity,
         authorized_keys: keys,
         max_sessions: a.max_sessions.max(1),
+        guests: 0,
         hello_timeout: ferry_net::HELLO_TIMEOUT,
     }
     .run(handler)?;

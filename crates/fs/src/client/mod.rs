@@ -33,7 +33,7 @@ mod source;
 mod upload;
 mod walk;
 
-pub use source::Mirror;
+pub use source::{Mirror, SessionSource};
 pub use upload::{put, put_file};
 pub use walk::{fetch_file, get};
 

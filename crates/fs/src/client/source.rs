@@ -5,8 +5,8 @@
 use std::collections::VecDeque;
 use std::io::{self, Write};
 
-use ferry_format::ChunkRef;
-use ferry_proto::{GetChunks, Ids, Located, Request, Target, WirePath};
+use ferry_format::{ChunkRef, Id};
+use ferry_proto::{GetChunks, Ids, Located, Request, Target, WirePath, CAP_BYTES};
 use ferry_transfer::{Batch, Source, SourceError, Want};
 
 use super::fetch::plain_chunks;
@@ -32,11 +32,13 @@ pub struct Mirror {
 }
 
 /// A session as a source.
-pub(crate) struct SessionSource<'c, R, W> {
+pub struct SessionSource<'c, R, W> {
     conn: &'c mut Connection<R, W>,
     name: String,
     /// With places: (the tree's wire path on the server the fetch lists, on this one).
     places: Option<(WirePath, WirePath)>,
+    /// Chunks of this object, read with this capability (a transfer daemon's).
+    object: Option<(Id, [u8; CAP_BYTES])>,
     pending: VecDeque<(u32, Vec<ChunkRef>)>,
     /// Requests sent so far: the first window costs a round trip, refills keep the stream
     /// going.
@@ -52,9 +54,30 @@ impl<'c, R: io::Read, W: Write> SessionSource<'c, R, W> {
             conn,
             name: "the server".into(),
             places: None,
+            object: None,
             pending: VecDeque::new(),
             sent: 0,
             hang_up: None,
+        }
+    }
+
+    /// A transfer daemon holding object `oid`, read with capability `cap`; `hang_up` ends its
+    /// session's reading.
+    pub fn object(
+        conn: &'c mut Connection<R, W>,
+        name: &str,
+        oid: Id,
+        cap: [u8; CAP_BYTES],
+        hang_up: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    ) -> Self {
+        SessionSource {
+            conn,
+            name: name.to_string(),
+            places: None,
+            object: Some((oid, cap)),
+            pending: VecDeque::new(),
+            sent: 0,
+            hang_up,
         }
     }
 
@@ -71,6 +94,7 @@ impl<'c, R: io::Read, W: Write> SessionSource<'c, R, W> {
             conn,
             name: name.to_string(),
             places: Some((of.clone(), root.clone())),
+            object: None,
             pending: VecDeque::new(),
             sent: 0,
             hang_up,
@@ -115,11 +139,15 @@ impl<R: io::Read + Send, W: Write> Source for SessionSource<'_, R, W> {
     }
 
     fn request(&mut self, wants: &[Want]) -> Result<(), SourceError> {
-        let r = Request::GetChunks(GetChunks {
-            ids: Ids::Full(wants.iter().map(|w| w.id).collect()),
-            at: self.located(wants),
-            against: None,
-        });
+        let ids = Ids::Full(wants.iter().map(|w| w.id).collect());
+        let r = match self.object {
+            Some((oid, cap)) => Request::ObjectChunks { oid, cap, ids },
+            None => Request::GetChunks(GetChunks {
+                ids,
+                at: self.located(wants),
+                against: None,
+            }),
+        };
         let id = if self.sent < DEPTH {
             self.conn.send(r)
         } else {

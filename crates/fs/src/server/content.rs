@@ -140,43 +140,20 @@ impl Server {
         if let Some(against) = g.against {
             return one(self.against(&asked, against));
         }
-        // Plainly, in frames of about a MiB, at most MAX_CHUNKS_REPLY in all.
         let places = g.at.as_ref().map(places_of).unwrap_or_default();
         let mut open: HashMap<WirePath, Option<std::fs::File>> = HashMap::new();
-        let mut frames = vec![];
-        let (mut found, mut data, mut total) = (vec![], vec![], 0usize);
+        let mut found = vec![];
         for (i, cid) in asked.iter().enumerate() {
             let Some(cid) = cid else { continue };
             let located = places
                 .get(i)
                 .and_then(|p| p.as_ref())
                 .and_then(|(t, off, len)| self.read_at(&mut open, t, *off, *len, cid));
-            let Some(bytes) = located.or_else(|| self.chunk(cid)) else {
-                continue;
-            };
-            if total + bytes.len() > MAX_CHUNKS_REPLY {
-                break;
-            }
-            total += bytes.len();
-            found.push(i as u32);
-            data.extend_from_slice(&bytes);
-            if data.len() >= CHUNKS_FRAME_BYTES {
-                let c = Chunks {
-                    found: std::mem::take(&mut found),
-                    payload: Payload::Plain(std::mem::take(&mut data)),
-                };
-                frames.push(Message::Reply(Reply::Chunks(c)).to_frame(id));
+            if let Some(bytes) = located.or_else(|| self.chunk(cid)) {
+                found.push((i as u32, bytes));
             }
         }
-        if frames.is_empty() || !found.is_empty() {
-            let c = Chunks {
-                found,
-                payload: Payload::Plain(data),
-            };
-            frames.push(Message::Reply(Reply::Chunks(c)).to_frame(id));
-        }
-        more(&mut frames);
-        frames
+        plain_chunk_frames(id, found.into_iter())
     }
 
     /// A chunk read where the client says it lies, verified; it is remembered there.
@@ -478,6 +455,41 @@ fn recipe_delta(id: u32, recipe: &Recipe, version: u64, known: &[u64], short: bo
             .to_frame(id)
         })
         .collect();
+    more(&mut frames);
+    frames
+}
+
+/// Chunks found (their places in the request, increasing, with their bytes) as plain Chunks
+/// replies of about a MiB each, at most [`MAX_CHUNKS_REPLY`] bytes in all (what does not fit is
+/// left out: the asker asks again).
+pub(super) fn plain_chunk_frames(
+    id: u32,
+    chunks: impl Iterator<Item = (u32, Vec<u8>)>,
+) -> Vec<Frame> {
+    let mut frames = vec![];
+    let (mut found, mut data, mut total) = (vec![], vec![], 0usize);
+    for (i, bytes) in chunks {
+        if total + bytes.len() > MAX_CHUNKS_REPLY {
+            break;
+        }
+        total += bytes.len();
+        found.push(i);
+        data.extend_from_slice(&bytes);
+        if data.len() >= CHUNKS_FRAME_BYTES {
+            let c = Chunks {
+                found: std::mem::take(&mut found),
+                payload: Payload::Plain(std::mem::take(&mut data)),
+            };
+            frames.push(Message::Reply(Reply::Chunks(c)).to_frame(id));
+        }
+    }
+    if frames.is_empty() || !found.is_empty() {
+        let c = Chunks {
+            found,
+            payload: Payload::Plain(data),
+        };
+        frames.push(Message::Reply(Reply::Chunks(c)).to_frame(id));
+    }
     more(&mut frames);
     frames
 }

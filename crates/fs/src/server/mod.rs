@@ -22,8 +22,11 @@ use crate::export::{os, Export, FileId};
 
 mod content;
 mod listing;
+mod objects;
 mod ranges;
 mod upload;
+
+pub use objects::ObjectShelf;
 
 /// How the server behaves.
 #[derive(Clone, Debug)]
@@ -118,6 +121,11 @@ pub struct Server {
     leases: Option<crate::leases::Leases>,
     /// Leases broken by changes seen while handling a request, sent before its reply.
     broken: Vec<WirePath>,
+    /// A transfer daemon's objects, served by capability.
+    shelf: Option<std::sync::Arc<dyn ObjectShelf>>,
+    /// Only objects are served (the client's key is not authorized for the export).
+    objects_only: bool,
+    opened: Option<objects::Opened>,
 }
 
 pub(crate) fn error(code: ErrorCode, message: impl Into<String>) -> Reply {
@@ -173,6 +181,9 @@ impl Server {
                 }
             },
             broken: vec![],
+            shelf: None,
+            objects_only: false,
+            opened: None,
         }
     }
 
@@ -319,6 +330,17 @@ impl Server {
 
     fn dispatch(&mut self, id: u32, r: Request) -> Vec<Frame> {
         let one = |r: Reply| vec![Message::Reply(r).to_frame(id)];
+        let object = matches!(
+            r,
+            Request::ObjectRecipe { .. } | Request::ObjectChunks { .. }
+        );
+        if self.objects_only && !object {
+            return one(error(
+                ErrorCode::Permission,
+                "this client's key is not authorized on the server: it may only read objects \
+                 it holds capabilities for",
+            ));
+        }
         if matches!(
             r,
             Request::Commit { .. }
@@ -397,6 +419,8 @@ impl Server {
                 oid,
             } => one(self.commit(handle, mode, mtime_ns, size, oid)),
             Request::Abort { handle } => one(self.abort(handle)),
+            Request::ObjectRecipe { oid, cap, from } => one(self.object_recipe(&oid, &cap, from)),
+            Request::ObjectChunks { oid, cap, ids } => self.object_chunks(id, &oid, &cap, &ids),
         }
     }
 
