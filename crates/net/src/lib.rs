@@ -153,6 +153,29 @@ pub fn connect(
 ) -> Result<Session, NetError> {
     let host_port = ep.host_port();
     let known = known_host(known_hosts, &host_port)?;
+    let record = |fp: Fingerprint| -> Result<(), NetError> {
+        append_line(known_hosts, &format!("{host_port} {fp}"))?;
+        first_use(fp);
+        Ok(())
+    };
+    open(ep, id, known, Some(known_hosts), record)
+}
+
+/// Connects to a daemon whose key must be `key` (a transfer daemon named in a ticket's hint:
+/// the ticket pins it, no `known_hosts` is involved), proves this user's key and opens a
+/// session.
+pub fn connect_pinned(ep: &Endpoint, id: &Identity, key: Fingerprint) -> Result<Session, NetError> {
+    open(ep, id, Some(key), None, |_| Ok(()))
+}
+
+fn open(
+    ep: &Endpoint,
+    id: &Identity,
+    known: Option<Fingerprint>,
+    known_hosts: Option<&Path>,
+    first_use: impl FnOnce(Fingerprint) -> Result<(), NetError>,
+) -> Result<Session, NetError> {
+    let host_port = ep.host_port();
     let (cfg, verifier) = tls::client_config(id, known)?;
     let name = rustls::pki_types::ServerName::try_from(ep.host.clone())
         .map_err(|_| NetError::BadAddress(format!("{:?} is not a host name", ep.host)))?;
@@ -171,19 +194,23 @@ pub fn connect(
     let seen = *verifier.seen.lock().unwrap();
     let tls = match (tls, known, seen) {
         (Err(_), Some(known), Some(seen)) if known != seen => {
-            return Err(NetError::KeyChanged {
-                host: host_port,
-                known,
-                seen,
-                file: known_hosts.to_path_buf(),
+            return Err(match known_hosts {
+                Some(file) => NetError::KeyChanged {
+                    host: host_port,
+                    known,
+                    seen,
+                    file: file.to_path_buf(),
+                },
+                None => NetError::BadKey(format!(
+                    "the daemon at {host_port} presents key {seen}, not the {known} its ticket names"
+                )),
             })
         }
         (Err(e), ..) => return Err(NetError::link(format!("cannot reach {host_port}"), e)),
         (Ok(t), ..) => t,
     };
     if let (None, Some(fp)) = (known, seen) {
-        append_line(known_hosts, &format!("{host_port} {fp}"))?;
-        first_use(fp);
+        first_use(fp)?;
     }
     let (mine, theirs) = UnixStream::pair().map_err(|e| NetError::link("socket pair".into(), e))?;
     theirs

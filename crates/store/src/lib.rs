@@ -38,7 +38,7 @@ use ferry_format::{HashAlg, Id, Oid, Recipe};
 pub use error::StoreError;
 pub use local::{GcReport, LocalStore, Options, TrimReport, VerifyReport};
 pub use mem::MemStore;
-pub use object::{read_object, store_object};
+pub use object::{read_object, read_recipe, store_object};
 pub use paths::{PathIndex, Stamp};
 
 /// A chunk whose id is known to be the hash of its bytes.

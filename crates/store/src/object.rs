@@ -55,11 +55,23 @@ impl From<std::io::Error> for StoreError {
 pub fn read_object<S: ChunkStore + ?Sized>(
     store: &S,
     oid: &Oid,
-    mut out: impl Write,
+    out: impl Write,
 ) -> Result<Option<u64>, StoreError> {
     let Some(recipe) = store.object(oid)? else {
         return Ok(None);
     };
+    read_recipe(store, oid, &recipe, out).map(Some)
+}
+
+/// Writes the chunks `recipe` lists to `out`, every chunk verified on read, and checks that
+/// they make object `oid` (an error once they do not: what was written is then not it).
+/// Returns the bytes written.
+pub fn read_recipe<S: ChunkStore + ?Sized>(
+    store: &S,
+    oid: &Oid,
+    recipe: &Recipe,
+    mut out: impl Write,
+) -> Result<u64, StoreError> {
     let mut whole = IdHasher::new(oid.id().alg());
     let mut n = 0u64;
     for c in recipe.chunks() {
@@ -81,5 +93,5 @@ pub fn read_object<S: ChunkStore + ?Sized>(
             why: format!("content hashes to {got}"),
         });
     }
-    Ok(Some(n))
+    Ok(n)
 }

@@ -1,0 +1,390 @@
+//! The local API: HTTP/1.1 with JSON on a Unix socket (mode 0600, and only the socket owner's
+//! connections are served), as `docs/daemon-api.json` describes it. The peer side runs beside
+//! it: the TLS daemon of `ferry-net`, serving the shelf's objects by capability.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::extract::{Path as UrlPath, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use ferry_format::Oid;
+use ferry_net::Identity;
+use serde::{Deserialize, Serialize};
+
+use crate::fetch::{self, Fetched};
+use crate::shelf::{Put, Shelf};
+use crate::ticket::{Hint, Ticket};
+use crate::{Config, DaemonError};
+
+/// Every route: (method, path as in the OpenAPI document). The test of the document checks
+/// that it lists exactly these.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("get", "/v1/status"),
+    ("post", "/v1/objects"),
+    ("get", "/v1/objects/{oid}"),
+    ("post", "/v1/fetches"),
+];
+
+/// `GET /v1/status`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Status {
+    pub version: String,
+    pub pid: u32,
+    pub socket: PathBuf,
+    pub data: PathBuf,
+    /// The daemon's key (peers pin it through the tickets' hints).
+    pub key: String,
+    /// Where the peer side listens, if it does.
+    pub listen: Option<String>,
+    /// The hints every ticket this daemon makes carries.
+    pub hints: Vec<Hint>,
+}
+
+/// `POST /v1/objects`: put the file at `path` (absolute).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PutRequest {
+    pub path: PathBuf,
+}
+
+/// Its answer: the object, and the ticket to pass along.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PutReply {
+    pub oid: String,
+    pub size: u64,
+    pub chunks: u64,
+    pub new_chunks: u64,
+    pub new_bytes: u64,
+    pub ticket: String,
+}
+
+/// `POST /v1/fetches`: fetch the object of `ticket`, and install it at `path` (absolute) if
+/// given.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct FetchRequest {
+    pub ticket: String,
+    pub path: Option<PathBuf>,
+}
+
+/// `GET /v1/objects/{oid}`: an object the daemon holds whole.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ObjectInfo {
+    pub oid: String,
+    pub size: u64,
+    pub chunks: u64,
+}
+
+/// An error, as every route answers one.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ApiError {
+    /// `bad_request`, `not_found`, `unavailable`, `bad_peer` or `internal`.
+    pub kind: String,
+    pub error: String,
+}
+
+struct Daemon {
+    shelf: Arc<Shelf>,
+    identity: Identity,
+    status: Status,
+}
+
+type Shared = State<Arc<Daemon>>;
+
+impl IntoResponse for DaemonError {
+    fn into_response(self) -> Response {
+        let (code, kind) = match &self {
+            DaemonError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            DaemonError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            DaemonError::Unavailable(_) | DaemonError::Net(_) => {
+                (StatusCode::BAD_GATEWAY, "unavailable")
+            }
+            DaemonError::BadPeer(_) => (StatusCode::BAD_GATEWAY, "bad_peer"),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        let body = ApiError {
+            kind: kind.into(),
+            error: self.to_string(),
+        };
+        (code, Json(body)).into_response()
+    }
+}
+
+fn absolute(p: &Path) -> Result<(), DaemonError> {
+    if p.is_absolute() {
+        Ok(())
+    } else {
+        Err(DaemonError::BadRequest(format!(
+            "{} is not an absolute path (the daemon does not share the caller's directory)",
+            p.display()
+        )))
+    }
+}
+
+/// Runs blocking work off the API's thread.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, DaemonError> + Send + 'static,
+) -> Result<T, DaemonError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(DaemonError::Damaged(format!("a request's work failed: {e}"))))
+}
+
+async fn status(State(d): Shared) -> Json<Status> {
+    Json(d.status.clone())
+}
+
+async fn put(State(d): Shared, Json(req): Json<PutRequest>) -> Result<Response, DaemonError> {
+    absolute(&req.path)?;
+    let put: Put = blocking({
+        let d = d.clone();
+        move || {
+            let f = std::fs::File::open(&req.path).map_err(DaemonError::file("open", &req.path))?;
+            if f.metadata().is_ok_and(|m| !m.is_file()) {
+                return Err(DaemonError::BadRequest(format!(
+                    "{} is not a regular file",
+                    req.path.display()
+                )));
+            }
+            d.shelf.put(f)
+        }
+    })
+    .await?;
+    let ticket = Ticket {
+        oid: put.oid,
+        size: put.size,
+        cap: d.shelf.cap(&put.oid),
+        hints: d.status.hints.clone(),
+    };
+    let reply = PutReply {
+        oid: put.oid.to_string(),
+        size: put.size,
+        chunks: put.chunks,
+        new_chunks: put.new_chunks,
+        new_bytes: put.new_bytes,
+        ticket: ticket.to_string(),
+    };
+    Ok((StatusCode::CREATED, Json(reply)).into_response())
+}
+
+async fn object(
+    State(d): Shared,
+    UrlPath(oid): UrlPath<String>,
+) -> Result<Json<ObjectInfo>, DaemonError> {
+    let oid: Oid = oid
+        .parse()
+        .map_err(|e| DaemonError::BadRequest(format!("{oid:?} is not an object id: {e}")))?;
+    let r = blocking(move || d.shelf.whole(&oid)).await?;
+    let r = r.ok_or_else(|| DaemonError::NotFound(format!("no whole object {oid} here")))?;
+    Ok(Json(ObjectInfo {
+        oid: oid.to_string(),
+        size: r.total_len(),
+        chunks: r.len() as u64,
+    }))
+}
+
+async fn fetch(
+    State(d): Shared,
+    Json(req): Json<FetchRequest>,
+) -> Result<Json<Fetched>, DaemonError> {
+    let ticket: Ticket = req
+        .ticket
+        .parse()
+        .map_err(|e: crate::ticket::BadTicket| DaemonError::BadRequest(e.to_string()))?;
+    if let Some(p) = &req.path {
+        absolute(p)?;
+    }
+    let done = blocking(move || {
+        let (recipe, report) = fetch::fetch(&d.shelf, &d.identity, &ticket)?;
+        if let Some(p) = &req.path {
+            fetch::install(&d.shelf, &ticket.oid, &recipe, p)?;
+        }
+        Ok(report)
+    })
+    .await?;
+    Ok(Json(done))
+}
+
+fn router(d: Arc<Daemon>) -> Router {
+    Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/objects", post(put))
+        .route("/v1/objects/{oid}", get(object))
+        .route("/v1/fetches", post(fetch))
+        .with_state(d)
+}
+
+/// See [`crate::run`].
+pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), DaemonError> {
+    let paths = cfg.paths.clone();
+    let shelf = Arc::new(Shelf::open(&paths.data)?);
+    std::fs::create_dir_all(&paths.keys).map_err(DaemonError::file("create", &paths.keys))?;
+    let (identity, _) = Identity::load_or_create(&paths.keys)?;
+    let key = identity.fingerprint();
+    let socket = bind_socket(&paths.socket)?;
+    let mut hints = vec![];
+    let listen = match cfg.listen {
+        None => None,
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr)
+                .map_err(|e| DaemonError::Unavailable(format!("cannot listen on {addr}: {e}")))?;
+            let bound = l.local_addr().map_err(DaemonError::file("bind", &paths.socket))?;
+            hints.push(Hint {
+                uri: format!("ferry://{}?key={key}", advertised(&cfg, bound)),
+                priority: 10,
+                weight: 100,
+            });
+            peer_side(l, &paths, shelf.clone())?;
+            Some(bound.to_string())
+        }
+    };
+    let status = Status {
+        version: env!("CARGO_PKG_VERSION").into(),
+        pid: std::process::id(),
+        socket: paths.socket.clone(),
+        data: paths.data.clone(),
+        key: key.to_string(),
+        listen,
+        hints,
+    };
+    ready(&status);
+    let daemon = Arc::new(Daemon {
+        shelf,
+        identity,
+        status,
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| DaemonError::Unavailable(format!("cannot start the API's runtime: {e}")))?;
+    rt.block_on(serve(socket, router(daemon)))
+}
+
+/// The host and port peers reach the daemon at.
+fn advertised(cfg: &Config, bound: SocketAddr) -> String {
+    let host = match &cfg.advertise {
+        Some(h) => h.clone(),
+        None if bound.ip().is_unspecified() => rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned(),
+        None => bound.ip().to_string(),
+    };
+    if host.contains(':') {
+        format!("[{host}]:{}", bound.port())
+    } else {
+        format!("{host}:{}", bound.port())
+    }
+}
+
+/// The peer side: other daemons (any key) read objects by capability; clients whose keys are
+/// authorized see an empty export besides.
+fn peer_side(
+    listener: std::net::TcpListener,
+    paths: &crate::Paths,
+    shelf: Arc<Shelf>,
+) -> Result<(), DaemonError> {
+    let (identity, _) = Identity::load_or_create(&paths.keys)?;
+    let export_dir = paths.data.join("export");
+    std::fs::create_dir_all(&export_dir).map_err(DaemonError::file("create", &export_dir))?;
+    let handler: ferry_net::Handler = Arc::new(move |peer, stream, hello| {
+        let session = || -> Result<(), Box<dyn std::error::Error>> {
+            let export = ferry_fs::Export::open(&export_dir)?;
+            let opts = ferry_fs::ServerOptions {
+                hello_timeout: Some(hello),
+                trash_bytes: 0,
+                ..Default::default()
+            };
+            let staging: ferry_fs::Staging = shelf.store().clone();
+            let mut server = ferry_fs::Server::new(export, opts, staging)
+                .with_objects(shelf.clone(), !peer.authorized);
+            let input = stream.try_clone()?;
+            let output = std::io::BufWriter::with_capacity(256 << 10, stream);
+            ferry_fs::serve(&mut server, input, output)?;
+            Ok(())
+        };
+        if let Err(e) = session() {
+            tracing::info!("peer session with {}: {e}", peer.addr);
+        }
+    });
+    let daemon = ferry_net::Daemon {
+        listener,
+        identity,
+        authorized_keys: paths.keys.join("authorized_keys"),
+        max_sessions: 16,
+        guests: 64,
+        hello_timeout: ferry_net::HELLO_TIMEOUT,
+    };
+    std::thread::Builder::new()
+        .name("ferry-peers".into())
+        .spawn(move || {
+            if let Err(e) = daemon.run(handler) {
+                tracing::error!("the peer side stopped: {e}");
+            }
+        })
+        .map_err(|e| DaemonError::Unavailable(format!("cannot start the peer side: {e}")))?;
+    Ok(())
+}
+
+/// Binds the API socket, mode 0600 in a directory of mode 0700; a socket left by a daemon that
+/// died is replaced, one a live daemon answers on is not.
+fn bind_socket(path: &Path) -> Result<std::os::unix::net::UnixListener, DaemonError> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = path.parent().expect("a socket in a directory");
+    std::fs::create_dir_all(dir).map_err(DaemonError::file("create", dir))?;
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(DaemonError::Unavailable(format!(
+            "a daemon already runs on {} (one per user and data directory)",
+            path.display()
+        )));
+    }
+    let _ = std::fs::remove_file(path);
+    let l = std::os::unix::net::UnixListener::bind(path).map_err(DaemonError::file("bind", path))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(DaemonError::file("set the mode of", path))?;
+    Ok(l)
+}
+
+/// Serves HTTP/1.1 on the socket to connections from its owner's processes only.
+async fn serve(socket: std::os::unix::net::UnixListener, app: Router) -> Result<(), DaemonError> {
+    let me = rustix::process::getuid();
+    socket
+        .set_nonblocking(true)
+        .map_err(|e| DaemonError::Unavailable(e.to_string()))?;
+    let listener = tokio::net::UnixListener::from_std(socket)
+        .map_err(|e| DaemonError::Unavailable(e.to_string()))?;
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("API accept: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        match stream.peer_cred() {
+            Ok(c) if c.uid() == me.as_raw() => {}
+            Ok(c) => {
+                tracing::warn!("API: refused a connection from uid {}", c.uid());
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!("API: no peer credentials: {e}");
+                continue;
+            }
+        }
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let io = hyper_util::rt::TokioIo::new(stream);
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, service)
+                .await
+            {
+                tracing::debug!("API connection: {e}");
+            }
+        });
+    }
+}

@@ -1,0 +1,43 @@
+//! Where a daemon keeps its state and its socket: one daemon per user and environment, found
+//! by the same environment variables by the daemon and the commands that call it.
+
+use std::path::{Path, PathBuf};
+
+/// A daemon's places.
+#[derive(Clone, Debug)]
+pub struct Paths {
+    /// `$XDG_DATA_HOME/ferry/daemon`: the object store, the secret, the transfers accepted.
+    pub data: PathBuf,
+    /// `$XDG_RUNTIME_DIR/ferry/daemon.sock` (else `/tmp/ferry-UID/daemon.sock`): the local API.
+    pub socket: PathBuf,
+    /// `$XDG_DATA_HOME/ferry`: the user's key (`identity.pem`, the one `ferry serve --listen`
+    /// and `ferry key` use) and `authorized_keys`.
+    pub keys: PathBuf,
+}
+
+impl Paths {
+    /// The places the environment names.
+    pub fn from_env() -> Paths {
+        Paths {
+            data: ferry_net::data_dir().join("daemon"),
+            socket: runtime_dir().join("daemon.sock"),
+            keys: ferry_net::data_dir(),
+        }
+    }
+
+    /// Places under one directory (tests, labs).
+    pub fn under(dir: &Path) -> Paths {
+        Paths {
+            data: dir.join("data"),
+            socket: dir.join("daemon.sock"),
+            keys: dir.to_path_buf(),
+        }
+    }
+}
+
+fn runtime_dir() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d).join("ferry"),
+        _ => std::env::temp_dir().join(format!("ferry-{}", rustix::process::getuid().as_raw())),
+    }
+}
