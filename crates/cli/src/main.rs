@@ -57,6 +57,12 @@ enum Command {
     /// Devices searched for chunks before the network (USB sticks, DVDs, old copies): stale
     /// or wrong data on them costs time, never correctness.
     Lookaside(cmd::lookaside::Args),
+    /// The transfer daemon (DOT): holds objects, serves them to other daemons by ticket, and
+    /// fetches theirs from every source at once.
+    Daemon(cmd::daemon::DaemonArgs),
+    /// Objects by ticket, through the daemon: `put FILE` prints a ticket, `get TICKET -o FILE`
+    /// fetches it.
+    Object(cmd::object::Args),
     /// Ferry against rsync, rsync -z, scp and the near-ideal delta over emulated slow links:
     /// bytes counted at the link, time, tables and charts.
     Lab(cmd::lab::Args),
@@ -81,6 +87,8 @@ fn main() -> ExitCode {
         Command::Umount(a) => cmd::mount::umount(a),
         Command::Lab(a) => cmd::lab::run(a),
         Command::Lookaside(a) => cmd::lookaside::run(a, &ui),
+        Command::Daemon(a) => cmd::daemon::run(a),
+        Command::Object(a) => cmd::object::run(a),
     };
     match result {
         Ok(code) => code,

@@ -188,3 +188,37 @@ mod tests {
         assert_eq!(human(12), "12 B");
     }
 }
+
+/// Starts this command again in the background with `--foreground -v` (out of the terminal's
+/// process group, so Ctrl-C in this shell does not reach it; `env_flag` set; standard error to
+/// `log`), and waits for its first word on standard output: `ready`, or `error: WHY`. Returns
+/// the child and that line (`None`: it ended without saying).
+pub fn start_background(
+    log: &std::fs::File,
+    env_flag: &str,
+) -> anyhow::Result<(std::process::Child, Option<String>)> {
+    use anyhow::Context;
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let exe = std::env::current_exe().context("cannot find this program")?;
+    let mut cmd = Command::new(exe);
+    cmd.args(std::env::args_os().skip(1))
+        .arg("--foreground")
+        .arg("-v")
+        .env(env_flag, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log.try_clone().context("cannot share the log")?);
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd.spawn().context("cannot start the background process")?;
+    let out = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    let mut said = None;
+    for line in out.lines() {
+        let line = line.unwrap_or_default();
+        if line == "ready" || line.starts_with("error: ") {
+            said = Some(line);
+            break;
+        }
+    }
+    Ok((child, said))
+}

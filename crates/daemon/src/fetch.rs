@@ -22,7 +22,7 @@ use crate::DaemonError;
 const MIN_AVERAGE_CHUNK: u64 = 256;
 
 /// What a fetch did.
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Fetched {
     pub oid: String,
     pub size: u64,
@@ -35,7 +35,7 @@ pub struct Fetched {
     pub failed_hints: Vec<String>,
 }
 
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct SourceUse {
     pub name: String,
     pub chunks: u64,

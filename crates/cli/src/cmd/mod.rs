@@ -1,9 +1,11 @@
 pub mod chunk;
+pub mod daemon;
 pub mod demo;
 pub mod key;
 pub mod lab;
 pub mod lookaside;
 pub mod mount;
+pub mod object;
 pub mod remote;
 pub mod similarity;
 pub mod store;

@@ -5,9 +5,9 @@
 //! the mount is in place or has failed, says which, and exits. `--foreground` keeps it here,
 //! logging to standard error; Ctrl-C (or SIGTERM, SIGHUP) unmounts.
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -156,28 +156,7 @@ fn background(a: &MountArgs, cache: &Path) -> Result<ExitCode> {
         .append(true)
         .open(&log_path)
         .with_context(|| format!("cannot open the log {}", log_path.display()))?;
-    let exe = std::env::current_exe().context("cannot find this program")?;
-    let mut cmd = Command::new(exe);
-    cmd.args(std::env::args_os().skip(1))
-        .arg("--foreground")
-        // The log says when the server went away and came back, and what was kept.
-        .arg("-v")
-        .env(DAEMON_ENV, "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(log);
-    // Out of the terminal's process group: Ctrl-C in this shell does not reach the mount.
-    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    let mut child = cmd.spawn().context("cannot start the background mount")?;
-    let out = std::io::BufReader::new(child.stdout.take().expect("piped"));
-    let mut said = None;
-    for line in out.lines() {
-        let line = line.unwrap_or_default();
-        if line == "ready" || line.starts_with("error: ") {
-            said = Some(line);
-            break;
-        }
-    }
+    let (mut child, said) = crate::util::start_background(&log, DAEMON_ENV)?;
     match said.as_deref() {
         Some("ready") => {
             eprintln!(

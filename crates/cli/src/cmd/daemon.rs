@@ -1,0 +1,142 @@
+//! `ferry daemon`: the transfer daemon (DOT) of this user, serving the local API on a Unix
+//! socket and other daemons over TLS. Foreground by default; `--detach` starts it in the
+//! background the way `ferry mount` does and returns once it is ready.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use ferry_daemon::{Config, Paths};
+
+/// Set in the environment of the background child: it reports readiness on standard output.
+const DETACHED_ENV: &str = "FERRY_DAEMON_DETACHED";
+/// The peer side's port when `--listen` names none.
+pub const DEFAULT_PEER_PORT: u16 = 7331;
+
+#[derive(clap::Args)]
+pub struct DaemonArgs {
+    /// Where other daemons reach this one (TLS, this user's key): ADDR:PORT [default:
+    /// 0.0.0.0:7331, or any free port when that one is taken].
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Serve no other daemon (objects put here are fetched only from this machine's API).
+    #[arg(long, conflicts_with = "listen")]
+    no_listen: bool,
+    /// The host name other daemons reach this one at, put in the tickets' hints [default: the
+    /// address listened on, or this machine's name].
+    #[arg(long, value_name = "HOST")]
+    advertise: Option<String>,
+    /// Where its state and socket are: DIR/data and DIR/daemon.sock [default:
+    /// $XDG_DATA_HOME/ferry/daemon and $XDG_RUNTIME_DIR/ferry/daemon.sock].
+    #[arg(long, value_name = "DIR", env = "FERRY_DAEMON_DIR")]
+    dir: Option<PathBuf>,
+    /// Go to the background once ready (logging to DATA/daemon.log).
+    #[arg(long)]
+    detach: bool,
+    /// Print what it serves as JSON once ready.
+    #[arg(long)]
+    json: bool,
+    #[arg(long, hide = true)]
+    foreground: bool,
+}
+
+/// The daemon's places: `--dir` (or `FERRY_DAEMON_DIR`), else the environment's.
+pub fn paths(dir: Option<&PathBuf>) -> Paths {
+    match dir {
+        Some(d) => Paths::under(d),
+        None => Paths::from_env(),
+    }
+}
+
+pub fn run(a: DaemonArgs) -> Result<ExitCode> {
+    let paths = paths(a.dir.as_ref());
+    if a.detach && !a.foreground {
+        return detach(&paths);
+    }
+    let detached = std::env::var_os(DETACHED_ENV).is_some();
+    let listen = match (a.no_listen, a.listen) {
+        (true, _) => None,
+        (false, Some(l)) => Some(l),
+        (false, None) => Some(default_listen()),
+    };
+    let cfg = Config {
+        paths,
+        listen,
+        advertise: a.advertise.clone(),
+    };
+    let json = a.json;
+    let r = ferry_daemon::run(cfg, |s| {
+        if json {
+            println!("{}", serde_json::to_string(s).unwrap_or_default());
+        } else {
+            eprintln!(
+                "ferry daemon {} (process {}): API on {}, peers on {}, key {}",
+                s.version,
+                s.pid,
+                s.socket.display(),
+                s.listen.as_deref().unwrap_or("nothing (--no-listen)"),
+                s.key
+            );
+        }
+        if detached {
+            let _ = writeln!(std::io::stdout(), "ready");
+            let _ = std::io::stdout().flush();
+            if let Ok(null) = std::fs::File::open("/dev/null") {
+                let _ = rustix::stdio::dup2_stdout(&null);
+            }
+        }
+    });
+    match r {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) if detached => {
+            let _ = writeln!(std::io::stdout(), "error: {e:#}");
+            Ok(ExitCode::FAILURE)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// 0.0.0.0:7331 when free, else a port the system picks.
+fn default_listen() -> SocketAddr {
+    let fixed = SocketAddr::from(([0, 0, 0, 0], DEFAULT_PEER_PORT));
+    match std::net::TcpListener::bind(fixed) {
+        Ok(_) => fixed,
+        Err(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
+    }
+}
+
+fn detach(paths: &Paths) -> Result<ExitCode> {
+    std::fs::create_dir_all(&paths.data)
+        .with_context(|| format!("cannot create {}", paths.data.display()))?;
+    let log_path = paths.data.join("daemon.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("cannot open the log {}", log_path.display()))?;
+    let (mut child, said) = crate::util::start_background(&log, DETACHED_ENV)?;
+    match said.as_deref() {
+        Some("ready") => {
+            eprintln!(
+                "ferry: daemon running (process {}; API {}; log {})",
+                child.id(),
+                paths.socket.display(),
+                log_path.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(err) => {
+            let _ = child.wait();
+            bail!("{}", &err["error: ".len()..])
+        }
+        None => {
+            let status = child.wait()?;
+            bail!(
+                "the daemon ended ({status}) before it was ready; see {}",
+                log_path.display()
+            )
+        }
+    }
+}
