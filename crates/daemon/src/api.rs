@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -123,6 +124,12 @@ fn absolute(p: &Path) -> Result<(), DaemonError> {
     }
 }
 
+/// A request's JSON body, or a 400 saying what is wrong with it.
+fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, DaemonError> {
+    b.map(|Json(t)| t)
+        .map_err(|e| DaemonError::BadRequest(format!("the request's body: {}", e.body_text())))
+}
+
 /// Runs blocking work off the API's thread.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, DaemonError> + Send + 'static,
@@ -136,7 +143,11 @@ async fn status(State(d): Shared) -> Json<Status> {
     Json(d.status.clone())
 }
 
-async fn put(State(d): Shared, Json(req): Json<PutRequest>) -> Result<Response, DaemonError> {
+async fn put(
+    State(d): Shared,
+    req: Result<Json<PutRequest>, JsonRejection>,
+) -> Result<Response, DaemonError> {
+    let req = body(req)?;
     absolute(&req.path)?;
     let put: Put = blocking({
         let d = d.clone();
@@ -187,8 +198,9 @@ async fn object(
 
 async fn fetch(
     State(d): Shared,
-    Json(req): Json<FetchRequest>,
+    req: Result<Json<FetchRequest>, JsonRejection>,
 ) -> Result<Json<Fetched>, DaemonError> {
+    let req = body(req)?;
     let ticket: Ticket = req
         .ticket
         .parse()
@@ -219,11 +231,12 @@ fn router(d: Arc<Daemon>) -> Router {
 /// See [`crate::run`].
 pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), DaemonError> {
     let paths = cfg.paths.clone();
+    // First: a daemon already running here is the clearest reason not to start.
+    let socket = bind_socket(&paths.socket)?;
     let shelf = Arc::new(Shelf::open(&paths.data)?);
     std::fs::create_dir_all(&paths.keys).map_err(DaemonError::file("create", &paths.keys))?;
     let (identity, _) = Identity::load_or_create(&paths.keys)?;
     let key = identity.fingerprint();
-    let socket = bind_socket(&paths.socket)?;
     let mut hints = vec![];
     let listen = match cfg.listen {
         None => None,

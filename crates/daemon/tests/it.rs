@@ -1,0 +1,299 @@
+//! Daemons on loopback, each with its own directory (its own key, store and socket),
+//! exchanging objects by ticket through the local API, as `ferry object` does.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use ferry_daemon::api::{FetchRequest, ObjectInfo, PutReply, PutRequest, Status, ROUTES};
+use ferry_daemon::client::Client;
+use ferry_daemon::fetch::Fetched;
+use ferry_daemon::{Config, DaemonError, Paths, Ticket};
+
+struct Daemon {
+    client: Client,
+    status: Status,
+    dir: PathBuf,
+}
+
+/// Starts a daemon under `dir` (listening on a loopback port) and waits until it is ready.
+fn start(dir: &Path) -> Daemon {
+    let cfg = Config {
+        paths: Paths::under(dir),
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        advertise: None,
+    };
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let r = ferry_daemon::run(cfg, |s| tx.send(s.clone()).unwrap());
+        panic!("the daemon stopped: {r:?}");
+    });
+    let status = rx.recv_timeout(Duration::from_secs(120)).expect("ready");
+    Daemon {
+        client: Client::new(&status.socket).unwrap(),
+        status,
+        dir: dir.to_path_buf(),
+    }
+}
+
+fn data(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn put_file(d: &Daemon, name: &str, bytes: &[u8]) -> PutReply {
+    let path = d.dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    d.client.post("/v1/objects", &PutRequest { path }).unwrap()
+}
+
+fn get(d: &Daemon, ticket: &str, out: &Path) -> Result<Fetched, DaemonError> {
+    d.client.post(
+        "/v1/fetches",
+        &FetchRequest {
+            ticket: ticket.to_string(),
+            path: Some(out.to_path_buf()),
+        },
+    )
+}
+
+#[test]
+fn two_daemons_exchange_an_object_by_ticket() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let b = start(&tmp.path().join("b"));
+    assert_ne!(a.status.key, b.status.key);
+    let bytes = data(3 << 20, 1);
+    let put = put_file(&a, "in", &bytes);
+    assert_eq!(put.size, bytes.len() as u64);
+    let out = tmp.path().join("out");
+    let got = get(&b, &put.ticket, &out).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), bytes);
+    let fetched: u64 = got.sources.iter().map(|s| s.bytes).sum();
+    assert_eq!((got.bytes_held, fetched), (0, bytes.len() as u64), "{got:?}");
+    // B now holds it whole: a second get fetches nothing.
+    let again = get(&b, &put.ticket, &tmp.path().join("out2")).unwrap();
+    assert_eq!(again.bytes_held, bytes.len() as u64);
+    assert!(again.sources.is_empty());
+    let info: ObjectInfo = b.client.get(&format!("/v1/objects/{}", put.oid)).unwrap();
+    assert_eq!(info.size, bytes.len() as u64);
+    // A changed version costs only its new chunks: B's store is a source.
+    let mut changed = bytes.clone();
+    changed.splice(1 << 20..1 << 20, data(5000, 2));
+    let put2 = put_file(&a, "in2", &changed);
+    let got = get(&b, &put2.ticket, &out).unwrap();
+    let fetched: u64 = got.sources.iter().map(|s| s.bytes).sum();
+    assert!(fetched < 100_000, "{got:?}");
+    assert_eq!(std::fs::read(&out).unwrap(), changed);
+}
+
+#[test]
+fn a_forged_or_altered_capability_reads_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let b = start(&tmp.path().join("b"));
+    let bytes = data(100_000, 3);
+    let put = put_file(&a, "in", &bytes);
+    let other: Ticket = put_file(&a, "other", &data(50_000, 4)).ticket.parse().unwrap();
+    let t: Ticket = put.ticket.parse().unwrap();
+    let out = tmp.path().join("out");
+    let mut forged = t.clone();
+    forged.cap[7] ^= 1;
+    // Another object's capability does not read this one either.
+    let mut swapped = t.clone();
+    swapped.cap = other.cap;
+    // Nor does this one's capability read another object (same answer as no such object).
+    let mut absent = t.clone();
+    absent.oid = ferry_format::Oid(ferry_format::Id::hash(ferry_format::HashAlg::Blake3, b"x"));
+    absent.cap = t.cap;
+    for bad in [forged, swapped, absent] {
+        let e = get(&b, &bad.to_string(), &out).unwrap_err();
+        assert!(matches!(e, DaemonError::Unavailable(_)), "{e}");
+        assert!(e.to_string().contains("no such object"), "{e}");
+        assert!(!out.exists());
+    }
+    get(&b, &put.ticket, &out).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), bytes);
+}
+
+#[test]
+fn two_paths_and_a_dead_hint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let c = start(&tmp.path().join("c"));
+    let bytes = data(2 << 20, 5);
+    let put = put_file(&a, "in", &bytes);
+    let mut t: Ticket = put.ticket.parse().unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = closed.local_addr().unwrap();
+    drop(closed);
+    // A hint tried first that leads nowhere, and a second path to A.
+    t.hints.push(ferry_daemon::Hint {
+        uri: format!("ferry://{dead}?key={}", a.status.key),
+        priority: 0,
+        weight: 1,
+    });
+    t.hints.push(t.hints[0].clone());
+    let out = tmp.path().join("c-out");
+    let got = get(&c, &t.to_string(), &out).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), bytes);
+    assert_eq!(got.failed_hints.len(), 1, "{got:?}");
+    assert!(got.failed_hints[0].contains(&dead.to_string()), "{got:?}");
+    let fetched: u64 = got.sources.iter().map(|s| s.bytes).sum();
+    assert!(fetched >= bytes.len() as u64, "{got:?}");
+}
+
+#[test]
+fn bad_requests_get_clear_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let e = a
+        .client
+        .post::<_, PutReply>("/v1/objects", &PutRequest { path: "rel".into() })
+        .unwrap_err();
+    assert!(matches!(e, DaemonError::BadRequest(_)), "{e}");
+    let e = a
+        .client
+        .post::<_, PutReply>(
+            "/v1/objects",
+            &PutRequest {
+                path: tmp.path().join("missing"),
+            },
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("missing"), "{e}");
+    let e = get(&a, "ferry1zzzz", &tmp.path().join("o")).unwrap_err();
+    assert!(matches!(e, DaemonError::BadRequest(_)), "{e}");
+    let e = a
+        .client
+        .get::<ObjectInfo>("/v1/objects/blake3:00")
+        .unwrap_err();
+    assert!(matches!(e, DaemonError::BadRequest(_)), "{e}");
+    // Junk on the socket: the daemon answers or hangs up, and goes on serving.
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(&a.status.socket).unwrap();
+    s.write_all(b"\x00\xffGARBAGE\r\n\r\n").unwrap();
+    let mut junk = vec![];
+    let _ = s.read_to_end(&mut junk);
+    let st: Status = a.client.get("/v1/status").unwrap();
+    assert_eq!(st.pid, std::process::id());
+    // A second daemon on the same directory is refused while the first runs.
+    let cfg = Config {
+        paths: Paths::under(&tmp.path().join("a")),
+        listen: None,
+        advertise: None,
+    };
+    let e = ferry_daemon::run(cfg, |_| panic!("a second daemon started")).unwrap_err();
+    assert!(e.to_string().contains("already runs"), "{e}");
+}
+
+#[test]
+fn the_socket_is_the_owners_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let mode = std::fs::metadata(&a.status.socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+/// The OpenAPI document lists exactly the routes the server has, and each answers there.
+#[test]
+fn the_openapi_document_matches_the_server() {
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/daemon-api.json"),
+    )
+    .unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
+    assert_eq!(doc["openapi"].as_str().unwrap().split('.').next(), Some("3"));
+    let mut listed = vec![];
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for (method, op) in ops.as_object().unwrap() {
+            assert!(op["responses"].is_object(), "{method} {path} has no responses");
+            listed.push((method.clone(), path.clone()));
+        }
+    }
+    listed.sort();
+    let mut served: Vec<(String, String)> = ROUTES
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+    served.sort();
+    assert_eq!(listed, served);
+    // Every schema a route names exists.
+    let text = doc.to_string();
+    for r in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+        let name = &r[..r.find('"').unwrap()];
+        assert!(doc["components"]["schemas"][name].is_object(), "no schema {name}");
+    }
+    // And the server answers each route (an error for a bad request is still an answer,
+    // a 404 for an unknown route or a 405 would not be).
+    let tmp = tempfile::tempdir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    for (method, path) in ROUTES {
+        let path = path.replace("{oid}", "blake3:00");
+        let r = if *method == "get" {
+            a.client.get::<serde_json::Value>(&path)
+        } else {
+            a.client.post::<_, serde_json::Value>(&path, &serde_json::json!({}))
+        };
+        if let Err(e) = r {
+            assert!(matches!(e, DaemonError::BadRequest(_)), "{method} {path}: {e}");
+        }
+    }
+}
+
+/// A guest (a key the daemon does not authorize) reads an object's chunks with its capability,
+/// and nothing else: not another object's chunks by id, not the export.
+#[test]
+fn a_capability_reads_its_own_chunks_only() {
+    use ferry_proto::{ErrorCode, Ids, Reply, Request};
+    let tmp = tempfile::tempdir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let mine: Ticket = put_file(&a, "mine", &data(300_000, 6)).ticket.parse().unwrap();
+    let other: Ticket = put_file(&a, "other", &data(300_000, 7)).ticket.parse().unwrap();
+    let guest_dir = tmp.path().join("guest");
+    std::fs::create_dir_all(&guest_dir).unwrap();
+    let (me, _) = ferry_net::Identity::load_or_create(&guest_dir).unwrap();
+    let (ep, key) = ferry_daemon::fetch::parse_peer(&mine.hints[0].uri).unwrap();
+    let mut s = ferry_net::connect_pinned(&ep, &me, key).unwrap();
+    let recipe = |s: &mut ferry_fs::Session, t: &Ticket| match s
+        .conn
+        .call(Request::ObjectRecipe {
+            oid: t.oid.0,
+            cap: t.cap,
+            from: 0,
+        })
+        .unwrap()
+        .remove(0)
+    {
+        Reply::Object { chunks, .. } => chunks,
+        r => panic!("{r:?}"),
+    };
+    let my_chunks = recipe(&mut s, &mine);
+    let other_chunks = recipe(&mut s, &other);
+    let ask = |s: &mut ferry_fs::Session, ids: Vec<ferry_format::Id>| {
+        s.conn.call(Request::ObjectChunks {
+            oid: mine.oid.0,
+            cap: mine.cap,
+            ids: Ids::Full(ids),
+        })
+    };
+    let got = ask(&mut s, vec![my_chunks[0].id]).unwrap();
+    assert!(matches!(&got[0], Reply::Chunks(c) if c.found == [0]), "{got:?}");
+    let refused = |r: Result<Vec<Reply>, ferry_fs::ConnError>, want: ErrorCode| match r {
+        Err(ferry_fs::ConnError::Remote { code, .. }) => assert_eq!(code, want),
+        r => panic!("{r:?}"),
+    };
+    refused(ask(&mut s, vec![my_chunks[0].id, other_chunks[0].id]), ErrorCode::NotFound);
+    refused(
+        s.conn.call(Request::GetAttr { path: "".into() }),
+        ErrorCode::Permission,
+    );
+}
