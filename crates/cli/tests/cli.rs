@@ -3,6 +3,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+#[path = "cli/daemon.rs"]
+mod daemon;
 #[path = "cli/mount.rs"]
 mod mount;
 

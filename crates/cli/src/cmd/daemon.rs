@@ -16,7 +16,10 @@ const DETACHED_ENV: &str = "FERRY_DAEMON_DETACHED";
 pub const DEFAULT_PEER_PORT: u16 = 7331;
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct DaemonArgs {
+    #[command(subcommand)]
+    cmd: Option<DaemonCmd>,
     /// Where other daemons reach this one (TLS, this user's key): ADDR:PORT [default:
     /// 0.0.0.0:7331, or any free port when that one is taken].
     #[arg(long, value_name = "ADDR")]
@@ -42,6 +45,22 @@ pub struct DaemonArgs {
     foreground: bool,
 }
 
+#[derive(clap::Subcommand)]
+enum DaemonCmd {
+    /// Whether a daemon runs, and what it serves.
+    Status {
+        #[arg(long, value_name = "DIR", env = "FERRY_DAEMON_DIR")]
+        dir: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop the running daemon (SIGTERM); the transfers it was serving end.
+    Stop {
+        #[arg(long, value_name = "DIR", env = "FERRY_DAEMON_DIR")]
+        dir: Option<PathBuf>,
+    },
+}
+
 /// The daemon's places: `--dir` (or `FERRY_DAEMON_DIR`), else the environment's.
 pub fn paths(dir: Option<&PathBuf>) -> Paths {
     match dir {
@@ -51,6 +70,11 @@ pub fn paths(dir: Option<&PathBuf>) -> Paths {
 }
 
 pub fn run(a: DaemonArgs) -> Result<ExitCode> {
+    match a.cmd {
+        Some(DaemonCmd::Status { dir, json }) => return status(&paths(dir.as_ref()), json),
+        Some(DaemonCmd::Stop { dir }) => return stop(&paths(dir.as_ref())),
+        None => {}
+    }
     let paths = paths(a.dir.as_ref());
     if a.detach && !a.foreground {
         return detach(&paths);
@@ -139,4 +163,35 @@ fn detach(paths: &Paths) -> Result<ExitCode> {
             )
         }
     }
+}
+
+fn running(paths: &Paths) -> Result<ferry_daemon::api::Status> {
+    let client = ferry_daemon::client::Client::new(&paths.socket)?;
+    Ok(client.get("/v1/status")?)
+}
+
+fn status(paths: &Paths, json: bool) -> Result<ExitCode> {
+    let s = running(paths)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        println!("process {}\nversion {}\napi     {}\ndata    {}\nkey     {}\npeers   {}",
+            s.pid,
+            s.version,
+            s.socket.display(),
+            s.data.display(),
+            s.key,
+            s.listen.as_deref().unwrap_or("-"));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn stop(paths: &Paths) -> Result<ExitCode> {
+    let s = running(paths)?;
+    let pid = rustix::process::Pid::from_raw(s.pid as i32)
+        .context("the daemon reports no process id")?;
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM)
+        .with_context(|| format!("cannot stop process {}", s.pid))?;
+    eprintln!("ferry: stopped the daemon (process {})", s.pid);
+    Ok(ExitCode::SUCCESS)
 }
