@@ -171,24 +171,6 @@ pub fn conn_error(e: &anyhow::Error) -> Option<&ferry_fs::ConnError> {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("8192"), Ok(8192));
-        assert_eq!(parse_size("8k"), Ok(8192));
-        assert_eq!(parse_size("64KiB"), Ok(65536));
-        assert_eq!(parse_size("1M"), Ok(1 << 20));
-        assert!(parse_size("eight").is_err());
-        assert!(parse_size("8q").is_err());
-        assert!(parse_size("99999999999999999999G").is_err());
-        assert_eq!(human(1536), "1.5 KiB");
-        assert_eq!(human(12), "12 B");
-    }
-}
-
 /// Starts this command again in the background with `--foreground -v` (out of the terminal's
 /// process group, so Ctrl-C in this shell does not reach it; `env_flag` set; standard error to
 /// `log`), and waits for its first word on standard output: `ready`, or `error: WHY`. Returns
@@ -221,4 +203,22 @@ pub fn start_background(
         }
     }
     Ok((child, said))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("8192"), Ok(8192));
+        assert_eq!(parse_size("8k"), Ok(8192));
+        assert_eq!(parse_size("64KiB"), Ok(65536));
+        assert_eq!(parse_size("1M"), Ok(1 << 20));
+        assert!(parse_size("eight").is_err());
+        assert!(parse_size("8q").is_err());
+        assert!(parse_size("99999999999999999999G").is_err());
+        assert_eq!(human(1536), "1.5 KiB");
+        assert_eq!(human(12), "12 B");
+    }
 }

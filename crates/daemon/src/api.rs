@@ -134,9 +134,11 @@ fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, DaemonError> {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, DaemonError> + Send + 'static,
 ) -> Result<T, DaemonError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|e| Err(DaemonError::Damaged(format!("a request's work failed: {e}"))))
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(DaemonError::Damaged(format!(
+            "a request's work failed: {e}"
+        )))
+    })
 }
 
 async fn status(State(d): Shared) -> Json<Status> {
@@ -243,7 +245,9 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
         Some(addr) => {
             let l = std::net::TcpListener::bind(addr)
                 .map_err(|e| DaemonError::Unavailable(format!("cannot listen on {addr}: {e}")))?;
-            let bound = l.local_addr().map_err(DaemonError::file("bind", &paths.socket))?;
+            let bound = l
+                .local_addr()
+                .map_err(DaemonError::file("bind", &paths.socket))?;
             hints.push(Hint {
                 uri: format!("ferry://{}?key={key}", advertised(&cfg, bound)),
                 priority: 10,
@@ -355,7 +359,8 @@ fn bind_socket(path: &Path) -> Result<std::os::unix::net::UnixListener, DaemonEr
         )));
     }
     let _ = std::fs::remove_file(path);
-    let l = std::os::unix::net::UnixListener::bind(path).map_err(DaemonError::file("bind", path))?;
+    let l =
+        std::os::unix::net::UnixListener::bind(path).map_err(DaemonError::file("bind", path))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .map_err(DaemonError::file("set the mode of", path))?;
     Ok(l)

@@ -45,7 +45,9 @@ pub struct SourceUse {
 /// A peer daemon named by a `ferry://HOST:PORT?key=FINGERPRINT` hint.
 pub fn parse_peer(uri: &str) -> Result<(Endpoint, Fingerprint), DaemonError> {
     let bad = |why: &str| DaemonError::BadRequest(format!("hint {uri:?}: {why}"));
-    let (addr, query) = uri.split_once('?').ok_or_else(|| bad("no ?key=FINGERPRINT"))?;
+    let (addr, query) = uri
+        .split_once('?')
+        .ok_or_else(|| bad("no ?key=FINGERPRINT"))?;
     let key = query
         .split('&')
         .find_map(|kv| kv.strip_prefix("key="))
@@ -53,12 +55,18 @@ pub fn parse_peer(uri: &str) -> Result<(Endpoint, Fingerprint), DaemonError> {
     let ep = Endpoint::parse(addr)
         .ok_or_else(|| bad("not a ferry:// address"))?
         .map_err(|e| bad(&e.to_string()))?;
-    let fp = key.parse().map_err(|e: ferry_net::NetError| bad(&e.to_string()))?;
+    let fp = key
+        .parse()
+        .map_err(|e: ferry_net::NetError| bad(&e.to_string()))?;
     Ok((ep, fp))
 }
 
 /// Fetches the object of `ticket` into the shelf (a no-op when it is there whole).
-pub fn fetch(shelf: &Shelf, id: &Identity, ticket: &Ticket) -> Result<(Recipe, Fetched), DaemonError> {
+pub fn fetch(
+    shelf: &Shelf,
+    id: &Identity,
+    ticket: &Ticket,
+) -> Result<(Recipe, Fetched), DaemonError> {
     let mut report = Fetched {
         oid: ticket.oid.to_string(),
         size: ticket.size,
@@ -117,8 +125,10 @@ pub fn fetch(shelf: &Shelf, id: &Identity, ticket: &Ticket) -> Result<(Recipe, F
             Some(hang_up),
         )));
     }
-    let mut sources: Vec<&mut (dyn Source + Send)> =
-        owned.iter_mut().map(|b| &mut **b as &mut (dyn Source + Send)).collect();
+    let mut sources: Vec<&mut (dyn Source + Send)> = owned
+        .iter_mut()
+        .map(|b| &mut **b as &mut (dyn Source + Send))
+        .collect();
     let done = ferry_transfer::fetch(&mut sources, &wants, &**store, &Default::default());
     drop(sources);
     drop(owned);
@@ -208,7 +218,9 @@ fn recipe_from(session: &mut Session, ticket: &Ticket) -> Result<Recipe, DaemonE
             total_len += c.len as u64;
         }
         if total_len > size {
-            return Err(lie(format!("chunks of more than the object's {size} bytes")));
+            return Err(lie(format!(
+                "chunks of more than the object's {size} bytes"
+            )));
         }
         chunks.extend(page);
         if chunks.len() as u64 >= total {
@@ -226,7 +238,10 @@ fn recipe_from(session: &mut Session, ticket: &Ticket) -> Result<Recipe, DaemonE
 
 fn link(e: ConnError) -> DaemonError {
     match e {
-        ConnError::Remote { code: ferry_proto::ErrorCode::NotFound, .. } => DaemonError::NotFound(
+        ConnError::Remote {
+            code: ferry_proto::ErrorCode::NotFound,
+            ..
+        } => DaemonError::NotFound(
             "the peer holds no such object, or not for this capability".into(),
         ),
         e => DaemonError::Unavailable(e.to_string()),

@@ -136,7 +136,10 @@ impl FromStr for Ticket {
     type Err = BadTicket;
     fn from_str(s: &str) -> Result<Ticket, BadTicket> {
         let body = s.trim().strip_prefix(PREFIX).ok_or_else(|| {
-            BadTicket(format!("a ticket begins with {PREFIX:?} (this one: {:.12?})", s.trim()))
+            BadTicket(format!(
+                "a ticket begins with {PREFIX:?} (this one: {:.12?})",
+                s.trim()
+            ))
         })?;
         if body.len() > 8 * (MAX_HINTS * (MAX_URI + 8) + 128) / 5 {
             return Err(BadTicket(format!("{} characters is too long", body.len())));
@@ -234,7 +237,11 @@ mod tests {
         // A roll of 0 takes the first of the lowest priority; the largest, the last.
         let firsts: Vec<String> = t.ordered_hints(|_| 0).into_iter().map(|h| h.uri).collect();
         assert_eq!(firsts, ["a", "b", "c"]);
-        let lasts: Vec<String> = t.ordered_hints(|n| n - 1).into_iter().map(|h| h.uri).collect();
+        let lasts: Vec<String> = t
+            .ordered_hints(|n| n - 1)
+            .into_iter()
+            .map(|h| h.uri)
+            .collect();
         assert_eq!(lasts, ["b", "a", "c"]);
     }
 }

@@ -77,7 +77,11 @@ fn two_daemons_exchange_an_object_by_ticket() {
     let got = get(&b, &put.ticket, &out).unwrap();
     assert_eq!(std::fs::read(&out).unwrap(), bytes);
     let fetched: u64 = got.sources.iter().map(|s| s.bytes).sum();
-    assert_eq!((got.bytes_held, fetched), (0, bytes.len() as u64), "{got:?}");
+    assert_eq!(
+        (got.bytes_held, fetched),
+        (0, bytes.len() as u64),
+        "{got:?}"
+    );
     // B now holds it whole: a second get fetches nothing.
     let again = get(&b, &put.ticket, &tmp.path().join("out2")).unwrap();
     assert_eq!(again.bytes_held, bytes.len() as u64);
@@ -101,7 +105,10 @@ fn a_forged_or_altered_capability_reads_nothing() {
     let b = start(&tmp.path().join("b"));
     let bytes = data(100_000, 3);
     let put = put_file(&a, "in", &bytes);
-    let other: Ticket = put_file(&a, "other", &data(50_000, 4)).ticket.parse().unwrap();
+    let other: Ticket = put_file(&a, "other", &data(50_000, 4))
+        .ticket
+        .parse()
+        .unwrap();
     let t: Ticket = put.ticket.parse().unwrap();
     let out = tmp.path().join("out");
     let mut forged = t.clone();
@@ -199,7 +206,10 @@ fn the_socket_is_the_owners_only() {
     use std::os::unix::fs::PermissionsExt;
     let tmp = tempfile::tempdir().unwrap();
     let a = start(&tmp.path().join("a"));
-    let mode = std::fs::metadata(&a.status.socket).unwrap().permissions().mode();
+    let mode = std::fs::metadata(&a.status.socket)
+        .unwrap()
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600);
 }
 
@@ -211,11 +221,17 @@ fn the_openapi_document_matches_the_server() {
     )
     .unwrap();
     let doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
-    assert_eq!(doc["openapi"].as_str().unwrap().split('.').next(), Some("3"));
+    assert_eq!(
+        doc["openapi"].as_str().unwrap().split('.').next(),
+        Some("3")
+    );
     let mut listed = vec![];
     for (path, ops) in doc["paths"].as_object().unwrap() {
         for (method, op) in ops.as_object().unwrap() {
-            assert!(op["responses"].is_object(), "{method} {path} has no responses");
+            assert!(
+                op["responses"].is_object(),
+                "{method} {path} has no responses"
+            );
             listed.push((method.clone(), path.clone()));
         }
     }
@@ -230,7 +246,10 @@ fn the_openapi_document_matches_the_server() {
     let text = doc.to_string();
     for r in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
         let name = &r[..r.find('"').unwrap()];
-        assert!(doc["components"]["schemas"][name].is_object(), "no schema {name}");
+        assert!(
+            doc["components"]["schemas"][name].is_object(),
+            "no schema {name}"
+        );
     }
     // And the server answers each route (an error for a bad request is still an answer,
     // a 404 for an unknown route or a 405 would not be).
@@ -241,10 +260,14 @@ fn the_openapi_document_matches_the_server() {
         let r = if *method == "get" {
             a.client.get::<serde_json::Value>(&path)
         } else {
-            a.client.post::<_, serde_json::Value>(&path, &serde_json::json!({}))
+            a.client
+                .post::<_, serde_json::Value>(&path, &serde_json::json!({}))
         };
         if let Err(e) = r {
-            assert!(matches!(e, DaemonError::BadRequest(_)), "{method} {path}: {e}");
+            assert!(
+                matches!(e, DaemonError::BadRequest(_)),
+                "{method} {path}: {e}"
+            );
         }
     }
 }
@@ -256,8 +279,14 @@ fn a_capability_reads_its_own_chunks_only() {
     use ferry_proto::{ErrorCode, Ids, Reply, Request};
     let tmp = tempfile::tempdir().unwrap();
     let a = start(&tmp.path().join("a"));
-    let mine: Ticket = put_file(&a, "mine", &data(300_000, 6)).ticket.parse().unwrap();
-    let other: Ticket = put_file(&a, "other", &data(300_000, 7)).ticket.parse().unwrap();
+    let mine: Ticket = put_file(&a, "mine", &data(300_000, 6))
+        .ticket
+        .parse()
+        .unwrap();
+    let other: Ticket = put_file(&a, "other", &data(300_000, 7))
+        .ticket
+        .parse()
+        .unwrap();
     let guest_dir = tmp.path().join("guest");
     std::fs::create_dir_all(&guest_dir).unwrap();
     let (me, _) = ferry_net::Identity::load_or_create(&guest_dir).unwrap();
@@ -286,12 +315,18 @@ fn a_capability_reads_its_own_chunks_only() {
         })
     };
     let got = ask(&mut s, vec![my_chunks[0].id]).unwrap();
-    assert!(matches!(&got[0], Reply::Chunks(c) if c.found == [0]), "{got:?}");
+    assert!(
+        matches!(&got[0], Reply::Chunks(c) if c.found == [0]),
+        "{got:?}"
+    );
     let refused = |r: Result<Vec<Reply>, ferry_fs::ConnError>, want: ErrorCode| match r {
         Err(ferry_fs::ConnError::Remote { code, .. }) => assert_eq!(code, want),
         r => panic!("{r:?}"),
     };
-    refused(ask(&mut s, vec![my_chunks[0].id, other_chunks[0].id]), ErrorCode::NotFound);
+    refused(
+        ask(&mut s, vec![my_chunks[0].id, other_chunks[0].id]),
+        ErrorCode::NotFound,
+    );
     refused(
         s.conn.call(Request::GetAttr { path: "".into() }),
         ErrorCode::Permission,

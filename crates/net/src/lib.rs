@@ -193,19 +193,17 @@ fn open(
     });
     let seen = *verifier.seen.lock().unwrap();
     let tls = match (tls, known, seen) {
-        (Err(_), Some(known), Some(seen)) if known != seen => {
-            return Err(match known_hosts {
-                Some(file) => NetError::KeyChanged {
-                    host: host_port,
-                    known,
-                    seen,
-                    file: file.to_path_buf(),
-                },
-                None => NetError::BadKey(format!(
-                    "the daemon at {host_port} presents key {seen}, not the {known} its ticket names"
-                )),
-            })
-        }
+        (Err(_), Some(known), Some(seen)) if known != seen => return Err(match known_hosts {
+            Some(file) => NetError::KeyChanged {
+                host: host_port,
+                known,
+                seen,
+                file: file.to_path_buf(),
+            },
+            None => NetError::BadKey(format!(
+                "the daemon at {host_port} presents key {seen}, not the {known} its ticket names"
+            )),
+        }),
         (Err(e), ..) => return Err(NetError::link(format!("cannot reach {host_port}"), e)),
         (Ok(t), ..) => t,
     };
@@ -372,7 +370,10 @@ async fn session(
     addr: SocketAddr,
     keys: Arc<PathBuf>,
     (handler, hello): (Handler, Duration),
-    (slots, guests): (Arc<tokio::sync::Semaphore>, Option<Arc<tokio::sync::Semaphore>>),
+    (slots, guests): (
+        Arc<tokio::sync::Semaphore>,
+        Option<Arc<tokio::sync::Semaphore>>,
+    ),
 ) {
     let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(t)) => t,

@@ -175,21 +175,23 @@ fn status(paths: &Paths, json: bool) -> Result<ExitCode> {
     if json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
-        println!("process {}\nversion {}\napi     {}\ndata    {}\nkey     {}\npeers   {}",
+        println!(
+            "process {}\nversion {}\napi     {}\ndata    {}\nkey     {}\npeers   {}",
             s.pid,
             s.version,
             s.socket.display(),
             s.data.display(),
             s.key,
-            s.listen.as_deref().unwrap_or("-"));
+            s.listen.as_deref().unwrap_or("-")
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
 
 fn stop(paths: &Paths) -> Result<ExitCode> {
     let s = running(paths)?;
-    let pid = rustix::process::Pid::from_raw(s.pid as i32)
-        .context("the daemon reports no process id")?;
+    let pid =
+        rustix::process::Pid::from_raw(s.pid as i32).context("the daemon reports no process id")?;
     rustix::process::kill_process(pid, rustix::process::Signal::TERM)
         .with_context(|| format!("cannot stop process {}", s.pid))?;
     eprintln!("ferry: stopped the daemon (process {})", s.pid);

@@ -97,7 +97,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
             } else {
                 println!("oid   {}\nsize  {}\nheld  {}", t.oid, t.size, held);
                 for h in &t.hints {
-                    println!("hint  {} (priority {}, weight {})", h.uri, h.priority, h.weight);
+                    println!(
+                        "hint  {} (priority {}, weight {})",
+                        h.uri, h.priority, h.weight
+                    );
                 }
             }
         }

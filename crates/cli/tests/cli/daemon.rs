@@ -48,7 +48,10 @@ fn objects_move_between_two_users_daemons_by_ticket() {
     }
     let status: serde_json::Value =
         serde_json::from_str(&ok_in(&alice, &["daemon", "status", "--json"])).unwrap();
-    assert!(status["socket"].as_str().unwrap().starts_with(alice.to_str().unwrap()));
+    assert!(status["socket"]
+        .as_str()
+        .unwrap()
+        .starts_with(alice.to_str().unwrap()));
     let src = t.path().join("report.bin");
     let bytes = super::data(1_500_000, 9);
     std::fs::write(&src, &bytes).unwrap();
@@ -58,7 +61,14 @@ fn objects_move_between_two_users_daemons_by_ticket() {
     let out = t.path().join("got.bin");
     let json = ok_in(
         &bob,
-        &["object", "get", ticket, "-o", out.to_str().unwrap(), "--json"],
+        &[
+            "object",
+            "get",
+            ticket,
+            "-o",
+            out.to_str().unwrap(),
+            "--json",
+        ],
     );
     assert_eq!(std::fs::read(&out).unwrap(), bytes);
     let r: serde_json::Value = serde_json::from_str(&json).unwrap();

@@ -24,7 +24,10 @@ pub trait ObjectShelf: Send + Sync {
 /// The one answer to a capability that does not read the object, an object not held, and a
 /// chunk that is not the object's.
 fn not_found() -> Reply {
-    error(ErrorCode::NotFound, "no such object, or not with this capability")
+    error(
+        ErrorCode::NotFound,
+        "no such object, or not with this capability",
+    )
 }
 
 /// The object whose chunks a session was last asked for, with its chunk ids.
