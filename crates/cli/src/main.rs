@@ -88,7 +88,7 @@ fn main() -> ExitCode {
         Command::Lab(a) => cmd::lab::run(a),
         Command::Lookaside(a) => cmd::lookaside::run(a, &ui),
         Command::Daemon(a) => cmd::daemon::run(a),
-        Command::Object(a) => cmd::object::run(a),
+        Command::Object(a) => cmd::object::run(a, &ui),
     };
     match result {
         Ok(code) => code,

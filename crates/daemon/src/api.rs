@@ -16,7 +16,8 @@ use ferry_format::Oid;
 use ferry_net::Identity;
 use serde::{Deserialize, Serialize};
 
-use crate::fetch::{self, Fetched};
+use crate::fetch;
+use crate::jobs::{Job, Jobs, Runner};
 use crate::shelf::{Put, Shelf};
 use crate::ticket::{Hint, Ticket};
 use crate::{Config, DaemonError};
@@ -28,6 +29,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/objects"),
     ("get", "/v1/objects/{oid}"),
     ("post", "/v1/fetches"),
+    ("get", "/v1/fetches/{id}"),
+    ("get", "/v1/fetches/{id}/events"),
 ];
 
 /// `GET /v1/status`.
@@ -88,8 +91,16 @@ pub struct ApiError {
 
 struct Daemon {
     shelf: Arc<Shelf>,
-    identity: Identity,
+    jobs: Arc<Jobs>,
+    runner: Runner,
     status: Status,
+}
+
+/// `GET /v1/fetches/{id}/events?after=N`.
+#[derive(Debug, Deserialize)]
+pub struct After {
+    #[serde(default)]
+    pub after: u64,
 }
 
 type Shared = State<Arc<Daemon>>;
@@ -201,25 +212,64 @@ async fn object(
 async fn fetch(
     State(d): Shared,
     req: Result<Json<FetchRequest>, JsonRejection>,
-) -> Result<Json<Fetched>, DaemonError> {
+) -> Result<Response, DaemonError> {
     let req = body(req)?;
-    let ticket: Ticket = req
-        .ticket
-        .parse()
-        .map_err(|e: crate::ticket::BadTicket| DaemonError::BadRequest(e.to_string()))?;
+    req.ticket
+        .parse::<Ticket>()
+        .map_err(|e| DaemonError::BadRequest(e.to_string()))?;
     if let Some(p) = &req.path {
         absolute(p)?;
     }
-    let done = blocking(move || {
-        let (recipe, report) = fetch::fetch(&d.shelf, &d.identity, &ticket)?;
-        if let Some(p) = &req.path {
-            fetch::install(&d.shelf, &ticket.oid, &recipe, p)?;
-        }
-        Ok(report)
-    })
-    .await?;
-    Ok(Json(done))
+    let job = blocking(move || d.jobs.accept(req.ticket, req.path, d.runner.clone())).await?;
+    Ok((StatusCode::ACCEPTED, Json(job)).into_response())
 }
+
+async fn job(State(d): Shared, UrlPath(id): UrlPath<String>) -> Result<Json<Job>, DaemonError> {
+    d.jobs
+        .get(&id)
+        .map(Json)
+        .ok_or_else(|| DaemonError::NotFound(format!("no fetch {id:?}")))
+}
+
+/// The job's events after `after`, one JSON object a line, as they happen, until its end.
+async fn events(
+    State(d): Shared,
+    UrlPath(id): UrlPath<String>,
+    axum::extract::Query(q): axum::extract::Query<After>,
+) -> Result<Response, DaemonError> {
+    if d.jobs.get(&id).is_none() {
+        return Err(DaemonError::NotFound(format!("no fetch {id:?}")));
+    }
+    let stream = futures_util::stream::unfold(Some(q.after), move |after| {
+        let (d, id) = (d.clone(), id.clone());
+        async move {
+            let after = after?;
+            let ev = d
+                .jobs
+                .events(&id, after, EVENT_WAIT)
+                .await
+                .unwrap_or_default();
+            let mut lines = String::new();
+            let mut next = Some(after);
+            for e in &ev {
+                lines.push_str(&serde_json::to_string(e).unwrap_or_default());
+                lines.push('\n');
+                next = if e.what.is_end() { None } else { Some(e.id) };
+            }
+            Some((Ok::<_, std::convert::Infallible>(lines), next))
+        }
+    });
+    let mut r = axum::body::Body::from_stream(stream).into_response();
+    r.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/x-ndjson"),
+    );
+    Ok(r)
+}
+
+/// How long an event stream waits for an event before it sends an empty chunk (which tells a
+/// dead client apart from a quiet job).
+const EVENT_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 
 fn router(d: Arc<Daemon>) -> Router {
     Router::new()
@@ -227,6 +277,8 @@ fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/objects", post(put))
         .route("/v1/objects/{oid}", get(object))
         .route("/v1/fetches", post(fetch))
+        .route("/v1/fetches/{id}", get(job))
+        .route("/v1/fetches/{id}/events", get(events))
         .with_state(d)
 }
 
@@ -266,10 +318,27 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
         listen,
         hints,
     };
+    let identity = Arc::new(identity);
+    let runner: Runner = {
+        let (shelf, identity) = (shelf.clone(), identity.clone());
+        Arc::new(move |job: &Job, progress: &(dyn Fn(u64) + Sync)| {
+            let ticket: Ticket = job
+                .ticket
+                .parse()
+                .map_err(|e: crate::ticket::BadTicket| DaemonError::BadRequest(e.to_string()))?;
+            let (recipe, report) = fetch::fetch(&shelf, &identity, &ticket, progress)?;
+            if let Some(p) = &job.path {
+                fetch::install(&shelf, &ticket.oid, &recipe, p)?;
+            }
+            Ok(report)
+        })
+    };
+    let jobs = Jobs::open(&paths.data.join("jobs"), runner.clone())?;
     ready(&status);
     let daemon = Arc::new(Daemon {
         shelf,
-        identity,
+        jobs,
+        runner,
         status,
     });
     let rt = tokio::runtime::Builder::new_current_thread()

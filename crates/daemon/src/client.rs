@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::api::ApiError;
+use crate::jobs::{Event, Job};
 use crate::DaemonError;
 
 /// A connection to the daemon's API.
@@ -60,37 +61,123 @@ impl Client {
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| DaemonError::Api(e.to_string()))?;
         let (status, bytes) = self.rt.block_on(async {
-            let stream = tokio::net::UnixStream::connect(&self.socket)
-                .await
-                .map_err(|e| {
-                    DaemonError::Api(format!(
-                        "no daemon answers on {} ({e}); start one with `ferry daemon`",
-                        self.socket.display()
-                    ))
-                })?;
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let (mut send, conn) = hyper::client::conn::http1::handshake(io)
-                .await
-                .map_err(api)?;
-            tokio::spawn(conn);
-            let res = send.send_request(req).await.map_err(api)?;
-            let status = res.status();
-            let bytes = res.into_body().collect().await.map_err(api)?.to_bytes();
+            let (status, body) = self.send(req).await?;
+            let bytes = body.collect().await.map_err(api)?.to_bytes();
             Ok::<_, DaemonError>((status, bytes))
         })?;
         if !status.is_success() {
-            let why = serde_json::from_slice::<ApiError>(&bytes)
-                .map(|e| e.error)
-                .unwrap_or_else(|_| format!("{status}: {}", String::from_utf8_lossy(&bytes)));
-            return Err(match status.as_u16() {
-                400 => DaemonError::BadRequest(why),
-                404 => DaemonError::NotFound(why),
-                502 => DaemonError::Unavailable(why),
-                _ => DaemonError::Api(why),
-            });
+            return Err(error_of(status, &bytes));
         }
         serde_json::from_slice(&bytes)
             .map_err(|e| DaemonError::Api(format!("the daemon's answer is not understood: {e}")))
+    }
+}
+
+impl Client {
+    /// Follows fetch `id`'s events from after `after` until its end, calling `on_event` with
+    /// each; reconnects (from the last event seen) when the stream breaks, as when the daemon
+    /// restarts, for as long as `patience` allows without an answer. Returns the job's end.
+    pub fn follow(
+        &self,
+        id: &str,
+        mut after: u64,
+        patience: std::time::Duration,
+        mut on_event: impl FnMut(&Event),
+    ) -> Result<Job, DaemonError> {
+        let mut last_answer = std::time::Instant::now();
+        loop {
+            let path = format!("/v1/fetches/{id}/events?after={after}");
+            let mut ended = false;
+            let r = self.stream(&path, |line| {
+                let e: Event = serde_json::from_slice(line)
+                    .map_err(|e| DaemonError::Api(format!("an event not understood: {e}")))?;
+                after = e.id;
+                ended |= e.what.is_end();
+                on_event(&e);
+                Ok(())
+            });
+            match r {
+                Ok(()) if ended => return self.get(&format!("/v1/fetches/{id}")),
+                Ok(()) => last_answer = std::time::Instant::now(),
+                Err(DaemonError::Api(why)) if last_answer.elapsed() < patience => {
+                    tracing::info!("the daemon's event stream broke ({why}); again");
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// GETs `path` and calls `on_line` with each line of the answer as it comes.
+    fn stream(
+        &self,
+        path: &str,
+        mut on_line: impl FnMut(&[u8]) -> Result<(), DaemonError>,
+    ) -> Result<(), DaemonError> {
+        let req = hyper::Request::builder()
+            .method("GET")
+            .uri(path)
+            .header("host", "ferry-daemon")
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| DaemonError::Api(e.to_string()))?;
+        self.rt.block_on(async {
+            let (status, mut body) = self.send(req).await?;
+            if !status.is_success() {
+                let bytes = body.collect().await.map_err(api)?.to_bytes();
+                return Err(error_of(status, &bytes));
+            }
+            let mut buf: Vec<u8> = vec![];
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(api)?;
+                if let Some(d) = frame.data_ref() {
+                    buf.extend_from_slice(d);
+                    while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+                        let line: Vec<u8> = buf.drain(..=nl).collect();
+                        if line.len() > 1 {
+                            on_line(&line[..line.len() - 1])?;
+                        }
+                    }
+                    if buf.len() > 1 << 20 {
+                        return Err(DaemonError::Api("an event of over a MiB".into()));
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    async fn send(
+        &self,
+        req: hyper::Request<Full<Bytes>>,
+    ) -> Result<(hyper::StatusCode, hyper::body::Incoming), DaemonError> {
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(|e| {
+                DaemonError::Api(format!(
+                    "no daemon answers on {} ({e}); start one with `ferry daemon`",
+                    self.socket.display()
+                ))
+            })?;
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let (mut send, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(api)?;
+        tokio::spawn(conn);
+        let res = send.send_request(req).await.map_err(api)?;
+        Ok((res.status(), res.into_body()))
+    }
+}
+
+/// The error an answer that is not a success stands for.
+fn error_of(status: hyper::StatusCode, bytes: &[u8]) -> DaemonError {
+    let why = serde_json::from_slice::<ApiError>(bytes)
+        .map(|e| e.error)
+        .unwrap_or_else(|_| format!("{status}: {}", String::from_utf8_lossy(bytes)));
+    match status.as_u16() {
+        400 => DaemonError::BadRequest(why),
+        404 => DaemonError::NotFound(why),
+        502 => DaemonError::Unavailable(why),
+        _ => DaemonError::Api(why),
     }
 }
 

@@ -61,11 +61,37 @@ pub fn parse_peer(uri: &str) -> Result<(Endpoint, Fingerprint), DaemonError> {
     Ok((ep, fp))
 }
 
-/// Fetches the object of `ticket` into the shelf (a no-op when it is there whole).
+/// Where chunks fetched go: the store, counted for progress.
+struct Counted<'a> {
+    store: &'a dyn ChunkStore,
+    bytes: std::sync::atomic::AtomicU64,
+    progress: &'a (dyn Fn(u64) + Sync),
+}
+
+impl ferry_transfer::Sink for Counted<'_> {
+    fn deliver(
+        &self,
+        _: usize,
+        chunk: ferry_store::VerifiedChunk<'_>,
+    ) -> Result<(), ferry_store::StoreError> {
+        self.store.put(&chunk)?;
+        let n = chunk.data().len() as u64;
+        let total = self
+            .bytes
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed)
+            + n;
+        (self.progress)(total);
+        Ok(())
+    }
+}
+
+/// Fetches the object of `ticket` into the shelf (a no-op when it is there whole), telling
+/// `progress` the bytes of chunks delivered so far (from any thread).
 pub fn fetch(
     shelf: &Shelf,
     id: &Identity,
     ticket: &Ticket,
+    progress: &(dyn Fn(u64) + Sync),
 ) -> Result<(Recipe, Fetched), DaemonError> {
     let mut report = Fetched {
         oid: ticket.oid.to_string(),
@@ -129,7 +155,12 @@ pub fn fetch(
         .iter_mut()
         .map(|b| &mut **b as &mut (dyn Source + Send))
         .collect();
-    let done = ferry_transfer::fetch(&mut sources, &wants, &**store, &Default::default());
+    let sink = Counted {
+        store: &**store,
+        bytes: Default::default(),
+        progress,
+    };
+    let done = ferry_transfer::fetch(&mut sources, &wants, &sink, &Default::default());
     drop(sources);
     drop(owned);
     for (_, s) in peers {

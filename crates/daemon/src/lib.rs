@@ -14,6 +14,7 @@
 pub mod api;
 pub mod client;
 pub mod fetch;
+pub mod jobs;
 mod paths;
 pub mod shelf;
 pub mod ticket;

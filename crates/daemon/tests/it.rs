@@ -8,6 +8,7 @@ use std::time::Duration;
 use ferry_daemon::api::{FetchRequest, ObjectInfo, PutReply, PutRequest, Status, ROUTES};
 use ferry_daemon::client::Client;
 use ferry_daemon::fetch::Fetched;
+use ferry_daemon::jobs::{Job, State, What};
 use ferry_daemon::{Config, DaemonError, Paths, Ticket};
 
 struct Daemon {
@@ -54,15 +55,30 @@ fn put_file(d: &Daemon, name: &str, bytes: &[u8]) -> PutReply {
     d.client.post("/v1/objects", &PutRequest { path }).unwrap()
 }
 
+/// Fetches by ticket as `ferry object get` does: the daemon accepts the fetch, the client
+/// follows its events to the end.
 fn get(d: &Daemon, ticket: &str, out: &Path) -> Result<Fetched, DaemonError> {
-    d.client.post(
+    let job: Job = d.client.post(
         "/v1/fetches",
         &FetchRequest {
             ticket: ticket.to_string(),
             path: Some(out.to_path_buf()),
         },
-    )
+    )?;
+    let mut events = vec![];
+    let end = d
+        .client
+        .follow(&job.id, 0, PATIENCE, |e| events.push(e.clone()))?;
+    assert!(matches!(events[0].what, What::Started { .. }), "{events:?}");
+    assert!(events.windows(2).all(|w| w[0].id < w[1].id), "{events:?}");
+    assert!(events.last().unwrap().what.is_end());
+    match (end.state, end.report) {
+        (State::Done, Some(r)) => Ok(r),
+        _ => Err(DaemonError::Unavailable(end.error.unwrap_or_default())),
+    }
 }
+
+const PATIENCE: Duration = Duration::from_secs(120);
 
 #[test]
 fn two_daemons_exchange_an_object_by_ticket() {
@@ -178,6 +194,8 @@ fn bad_requests_get_clear_errors() {
     assert!(e.to_string().contains("missing"), "{e}");
     let e = get(&a, "ferry1zzzz", &tmp.path().join("o")).unwrap_err();
     assert!(matches!(e, DaemonError::BadRequest(_)), "{e}");
+    let e = a.client.get::<Job>("/v1/fetches/nope").unwrap_err();
+    assert!(matches!(e, DaemonError::NotFound(_)), "{e}");
     let e = a
         .client
         .get::<ObjectInfo>("/v1/objects/blake3:00")
@@ -256,7 +274,7 @@ fn the_openapi_document_matches_the_server() {
     let tmp = tempfile::tempdir().unwrap();
     let a = start(&tmp.path().join("a"));
     for (method, path) in ROUTES {
-        let path = path.replace("{oid}", "blake3:00");
+        let path = path.replace("{oid}", "blake3:00").replace("{id}", "nope");
         let r = if *method == "get" {
             a.client.get::<serde_json::Value>(&path)
         } else {
@@ -264,10 +282,12 @@ fn the_openapi_document_matches_the_server() {
                 .post::<_, serde_json::Value>(&path, &serde_json::json!({}))
         };
         if let Err(e) = r {
+            // Ours, not the router's "no such route".
             assert!(
-                matches!(e, DaemonError::BadRequest(_)),
+                matches!(e, DaemonError::BadRequest(_) | DaemonError::NotFound(_)),
                 "{method} {path}: {e}"
             );
+            assert!(!e.to_string().contains("404"), "{method} {path}: {e}");
         }
     }
 }
@@ -331,4 +351,61 @@ fn a_capability_reads_its_own_chunks_only() {
         s.conn.call(Request::GetAttr { path: "".into() }),
         ErrorCode::Permission,
     );
+}
+
+/// A daemon killed while fetching takes the fetch up again when it starts: the job was
+/// recorded when accepted. (The kill is the record of a job still running, as a crash leaves
+/// it; the daemon that wrote it is gone.)
+#[test]
+fn a_restarted_daemon_takes_up_the_fetches_it_had_accepted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let bytes = data(700_000, 8);
+    let put = put_file(&a, "in", &bytes);
+    let b_dir = tmp.path().join("b");
+    let jobs = b_dir.join("data/jobs");
+    std::fs::create_dir_all(&jobs).unwrap();
+    let out = tmp.path().join("out");
+    let record = Job {
+        id: "0123456789abcdef".into(),
+        ticket: put.ticket.clone(),
+        path: Some(out.clone()),
+        state: State::Running,
+        restarts: 0,
+        error: None,
+        report: None,
+    };
+    std::fs::write(
+        jobs.join("0123456789abcdef.json"),
+        serde_json::to_vec(&record).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(jobs.join("junk.json"), b"{not json").unwrap();
+    let b = start(&b_dir);
+    let mut events = vec![];
+    let end = b
+        .client
+        .follow("0123456789abcdef", 0, PATIENCE, |e| events.push(e.clone()))
+        .unwrap();
+    assert_eq!((end.state, end.restarts), (State::Done, 1), "{end:?}");
+    assert_eq!(std::fs::read(&out).unwrap(), bytes);
+    // Its events are numbered after any the first run could have sent.
+    assert!(events[0].id > 1 << 32, "{events:?}");
+    // Resumed from the last id seen, the stream sends only what came after it.
+    let last = events.last().unwrap().id;
+    let mut later = vec![];
+    let again = b
+        .client
+        .follow("0123456789abcdef", last - 1, PATIENCE, |e| {
+            later.push(e.clone())
+        })
+        .unwrap();
+    assert_eq!(again.state, State::Done);
+    assert_eq!(later.len(), 1, "{later:?}");
+    assert!(later[0].what.is_end());
+    // The record says it is done: a third start leaves it be.
+    let saved: Job =
+        serde_json::from_slice(&std::fs::read(jobs.join("0123456789abcdef.json")).unwrap())
+            .unwrap();
+    assert_eq!(saved.state, State::Done);
 }

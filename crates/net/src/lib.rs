@@ -193,17 +193,19 @@ fn open(
     });
     let seen = *verifier.seen.lock().unwrap();
     let tls = match (tls, known, seen) {
-        (Err(_), Some(known), Some(seen)) if known != seen => return Err(match known_hosts {
-            Some(file) => NetError::KeyChanged {
-                host: host_port,
-                known,
-                seen,
-                file: file.to_path_buf(),
-            },
-            None => NetError::BadKey(format!(
+        (Err(_), Some(known), Some(seen)) if known != seen => {
+            return Err(match known_hosts {
+                Some(file) => NetError::KeyChanged {
+                    host: host_port,
+                    known,
+                    seen,
+                    file: file.to_path_buf(),
+                },
+                None => NetError::BadKey(format!(
                 "the daemon at {host_port} presents key {seen}, not the {known} its ticket names"
             )),
-        }),
+            })
+        }
         (Err(e), ..) => return Err(NetError::link(format!("cannot reach {host_port}"), e)),
         (Ok(t), ..) => t,
     };

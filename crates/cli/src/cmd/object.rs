@@ -6,8 +6,13 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use ferry_daemon::api::{FetchRequest, ObjectInfo, PutReply, PutRequest};
 use ferry_daemon::client::Client;
-use ferry_daemon::fetch::Fetched;
+use ferry_daemon::jobs::{Job, State, What};
 use ferry_daemon::Ticket;
+
+use crate::util::Ui;
+
+/// How long a fetch is followed through a daemon that does not answer (restarting, say).
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -33,12 +38,18 @@ enum Cmd {
         /// Where to install it (atomically) [default: only into the daemon's store].
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
+        /// Print the fetch's id and return at once (the daemon goes on; `ferry object wait ID`
+        /// follows it).
+        #[arg(long)]
+        no_wait: bool,
     },
+    /// Follow a fetch the daemon accepted (`get --no-wait`) until it ends.
+    Wait { id: String },
     /// What a ticket says: OID, size, hints; and whether this daemon holds the object.
     Stat { ticket: String },
 }
 
-pub fn run(a: Args) -> Result<ExitCode> {
+pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
     let paths = super::daemon::paths(a.dir.as_ref());
     let client = Client::new(&paths.socket)?;
     match a.cmd {
@@ -57,28 +68,22 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 println!("{}", r.ticket);
             }
         }
-        Cmd::Get { ticket, output } => {
+        Cmd::Get {
+            ticket,
+            output,
+            no_wait,
+        } => {
             let path = output.as_deref().map(absolute).transpose()?;
-            let r: Fetched = client
+            let job: Job = client
                 .post("/v1/fetches", &FetchRequest { ticket, path })
                 .context("cannot fetch the object")?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                let got: u64 = r.sources.iter().map(|s| s.bytes).sum();
-                eprint!(
-                    "{}: {} bytes; {} already here, {} fetched",
-                    r.oid, r.size, r.bytes_held, got
-                );
-                for s in &r.sources {
-                    eprint!("; {} bytes from {}", s.bytes, s.name);
-                }
-                eprintln!();
-                for f in &r.failed_hints {
-                    eprintln!("ferry: unused hint {f}");
-                }
+            if no_wait {
+                println!("{}", job.id);
+                return Ok(ExitCode::SUCCESS);
             }
+            return follow(&client, &job.id, a.json, ui);
         }
+        Cmd::Wait { id } => return follow(&client, &id, a.json, ui),
         Cmd::Stat { ticket } => {
             let t: Ticket = ticket.parse()?;
             let held = match client.get::<ObjectInfo>(&format!("/v1/objects/{}", t.oid)) {
@@ -103,6 +108,56 @@ pub fn run(a: Args) -> Result<ExitCode> {
                     );
                 }
             }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Follows fetch `id` to its end with a progress bar; prints what came from where.
+fn follow(client: &Client, id: &str, json: bool, ui: &Ui) -> Result<ExitCode> {
+    let mut bar = None;
+    let job = client.follow(id, 0, PATIENCE, |e| match &e.what {
+        What::Started { size, restarts } => {
+            if *restarts > 0 {
+                eprintln!("ferry: the daemon restarted; fetch {id} taken up again");
+            }
+            if !json {
+                bar = Some(ui.bytes_bar(*size, "fetching"));
+            }
+        }
+        What::Progress { bytes, .. } => {
+            if let Some(b) = &bar {
+                b.set_position(*bytes);
+            }
+        }
+        What::Done { .. } | What::Failed { .. } => {
+            if let Some(b) = bar.take() {
+                b.finish_and_clear();
+            }
+        }
+    })?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&job)?);
+    }
+    let r = match (job.state, &job.report) {
+        (State::Done, Some(r)) => r,
+        _ => anyhow::bail!(
+            "cannot fetch the object: {}",
+            job.error.as_deref().unwrap_or("the fetch did not end")
+        ),
+    };
+    if !json {
+        let got: u64 = r.sources.iter().map(|s| s.bytes).sum();
+        eprint!(
+            "{}: {} bytes; {} already here, {} fetched",
+            r.oid, r.size, r.bytes_held, got
+        );
+        for s in &r.sources {
+            eprint!("; {} bytes from {}", s.bytes, s.name);
+        }
+        eprintln!();
+        for f in &r.failed_hints {
+            eprintln!("ferry: unused hint {f}");
         }
     }
     Ok(ExitCode::SUCCESS)

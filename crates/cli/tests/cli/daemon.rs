@@ -72,8 +72,9 @@ fn objects_move_between_two_users_daemons_by_ticket() {
     );
     assert_eq!(std::fs::read(&out).unwrap(), bytes);
     let r: serde_json::Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(r["size"], 1_500_000);
-    assert_eq!(r["sources"][0]["bytes"], 1_500_000);
+    assert_eq!(r["state"], "done");
+    assert_eq!(r["report"]["size"], 1_500_000);
+    assert_eq!(r["report"]["sources"][0]["bytes"], 1_500_000);
     let stat = ok_in(&bob, &["object", "stat", ticket, "--json"]);
     let stat: serde_json::Value = serde_json::from_str(&stat).unwrap();
     assert_eq!(stat["held"], true);
