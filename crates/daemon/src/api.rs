@@ -16,6 +16,7 @@ use ferry_format::Oid;
 use ferry_net::Identity;
 use serde::{Deserialize, Serialize};
 
+use crate::devices::{self, Device, Devices, Pushed};
 use crate::fetch;
 use crate::jobs::{Job, Jobs, Runner};
 use crate::shelf::{Put, Shelf};
@@ -31,6 +32,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/fetches"),
     ("get", "/v1/fetches/{id}"),
     ("get", "/v1/fetches/{id}/events"),
+    ("get", "/v1/devices"),
+    ("post", "/v1/devices"),
+    ("post", "/v1/devices/remove"),
 ];
 
 /// `GET /v1/status`.
@@ -63,6 +67,14 @@ pub struct PutReply {
     pub new_chunks: u64,
     pub new_bytes: u64,
     pub ticket: String,
+    /// What was copied to each device registered for pushing.
+    pub pushed: Vec<Pushed>,
+}
+
+/// `POST /v1/devices/remove`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RemoveDevice {
+    pub path: PathBuf,
 }
 
 /// `POST /v1/fetches`: fetch the object of `ticket`, and install it at `path` (absolute) if
@@ -91,6 +103,7 @@ pub struct ApiError {
 
 struct Daemon {
     shelf: Arc<Shelf>,
+    devices: Arc<Devices>,
     jobs: Arc<Jobs>,
     runner: Runner,
     status: Status,
@@ -162,7 +175,7 @@ async fn put(
 ) -> Result<Response, DaemonError> {
     let req = body(req)?;
     absolute(&req.path)?;
-    let put: Put = blocking({
+    let (put, pushed): (Put, Vec<Pushed>) = blocking({
         let d = d.clone();
         move || {
             let f = std::fs::File::open(&req.path).map_err(DaemonError::file("open", &req.path))?;
@@ -172,7 +185,23 @@ async fn put(
                     req.path.display()
                 )));
             }
-            d.shelf.put(f)
+            let put = d.shelf.put(f)?;
+            let mut pushed = vec![];
+            let push: Vec<_> = d.devices.list().into_iter().filter(|x| x.push).collect();
+            if !push.is_empty() {
+                let recipe = d.shelf.whole(&put.oid)?.ok_or_else(|| {
+                    DaemonError::Damaged(format!("{} is not whole after its put", put.oid))
+                })?;
+                for dev in push {
+                    pushed.push(devices::push(
+                        &dev.path,
+                        &**d.shelf.store(),
+                        &put.oid,
+                        &recipe,
+                    ));
+                }
+            }
+            Ok((put, pushed))
         }
     })
     .await?;
@@ -189,6 +218,7 @@ async fn put(
         new_chunks: put.new_chunks,
         new_bytes: put.new_bytes,
         ticket: ticket.to_string(),
+        pushed,
     };
     Ok((StatusCode::CREATED, Json(reply)).into_response())
 }
@@ -271,6 +301,39 @@ async fn events(
 /// dead client apart from a quiet job).
 const EVENT_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 
+async fn devices(State(d): Shared) -> Json<Vec<Device>> {
+    Json(d.devices.list())
+}
+
+async fn add_device(
+    State(d): Shared,
+    req: Result<Json<Device>, JsonRejection>,
+) -> Result<Response, DaemonError> {
+    let dev = body(req)?;
+    absolute(&dev.path)?;
+    let list = blocking(move || {
+        d.devices.add(dev)?;
+        Ok(d.devices.list())
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(list)).into_response())
+}
+
+async fn remove_device(
+    State(d): Shared,
+    req: Result<Json<RemoveDevice>, JsonRejection>,
+) -> Result<Json<Vec<Device>>, DaemonError> {
+    let req = body(req)?;
+    blocking(move || match d.devices.remove(&req.path)? {
+        true => Ok(Json(d.devices.list())),
+        false => Err(DaemonError::NotFound(format!(
+            "{} is not a registered device",
+            req.path.display()
+        ))),
+    })
+    .await
+}
+
 fn router(d: Arc<Daemon>) -> Router {
     Router::new()
         .route("/v1/status", get(status))
@@ -279,6 +342,8 @@ fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/fetches", post(fetch))
         .route("/v1/fetches/{id}", get(job))
         .route("/v1/fetches/{id}/events", get(events))
+        .route("/v1/devices", get(devices).post(add_device))
+        .route("/v1/devices/remove", post(remove_device))
         .with_state(d)
 }
 
@@ -319,14 +384,23 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
         hints,
     };
     let identity = Arc::new(identity);
+    let devices = Arc::new(Devices::open(&paths.data.join("devices.json"))?);
     let runner: Runner = {
-        let (shelf, identity) = (shelf.clone(), identity.clone());
+        let (shelf, identity, devices) = (shelf.clone(), identity.clone(), devices.clone());
+        let paths = paths.clone();
         Arc::new(move |job: &Job, progress: &(dyn Fn(u64) + Sync)| {
             let ticket: Ticket = job
                 .ticket
                 .parse()
                 .map_err(|e: crate::ticket::BadTicket| DaemonError::BadRequest(e.to_string()))?;
-            let (recipe, report) = fetch::fetch(&shelf, &identity, &ticket, progress)?;
+            let lookaside = lookaside(&paths);
+            let f = fetch::Fetcher {
+                shelf: &shelf,
+                identity: &identity,
+                devices: &devices,
+                lookaside: lookaside.as_ref().map(|l| (l, paths.keys.as_path())),
+            };
+            let (recipe, report) = fetch::fetch(&f, &ticket, progress)?;
             if let Some(p) = &job.path {
                 fetch::install(&shelf, &ticket.oid, &recipe, p)?;
             }
@@ -337,6 +411,7 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
     ready(&status);
     let daemon = Arc::new(Daemon {
         shelf,
+        devices,
         jobs,
         runner,
         status,
@@ -346,6 +421,32 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
         .build()
         .map_err(|e| DaemonError::Unavailable(format!("cannot start the API's runtime: {e}")))?;
     rt.block_on(serve(socket, router(daemon)))
+}
+
+/// The user's lookaside devices (`ferry lookaside add`) that are indexed with the daemon's
+/// chunker, if any.
+fn lookaside(paths: &crate::Paths) -> Option<ferry_lookaside::Lookaside> {
+    let roots: Vec<PathBuf> = ferry_lookaside::Registry::new(&paths.keys)
+        .list()
+        .map_err(|e| tracing::warn!("the lookaside registry: {e}"))
+        .ok()?
+        .into_iter()
+        .map(|e| e.path)
+        .collect();
+    if roots.is_empty() {
+        return None;
+    }
+    let (l, unusable) = ferry_lookaside::Lookaside::load(
+        &roots,
+        &paths.cache.join("lookaside"),
+        &ferry_chunk::ChunkerSpec::default(),
+        ferry_format::HashAlg::Blake3,
+        ferry_lookaside::Matching::Chunks,
+    );
+    for (root, why) in unusable {
+        tracing::info!("lookaside {}: {why}", root.display());
+    }
+    (!l.is_empty()).then_some(l)
 }
 
 /// The host and port peers reach the daemon at.

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ferry_format::{ChunkRef, Oid, Recipe};
 use ferry_fs::{ConnError, Session, SessionSource};
@@ -13,6 +14,7 @@ use ferry_proto::{Reply, Request};
 use ferry_store::ChunkStore;
 use ferry_transfer::{Source, StoreSource, Want};
 
+use crate::devices::{self, Devices};
 use crate::shelf::Shelf;
 use crate::ticket::{Hint, Ticket};
 use crate::DaemonError;
@@ -85,14 +87,32 @@ impl ferry_transfer::Sink for Counted<'_> {
     }
 }
 
+/// How often the registered devices are looked at during a fetch (DOT polls every 5 s): a
+/// device plugged in mid-transfer takes part from the next segment of the fetch on.
+const POLL: Duration = Duration::from_secs(5);
+/// The first segment of a fetch, in bytes; later ones last about [`POLL`] at the rate
+/// measured, within these bounds.
+const FIRST_SEGMENT: u64 = 4 << 20;
+const MAX_SEGMENT: u64 = 1 << 30;
+
+/// What a daemon fetches with.
+pub struct Fetcher<'a> {
+    pub shelf: &'a Shelf,
+    pub identity: &'a Identity,
+    pub devices: &'a Devices,
+    /// The user's lookaside devices (`ferry lookaside add`), with the directory of their
+    /// registry (where what they supplied is counted).
+    pub lookaside: Option<(&'a ferry_lookaside::Lookaside, &'a Path)>,
+}
+
 /// Fetches the object of `ticket` into the shelf (a no-op when it is there whole), telling
-/// `progress` the bytes of chunks delivered so far (from any thread).
+/// `progress` the bytes of chunks in hand so far (from any thread).
 pub fn fetch(
-    shelf: &Shelf,
-    id: &Identity,
+    f: &Fetcher<'_>,
     ticket: &Ticket,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<(Recipe, Fetched), DaemonError> {
+    let shelf = f.shelf;
     let mut report = Fetched {
         oid: ticket.oid.to_string(),
         size: ticket.size,
@@ -106,7 +126,7 @@ pub fn fetch(
     let mut peers: Vec<(String, Session)> = vec![];
     let mut recipe = None;
     for hint in ticket.ordered_hints(|n| rand::random_range(0..n.max(1))) {
-        match open_peer(&hint, id, ticket, recipe.is_none()) {
+        match open_peer(&hint, f.identity, ticket, recipe.is_none()) {
             Ok((session, r)) => {
                 if recipe.is_none() {
                     recipe = r;
@@ -116,18 +136,23 @@ pub fn fetch(
             Err(e) => report.failed_hints.push(format!("{}: {e}", hint.uri)),
         }
     }
+    let mut present = f.devices.present();
+    let recipe = recipe.or_else(|| {
+        present
+            .iter()
+            .find_map(|d| devices::recipe(d, &ticket.oid, ticket.size))
+    });
     let Some(recipe) = recipe else {
         return Err(DaemonError::Unavailable(format!(
             "no source of object {} answered: {}",
             ticket.oid,
             if report.failed_hints.is_empty() {
-                "the ticket names none".to_string()
+                "the ticket names none, and no device holds it".to_string()
             } else {
                 report.failed_hints.join("; ")
             }
         )));
     };
-    let store = shelf.store();
     let mut wants = vec![];
     let mut seen = std::collections::HashSet::new();
     for c in recipe.chunks() {
@@ -139,8 +164,96 @@ pub fn fetch(
             });
         }
     }
-    let local = StoreSource::new("the daemon's store", &**store);
-    let mut owned: Vec<Box<dyn Source + Send + '_>> = vec![Box::new(local)];
+    let store = shelf.store();
+    let sink = Counted {
+        store: &**store,
+        bytes: Default::default(),
+        progress,
+    };
+    let mut used: Vec<SourceUse> = vec![];
+    let (mut at, mut segment, mut polled) = (0, FIRST_SEGMENT, Instant::now());
+    let r = (|| {
+        while at < wants.len() {
+            if polled.elapsed() >= POLL {
+                present = f.devices.present();
+                polled = Instant::now();
+            }
+            let mut end = at;
+            let mut bytes = 0u64;
+            while end < wants.len() && (end == at || bytes < segment) {
+                bytes += wants[end].len as u64;
+                end += 1;
+            }
+            let started = Instant::now();
+            let done = fetch_segment(f, &present, &mut peers, ticket, &wants[at..end], &sink)?;
+            for s in done.sources {
+                match used.iter_mut().find(|u| u.name == s.name) {
+                    Some(u) => (u.chunks, u.bytes) = (u.chunks + s.chunks, u.bytes + s.bytes),
+                    None => used.push(SourceUse {
+                        name: s.name,
+                        chunks: s.chunks,
+                        bytes: s.bytes,
+                    }),
+                }
+            }
+            let rate = bytes as f64 / started.elapsed().as_secs_f64().max(1e-3);
+            segment = ((rate * POLL.as_secs_f64()) as u64).clamp(FIRST_SEGMENT, MAX_SEGMENT);
+            at = end;
+        }
+        Ok::<_, DaemonError>(())
+    })();
+    for (_, s) in peers {
+        let _ = s.close();
+    }
+    if let Some((l, registry)) = f.lookaside {
+        if let Err(e) = ferry_lookaside::Registry::new(registry).count(&l.supplied()) {
+            tracing::warn!("cannot count what lookaside devices supplied: {e}");
+        }
+    }
+    r?;
+    for u in used {
+        if u.name == STORE {
+            report.chunks_held = u.chunks;
+            report.bytes_held = u.bytes;
+        } else if u.chunks > 0 {
+            report.sources.push(u);
+        }
+    }
+    store.flush()?;
+    // The whole must be the object before it is recorded as one.
+    shelf.read(&ticket.oid, &recipe, std::io::sink())?;
+    store.put_object(&ticket.oid, &recipe)?;
+    store.flush()?;
+    Ok((recipe, report))
+}
+
+/// The daemon's store's name among the sources.
+const STORE: &str = "the daemon's store";
+
+/// One segment of a fetch, from every source at hand: the store, the devices present, the
+/// lookaside devices, the peers.
+fn fetch_segment(
+    f: &Fetcher<'_>,
+    present: &[PathBuf],
+    peers: &mut [(String, Session)],
+    ticket: &Ticket,
+    wants: &[Want],
+    sink: &Counted<'_>,
+) -> Result<ferry_transfer::Report, DaemonError> {
+    let store = f.shelf.store();
+    let mut owned: Vec<Box<dyn Source + Send + '_>> =
+        vec![Box::new(StoreSource::new(STORE, &**store))];
+    for d in present {
+        match devices::DeviceSource::open(d) {
+            Ok(s) => owned.push(Box::new(s)),
+            Err(e) => tracing::info!("device {}: {e}", d.display()),
+        }
+    }
+    if let Some((l, _)) = f.lookaside {
+        for s in l.sources() {
+            owned.push(Box::new(s));
+        }
+    }
     for (name, s) in peers.iter_mut() {
         let hang_up: Arc<AtomicBool> = s.hang_up_handle();
         owned.push(Box::new(SessionSource::object(
@@ -155,36 +268,14 @@ pub fn fetch(
         .iter_mut()
         .map(|b| &mut **b as &mut (dyn Source + Send))
         .collect();
-    let sink = Counted {
-        store: &**store,
-        bytes: Default::default(),
-        progress,
-    };
-    let done = ferry_transfer::fetch(&mut sources, &wants, &sink, &Default::default());
+    let done = ferry_transfer::fetch(&mut sources, wants, sink, &Default::default());
     drop(sources);
     drop(owned);
-    for (_, s) in peers {
-        let _ = s.close();
-    }
     let done = done.map_err(|e| DaemonError::Unavailable(e.to_string()))?;
-    for (i, s) in done.sources.iter().enumerate() {
-        if i == 0 {
-            report.chunks_held = s.chunks;
-            report.bytes_held = s.bytes;
-        } else if s.chunks > 0 {
-            report.sources.push(SourceUse {
-                name: s.name.clone(),
-                chunks: s.chunks,
-                bytes: s.bytes,
-            });
-        }
+    if let Some((l, _)) = f.lookaside {
+        l.record(&done.sources);
     }
-    store.flush()?;
-    // The whole must be the object before it is recorded as one.
-    shelf.read(&ticket.oid, &recipe, std::io::sink())?;
-    store.put_object(&ticket.oid, &recipe)?;
-    store.flush()?;
-    Ok((recipe, report))
+    Ok(done)
 }
 
 /// A session with the peer a hint names and, when `want_recipe`, the object's recipe from it.

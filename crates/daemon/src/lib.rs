@@ -13,6 +13,7 @@
 
 pub mod api;
 pub mod client;
+pub mod devices;
 pub mod fetch;
 pub mod jobs;
 mod paths;

@@ -13,6 +13,9 @@ pub struct Paths {
     /// `$XDG_DATA_HOME/ferry`: the user's key (`identity.pem`, the one `ferry serve --listen`
     /// and `ferry key` use) and `authorized_keys`.
     pub keys: PathBuf,
+    /// `$XDG_CACHE_HOME/ferry` (else `~/.cache/ferry`): indexes of lookaside devices that
+    /// cannot hold their own.
+    pub cache: PathBuf,
 }
 
 impl Paths {
@@ -22,6 +25,11 @@ impl Paths {
             data: ferry_net::data_dir().join("daemon"),
             socket: runtime_dir().join("daemon.sock"),
             keys: ferry_net::data_dir(),
+            cache: std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
+                .unwrap_or_else(|| PathBuf::from("."))
+                .join("ferry"),
         }
     }
 
@@ -31,6 +39,7 @@ impl Paths {
             data: dir.join("data"),
             socket: dir.join("daemon.sock"),
             keys: dir.to_path_buf(),
+            cache: dir.join("cache"),
         }
     }
 }

@@ -409,3 +409,127 @@ fn a_restarted_daemon_takes_up_the_fetches_it_had_accepted() {
             .unwrap();
     assert_eq!(saved.state, State::Done);
 }
+
+fn add_device(d: &Daemon, path: &Path, push: bool) {
+    let _: Vec<ferry_daemon::devices::Device> = d
+        .client
+        .post(
+            "/v1/devices",
+            &ferry_daemon::devices::Device {
+                path: path.to_path_buf(),
+                push,
+            },
+        )
+        .unwrap();
+}
+
+/// DOT's portable storage: a device A pushes objects to carries one to B with no network at
+/// all (the ticket's only hint leads nowhere): chunks and recipe come off the device.
+#[test]
+fn a_pushed_device_carries_an_object_with_no_network() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let b = start(&tmp.path().join("b"));
+    let stick = tmp.path().join("stick");
+    std::fs::create_dir_all(&stick).unwrap();
+    add_device(&a, &stick, true);
+    let bytes = data(1 << 20, 10);
+    let put = put_file(&a, "in", &bytes);
+    assert_eq!(put.pushed.len(), 1, "{:?}", put.pushed);
+    assert!(put.pushed[0].error.is_none(), "{:?}", put.pushed);
+    assert!(put.pushed[0].bytes >= bytes.len() as u64);
+    add_device(&b, &stick, false);
+    let mut t: Ticket = put.ticket.parse().unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = closed.local_addr().unwrap();
+    drop(closed);
+    t.hints = vec![ferry_daemon::Hint {
+        uri: format!("ferry://{dead}?key={}", a.status.key),
+        priority: 0,
+        weight: 0,
+    }];
+    let out = tmp.path().join("out");
+    let got = get(&b, &t.to_string(), &out).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), bytes);
+    assert_eq!(got.sources.len(), 1, "{got:?}");
+    assert_eq!(got.sources[0].name, stick.display().to_string());
+    assert_eq!(got.sources[0].bytes, bytes.len() as u64);
+}
+
+/// A device whose files were damaged, cut, or replaced by links out of it costs only time:
+/// what it cannot give comes from the peer, and the object is right.
+#[test]
+fn a_damaged_device_costs_only_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let b = start(&tmp.path().join("b"));
+    let stick = tmp.path().join("stick");
+    std::fs::create_dir_all(&stick).unwrap();
+    add_device(&a, &stick, true);
+    let bytes = data(1 << 20, 11);
+    let put = put_file(&a, "in", &bytes);
+    let mut files: Vec<PathBuf> = walk(&stick.join(".ferry-dot/chunks"));
+    files.sort();
+    assert!(files.len() > 10);
+    let secret = tmp.path().join("secret");
+    std::fs::write(&secret, b"not for the device").unwrap();
+    for (i, f) in files.iter().enumerate().take(6) {
+        match i % 3 {
+            0 => {
+                let mut b = std::fs::read(f).unwrap();
+                b[0] ^= 0xff;
+                std::fs::write(f, b).unwrap();
+            }
+            1 => std::fs::write(f, b"short").unwrap(),
+            _ => {
+                std::fs::remove_file(f).unwrap();
+                std::os::unix::fs::symlink(&secret, f).unwrap();
+            }
+        }
+    }
+    add_device(&b, &stick, false);
+    let out = tmp.path().join("out");
+    let got = get(&b, &put.ticket, &out).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), bytes);
+    let from_a: u64 = got
+        .sources
+        .iter()
+        .filter(|s| s.name.starts_with("ferry://"))
+        .map(|s| s.chunks)
+        .sum();
+    assert!(from_a >= 6, "{got:?}");
+}
+
+/// A device that lies about an object (a recipe of another size), with no peer: a clear
+/// failure, nothing installed.
+#[test]
+fn a_lying_device_recipe_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let b = start(&tmp.path().join("b"));
+    let stick = tmp.path().join("stick");
+    std::fs::create_dir_all(&stick).unwrap();
+    add_device(&a, &stick, true);
+    let put = put_file(&a, "in", &data(200_000, 12));
+    add_device(&b, &stick, false);
+    let mut t: Ticket = put.ticket.parse().unwrap();
+    t.hints.clear();
+    t.size += 1;
+    let out = tmp.path().join("out");
+    let e = get(&b, &t.to_string(), &out).unwrap_err();
+    assert!(e.to_string().contains("no source"), "{e}");
+    assert!(!out.exists());
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

@@ -54,11 +54,36 @@ enum DaemonCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Stop the running daemon (SIGTERM); the transfers it was serving end.
+    /// Stop the running daemon (SIGTERM); the fetches it accepted are taken up again when it
+    /// starts.
     Stop {
         #[arg(long, value_name = "DIR", env = "FERRY_DAEMON_DIR")]
         dir: Option<PathBuf>,
     },
+    /// Portable storage (DOT): directories on devices that carry objects between machines.
+    Device {
+        #[command(subcommand)]
+        cmd: DeviceCmd,
+        #[arg(long, global = true, value_name = "DIR", env = "FERRY_DAEMON_DIR")]
+        dir: Option<PathBuf>,
+        #[arg(long, global = true)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Subcommand)]
+enum DeviceCmd {
+    /// Register a device directory: fetches take chunks from it whenever it is present (looked
+    /// at every 5 s); with --push, every object put is also copied to it.
+    Add {
+        path: PathBuf,
+        #[arg(long)]
+        push: bool,
+    },
+    /// Forget a device directory (what is on it stays).
+    Remove { path: PathBuf },
+    /// The registered devices.
+    List,
 }
 
 /// The daemon's places: `--dir` (or `FERRY_DAEMON_DIR`), else the environment's.
@@ -73,6 +98,9 @@ pub fn run(a: DaemonArgs) -> Result<ExitCode> {
     match a.cmd {
         Some(DaemonCmd::Status { dir, json }) => return status(&paths(dir.as_ref()), json),
         Some(DaemonCmd::Stop { dir }) => return stop(&paths(dir.as_ref())),
+        Some(DaemonCmd::Device { cmd, dir, json }) => {
+            return device(&paths(dir.as_ref()), cmd, json)
+        }
         None => {}
     }
     let paths = paths(a.dir.as_ref());
@@ -195,5 +223,37 @@ fn stop(paths: &Paths) -> Result<ExitCode> {
     rustix::process::kill_process(pid, rustix::process::Signal::TERM)
         .with_context(|| format!("cannot stop process {}", s.pid))?;
     eprintln!("ferry: stopped the daemon (process {})", s.pid);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn device(paths: &Paths, cmd: DeviceCmd, json: bool) -> Result<ExitCode> {
+    use ferry_daemon::api::RemoveDevice;
+    use ferry_daemon::devices::Device;
+    let client = ferry_daemon::client::Client::new(&paths.socket)?;
+    let list: Vec<Device> = match cmd {
+        DeviceCmd::Add { path, push } => {
+            let path = std::fs::canonicalize(&path)
+                .with_context(|| format!("cannot use {}", path.display()))?;
+            client.post("/v1/devices", &Device { path, push })?
+        }
+        DeviceCmd::Remove { path } => {
+            let path = std::path::absolute(&path)?;
+            client.post("/v1/devices/remove", &RemoveDevice { path })?
+        }
+        DeviceCmd::List => client.get("/v1/devices")?,
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+    } else {
+        for d in list {
+            let present = d.path.is_dir();
+            println!(
+                "{}{}{}",
+                d.path.display(),
+                if d.push { "  (push)" } else { "" },
+                if present { "" } else { "  (not present)" }
+            );
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
