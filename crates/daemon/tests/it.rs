@@ -533,3 +533,132 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// A peer that lies, in one of several ways.
+#[derive(Clone, Copy, Debug)]
+enum Lie {
+    /// Right recipe, wrong bytes for every chunk.
+    WrongBytes,
+    /// A recipe that does not add up to the object's size.
+    WrongSize,
+    /// A recipe claiming more chunks than the size allows.
+    EndlessRecipe,
+}
+
+struct Liar {
+    lie: Lie,
+    recipe: ferry_format::Recipe,
+}
+
+impl ferry_fs::ObjectShelf for Liar {
+    fn open(
+        &self,
+        _: &ferry_format::Id,
+        _: &[u8; ferry_proto::CAP_BYTES],
+    ) -> Option<(u64, std::sync::Arc<ferry_format::Recipe>)> {
+        let size = self.recipe.total_len();
+        let chunks = self.recipe.chunks();
+        let alg = self.recipe.alg();
+        let r = match self.lie {
+            Lie::WrongBytes => self.recipe.clone(),
+            Lie::WrongSize => {
+                ferry_format::Recipe::from_chunks(alg, chunks[..chunks.len() - 1].to_vec())
+                    .unwrap()
+            }
+            Lie::EndlessRecipe => {
+                ferry_format::Recipe::from_chunks(alg, vec![chunks[0]; 200_000]).unwrap()
+            }
+        };
+        Some((size, std::sync::Arc::new(r)))
+    }
+
+    fn chunk(&self, id: &ferry_format::Id) -> Option<Vec<u8>> {
+        let c = self.recipe.chunks().iter().find(|c| c.id == *id)?;
+        Some(vec![0x55; c.len as usize])
+    }
+}
+
+/// Starts a TLS daemon serving `shelf` to any key; returns its hint.
+fn liar(dir: &Path, shelf: Liar) -> ferry_daemon::Hint {
+    std::fs::create_dir_all(dir.join("export")).unwrap();
+    let (id, _) = ferry_net::Identity::load_or_create(dir).unwrap();
+    let key = id.fingerprint();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shelf: std::sync::Arc<dyn ferry_fs::ObjectShelf> = std::sync::Arc::new(shelf);
+    let export = dir.join("export");
+    let handler: ferry_net::Handler = std::sync::Arc::new(move |_, stream, _| {
+        let staging: ferry_fs::Staging =
+            std::sync::Arc::new(ferry_store::MemStore::new(ferry_format::HashAlg::Blake3));
+        let mut server = ferry_fs::Server::new(
+            ferry_fs::Export::open(&export).unwrap(),
+            Default::default(),
+            staging,
+        )
+        .with_objects(shelf.clone(), true);
+        let input = stream.try_clone().unwrap();
+        let _ = ferry_fs::serve(&mut server, input, stream);
+    });
+    let daemon = ferry_net::Daemon {
+        listener,
+        identity: id,
+        authorized_keys: dir.join("authorized_keys"),
+        max_sessions: 4,
+        guests: 4,
+        hello_timeout: ferry_net::HELLO_TIMEOUT,
+    };
+    std::thread::spawn(move || daemon.run(handler));
+    ferry_daemon::Hint {
+        uri: format!("ferry://{addr}?key={key}"),
+        priority: 0,
+        weight: 0,
+    }
+}
+
+/// A peer that sends wrong chunks, or a recipe of the wrong size, or an endless one: a clear
+/// error, nothing installed, nothing recorded as the object.
+#[test]
+fn a_lying_peer_gets_nothing_installed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b = start(&tmp.path().join("b"));
+    let bytes = data(600_000, 13);
+    let store = ferry_store::MemStore::new(ferry_format::HashAlg::Blake3);
+    let (oid, recipe, _) = ferry_store::store_object(
+        &store,
+        &bytes[..],
+        &ferry_chunk::ChunkerSpec::default(),
+        |_| {},
+    )
+    .unwrap();
+    for (i, lie) in [Lie::WrongBytes, Lie::WrongSize, Lie::EndlessRecipe]
+        .into_iter()
+        .enumerate()
+    {
+        let hint = liar(
+            &tmp.path().join(format!("liar{i}")),
+            Liar {
+                lie,
+                recipe: recipe.clone(),
+            },
+        );
+        let t = Ticket {
+            oid,
+            size: bytes.len() as u64,
+            cap: [0; ferry_proto::CAP_BYTES],
+            hints: vec![hint],
+        };
+        let out = tmp.path().join("out");
+        let e = get(&b, &t.to_string(), &out).unwrap_err();
+        let why = e.to_string();
+        match lie {
+            Lie::WrongBytes => assert!(why.contains("wrong bytes"), "{lie:?}: {why}"),
+            _ => assert!(why.contains("answered wrongly"), "{lie:?}: {why}"),
+        }
+        assert!(!out.exists(), "{lie:?}");
+        let e = b
+            .client
+            .get::<ObjectInfo>(&format!("/v1/objects/{oid}"))
+            .unwrap_err();
+        assert!(matches!(e, DaemonError::NotFound(_)), "{lie:?}: {e}");
+    }
+}
