@@ -63,6 +63,9 @@ enum Command {
     /// Objects by ticket, through the daemon: `put FILE` prints a ticket, `get TICKET -o FILE`
     /// fetches it.
     Object(cmd::object::Args),
+    /// Copy a file or tree like scp (one side HOST:PATH): names over the remote shell, bytes
+    /// daemon to daemon as objects (the file service where no daemon runs).
+    Cp(cmd::cp::Args),
     /// Ferry against rsync, rsync -z, scp and the near-ideal delta over emulated slow links:
     /// bytes counted at the link, time, tables and charts.
     Lab(cmd::lab::Args),
@@ -88,6 +91,7 @@ fn main() -> ExitCode {
         Command::Lab(a) => cmd::lab::run(a),
         Command::Lookaside(a) => cmd::lookaside::run(a, &ui),
         Command::Daemon(a) => cmd::daemon::run(a),
+        Command::Cp(a) => cmd::cp::run(a),
         Command::Object(a) => cmd::object::run(a, &ui),
     };
     match result {

@@ -562,8 +562,7 @@ impl ferry_fs::ObjectShelf for Liar {
         let r = match self.lie {
             Lie::WrongBytes => self.recipe.clone(),
             Lie::WrongSize => {
-                ferry_format::Recipe::from_chunks(alg, chunks[..chunks.len() - 1].to_vec())
-                    .unwrap()
+                ferry_format::Recipe::from_chunks(alg, chunks[..chunks.len() - 1].to_vec()).unwrap()
             }
             Lie::EndlessRecipe => {
                 ferry_format::Recipe::from_chunks(alg, vec![chunks[0]; 200_000]).unwrap()

@@ -1,4 +1,5 @@
 pub mod chunk;
+pub mod cp;
 pub mod daemon;
 pub mod demo;
 pub mod key;

@@ -47,9 +47,20 @@ enum Cmd {
     Wait { id: String },
     /// What a ticket says: OID, size, hints; and whether this daemon holds the object.
     Stat { ticket: String },
+    /// `ferry cp`'s far side: puts PATH (a file or tree) and prints its manifest.
+    #[command(hide = true)]
+    Send { path: PathBuf },
+    /// `ferry cp`'s far side: fetches the manifest on standard input into DEST.
+    #[command(hide = true)]
+    Receive { dest: PathBuf },
 }
 
 pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
+    match &a.cmd {
+        Cmd::Send { path } => return super::cp::send_here(path),
+        Cmd::Receive { dest } => return super::cp::receive_here(dest),
+        _ => {}
+    }
     let paths = super::daemon::paths(a.dir.as_ref());
     let client = Client::new(&paths.socket)?;
     match a.cmd {
@@ -84,6 +95,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
             return follow(&client, &job.id, a.json, ui);
         }
         Cmd::Wait { id } => return follow(&client, &id, a.json, ui),
+        Cmd::Send { .. } | Cmd::Receive { .. } => unreachable!("handled above"),
         Cmd::Stat { ticket } => {
             let t: Ticket = ticket.parse()?;
             let held = match client.get::<ObjectInfo>(&format!("/v1/objects/{}", t.oid)) {

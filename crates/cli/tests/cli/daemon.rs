@@ -85,3 +85,140 @@ fn objects_move_between_two_users_daemons_by_ticket() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("ticket"));
 }
+
+/// A remote shell that runs the command here, as the user whose home is `home`.
+fn fake_ssh(dir: &Path, home: &Path) -> std::path::PathBuf {
+    let rsh = dir.join(format!(
+        "ssh-as-{}",
+        home.file_name().unwrap().to_string_lossy()
+    ));
+    let h = home.display();
+    std::fs::write(
+        &rsh,
+        format!(
+            "#!/bin/sh\nshift\nexport XDG_DATA_HOME={h}/data XDG_CACHE_HOME={h}/cache \
+             XDG_RUNTIME_DIR={h}/run\nexec \"$@\"\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    rsh
+}
+
+fn tree(root: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(root.join("sub/deeper")).unwrap();
+    std::fs::write(root.join("a.bin"), super::data(300_000, 1)).unwrap();
+    std::fs::write(root.join("sub/b.txt"), b"hello\n").unwrap();
+    std::fs::write(root.join("sub/deeper/empty"), b"").unwrap();
+    std::fs::set_permissions(
+        root.join("sub/b.txt"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    std::fs::File::open(root.join("a.bin"))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+}
+
+/// Every file of `a` is in `b` with the same bytes, mode and mtime.
+fn same_tree(a: &Path, b: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    for rel in ["a.bin", "sub/b.txt", "sub/deeper/empty"] {
+        let (x, y) = (a.join(rel), b.join(rel));
+        assert_eq!(
+            std::fs::read(&x).unwrap(),
+            std::fs::read(&y).unwrap(),
+            "{rel}"
+        );
+        let (mx, my) = (x.metadata().unwrap(), y.metadata().unwrap());
+        assert_eq!(mx.mode(), my.mode(), "{rel}");
+        assert_eq!(mx.mtime(), my.mtime(), "{rel}");
+    }
+}
+
+#[test]
+fn cp_copies_trees_daemon_to_daemon_and_falls_back_without_one() {
+    let t = tempfile::tempdir().unwrap();
+    let (alice, bob, carol) = (
+        t.path().join("alice"),
+        t.path().join("bob"),
+        t.path().join("carol"),
+    );
+    let mut running = vec![];
+    for home in [&alice, &bob] {
+        ok_in(home, &["daemon", "--detach", "--listen", "127.0.0.1:0"]);
+        running.push(Running(home));
+    }
+    let src = t.path().join("project");
+    tree(&src);
+    let ferry = env!("CARGO_BIN_EXE_ferry");
+    let to_bob = fake_ssh(t.path(), &bob);
+    let dest = t.path().join("bob-files");
+    std::fs::create_dir_all(&dest).unwrap();
+    let json = ok_in(
+        &alice,
+        &[
+            "cp",
+            "-e",
+            to_bob.to_str().unwrap(),
+            "--remote-ferry",
+            ferry,
+            "--json",
+            src.to_str().unwrap(),
+            &format!("bob:{}", dest.display()),
+        ],
+    );
+    let r: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(r["via"], "daemon", "{json}");
+    assert_eq!(r["files"], 3, "{json}");
+    same_tree(&src, &dest.join("project"));
+    // And back: Bob's daemon sends, Alice's fetches (what Alice holds is not fetched again).
+    let back = t.path().join("back");
+    let json = ok_in(
+        &alice,
+        &[
+            "cp",
+            "-e",
+            to_bob.to_str().unwrap(),
+            "--remote-ferry",
+            ferry,
+            "--json",
+            &format!("bob:{}", dest.join("project").display()),
+            back.to_str().unwrap(),
+        ],
+    );
+    let r: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        (r["via"].as_str(), r["fetched"].as_u64()),
+        (Some("daemon"), Some(0)),
+        "{json}"
+    );
+    same_tree(&src, &back);
+    // Carol runs no daemon: the copy goes through the file service, and still arrives.
+    let to_carol = fake_ssh(t.path(), &carol);
+    let carol_dest = t.path().join("carol-files");
+    let json = ok_in(
+        &alice,
+        &[
+            "cp",
+            "-e",
+            to_carol.to_str().unwrap(),
+            "--remote-ferry",
+            ferry,
+            "--json",
+            src.to_str().unwrap(),
+            &format!("carol:{}", carol_dest.display()),
+        ],
+    );
+    let r: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(r["via"], "file service", "{json}");
+    for rel in ["a.bin", "sub/b.txt", "sub/deeper/empty"] {
+        assert_eq!(
+            std::fs::read(src.join(rel)).unwrap(),
+            std::fs::read(carol_dest.join(rel)).unwrap()
+        );
+    }
+}
