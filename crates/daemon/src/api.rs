@@ -148,6 +148,30 @@ fn absolute(p: &Path) -> Result<(), DaemonError> {
     }
 }
 
+/// Puts an object from `src` and copies it to the devices registered for pushing.
+fn put_object(
+    d: &Daemon,
+    src: impl std::io::Read + Send,
+) -> Result<(Put, Vec<Pushed>), DaemonError> {
+    let put = d.shelf.put(src)?;
+    let mut pushed = vec![];
+    let push: Vec<_> = d.devices.list().into_iter().filter(|x| x.push).collect();
+    if !push.is_empty() {
+        let recipe = d.shelf.whole(&put.oid)?.ok_or_else(|| {
+            DaemonError::Damaged(format!("{} is not whole after its put", put.oid))
+        })?;
+        for dev in push {
+            pushed.push(devices::push(
+                &dev.path,
+                &**d.shelf.store(),
+                &put.oid,
+                &recipe,
+            ));
+        }
+    }
+    Ok((put, pushed))
+}
+
 /// A request's JSON body, or a 400 saying what is wrong with it.
 fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, DaemonError> {
     b.map(|Json(t)| t)
@@ -169,15 +193,28 @@ async fn status(State(d): Shared) -> Json<Status> {
     Json(d.status.clone())
 }
 
+/// The most JSON a request body may hold.
+const MAX_JSON: usize = 1 << 20;
+
+/// `POST /v1/objects`: a JSON body names a file (`PutRequest`); any other body is the object's
+/// bytes, streamed into the store as they come.
 async fn put(
     State(d): Shared,
-    req: Result<Json<PutRequest>, JsonRejection>,
+    headers: axum::http::HeaderMap,
+    raw: axum::body::Body,
 ) -> Result<Response, DaemonError> {
-    let req = body(req)?;
-    absolute(&req.path)?;
-    let (put, pushed): (Put, Vec<Pushed>) = blocking({
+    let json = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    let (put, pushed): (Put, Vec<Pushed>) = if json {
+        let bytes = axum::body::to_bytes(raw, MAX_JSON)
+            .await
+            .map_err(|e| DaemonError::BadRequest(format!("the request's body: {e}")))?;
+        let req: PutRequest = serde_json::from_slice(&bytes)
+            .map_err(|e| DaemonError::BadRequest(format!("the request's body: {e}")))?;
+        absolute(&req.path)?;
         let d = d.clone();
-        move || {
+        blocking(move || {
             let f = std::fs::File::open(&req.path).map_err(DaemonError::file("open", &req.path))?;
             if f.metadata().is_ok_and(|m| !m.is_file()) {
                 return Err(DaemonError::BadRequest(format!(
@@ -185,26 +222,31 @@ async fn put(
                     req.path.display()
                 )));
             }
-            let put = d.shelf.put(f)?;
-            let mut pushed = vec![];
-            let push: Vec<_> = d.devices.list().into_iter().filter(|x| x.push).collect();
-            if !push.is_empty() {
-                let recipe = d.shelf.whole(&put.oid)?.ok_or_else(|| {
-                    DaemonError::Damaged(format!("{} is not whole after its put", put.oid))
-                })?;
-                for dev in push {
-                    pushed.push(devices::push(
-                        &dev.path,
-                        &**d.shelf.store(),
-                        &put.oid,
-                        &recipe,
-                    ));
+            put_object(&d, f)
+        })
+        .await?
+    } else {
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            use http_body_util::BodyExt;
+            let mut raw = raw;
+            while let Some(frame) = raw.frame().await {
+                let item = match frame {
+                    Ok(f) => match f.into_data() {
+                        Ok(b) => Ok(b),
+                        Err(_) => continue,
+                    },
+                    Err(e) => Err(e.to_string()),
+                };
+                let failed = item.is_err();
+                if tx.send(item).await.is_err() || failed {
+                    return;
                 }
             }
-            Ok((put, pushed))
-        }
-    })
-    .await?;
+        });
+        let d = d.clone();
+        blocking(move || put_object(&d, crate::stream::ChannelReader::new(rx))).await?
+    };
     let ticket = Ticket {
         oid: put.oid,
         size: put.size,

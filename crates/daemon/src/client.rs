@@ -74,6 +74,54 @@ impl Client {
 }
 
 impl Client {
+    /// POSTs the bytes `src` gives as the body (streamed as they are read, on a thread of
+    /// their own) and returns the JSON answer.
+    pub fn post_stream<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        mut src: impl std::io::Read + Send + 'static,
+    ) -> Result<T, DaemonError> {
+        type Item = Result<hyper::body::Frame<Bytes>, std::io::Error>;
+        let (tx, rx) = tokio::sync::mpsc::channel::<Item>(16);
+        let reader = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 256 << 10];
+            loop {
+                let item = match src.read(&mut buf) {
+                    Ok(0) => return,
+                    Ok(n) => Ok(hyper::body::Frame::data(Bytes::copy_from_slice(&buf[..n]))),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => Err(e),
+                };
+                let failed = item.is_err();
+                if tx.blocking_send(item).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        let req = hyper::Request::builder()
+            .method("POST")
+            .uri(path)
+            .header("host", "ferry-daemon")
+            .header("content-type", "application/octet-stream")
+            .body(http_body_util::StreamBody::new(stream))
+            .map_err(|e| DaemonError::Api(e.to_string()))?;
+        let r = self.rt.block_on(async {
+            let (status, body) = self.send(req).await?;
+            let bytes = body.collect().await.map_err(api)?.to_bytes();
+            Ok::<_, DaemonError>((status, bytes))
+        });
+        let _ = reader.join();
+        let (status, bytes) = r?;
+        if !status.is_success() {
+            return Err(error_of(status, &bytes));
+        }
+        serde_json::from_slice(&bytes)
+            .map_err(|e| DaemonError::Api(format!("the daemon's answer is not understood: {e}")))
+    }
+
     /// Follows fetch `id`'s events from after `after` until its end, calling `on_event` with
     /// each; reconnects (from the last event seen) when the stream breaks, as when the daemon
     /// restarts, for as long as `patience` allows without an answer. Returns the job's end.
@@ -146,10 +194,15 @@ impl Client {
         })
     }
 
-    async fn send(
+    async fn send<B>(
         &self,
-        req: hyper::Request<Full<Bytes>>,
-    ) -> Result<(hyper::StatusCode, hyper::body::Incoming), DaemonError> {
+        req: hyper::Request<B>,
+    ) -> Result<(hyper::StatusCode, hyper::body::Incoming), DaemonError>
+    where
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let stream = tokio::net::UnixStream::connect(&self.socket)
             .await
             .map_err(|e| {

@@ -18,6 +18,7 @@ pub mod fetch;
 pub mod jobs;
 mod paths;
 pub mod shelf;
+mod stream;
 pub mod ticket;
 
 use std::io;

@@ -661,3 +661,46 @@ fn a_lying_peer_gets_nothing_installed() {
         assert!(matches!(e, DaemonError::NotFound(_)), "{lie:?}: {e}");
     }
 }
+
+/// A put from a stream gives the object the same OID as from a file; a stream that breaks
+/// half way records nothing.
+#[test]
+fn a_put_from_a_stream() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let bytes = data(5 << 20, 14);
+    let streamed: PutReply = a
+        .client
+        .post_stream("/v1/objects", std::io::Cursor::new(bytes.clone()))
+        .unwrap();
+    let from_file = put_file(&a, "in", &bytes);
+    assert_eq!(streamed.oid, from_file.oid);
+    assert_eq!(streamed.size, bytes.len() as u64);
+    assert_eq!(from_file.new_chunks, 0);
+    struct Breaks(usize);
+    impl std::io::Read for Breaks {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            if self.0 == 0 {
+                return Err(std::io::Error::other("cut"));
+            }
+            let n = out.len().min(self.0);
+            out[..n].fill(7);
+            self.0 -= n;
+            Ok(n)
+        }
+    }
+    // The daemon sees the body end before its end: no ticket, and no object recorded.
+    a.client
+        .post_stream::<PutReply>("/v1/objects", Breaks(3 << 20))
+        .unwrap_err();
+    let seven = vec![7u8; 3 << 20];
+    let oid = ferry_format::Oid(ferry_format::Id::hash(
+        ferry_format::HashAlg::Blake3,
+        &seven,
+    ));
+    let e = a
+        .client
+        .get::<ObjectInfo>(&format!("/v1/objects/{oid}"))
+        .unwrap_err();
+    assert!(matches!(e, DaemonError::NotFound(_)), "{e}");
+}

@@ -28,8 +28,8 @@ pub struct Args {
 
 #[derive(clap::Subcommand)]
 enum Cmd {
-    /// Hand FILE to the daemon: prints the ticket (OID, size, hints, read capability) that
-    /// lets another daemon fetch it.
+    /// Hand FILE (`-`: standard input, streamed) to the daemon: prints the ticket (OID, size,
+    /// hints, read capability) that lets another daemon fetch it.
     Put { file: PathBuf },
     /// Fetch the object of TICKET from the sources its hints name (and any this daemon
     /// already holds), verified, into FILE.
@@ -65,10 +65,16 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
     let client = Client::new(&paths.socket)?;
     match a.cmd {
         Cmd::Put { file } => {
-            let path = absolute(&file)?;
-            let r: PutReply = client
-                .post("/v1/objects", &PutRequest { path })
-                .with_context(|| format!("cannot put {}", file.display()))?;
+            let r: PutReply = if file.as_os_str() == "-" {
+                client
+                    .post_stream("/v1/objects", std::io::stdin())
+                    .context("cannot put standard input")?
+            } else {
+                let path = absolute(&file)?;
+                client
+                    .post("/v1/objects", &PutRequest { path })
+                    .with_context(|| format!("cannot put {}", file.display()))?
+            };
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
