@@ -491,8 +491,19 @@ fn lookaside(paths: &crate::Paths) -> Option<ferry_lookaside::Lookaside> {
     (!l.is_empty()).then_some(l)
 }
 
-/// The host and port peers reach the daemon at.
+/// The host and port peers reach the daemon at: `--advertise` (a host, or a host and port
+/// when something in between forwards to the daemon), else the address bound.
 fn advertised(cfg: &Config, bound: SocketAddr) -> String {
+    if let Some(a) = &cfg.advertise {
+        if a.parse::<SocketAddr>().is_ok() {
+            return a.clone();
+        }
+        if let Some((h, p)) = a.rsplit_once(':') {
+            if !h.contains(':') && p.parse::<u16>().is_ok() {
+                return a.clone();
+            }
+        }
+    }
     let host = match &cfg.advertise {
         Some(h) => h.clone(),
         None if bound.ip().is_unspecified() => rustix::system::uname()

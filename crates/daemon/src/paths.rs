@@ -19,8 +19,12 @@ pub struct Paths {
 }
 
 impl Paths {
-    /// The places the environment names.
+    /// The places the environment names: `FERRY_DAEMON_DIR` (as [`Paths::under`]) when set,
+    /// else the XDG directories.
     pub fn from_env() -> Paths {
+        if let Some(d) = std::env::var_os("FERRY_DAEMON_DIR").filter(|d| !d.is_empty()) {
+            return Paths::under(Path::new(&d));
+        }
         Paths {
             data: ferry_net::data_dir().join("daemon"),
             socket: runtime_dir().join("daemon.sock"),

@@ -314,7 +314,11 @@ pub fn receive(m: &Manifest, dst: &Path, client: &Client) -> Result<Copied> {
     let mut jobs = vec![];
     for e in &m.entries {
         let rel = confined(&e.path)?;
-        let at = root.join(&rel);
+        // The source file itself is the root ("" joined would add a slash).
+        let at = match rel.as_os_str().is_empty() {
+            true => root.clone(),
+            false => root.join(&rel),
+        };
         no_links_between(&root, &rel)?;
         if e.dir {
             std::fs::create_dir_all(&at)

@@ -27,8 +27,9 @@ pub struct DaemonArgs {
     /// Serve no other daemon (objects put here are fetched only from this machine's API).
     #[arg(long, conflicts_with = "listen")]
     no_listen: bool,
-    /// The host name other daemons reach this one at, put in the tickets' hints [default: the
-    /// address listened on, or this machine's name].
+    /// The host name (or HOST:PORT, when something forwards to this daemon) other daemons
+    /// reach this one at, put in the tickets' hints [default: the address listened on, or this
+    /// machine's name].
     #[arg(long, value_name = "HOST")]
     advertise: Option<String>,
     /// Where its state and socket are: DIR/data and DIR/daemon.sock [default:

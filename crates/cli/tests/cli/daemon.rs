@@ -197,6 +197,26 @@ fn cp_copies_trees_daemon_to_daemon_and_falls_back_without_one() {
         "{json}"
     );
     same_tree(&src, &back);
+    // One file, into a directory and to a new name.
+    let one = src.join("sub/b.txt");
+    for (dest, lands) in [
+        (t.path().join("bob-files"), t.path().join("bob-files/b.txt")),
+        (t.path().join("renamed"), t.path().join("renamed")),
+    ] {
+        ok_in(
+            &alice,
+            &[
+                "cp",
+                "-e",
+                to_bob.to_str().unwrap(),
+                "--remote-ferry",
+                ferry,
+                one.to_str().unwrap(),
+                &format!("bob:{}", dest.display()),
+            ],
+        );
+        assert_eq!(std::fs::read(&lands).unwrap(), b"hello\n");
+    }
     // Carol runs no daemon: the copy goes through the file service, and still arrives.
     let to_carol = fake_ssh(t.path(), &carol);
     let carol_dest = t.path().join("carol-files");

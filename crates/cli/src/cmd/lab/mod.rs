@@ -7,6 +7,7 @@
 //! `results.json`, `results.md` and, with gnuplot, PNG charts.
 
 mod chart;
+mod dot;
 mod interactive;
 mod link;
 mod lookaside;
@@ -78,6 +79,12 @@ pub struct Args {
     /// and multipath.json into --out.
     #[arg(long, conflicts_with_all = ["quick", "profiles", "down", "interactive", "from_json"])]
     multipath: bool,
+    /// Run DOT's experiments instead: `ferry cp` (daemon to daemon) against scp and rsync for
+    /// a 40 MB file over three links (its Figure 6), one object over two links at once (Table
+    /// 2), and a slow link with a device holding all or half of the object, or plugged in
+    /// during the transfer (§6.2.2). Writes dot.md and dot.json into --out.
+    #[arg(long, conflicts_with_all = ["quick", "profiles", "down", "interactive", "from_json", "multipath"])]
+    dot: bool,
     /// Run the lookaside paper's experiments instead (its Figures 5 and 7) with the releases
     /// in DIR (one directory per release, as lab/workloads.sh puts in releases/tokio): the
     /// newest fetched at four bandwidths with an emulated USB stick holding it, older ones or
@@ -644,6 +651,17 @@ pub fn run(a: Args) -> Result<ExitCode> {
     };
     if a.multipath {
         return multipath_report(&lab, &a);
+    }
+    if a.dot {
+        let started = Instant::now();
+        let runs = dot::run(&lab)?;
+        let md = dot::markdown(&runs);
+        let failed = runs
+            .iter()
+            .filter(|r| r.status.starts_with("failed"))
+            .count();
+        let report = serde_json::json!({ "runs": runs });
+        return experiment_out(&a, "dot", started, report, &md, failed);
     }
     if let Some(dir) = &a.lookaside {
         return lookaside_report(&lab, &a, dir);
