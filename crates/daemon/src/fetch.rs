@@ -88,7 +88,8 @@ impl ferry_transfer::Sink for Counted<'_> {
 }
 
 /// How often the registered devices are looked at during a fetch (DOT polls every 5 s): a
-/// device plugged in mid-transfer takes part from the next segment of the fetch on.
+/// device plugged in mid-transfer takes part from the next segment of the fetch on. With no
+/// device registered, a fetch is one segment.
 const POLL: Duration = Duration::from_secs(5);
 /// The first segment of a fetch, in bytes; later ones last about [`POLL`] at the rate
 /// measured, within these bounds.
@@ -171,7 +172,13 @@ pub fn fetch(
         progress,
     };
     let mut used: Vec<SourceUse> = vec![];
-    let (mut at, mut segment, mut polled) = (0, FIRST_SEGMENT, Instant::now());
+    // Segments only when there are devices to look for between them: each segment's end
+    // waits on its slowest source, which costs a multi-path fetch some of its borrowing.
+    let first = match f.devices.list().is_empty() {
+        true => u64::MAX,
+        false => FIRST_SEGMENT,
+    };
+    let (mut at, mut segment, mut polled) = (0, first, Instant::now());
     let r = (|| {
         while at < wants.len() {
             if polled.elapsed() >= POLL {
@@ -197,7 +204,9 @@ pub fn fetch(
                 }
             }
             let rate = bytes as f64 / started.elapsed().as_secs_f64().max(1e-3);
-            segment = ((rate * POLL.as_secs_f64()) as u64).clamp(FIRST_SEGMENT, MAX_SEGMENT);
+            if segment != u64::MAX {
+                segment = ((rate * POLL.as_secs_f64()) as u64).clamp(FIRST_SEGMENT, MAX_SEGMENT);
+            }
             at = end;
         }
         Ok::<_, DaemonError>(())
