@@ -441,6 +441,12 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
                 identity: &identity,
                 devices: &devices,
                 lookaside: lookaside.as_ref().map(|l| (l, paths.keys.as_path())),
+                providers: registered(&paths)
+                    .into_iter()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .filter(|p| p.starts_with("ferry://"))
+                    .collect(),
+                known_hosts: paths.keys.join("known_hosts"),
             };
             let (recipe, report) = fetch::fetch(&f, &ticket, progress)?;
             if let Some(p) = &job.path {
@@ -465,15 +471,23 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
     rt.block_on(serve(socket, router(daemon)))
 }
 
+/// What the user's lookaside registry names: devices and providers.
+fn registered(paths: &crate::Paths) -> Vec<PathBuf> {
+    ferry_lookaside::Registry::new(&paths.keys)
+        .list()
+        .map_err(|e| tracing::warn!("the lookaside registry: {e}"))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| e.path)
+        .collect()
+}
+
 /// The user's lookaside devices (`ferry lookaside add`) that are indexed with the daemon's
 /// chunker, if any.
 fn lookaside(paths: &crate::Paths) -> Option<ferry_lookaside::Lookaside> {
-    let roots: Vec<PathBuf> = ferry_lookaside::Registry::new(&paths.keys)
-        .list()
-        .map_err(|e| tracing::warn!("the lookaside registry: {e}"))
-        .ok()?
+    let roots: Vec<PathBuf> = registered(paths)
         .into_iter()
-        .map(|e| e.path)
+        .filter(|p| !p.to_string_lossy().starts_with("ferry://"))
         .collect();
     if roots.is_empty() {
         return None;

@@ -104,6 +104,11 @@ pub struct Fetcher<'a> {
     /// The user's lookaside devices (`ferry lookaside add`), with the directory of their
     /// registry (where what they supplied is counted).
     pub lookaside: Option<(&'a ferry_lookaside::Lookaside, &'a Path)>,
+    /// The user's lookaside providers (`ferry://HOST:PORT`: daemons of the user's that
+    /// authorize this one's key), asked for chunks by id.
+    pub providers: Vec<String>,
+    /// Where the providers' keys are recorded (on first use) and checked.
+    pub known_hosts: PathBuf,
 }
 
 /// Fetches the object of `ticket` into the shelf (a no-op when it is there whole), telling
@@ -135,6 +140,17 @@ pub fn fetch(
                 peers.push((hint.uri.clone(), session));
             }
             Err(e) => report.failed_hints.push(format!("{}: {e}", hint.uri)),
+        }
+    }
+    let mut providers: Vec<(String, Session)> = vec![];
+    for p in &f.providers {
+        let r = match Endpoint::parse(p) {
+            Some(Ok(ep)) => ferry_net::connect(&ep, f.identity, &f.known_hosts, |_| {}),
+            _ => continue,
+        };
+        match r {
+            Ok(s) => providers.push((p.clone(), s)),
+            Err(e) => tracing::info!("lookaside provider {p}: {e}"),
         }
     }
     let mut present = f.devices.present();
@@ -192,7 +208,8 @@ pub fn fetch(
                 end += 1;
             }
             let started = Instant::now();
-            let done = fetch_segment(f, &present, &mut peers, ticket, &wants[at..end], &sink)?;
+            let remote = (&mut providers[..], &mut peers[..]);
+            let done = fetch_segment(f, &present, remote, ticket, &wants[at..end], &sink)?;
             for s in done.sources {
                 match used.iter_mut().find(|u| u.name == s.name) {
                     Some(u) => (u.chunks, u.bytes) = (u.chunks + s.chunks, u.bytes + s.bytes),
@@ -211,7 +228,7 @@ pub fn fetch(
         }
         Ok::<_, DaemonError>(())
     })();
-    for (_, s) in peers {
+    for (_, s) in peers.into_iter().chain(providers) {
         let _ = s.close();
     }
     if let Some((l, registry)) = f.lookaside {
@@ -240,11 +257,11 @@ pub fn fetch(
 const STORE: &str = "the daemon's store";
 
 /// One segment of a fetch, from every source at hand: the store, the devices present, the
-/// lookaside devices, the peers.
+/// lookaside devices and providers, the peers.
 fn fetch_segment(
     f: &Fetcher<'_>,
     present: &[PathBuf],
-    peers: &mut [(String, Session)],
+    (providers, peers): (&mut [(String, Session)], &mut [(String, Session)]),
     ticket: &Ticket,
     wants: &[Want],
     sink: &Counted<'_>,
@@ -262,6 +279,14 @@ fn fetch_segment(
         for s in l.sources() {
             owned.push(Box::new(s));
         }
+    }
+    for (name, s) in providers.iter_mut() {
+        let hang_up = Some(s.hang_up_handle());
+        owned.push(Box::new(SessionSource::provider(
+            &mut s.conn,
+            name,
+            hang_up,
+        )));
     }
     for (name, s) in peers.iter_mut() {
         let hang_up: Arc<AtomicBool> = s.hang_up_handle();

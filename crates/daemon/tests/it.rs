@@ -704,3 +704,47 @@ fn a_put_from_a_stream() {
         .unwrap_err();
     assert!(matches!(e, DaemonError::NotFound(_)), "{e}");
 }
+
+/// A lookaside provider (a daemon of the user's that authorizes this daemon's key, registered
+/// with `ferry lookaside add ferry://…`) serves this daemon's fetches chunks by id, beside the
+/// peers; without the key authorized it serves nothing.
+#[test]
+fn a_lookaside_provider_serves_the_daemons_fetches() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let p = start(&tmp.path().join("p"));
+    let b_dir = tmp.path().join("b");
+    let b = start(&b_dir);
+    let bytes = data(3 << 20, 15);
+    let put = put_file(&a, "in", &bytes);
+    put_file(&p, "in", &bytes);
+    let provider = format!("ferry://{}", p.status.listen.as_deref().unwrap());
+    ferry_lookaside::Registry::new(&b_dir)
+        .add(Path::new(&provider))
+        .unwrap();
+    let from = |got: &Fetched| {
+        got.sources
+            .iter()
+            .find(|s| s.name == provider)
+            .map_or(0, |s| s.bytes)
+    };
+    let got = get(&b, &put.ticket, &tmp.path().join("out1")).unwrap();
+    assert_eq!(from(&got), 0, "{got:?}");
+    // B's key authorized at P; B's store emptied by a new daemon directory is not possible
+    // while it runs, so a new receiver takes its place.
+    let c_dir = tmp.path().join("c");
+    let c = start(&c_dir);
+    ferry_lookaside::Registry::new(&c_dir)
+        .add(Path::new(&provider))
+        .unwrap();
+    let (c_id, _) = ferry_net::Identity::load_or_create(&c_dir).unwrap();
+    std::fs::write(
+        tmp.path().join("p/authorized_keys"),
+        format!("{} c\n", c_id.fingerprint()),
+    )
+    .unwrap();
+    let out = tmp.path().join("out2");
+    let got = get(&c, &put.ticket, &out).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), bytes);
+    assert!(from(&got) > 0, "{got:?}");
+}

@@ -24,7 +24,9 @@ pub struct Args {
 #[derive(clap::Subcommand)]
 enum Cmd {
     /// Search DIR for chunks on every fetch, after the devices added before it. Without an
-    /// index, DIR is indexed in the background.
+    /// index, DIR is indexed in the background. `ferry://HOST[:PORT]` adds a provider instead:
+    /// a daemon of yours on the LAN (`ferry daemon`, this machine's key authorized there),
+    /// asked for chunks by id before the server.
     Add {
         dir: PathBuf,
         #[command(flatten)]
@@ -83,10 +85,49 @@ pub struct UseArgs {
     lookaside_whole_files: bool,
 }
 
-/// The devices a fetch uses, and which of them are registered (their supplies are counted).
+/// The devices a fetch uses, and which of them are registered (their supplies are counted);
+/// and the registered providers (`ferry://HOST:PORT`).
 pub struct InUse {
     pub lookaside: std::sync::Arc<Lookaside>,
     registered: Vec<PathBuf>,
+    pub providers: Vec<String>,
+}
+
+/// `ferry://HOST[:PORT]` as the registry names a provider, if `s` is one.
+fn provider(s: &str) -> Option<Result<String>> {
+    let ep = ferry_net::Endpoint::parse(s)?;
+    Some(match ep {
+        Ok(ep) if ep.path.is_empty() => Ok(format!("ferry://{}", ep.host_port())),
+        Ok(_) => Err(anyhow::anyhow!(
+            "{s}: a provider is a daemon, named without a path (ferry://HOST[:PORT])"
+        )),
+        Err(e) => Err(e.into()),
+    })
+}
+
+impl InUse {
+    /// A session with each provider, as sources asked for chunks by id (one that cannot be
+    /// reached is said so and left out).
+    pub fn provider_sessions(&self) -> Vec<ferry_fs::Mirror> {
+        self.providers
+            .iter()
+            .filter_map(|p| {
+                let ep = ferry_net::Endpoint::parse(p)?.ok()?;
+                super::remote::tls_session(&ep)
+                    .map_err(|e| {
+                        eprintln!("ferry: lookaside provider {p}: {e:#}; going on without it")
+                    })
+                    .ok()
+                    .map(|session| ferry_fs::Mirror {
+                        session,
+                        root: "".into(),
+                        of: "".into(),
+                        name: p.clone(),
+                        by_id: true,
+                    })
+            })
+            .collect()
+    }
 }
 
 impl UseArgs {
@@ -100,10 +141,17 @@ impl UseArgs {
             ensure_index(&root, spec)?;
             roots.push(root);
         }
-        let registered: Vec<PathBuf> = match self.no_lookaside {
+        let all: Vec<PathBuf> = match self.no_lookaside {
             true => vec![],
             false => registry().list()?.into_iter().map(|e| e.path).collect(),
         };
+        let (providers, registered): (Vec<PathBuf>, Vec<PathBuf>) = all
+            .into_iter()
+            .partition(|p| p.to_string_lossy().starts_with("ferry://"));
+        let providers = providers
+            .into_iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
         for r in &registered {
             if !roots.contains(r) {
                 roots.push(r.clone());
@@ -133,6 +181,7 @@ impl UseArgs {
         Ok(InUse {
             lookaside: std::sync::Arc::new(lookaside),
             registered,
+            providers,
         })
     }
 }
@@ -239,6 +288,18 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     match a.command {
         Cmd::Add { dir, chunking } => {
+            if let Some(p) = provider(&dir.to_string_lossy()) {
+                let p = p?;
+                if !registry().add(Path::new(&p))? {
+                    writeln!(out, "{p} is already a lookaside provider")?;
+                } else {
+                    writeln!(
+                        out,
+                        "added {p}, a provider: its daemon must authorize this machine's key (`ferry key authorize` there)"
+                    )?;
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             let root = device_root(&dir)?;
             if !registry().add(&root)? {
                 writeln!(out, "{} is already a lookaside device", root.display())?;
@@ -257,6 +318,14 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
             }
         }
         Cmd::Remove { dir } => {
+            if let Some(p) = provider(&dir.to_string_lossy()) {
+                let p = p?;
+                if !registry().remove(Path::new(&p))? {
+                    bail!("{p} is not a lookaside provider (see `ferry lookaside list`)");
+                }
+                writeln!(out, "removed {p}")?;
+                return Ok(ExitCode::SUCCESS);
+            }
             let root = std::fs::canonicalize(&dir)
                 .or_else(|_| std::path::absolute(&dir))
                 .with_context(|| format!("cannot name {}", dir.display()))?;
@@ -349,7 +418,9 @@ fn list(out: &mut impl Write, json: bool) -> Result<()> {
         )?;
     }
     for (n, e) in entries.iter().enumerate() {
+        let is_provider = e.path.to_string_lossy().starts_with("ferry://");
         let (state, index) = match ferry_lookaside::load(&e.path, &index_cache()) {
+            _ if is_provider => ("provider (a daemon, asked by chunk id)".to_string(), None),
             Ok(Some((i, kept))) => (
                 "ready".to_string(),
                 Some((i.files.len(), i.chunks(), i.bytes(), kept)),

@@ -613,6 +613,13 @@ fn identity() -> Result<(ferry_net::Identity, PathBuf)> {
     Ok((id, data.join("known_hosts")))
 }
 
+/// A session with the daemon at `ep`, with this user's key, its key checked against (or
+/// recorded in) `known_hosts`.
+pub fn tls_session(ep: &ferry_net::Endpoint) -> Result<Session> {
+    let (id, known) = identity()?;
+    Ok(net_session(ep, &id, &known)?)
+}
+
 fn net_session(
     ep: &ferry_net::Endpoint,
     id: &ferry_net::Identity,
@@ -671,6 +678,7 @@ fn mirror(remote: &str, rsh: &Rsh, wire: &WirePath) -> Result<ferry_fs::Mirror> 
         root,
         of: wire.clone(),
         name: remote.to_string(),
+        by_id: false,
     })
 }
 
@@ -738,27 +746,26 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
         let cold = ferry_store::ChunkStore::is_empty(&cache)?;
         let (mut s, wire) = connect(&a.remote, &a.rsh)?;
         // A mirror that cannot be reached is gone without: the first server has it all.
-        let mirrors = std::sync::Mutex::new(
-            a.mirror
-                .iter()
-                .filter_map(|m| {
-                    mirror(m, &a.rsh, &wire)
-                        .map_err(|e| eprintln!("ferry: {e:#}; going on without it"))
-                        .ok()
-                })
-                .collect::<Vec<_>>(),
-        );
+        let mut others = devices.provider_sessions();
+        others.extend(a.mirror.iter().filter_map(|m| {
+            mirror(m, &a.rsh, &wire)
+                .map_err(|e| eprintln!("ferry: {e:#}; going on without it"))
+                .ok()
+        }));
+        // Sources besides the server need chunks named by full id, in recipes.
+        let by_recipe = !others.is_empty();
+        let mirrors = std::sync::Mutex::new(others);
         let src = Sources {
             cache: &cache,
             chunker: a.rsh.chunking.spec(),
             delete: a.mode.delete,
             dry_run: a.mode.dry_run,
             progress: Some(&tick),
-            cold,
-            ranges: cold && a.mirror.is_empty(),
-            short_ids: a.mirror.is_empty(),
+            cold: cold && !by_recipe,
+            ranges: cold && !by_recipe,
+            short_ids: !by_recipe,
             cache_file_max: a.cache.file_max(),
-            mirrors: (!a.mirror.is_empty()).then_some(&mirrors),
+            mirrors: by_recipe.then_some(&mirrors),
             borrowing: !a.no_borrowing,
             lookaside: Some(&*devices.lookaside),
         };

@@ -242,3 +242,72 @@ fn cp_copies_trees_daemon_to_daemon_and_falls_back_without_one() {
         );
     }
 }
+
+/// `ferry lookaside add ferry://HOST:PORT`: a daemon of the user's on the LAN serves chunks by
+/// id to `ferry get` (before the server) once it authorizes this machine's key; and to this
+/// machine's own daemon.
+#[test]
+fn a_daemon_on_the_lan_is_a_lookaside_provider() {
+    let t = tempfile::tempdir().unwrap();
+    let (lan, me) = (t.path().join("lan"), t.path().join("me"));
+    ok_in(&lan, &["daemon", "--detach", "--listen", "127.0.0.1:0"]);
+    let _lan_running = Running(&lan);
+    let status: serde_json::Value =
+        serde_json::from_str(&ok_in(&lan, &["daemon", "status", "--json"])).unwrap();
+    let addr = status["listen"].as_str().unwrap().to_string();
+    // The LAN daemon holds a big file; the server exports it too.
+    let export = t.path().join("export");
+    std::fs::create_dir_all(&export).unwrap();
+    let bytes = super::data(2_000_000, 5);
+    std::fs::write(export.join("big"), &bytes).unwrap();
+    ok_in(
+        &lan,
+        &["object", "put", export.join("big").to_str().unwrap()],
+    );
+    let provider = format!("ferry://{addr}");
+    ok_in(&me, &["lookaside", "add", &provider]);
+    let listed = ok_in(&me, &["lookaside", "list", "--json"]);
+    assert!(listed.contains("provider"), "{listed}");
+    let rsh = t.path().join("ssh-here");
+    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
+    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let ferry = env!("CARGO_BIN_EXE_ferry");
+    let get = |dst: &Path| {
+        let out = ok_in(
+            &me,
+            &[
+                "get",
+                "--json",
+                "-e",
+                rsh.to_str().unwrap(),
+                "--remote-ferry",
+                ferry,
+                &format!("host:{}", export.join("big").display()),
+                dst.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(std::fs::read(dst).unwrap(), bytes);
+        let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        v["sources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == provider.as_str())
+            .map(|s| s["bytes"].as_u64().unwrap())
+    };
+    // Not authorized there yet: the fetch goes on without it.
+    assert_eq!(get(&t.path().join("first")).unwrap_or(0), 0);
+    let me_key = ok_in(&me, &["key", "show"]);
+    let fp = me_key
+        .split_whitespace()
+        .find(|w| w.starts_with("blake3:"))
+        .unwrap();
+    std::fs::write(lan.join("data/ferry/authorized_keys"), format!("{fp} me\n")).unwrap();
+    // A new cache, so nothing is held here: the provider brings chunks, beside the server
+    // (both are kept busy, each given work by its measured rate: which brings more depends
+    // on the links, here two local pipes).
+    let second = t.path().join("second");
+    std::fs::remove_dir_all(me.join("cache")).unwrap();
+    let from_provider = get(&second).unwrap();
+    assert!(from_provider > 0, "{from_provider}");
+}

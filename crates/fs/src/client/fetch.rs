@@ -458,20 +458,35 @@ fn fetch_chunks<R: io::Read + Send, W: Write>(
     let mut mirrors = src
         .mirrors
         .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()));
-    let mut others: Vec<_> = mirrors
+    let (mut providers, mut others): (Vec<_>, Vec<_>) = mirrors
         .iter_mut()
         .flat_map(|m| m.iter_mut())
+        .partition(|m| m.by_id);
+    let mut providers: Vec<_> = providers
+        .iter_mut()
+        .map(|m| {
+            let hang_up = Some(m.session.hang_up_handle());
+            SessionSource::provider(&mut m.session.conn, &m.name, hang_up)
+        })
+        .collect();
+    let mut others: Vec<_> = others
+        .iter_mut()
         .map(|m| {
             let hang_up = Some(m.session.hang_up_handle());
             SessionSource::mirror(&mut m.session.conn, &m.name, &m.of, &m.root, hang_up)
         })
         .collect();
     let mut devices = src.devices().map(|l| l.sources()).unwrap_or_default();
+    let devices_len = devices.len();
     let mut primary = SessionSource::primary(conn);
-    // Devices first (searched before the network), then the server, then its mirrors.
+    // Devices first (searched before the network), then lookaside providers (on the LAN),
+    // then the server, then its mirrors.
     let mut sources: Vec<&mut (dyn Source + Send)> = vec![];
     for d in &mut devices {
         sources.push(d);
+    }
+    for p in &mut providers {
+        sources.push(p);
     }
     let first_remote = sources.len();
     sources.push(&mut primary);
@@ -487,7 +502,7 @@ fn fetch_chunks<R: io::Read + Send, W: Write>(
     src.cache.flush()?;
     let report = report.map_err(engine_error)?;
     if let Some(l) = src.devices() {
-        l.record(&report.sources[..first_remote]);
+        l.record(&report.sources[..devices_len]);
     }
     for d in &report.sources[..first_remote] {
         stats.from_lookaside += d.chunks;

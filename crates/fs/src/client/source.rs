@@ -29,6 +29,9 @@ pub struct Mirror {
     pub of: WirePath,
     /// For reports: `host:path`.
     pub name: String,
+    /// A lookaside provider (a daemon of the user's on the LAN): asked for chunks by id alone,
+    /// before the server.
+    pub by_id: bool,
 }
 
 /// A session as a source.
@@ -58,6 +61,23 @@ impl<'c, R: io::Read, W: Write> SessionSource<'c, R, W> {
             pending: VecDeque::new(),
             sent: 0,
             hang_up: None,
+        }
+    }
+
+    /// A lookaside provider: chunks by id alone; `hang_up` ends its session's reading.
+    pub fn provider(
+        conn: &'c mut Connection<R, W>,
+        name: &str,
+        hang_up: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    ) -> Self {
+        SessionSource {
+            conn,
+            name: name.to_string(),
+            places: None,
+            object: None,
+            pending: VecDeque::new(),
+            sent: 0,
+            hang_up,
         }
     }
 

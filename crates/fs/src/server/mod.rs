@@ -551,6 +551,13 @@ impl Server {
         if let Some(d) = self.hinted(id) {
             return Some(d);
         }
+        // A transfer daemon's store, to a client whose key the daemon authorizes (its owner's
+        // other machines: a lookaside provider); never to a guest, which reads by capability.
+        if !self.objects_only {
+            if let Some(d) = self.shelf.as_ref().and_then(|s| s.chunk(id)) {
+                return Some(d);
+            }
+        }
         // Seen by an earlier session.
         let i = self.index.clone()?;
         let (path, offset, len) = i.locate(id).ok()??;

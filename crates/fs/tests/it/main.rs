@@ -2058,6 +2058,7 @@ fn get_mirrored(
                 root: WirePath::new(root.as_bytes().to_vec()).unwrap(),
                 of: WirePath::new(b"t".to_vec()).unwrap(),
                 name: format!("mirror {root}"),
+                by_id: false,
             })
             .collect(),
     );
