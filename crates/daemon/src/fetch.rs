@@ -129,7 +129,7 @@ pub fn fetch(
         report.bytes_held = r.total_len();
         return Ok((r, report));
     }
-    let mut peers: Vec<(String, Session)> = vec![];
+    let mut peers: Vec<Named> = vec![];
     let mut recipe = None;
     for hint in ticket.ordered_hints(|n| rand::random_range(0..n.max(1))) {
         match open_peer(&hint, f.identity, ticket, recipe.is_none()) {
@@ -142,7 +142,7 @@ pub fn fetch(
             Err(e) => report.failed_hints.push(format!("{}: {e}", hint.uri)),
         }
     }
-    let mut providers: Vec<(String, Session)> = vec![];
+    let mut providers: Vec<Named> = vec![];
     for p in &f.providers {
         let r = match Endpoint::parse(p) {
             Some(Ok(ep)) => ferry_net::connect(&ep, f.identity, &f.known_hosts, |_| {}),
@@ -253,6 +253,9 @@ pub fn fetch(
     Ok((recipe, report))
 }
 
+/// A session with a peer or a provider, and its name in reports.
+type Named = (String, Session);
+
 /// The daemon's store's name among the sources.
 const STORE: &str = "the daemon's store";
 
@@ -261,7 +264,7 @@ const STORE: &str = "the daemon's store";
 fn fetch_segment(
     f: &Fetcher<'_>,
     present: &[PathBuf],
-    (providers, peers): (&mut [(String, Session)], &mut [(String, Session)]),
+    (providers, peers): (&mut [Named], &mut [Named]),
     ticket: &Ticket,
     wants: &[Want],
     sink: &Counted<'_>,
