@@ -173,13 +173,16 @@ pub fn conn_error(e: &anyhow::Error) -> Option<&ferry_fs::ConnError> {
 
 /// Starts this command again in the background with `--foreground -v` (out of the terminal's
 /// process group, so Ctrl-C in this shell does not reach it; `env_flag` set; standard error to
-/// `log`), and waits for its first word on standard output: `ready`, or `error: WHY`. Returns
-/// the child and that line (`None`: it ended without saying).
+/// `log`, at `log_path`), and waits for its first word on standard output: `ready` (then the
+/// child is returned, running), or `error: WHY` (then that is the error). `what` names it in
+/// errors.
 pub fn start_background(
     log: &std::fs::File,
+    log_path: &Path,
     env_flag: &str,
-) -> anyhow::Result<(std::process::Child, Option<String>)> {
-    use anyhow::Context;
+    what: &str,
+) -> anyhow::Result<std::process::Child> {
+    use anyhow::{bail, Context};
     use std::io::BufRead;
     use std::process::{Command, Stdio};
     let exe = std::env::current_exe().context("cannot find this program")?;
@@ -192,17 +195,25 @@ pub fn start_background(
         .stdout(Stdio::piped())
         .stderr(log.try_clone().context("cannot share the log")?);
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    let mut child = cmd.spawn().context("cannot start the background process")?;
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {what} in the background"))?;
     let out = std::io::BufReader::new(child.stdout.take().expect("piped"));
-    let mut said = None;
     for line in out.lines() {
         let line = line.unwrap_or_default();
-        if line == "ready" || line.starts_with("error: ") {
-            said = Some(line);
-            break;
+        if line == "ready" {
+            return Ok(child);
+        }
+        if let Some(err) = line.strip_prefix("error: ") {
+            let _ = child.wait();
+            bail!("{err}");
         }
     }
-    Ok((child, said))
+    let status = child.wait()?;
+    bail!(
+        "{what} ended ({status}) before it was ready; see {}",
+        log_path.display()
+    )
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use ferry_daemon::{Config, Paths};
 
 /// Set in the environment of the background child: it reports readiness on standard output.
@@ -169,29 +169,14 @@ fn detach(paths: &Paths) -> Result<ExitCode> {
         .append(true)
         .open(&log_path)
         .with_context(|| format!("cannot open the log {}", log_path.display()))?;
-    let (mut child, said) = crate::util::start_background(&log, DETACHED_ENV)?;
-    match said.as_deref() {
-        Some("ready") => {
-            eprintln!(
-                "ferry: daemon running (process {}; API {}; log {})",
-                child.id(),
-                paths.socket.display(),
-                log_path.display()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        Some(err) => {
-            let _ = child.wait();
-            bail!("{}", &err["error: ".len()..])
-        }
-        None => {
-            let status = child.wait()?;
-            bail!(
-                "the daemon ended ({status}) before it was ready; see {}",
-                log_path.display()
-            )
-        }
-    }
+    let child = crate::util::start_background(&log, &log_path, DETACHED_ENV, "the daemon")?;
+    eprintln!(
+        "ferry: daemon running (process {}; API {}; log {})",
+        child.id(),
+        paths.socket.display(),
+        log_path.display()
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 fn running(paths: &Paths) -> Result<ferry_daemon::api::Status> {

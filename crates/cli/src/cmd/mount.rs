@@ -156,31 +156,16 @@ fn background(a: &MountArgs, cache: &Path) -> Result<ExitCode> {
         .append(true)
         .open(&log_path)
         .with_context(|| format!("cannot open the log {}", log_path.display()))?;
-    let (mut child, said) = crate::util::start_background(&log, DAEMON_ENV)?;
-    match said.as_deref() {
-        Some("ready") => {
-            eprintln!(
-                "ferry: {} mounted at {} (process {}; log {}; `ferry umount {}` to unmount)",
-                a.remote,
-                a.mountpoint.display(),
-                child.id(),
-                log_path.display(),
-                a.mountpoint.display()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        Some(err) => {
-            let _ = child.wait();
-            bail!("{}", &err["error: ".len()..])
-        }
-        None => {
-            let status = child.wait()?;
-            bail!(
-                "the background mount ended ({status}) before mounting; see {}",
-                log_path.display()
-            )
-        }
-    }
+    let child = crate::util::start_background(&log, &log_path, DAEMON_ENV, "the mount")?;
+    eprintln!(
+        "ferry: {} mounted at {} (process {}; log {}; `ferry umount {}` to unmount)",
+        a.remote,
+        a.mountpoint.display(),
+        child.id(),
+        log_path.display(),
+        a.mountpoint.display()
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn umount(a: UmountArgs) -> Result<ExitCode> {

@@ -123,6 +123,14 @@ fn tree(root: &Path) {
         .unwrap();
 }
 
+/// `ferry cp --json SRC DST` as the user of `home`, over the remote shell `rsh`.
+fn cp(home: &Path, rsh: &Path, src: &str, dst: &str) -> serde_json::Value {
+    let ferry = env!("CARGO_BIN_EXE_ferry");
+    let rsh = rsh.to_str().unwrap();
+    let args = ["cp", "-e", rsh, "--remote-ferry", ferry, "--json", src, dst];
+    serde_json::from_str(&ok_in(home, &args)).unwrap()
+}
+
 /// Every file of `a` is in `b` with the same bytes, mode and mtime.
 fn same_tree(a: &Path, b: &Path) {
     use std::os::unix::fs::MetadataExt;
@@ -154,47 +162,26 @@ fn cp_copies_trees_daemon_to_daemon_and_falls_back_without_one() {
     }
     let src = t.path().join("project");
     tree(&src);
-    let ferry = env!("CARGO_BIN_EXE_ferry");
     let to_bob = fake_ssh(t.path(), &bob);
     let dest = t.path().join("bob-files");
     std::fs::create_dir_all(&dest).unwrap();
-    let json = ok_in(
-        &alice,
-        &[
-            "cp",
-            "-e",
-            to_bob.to_str().unwrap(),
-            "--remote-ferry",
-            ferry,
-            "--json",
-            src.to_str().unwrap(),
-            &format!("bob:{}", dest.display()),
-        ],
-    );
-    let r: serde_json::Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(r["via"], "daemon", "{json}");
-    assert_eq!(r["files"], 3, "{json}");
+    let to = |d: &Path| format!("bob:{}", d.display());
+    let r = cp(&alice, &to_bob, src.to_str().unwrap(), &to(&dest));
+    assert_eq!(r["via"], "daemon", "{r}");
+    assert_eq!(r["files"], 3, "{r}");
     same_tree(&src, &dest.join("project"));
     // And back: Bob's daemon sends, Alice's fetches (what Alice holds is not fetched again).
     let back = t.path().join("back");
-    let json = ok_in(
+    let r = cp(
         &alice,
-        &[
-            "cp",
-            "-e",
-            to_bob.to_str().unwrap(),
-            "--remote-ferry",
-            ferry,
-            "--json",
-            &format!("bob:{}", dest.join("project").display()),
-            back.to_str().unwrap(),
-        ],
+        &to_bob,
+        &to(&dest.join("project")),
+        back.to_str().unwrap(),
     );
-    let r: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(
         (r["via"].as_str(), r["fetched"].as_u64()),
         (Some("daemon"), Some(0)),
-        "{json}"
+        "{r}"
     );
     same_tree(&src, &back);
     // One file, into a directory and to a new name.
@@ -203,38 +190,19 @@ fn cp_copies_trees_daemon_to_daemon_and_falls_back_without_one() {
         (t.path().join("bob-files"), t.path().join("bob-files/b.txt")),
         (t.path().join("renamed"), t.path().join("renamed")),
     ] {
-        ok_in(
-            &alice,
-            &[
-                "cp",
-                "-e",
-                to_bob.to_str().unwrap(),
-                "--remote-ferry",
-                ferry,
-                one.to_str().unwrap(),
-                &format!("bob:{}", dest.display()),
-            ],
-        );
+        cp(&alice, &to_bob, one.to_str().unwrap(), &to(&dest));
         assert_eq!(std::fs::read(&lands).unwrap(), b"hello\n");
     }
     // Carol runs no daemon: the copy goes through the file service, and still arrives.
     let to_carol = fake_ssh(t.path(), &carol);
     let carol_dest = t.path().join("carol-files");
-    let json = ok_in(
+    let r = cp(
         &alice,
-        &[
-            "cp",
-            "-e",
-            to_carol.to_str().unwrap(),
-            "--remote-ferry",
-            ferry,
-            "--json",
-            src.to_str().unwrap(),
-            &format!("carol:{}", carol_dest.display()),
-        ],
+        &to_carol,
+        src.to_str().unwrap(),
+        &format!("carol:{}", carol_dest.display()),
     );
-    let r: serde_json::Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(r["via"], "file service", "{json}");
+    assert_eq!(r["via"], "file service", "{r}");
     for rel in ["a.bin", "sub/b.txt", "sub/deeper/empty"] {
         assert_eq!(
             std::fs::read(src.join(rel)).unwrap(),

@@ -50,26 +50,11 @@ pub struct SessionSource<'c, R, W> {
     hang_up: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
-impl<'c, R: io::Read, W: Write> SessionSource<'c, R, W> {
-    /// The server the fetch lists: it cut every recipe it sent, and finds chunks by id.
-    pub(crate) fn primary(conn: &'c mut Connection<R, W>) -> Self {
-        SessionSource {
-            conn,
-            name: "the server".into(),
-            places: None,
-            object: None,
-            pending: VecDeque::new(),
-            sent: 0,
-            hang_up: None,
-        }
-    }
+/// Ends a session's reading from another thread.
+type HangUp = Option<std::sync::Arc<std::sync::atomic::AtomicBool>>;
 
-    /// A lookaside provider: chunks by id alone; `hang_up` ends its session's reading.
-    pub fn provider(
-        conn: &'c mut Connection<R, W>,
-        name: &str,
-        hang_up: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
-    ) -> Self {
+impl<'c, R: io::Read, W: Write> SessionSource<'c, R, W> {
+    fn new(conn: &'c mut Connection<R, W>, name: &str, hang_up: HangUp) -> Self {
         SessionSource {
             conn,
             name: name.to_string(),
@@ -79,6 +64,16 @@ impl<'c, R: io::Read, W: Write> SessionSource<'c, R, W> {
             sent: 0,
             hang_up,
         }
+    }
+
+    /// The server the fetch lists: it cut every recipe it sent, and finds chunks by id.
+    pub(crate) fn primary(conn: &'c mut Connection<R, W>) -> Self {
+        Self::new(conn, "the server", None)
+    }
+
+    /// A lookaside provider: chunks by id alone; `hang_up` ends its session's reading.
+    pub fn provider(conn: &'c mut Connection<R, W>, name: &str, hang_up: HangUp) -> Self {
+        Self::new(conn, name, hang_up)
     }
 
     /// A transfer daemon holding object `oid`, read with capability `cap`; `hang_up` ends its
@@ -88,16 +83,11 @@ impl<'c, R: io::Read, W: Write> SessionSource<'c, R, W> {
         name: &str,
         oid: Id,
         cap: [u8; CAP_BYTES],
-        hang_up: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+        hang_up: HangUp,
     ) -> Self {
         SessionSource {
-            conn,
-            name: name.to_string(),
-            places: None,
             object: Some((oid, cap)),
-            pending: VecDeque::new(),
-            sent: 0,
-            hang_up,
+            ..Self::new(conn, name, hang_up)
         }
     }
 
@@ -108,16 +98,11 @@ impl<'c, R: io::Read, W: Write> SessionSource<'c, R, W> {
         name: &str,
         of: &WirePath,
         root: &WirePath,
-        hang_up: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+        hang_up: HangUp,
     ) -> Self {
         SessionSource {
-            conn,
-            name: name.to_string(),
             places: Some((of.clone(), root.clone())),
-            object: None,
-            pending: VecDeque::new(),
-            sent: 0,
-            hang_up,
+            ..Self::new(conn, name, hang_up)
         }
     }
 

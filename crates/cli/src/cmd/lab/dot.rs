@@ -19,7 +19,6 @@ use serde::Serialize;
 
 use super::link::{Relay, Shape};
 use super::{rate, run_bounded, same_files, Lab};
-use crate::cmd::demo::Rng;
 
 /// The file moved: incompressible, 40 MB as in DOT's experiments.
 const FILE_BYTES: usize = 40_000_000;
@@ -123,12 +122,10 @@ pub fn run(lab: &Lab) -> Result<Vec<DotRun>> {
     let dir = fs::canonicalize(&lab.work)?.join("dot");
     let src = dir.join("src");
     fs::create_dir_all(&src)?;
-    let mut rng = Rng(0x646f_7421);
-    let data: Vec<u8> = (0..FILE_BYTES.div_ceil(8))
-        .flat_map(|_| rng.next().to_le_bytes())
-        .take(FILE_BYTES)
-        .collect();
-    fs::write(src.join("file"), data)?;
+    fs::write(
+        src.join("file"),
+        super::incompressible(0x646f_7421, FILE_BYTES),
+    )?;
     let mut runs = vec![];
     for link in [shape(100.0, 0), shape(10.0, 30), shape(4.0, 30)] {
         for tool in ["ferry-cp", "scp", "rsync"] {

@@ -825,6 +825,15 @@ fn experiment_out(
     report_out(a, &report, md, &format!("{name}.md, {name}.json"), failed)
 }
 
+/// `len` incompressible bytes, the same for the same `seed`.
+fn incompressible(seed: u64, len: usize) -> Vec<u8> {
+    let mut rng = crate::cmd::demo::Rng(seed);
+    (0..len.div_ceil(8))
+        .flat_map(|_| rng.next().to_le_bytes())
+        .take(len)
+        .collect()
+}
+
 /// A command's standard output; an error with its standard error if it fails.
 fn output(cmd: &mut Command) -> Result<String> {
     let o = cmd

@@ -19,7 +19,6 @@ use serde::Serialize;
 
 use super::link::{Relay, Shape};
 use super::{rate, run_bounded, same_files, Lab};
-use crate::cmd::demo::Rng;
 
 /// The file fetched: incompressible, so every link carries all of it; 40 MB as in DOT's
 /// experiment.
@@ -80,12 +79,10 @@ pub fn run(lab: &Lab) -> Result<Vec<MultiRun>> {
     let dir = lab.work.join("multipath");
     let src = dir.join("src");
     fs::create_dir_all(&src)?;
-    let mut rng = Rng(0x6d70_6174);
-    let data: Vec<u8> = (0..FILE_BYTES.div_ceil(8))
-        .flat_map(|_| rng.next().to_le_bytes())
-        .take(FILE_BYTES)
-        .collect();
-    fs::write(src.join("file"), data)?;
+    fs::write(
+        src.join("file"),
+        super::incompressible(0x6d70_6174, FILE_BYTES),
+    )?;
     // Prime both servers once, unshaped.
     let direct = lab.direct.port;
     let rsh = remote_shell(lab, &dir, direct, direct)?;
