@@ -29,6 +29,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/status"),
     ("post", "/v1/objects"),
     ("get", "/v1/objects/{oid}"),
+    ("get", "/v1/objects/{oid}/data"),
     ("post", "/v1/fetches"),
     ("get", "/v1/fetches/{id}"),
     ("get", "/v1/fetches/{id}/events"),
@@ -281,6 +282,49 @@ async fn object(
     }))
 }
 
+/// The bytes of an object held whole, in order, each chunk verified as it is read; the
+/// stream breaks off (no clean end) if the whole turns out not to be the object.
+async fn data(State(d): Shared, UrlPath(oid): UrlPath<String>) -> Result<Response, DaemonError> {
+    let oid: Oid = oid
+        .parse()
+        .map_err(|e| DaemonError::BadRequest(format!("{oid:?} is not an object id: {e}")))?;
+    let shelf = d.shelf.clone();
+    let recipe = blocking(move || shelf.whole(&oid))
+        .await?
+        .ok_or_else(|| DaemonError::NotFound(format!("no whole object {oid} here")))?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<hyper::body::Bytes, std::io::Error>>(8);
+    let shelf = d.shelf.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut whole = ferry_format::IdHasher::new(oid.0.alg());
+        for c in recipe.chunks() {
+            let item = match ferry_store::ChunkStore::get(&**shelf.store(), &c.id) {
+                Ok(Some(b)) => {
+                    whole.update(&b);
+                    Ok(hyper::body::Bytes::from(b))
+                }
+                Ok(None) => Err(std::io::Error::other(format!("chunk {} is gone", c.id))),
+                Err(e) => Err(std::io::Error::other(e.to_string())),
+            };
+            let failed = item.is_err();
+            if tx.blocking_send(item).is_err() || failed {
+                return;
+            }
+        }
+        if whole.finish() != oid.0 {
+            let _ = tx.blocking_send(Err(std::io::Error::other("not the object")));
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let mut r = axum::body::Body::from_stream(stream).into_response();
+    r.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/octet-stream"),
+    );
+    Ok(r)
+}
+
 async fn fetch(
     State(d): Shared,
     req: Result<Json<FetchRequest>, JsonRejection>,
@@ -381,6 +425,7 @@ fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/status", get(status))
         .route("/v1/objects", post(put))
         .route("/v1/objects/{oid}", get(object))
+        .route("/v1/objects/{oid}/data", get(data))
         .route("/v1/fetches", post(fetch))
         .route("/v1/fetches/{id}", get(job))
         .route("/v1/fetches/{id}/events", get(events))

@@ -157,10 +157,11 @@ impl Client {
     }
 
     /// GETs `path` and calls `on_line` with each line of the answer as it comes.
-    fn stream(
+    /// GETs `path` and calls `on_data` with the answer's bytes as they come.
+    pub fn get_bytes(
         &self,
         path: &str,
-        mut on_line: impl FnMut(&[u8]) -> Result<(), DaemonError>,
+        mut on_data: impl FnMut(&[u8]) -> Result<(), DaemonError>,
     ) -> Result<(), DaemonError> {
         let req = hyper::Request::builder()
             .method("GET")
@@ -174,21 +175,32 @@ impl Client {
                 let bytes = body.collect().await.map_err(api)?.to_bytes();
                 return Err(error_of(status, &bytes));
             }
-            let mut buf: Vec<u8> = vec![];
             while let Some(frame) = body.frame().await {
-                let frame = frame.map_err(api)?;
-                if let Some(d) = frame.data_ref() {
-                    buf.extend_from_slice(d);
-                    while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-                        let line: Vec<u8> = buf.drain(..=nl).collect();
-                        if line.len() > 1 {
-                            on_line(&line[..line.len() - 1])?;
-                        }
-                    }
-                    if buf.len() > 1 << 20 {
-                        return Err(DaemonError::Api("an event of over a MiB".into()));
-                    }
+                if let Some(d) = frame.map_err(api)?.data_ref() {
+                    on_data(d)?;
                 }
+            }
+            Ok(())
+        })
+    }
+
+    /// GETs `path` and calls `on_line` with each line of the answer as it comes.
+    fn stream(
+        &self,
+        path: &str,
+        mut on_line: impl FnMut(&[u8]) -> Result<(), DaemonError>,
+    ) -> Result<(), DaemonError> {
+        let mut buf: Vec<u8> = vec![];
+        self.get_bytes(path, |d| {
+            buf.extend_from_slice(d);
+            while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=nl).collect();
+                if line.len() > 1 {
+                    on_line(&line[..line.len() - 1])?;
+                }
+            }
+            if buf.len() > 1 << 20 {
+                return Err(DaemonError::Api("an event of over a MiB".into()));
             }
             Ok(())
         })

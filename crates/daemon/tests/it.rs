@@ -749,3 +749,70 @@ fn a_lookaside_provider_serves_the_daemons_fetches() {
     assert_eq!(std::fs::read(&out).unwrap(), bytes);
     assert!(from(&got) > 0, "{got:?}");
 }
+
+/// An object held whole streams out of the daemon in order, as it is (`ferry object get -o -`).
+#[test]
+fn an_object_streams_out_in_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let bytes = data(3 << 20, 16);
+    let put = put_file(&a, "in", &bytes);
+    let mut got = vec![];
+    a.client
+        .get_bytes(&format!("/v1/objects/{}/data", put.oid), |d| {
+            got.extend_from_slice(d);
+            Ok(())
+        })
+        .unwrap();
+    assert!(got == bytes);
+    let e = a
+        .client
+        .get_bytes("/v1/objects/blake3:00/data", |_| Ok(()))
+        .unwrap_err();
+    assert!(matches!(e, DaemonError::BadRequest(_)), "{e}");
+}
+
+/// A destination on a full disk: the fetch fails saying so, nothing (not even a temporary
+/// file) is left there, and the object is still fetched into the store (a second get to
+/// another place needs no network). Needs root to mount a tmpfs; CI runs as root.
+#[test]
+fn a_full_disk_fails_the_install_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let full = tmp.path().join("full");
+    std::fs::create_dir_all(&full).unwrap();
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    if !root {
+        eprintln!("SKIPPED a_full_disk_fails_the_install_cleanly: needs root to mount a tmpfs");
+        return;
+    }
+    let st = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&full)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(self.0)
+                .status();
+        }
+    }
+    let _unmount = Unmount(&full);
+    let a = start(&tmp.path().join("a"));
+    let b = start(&tmp.path().join("b"));
+    let bytes = data(3 << 20, 17);
+    let put = put_file(&a, "in", &bytes);
+    let e = get(&b, &put.ticket, &full.join("out")).unwrap_err();
+    assert!(e.to_string().contains("No space left"), "{e}");
+    assert_eq!(std::fs::read_dir(&full).unwrap().count(), 0);
+    let elsewhere = tmp.path().join("out");
+    let again = get(&b, &put.ticket, &elsewhere).unwrap();
+    assert!(again.sources.is_empty(), "{again:?}");
+    assert!(std::fs::read(&elsewhere).unwrap() == bytes);
+}

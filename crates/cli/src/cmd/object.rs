@@ -1,5 +1,6 @@
 //! `ferry object put|get|stat`: thin clients of the daemon's API (`ferry daemon` must run).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -35,7 +36,8 @@ enum Cmd {
     /// already holds), verified, into FILE.
     Get {
         ticket: String,
-        /// Where to install it (atomically) [default: only into the daemon's store].
+        /// Where to install it (atomically); `-`: standard output [default: only into the
+        /// daemon's store].
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
         /// Print the fetch's id and return at once (the daemon goes on; `ferry object wait ID`
@@ -90,7 +92,12 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
             output,
             no_wait,
         } => {
-            let path = output.as_deref().map(absolute).transpose()?;
+            let to_stdout = output.as_deref() == Some(Path::new("-"));
+            let path = match to_stdout {
+                true => None,
+                false => output.as_deref().map(absolute).transpose()?,
+            };
+            let oid = ticket.parse::<Ticket>()?.oid;
             let job: Job = client
                 .post("/v1/fetches", &FetchRequest { ticket, path })
                 .context("cannot fetch the object")?;
@@ -98,7 +105,19 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
                 println!("{}", job.id);
                 return Ok(ExitCode::SUCCESS);
             }
-            return follow(&client, &job.id, a.json, ui);
+            if !to_stdout {
+                return follow(&client, &job.id, a.json, ui);
+            }
+            // Fetched (verified, whole) into the daemon first, then streamed out of it.
+            follow(&client, &job.id, false, &Ui { quiet: true })?;
+            let mut out = std::io::stdout().lock();
+            client
+                .get_bytes(&format!("/v1/objects/{oid}/data"), |d| {
+                    out.write_all(d)
+                        .map_err(|e| ferry_daemon::DaemonError::Api(e.to_string()))
+                })
+                .context("cannot stream the object")?;
+            out.flush()?;
         }
         Cmd::Wait { id } => return follow(&client, &id, a.json, ui),
         Cmd::Send { .. } | Cmd::Receive { .. } => unreachable!("handled above"),

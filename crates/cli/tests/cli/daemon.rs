@@ -75,6 +75,9 @@ fn objects_move_between_two_users_daemons_by_ticket() {
     assert_eq!(r["state"], "done");
     assert_eq!(r["report"]["size"], 1_500_000);
     assert_eq!(r["report"]["sources"][0]["bytes"], 1_500_000);
+    let streamed = ferry_in(&bob, &["object", "get", ticket, "-o", "-"]);
+    assert!(streamed.status.success());
+    assert!(streamed.stdout == bytes);
     let stat = ok_in(&bob, &["object", "stat", ticket, "--json"]);
     let stat: serde_json::Value = serde_json::from_str(&stat).unwrap();
     assert_eq!(stat["held"], true);
