@@ -360,6 +360,37 @@ fn a_capability_reads_its_own_chunks_only() {
         s.conn.call(Request::GetAttr { path: "".into() }),
         ErrorCode::Permission,
     );
+    // An authorized key reads chunks by id (a lookaside provider), and still nothing else:
+    // no file of the daemon's is listed or written.
+    std::fs::write(
+        tmp.path().join("a/authorized_keys"),
+        format!("{} me\n", me.fingerprint()),
+    )
+    .unwrap();
+    let mut s = ferry_net::connect_pinned(&ep, &me, key).unwrap();
+    let got = s
+        .conn
+        .call(Request::GetChunks(ferry_proto::GetChunks {
+            ids: Ids::Full(vec![other_chunks[0].id]),
+            at: None,
+            against: None,
+        }))
+        .unwrap();
+    assert!(
+        matches!(&got[0], Reply::Chunks(c) if c.found == [0]),
+        "{got:?}"
+    );
+    refused(
+        s.conn.call(Request::GetAttr { path: "".into() }),
+        ErrorCode::Unsupported,
+    );
+    refused(
+        s.conn.call(Request::Mkdir {
+            path: "x".into(),
+            mode: 0o755,
+        }),
+        ErrorCode::Unsupported,
+    );
 }
 
 /// A daemon killed while fetching takes the fetch up again when it starts: the job was

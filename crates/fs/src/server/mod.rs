@@ -341,6 +341,14 @@ impl Server {
                  it holds capabilities for",
             ));
         }
+        // A transfer daemon serves objects, and chunks by id to the keys it authorizes; its
+        // (empty) export is neither listed nor written.
+        if self.shelf.is_some() && !object && !matches!(r, Request::GetChunks(_)) {
+            return one(error(
+                ErrorCode::Unsupported,
+                "a transfer daemon serves objects and chunks, not files",
+            ));
+        }
         if matches!(
             r,
             Request::Commit { .. }
