@@ -485,7 +485,8 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
                 shelf: &shelf,
                 identity: &identity,
                 devices: &devices,
-                lookaside: lookaside.as_ref().map(|l| (l, paths.keys.as_path())),
+                lookaside: lookaside.as_ref(),
+                registry: &paths.keys,
                 providers: registered(&paths)
                     .into_iter()
                     .map(|p| p.to_string_lossy().into_owned())

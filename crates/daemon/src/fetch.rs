@@ -101,9 +101,11 @@ pub struct Fetcher<'a> {
     pub shelf: &'a Shelf,
     pub identity: &'a Identity,
     pub devices: &'a Devices,
-    /// The user's lookaside devices (`ferry lookaside add`), with the directory of their
-    /// registry (where what they supplied is counted).
-    pub lookaside: Option<(&'a ferry_lookaside::Lookaside, &'a Path)>,
+    /// The user's lookaside devices (`ferry lookaside add`).
+    pub lookaside: Option<&'a ferry_lookaside::Lookaside>,
+    /// The directory of the lookaside registry, where what devices and providers supplied is
+    /// counted.
+    pub registry: &'a Path,
     /// The user's lookaside providers (`ferry://HOST:PORT`: daemons of the user's that
     /// authorize this one's key), asked for chunks by id.
     pub providers: Vec<String>,
@@ -231,10 +233,17 @@ pub fn fetch(
     for (_, s) in peers.into_iter().chain(providers) {
         let _ = s.close();
     }
-    if let Some((l, registry)) = f.lookaside {
-        if let Err(e) = ferry_lookaside::Registry::new(registry).count(&l.supplied()) {
-            tracing::warn!("cannot count what lookaside devices supplied: {e}");
-        }
+    let mut supplied = f.lookaside.map(|l| l.supplied()).unwrap_or_default();
+    for u in used.iter().filter(|u| f.providers.contains(&u.name)) {
+        let s = ferry_lookaside::Supplied {
+            chunks: u.chunks,
+            bytes: u.bytes,
+            ..Default::default()
+        };
+        supplied.push((PathBuf::from(&u.name), s));
+    }
+    if let Err(e) = ferry_lookaside::Registry::new(f.registry).count(&supplied) {
+        tracing::warn!("cannot count what lookaside devices and providers supplied: {e}");
     }
     r?;
     for u in used {
@@ -278,7 +287,7 @@ fn fetch_segment(
             Err(e) => tracing::info!("device {}: {e}", d.display()),
         }
     }
-    if let Some((l, _)) = f.lookaside {
+    if let Some(l) = f.lookaside {
         for s in l.sources() {
             owned.push(Box::new(s));
         }
@@ -309,7 +318,7 @@ fn fetch_segment(
     drop(sources);
     drop(owned);
     let done = done.map_err(|e| DaemonError::Unavailable(e.to_string()))?;
-    if let Some((l, _)) = f.lookaside {
+    if let Some(l) = f.lookaside {
         l.record(&done.sources);
     }
     Ok(done)

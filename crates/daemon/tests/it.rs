@@ -779,6 +779,8 @@ fn a_lookaside_provider_serves_the_daemons_fetches() {
     let got = get(&c, &put.ticket, &out).unwrap();
     assert_eq!(std::fs::read(&out).unwrap(), bytes);
     assert!(from(&got) > 0, "{got:?}");
+    let counted = ferry_lookaside::Registry::new(&c_dir).list().unwrap();
+    assert_eq!(counted[0].supplied.bytes, from(&got), "{counted:?}");
 }
 
 /// An object held whole streams out of the daemon in order, as it is (`ferry object get -o -`).

@@ -26,6 +26,7 @@
 //!     timeout: Duration::from_secs(15),
 //!     chunker: Default::default(),
 //!     lookaside: None,
+//!     providers: Default::default(),
 //! };
 //! let vfs = ferry_mount::Vfs::new(connect, ferry_proto::WirePath::default(), opts)?;
 //! ferry_mount::serve(vfs, "/home/me/src".as_ref(), &ferry_mount::MountOptions::default(), |_| {})?;
@@ -43,7 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use link::Connector;
-pub use vfs::{Errno, Ino, MountError, Options, Stat, Vfs, ROOT};
+pub use vfs::{Errno, Ino, MountError, Options, Providers, Stat, Vfs, ROOT};
 
 /// How the kernel side is set up.
 #[derive(Clone, Debug)]

@@ -135,6 +135,75 @@ pub struct Options {
     pub chunker: ChunkerSpec,
     /// Devices searched for chunks before the server (lookaside caching).
     pub lookaside: Option<std::sync::Arc<ferry_lookaside::Lookaside>>,
+    /// Lookaside providers (daemons of the user's on the LAN), asked for chunks by id beside
+    /// the server.
+    pub providers: Providers,
+}
+
+/// Sessions with lookaside providers (`ferry lookaside add ferry://…`), and what each supplied
+/// so far. One that fails is left out of later fetches by the engine's handling of a failed
+/// source; the mount goes on with the server.
+#[derive(Clone, Default)]
+pub struct Providers {
+    pub sessions: std::sync::Arc<std::sync::Mutex<Vec<ferry_fs::Mirror>>>,
+    supplied: std::sync::Arc<std::sync::Mutex<Vec<ferry_fs::SourceStats>>>,
+}
+
+impl std::fmt::Debug for Providers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        f.debug_list()
+            .entries(list.iter().map(|m| &m.name))
+            .finish()
+    }
+}
+
+impl Providers {
+    pub fn new(sessions: Vec<ferry_fs::Mirror>) -> Self {
+        Providers {
+            sessions: std::sync::Arc::new(std::sync::Mutex::new(sessions)),
+            supplied: Default::default(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
+    /// Adds what a fetch's sources did to the providers' counts.
+    fn note(&self, sources: &[ferry_fs::SourceStats]) {
+        let names: Vec<String> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|m| m.name.clone())
+            .collect();
+        let mut sum = self.supplied.lock().unwrap_or_else(|e| e.into_inner());
+        for s in sources.iter().filter(|s| names.contains(&s.name)) {
+            match sum.iter_mut().find(|t| t.name == s.name) {
+                Some(t) => {
+                    t.requests += s.requests;
+                    t.chunks += s.chunks;
+                    t.bytes += s.bytes;
+                    t.misses += s.misses;
+                    t.rejected += s.rejected;
+                }
+                None => sum.push(s.clone()),
+            }
+        }
+    }
+
+    /// What each provider supplied since the mount began.
+    pub fn supplied(&self) -> Vec<ferry_fs::SourceStats> {
+        self.supplied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 /// Errors of mounting (once mounted, operations return an [`Errno`]).
@@ -692,9 +761,10 @@ impl Vfs {
             // Large ones by recipe: the chunk cache outlives the copies, and may hold chunks
             // of a file evicted, renamed or copied on the server.
             ranges: false,
-            short_ids: true,
+            // Providers need recipes with full ids.
+            short_ids: self.opts.providers.is_empty(),
             cache_file_max: u64::MAX,
-            mirrors: None,
+            mirrors: (!self.opts.providers.is_empty()).then_some(&*self.opts.providers.sessions),
             progress: None,
             lookaside: self.opts.lookaside.as_deref(),
         }
@@ -786,6 +856,7 @@ impl Vfs {
             .link
             .run(|c| ferry_fs::fetch_file(c, path, &attr, &data, &src, &mut stats));
         self.apply_invalidations();
+        self.opts.providers.note(&stats.sources);
         match r {
             Ok(()) => {}
             Err(Failure::Offline(why)) => return self.offline_copy(path, have, &why),

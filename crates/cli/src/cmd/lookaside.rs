@@ -187,14 +187,29 @@ impl UseArgs {
 }
 
 impl InUse {
-    /// Adds what the registered devices supplied to their counts.
-    pub fn count(&self) -> Result<()> {
-        let supplied: Vec<(PathBuf, Supplied)> = self
+    /// Adds what the registered devices, and the providers among `sources` (a fetch's), supplied
+    /// to their counts.
+    pub fn count(&self, sources: &[ferry_fs::SourceStats]) -> Result<()> {
+        let mut supplied: Vec<(PathBuf, Supplied)> = self
             .lookaside
             .supplied()
             .into_iter()
             .filter(|(p, s)| self.registered.contains(p) && *s != Supplied::default())
             .collect();
+        // And what the providers supplied, as the engine counted it.
+        for s in sources.iter().filter(|s| self.providers.contains(&s.name)) {
+            supplied.push((
+                PathBuf::from(&s.name),
+                Supplied {
+                    requests: s.requests,
+                    chunks: s.chunks,
+                    bytes: s.bytes,
+                    misses: s.misses,
+                    rejected: s.rejected,
+                    ..Supplied::default()
+                },
+            ));
+        }
         registry()
             .count(&supplied)
             .context("cannot count what lookaside devices supplied")

@@ -102,12 +102,14 @@ pub fn mount(a: MountArgs) -> Result<ExitCode> {
 fn run(a: &MountArgs, cache: &Path, daemon: bool) -> Result<()> {
     let (connect, root) = connector(&a.remote, &a.rsh)?;
     let devices = a.lookaside.load(&a.rsh.chunker())?;
+    let providers = ferry_mount::Providers::new(devices.provider_sessions());
     let opts = ferry_mount::Options {
         cache_dir: cache.to_path_buf(),
         cache_size: a.cache_size as u64,
         timeout: Duration::from_secs(a.timeout),
         chunker: a.rsh.chunker(),
         lookaside: Some(devices.lookaside.clone()),
+        providers: providers.clone(),
     };
     let vfs = ferry_mount::Vfs::new(connect, root, opts)
         .with_context(|| format!("cannot mount {}", a.remote))?;
@@ -144,7 +146,7 @@ fn run(a: &MountArgs, cache: &Path, daemon: bool) -> Result<()> {
         }
     })
     .with_context(|| format!("cannot mount at {}", a.mountpoint.display()))?;
-    devices.count()
+    devices.count(&providers.supplied())
 }
 
 /// Starts the mount in the background and reports how that went.

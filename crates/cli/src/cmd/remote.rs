@@ -786,7 +786,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
         Ok((stats, traffic))
     })?;
     bar.finish_and_clear();
-    devices.count()?;
+    devices.count(&stats.sources)?;
     a.cache.trim(&cache)?;
     let secs = t.elapsed().as_secs_f64();
     let mut out = io::stdout().lock();

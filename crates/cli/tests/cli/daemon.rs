@@ -281,4 +281,77 @@ fn a_daemon_on_the_lan_is_a_lookaside_provider() {
     std::fs::remove_dir_all(me.join("cache")).unwrap();
     let from_provider = get(&second).unwrap();
     assert!(from_provider > 0, "{from_provider}");
+    // `ferry lookaside list` counts what it supplied.
+    let listed = ok_in(&me, &["lookaside", "list", "--json"]);
+    let entry: serde_json::Value = serde_json::from_str(listed.lines().next().unwrap()).unwrap();
+    assert_eq!(entry["supplied"]["bytes"], from_provider, "{listed}");
+}
+
+/// The mount's opens ask a provider too, and what it supplied is counted when the mount ends.
+/// Needs root and /dev/fuse (CI has both).
+#[test]
+fn the_mount_asks_a_lookaside_provider() {
+    let root = rustix::process::getuid().is_root();
+    if !(root && Path::new("/dev/fuse").exists()) {
+        eprintln!("skipped: mounting needs root and /dev/fuse");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let (lan, me) = (t.path().join("lan"), t.path().join("me"));
+    ok_in(&lan, &["daemon", "--detach", "--listen", "127.0.0.1:0"]);
+    let _lan_running = Running(&lan);
+    let status: serde_json::Value =
+        serde_json::from_str(&ok_in(&lan, &["daemon", "status", "--json"])).unwrap();
+    let provider = format!("ferry://{}", status["listen"].as_str().unwrap());
+    let export = t.path().join("export");
+    std::fs::create_dir_all(&export).unwrap();
+    let bytes = super::data(3_000_000, 6);
+    std::fs::write(export.join("big"), &bytes).unwrap();
+    ok_in(
+        &lan,
+        &["object", "put", export.join("big").to_str().unwrap()],
+    );
+    ok_in(&me, &["lookaside", "add", &provider]);
+    let me_key = ok_in(&me, &["key", "show"]);
+    let fp = me_key
+        .split_whitespace()
+        .find(|w| w.starts_with("blake3:"))
+        .unwrap();
+    std::fs::write(lan.join("data/ferry/authorized_keys"), format!("{fp} me\n")).unwrap();
+    let rsh = t.path().join("ssh-here");
+    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
+    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let at = t.path().join("mnt");
+    std::fs::create_dir_all(&at).unwrap();
+    let ferry = env!("CARGO_BIN_EXE_ferry");
+    ok_in(
+        &me,
+        &[
+            "mount",
+            "-e",
+            rsh.to_str().unwrap(),
+            "--remote-ferry",
+            ferry,
+            &format!("host:{}", export.display()),
+            at.to_str().unwrap(),
+        ],
+    );
+    let read = std::fs::read(at.join("big"));
+    ok_in(&me, &["umount", at.to_str().unwrap()]);
+    assert!(read.unwrap() == bytes);
+    // The mount process counts what the provider supplied as it ends.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let listed = ok_in(&me, &["lookaside", "list", "--json"]);
+        let entry: serde_json::Value =
+            serde_json::from_str(listed.lines().next().unwrap()).unwrap();
+        if entry["supplied"]["bytes"].as_u64().unwrap_or(0) > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the provider supplied nothing: {listed}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }

@@ -79,6 +79,7 @@ pub fn client(remote: &Remote, cache: &Path, timeout: Duration) -> Vfs {
         timeout,
         chunker: Default::default(),
         lookaside: None,
+        providers: Default::default(),
     };
     Vfs::new(remote.connector(), WirePath::default(), opts).unwrap()
 }
@@ -216,6 +217,7 @@ fn opens_read_from_a_lookaside_device_first() {
         timeout: Duration::from_secs(5),
         chunker: spec,
         lookaside: Some(devices.clone()),
+        providers: Default::default(),
     };
     let c = Vfs::new(remote.connector(), WirePath::default(), opts).unwrap();
     assert_eq!(read(&c, "doc").unwrap(), doc);
