@@ -1,7 +1,8 @@
 //! Fetches the daemon has accepted: each recorded on disk when accepted (so a daemon restarted
 //! after a crash or a kill takes up again every one not finished), run on a thread of its own,
 //! and reporting what it does as numbered events a client follows and resumes from the last
-//! id it saw.
+//! id it saw. Records of ended jobs are dropped a week after they ended, when the daemon next
+//! starts.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,8 @@ use crate::DaemonError;
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 /// Events kept per job: the first, the last ones, and the end.
 const KEEP_EVENTS: usize = 256;
+/// How long the record of an ended job is kept (it is dropped when the daemon next starts).
+const KEEP_ENDED: Duration = Duration::from_secs(7 * 24 * 3600);
 /// A restarted job's events are numbered from `restarts × this`, after all of its earlier ones.
 const IDS_PER_RUN: u64 = 1 << 32;
 
@@ -156,6 +159,17 @@ impl Jobs {
                 }
             };
             let again = job.state == State::Running;
+            // An ended job's record is kept a while for whoever follows it, then forgotten.
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > KEEP_ENDED);
+            if !again && old {
+                let _ = std::fs::remove_file(&p);
+                continue;
+            }
             let job = if again {
                 Job {
                     restarts: job.restarts + 1,

@@ -421,7 +421,28 @@ fn a_restarted_daemon_takes_up_the_fetches_it_had_accepted() {
     )
     .unwrap();
     std::fs::write(jobs.join("junk.json"), b"{not json").unwrap();
+    // An ended job of long ago is forgotten.
+    let ended = Job {
+        id: "00000000000000ee".into(),
+        state: State::Done,
+        ..record.clone()
+    };
+    let old = jobs.join("00000000000000ee.json");
+    std::fs::write(&old, serde_json::to_vec(&ended).unwrap()).unwrap();
+    let long_ago = std::time::SystemTime::now() - Duration::from_secs(8 * 24 * 3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&old)
+        .unwrap()
+        .set_modified(long_ago)
+        .unwrap();
     let b = start(&b_dir);
+    assert!(!old.exists());
+    let e = b
+        .client
+        .get::<Job>("/v1/fetches/00000000000000ee")
+        .unwrap_err();
+    assert!(matches!(e, DaemonError::NotFound(_)), "{e}");
     let mut events = vec![];
     let end = b
         .client
