@@ -1,8 +1,6 @@
-//! The local API: HTTP/1.1 with JSON on a Unix socket (mode 0600, and only the socket owner's
-//! connections are served), as `docs/daemon-api.json` describes it. The peer side runs beside
-//! it: the TLS daemon of `ferry-net`, serving the shelf's objects by capability.
+//! The local API: HTTP/1.1 with JSON on a Unix socket, as `docs/daemon-api.json` describes it:
+//! its types, handlers and routes. (`serve` runs it, and the peer side beside it.)
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -13,15 +11,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use ferry_format::Oid;
-use ferry_net::Identity;
 use serde::{Deserialize, Serialize};
 
 use crate::devices::{self, Device, Devices, Pushed};
-use crate::fetch;
 use crate::jobs::{Job, Jobs, Runner};
 use crate::shelf::{Put, Shelf};
 use crate::ticket::{Hint, Ticket};
-use crate::{Config, DaemonError};
+use crate::DaemonError;
 
 /// Every route: (method, path as in the OpenAPI document). The test of the document checks
 /// that it lists exactly these.
@@ -102,12 +98,13 @@ pub struct ApiError {
     pub error: String,
 }
 
-struct Daemon {
-    shelf: Arc<Shelf>,
-    devices: Arc<Devices>,
-    jobs: Arc<Jobs>,
-    runner: Runner,
-    status: Status,
+/// What the handlers share.
+pub(crate) struct Daemon {
+    pub(crate) shelf: Arc<Shelf>,
+    pub(crate) devices: Arc<Devices>,
+    pub(crate) jobs: Arc<Jobs>,
+    pub(crate) runner: Runner,
+    pub(crate) status: Status,
 }
 
 /// `GET /v1/fetches/{id}/events?after=N`.
@@ -420,7 +417,7 @@ async fn remove_device(
     .await
 }
 
-fn router(d: Arc<Daemon>) -> Router {
+pub(crate) fn router(d: Arc<Daemon>) -> Router {
     Router::new()
         .route("/v1/status", get(status))
         .route("/v1/objects", post(put))
@@ -432,260 +429,4 @@ fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/devices", get(devices).post(add_device))
         .route("/v1/devices/remove", post(remove_device))
         .with_state(d)
-}
-
-/// See [`crate::run`].
-pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), DaemonError> {
-    let paths = cfg.paths.clone();
-    // First: a daemon already running here is the clearest reason not to start.
-    let socket = bind_socket(&paths.socket)?;
-    let shelf = Arc::new(Shelf::open(&paths.data)?);
-    std::fs::create_dir_all(&paths.keys).map_err(DaemonError::file("create", &paths.keys))?;
-    let (identity, _) = Identity::load_or_create(&paths.keys)?;
-    let key = identity.fingerprint();
-    let mut hints = vec![];
-    let listen = match cfg.listen {
-        None => None,
-        Some(addr) => {
-            let l = std::net::TcpListener::bind(addr)
-                .map_err(|e| DaemonError::Unavailable(format!("cannot listen on {addr}: {e}")))?;
-            let bound = l
-                .local_addr()
-                .map_err(DaemonError::file("bind", &paths.socket))?;
-            hints.push(Hint {
-                uri: format!("ferry://{}?key={key}", advertised(&cfg, bound)),
-                priority: 10,
-                weight: 100,
-            });
-            peer_side(l, &paths, shelf.clone())?;
-            Some(bound.to_string())
-        }
-    };
-    let status = Status {
-        version: env!("CARGO_PKG_VERSION").into(),
-        pid: std::process::id(),
-        socket: paths.socket.clone(),
-        data: paths.data.clone(),
-        key: key.to_string(),
-        listen,
-        hints,
-    };
-    let identity = Arc::new(identity);
-    let devices = Arc::new(Devices::open(&paths.data.join("devices.json"))?);
-    let runner: Runner = {
-        let (shelf, identity, devices) = (shelf.clone(), identity.clone(), devices.clone());
-        let paths = paths.clone();
-        Arc::new(move |job: &Job, progress: &(dyn Fn(u64) + Sync)| {
-            let ticket: Ticket = job
-                .ticket
-                .parse()
-                .map_err(|e: crate::ticket::BadTicket| DaemonError::BadRequest(e.to_string()))?;
-            let lookaside = lookaside(&paths);
-            let f = fetch::Fetcher {
-                shelf: &shelf,
-                identity: &identity,
-                devices: &devices,
-                lookaside: lookaside.as_ref(),
-                registry: &paths.keys,
-                providers: registered(&paths)
-                    .into_iter()
-                    .map(|p| p.to_string_lossy().into_owned())
-                    .filter(|p| p.starts_with("ferry://"))
-                    .collect(),
-                known_hosts: paths.keys.join("known_hosts"),
-            };
-            let (recipe, report) = fetch::fetch(&f, &ticket, progress)?;
-            if let Some(p) = &job.path {
-                fetch::install(&shelf, &ticket.oid, &recipe, p)?;
-            }
-            Ok(report)
-        })
-    };
-    let jobs = Jobs::open(&paths.data.join("jobs"), runner.clone())?;
-    ready(&status);
-    let daemon = Arc::new(Daemon {
-        shelf,
-        devices,
-        jobs,
-        runner,
-        status,
-    });
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| DaemonError::Unavailable(format!("cannot start the API's runtime: {e}")))?;
-    rt.block_on(serve(socket, router(daemon)))
-}
-
-/// What the user's lookaside registry names: devices and providers.
-fn registered(paths: &crate::Paths) -> Vec<PathBuf> {
-    ferry_lookaside::Registry::new(&paths.keys)
-        .list()
-        .map_err(|e| tracing::warn!("the lookaside registry: {e}"))
-        .unwrap_or_default()
-        .into_iter()
-        .map(|e| e.path)
-        .collect()
-}
-
-/// The user's lookaside devices (`ferry lookaside add`) that are indexed with the daemon's
-/// chunker, if any.
-fn lookaside(paths: &crate::Paths) -> Option<ferry_lookaside::Lookaside> {
-    let roots: Vec<PathBuf> = registered(paths)
-        .into_iter()
-        .filter(|p| !p.to_string_lossy().starts_with("ferry://"))
-        .collect();
-    if roots.is_empty() {
-        return None;
-    }
-    let (l, unusable) = ferry_lookaside::Lookaside::load(
-        &roots,
-        &paths.cache.join("lookaside"),
-        &ferry_chunk::ChunkerSpec::default(),
-        ferry_format::HashAlg::Blake3,
-        ferry_lookaside::Matching::Chunks,
-    );
-    for (root, why) in unusable {
-        tracing::info!("lookaside {}: {why}", root.display());
-    }
-    (!l.is_empty()).then_some(l)
-}
-
-/// The host and port peers reach the daemon at: `--advertise` (a host, or a host and port
-/// when something in between forwards to the daemon), else the address bound.
-fn advertised(cfg: &Config, bound: SocketAddr) -> String {
-    if let Some(a) = &cfg.advertise {
-        if a.parse::<SocketAddr>().is_ok() {
-            return a.clone();
-        }
-        if let Some((h, p)) = a.rsplit_once(':') {
-            if !h.contains(':') && p.parse::<u16>().is_ok() {
-                return a.clone();
-            }
-        }
-    }
-    let host = match &cfg.advertise {
-        Some(h) => h.clone(),
-        None if bound.ip().is_unspecified() => rustix::system::uname()
-            .nodename()
-            .to_string_lossy()
-            .into_owned(),
-        None => bound.ip().to_string(),
-    };
-    if host.contains(':') {
-        format!("[{host}]:{}", bound.port())
-    } else {
-        format!("{host}:{}", bound.port())
-    }
-}
-
-/// The peer side: other daemons (any key) read objects by capability; clients whose keys are
-/// authorized see an empty export besides.
-fn peer_side(
-    listener: std::net::TcpListener,
-    paths: &crate::Paths,
-    shelf: Arc<Shelf>,
-) -> Result<(), DaemonError> {
-    let (identity, _) = Identity::load_or_create(&paths.keys)?;
-    let export_dir = paths.data.join("export");
-    std::fs::create_dir_all(&export_dir).map_err(DaemonError::file("create", &export_dir))?;
-    let handler: ferry_net::Handler = Arc::new(move |peer, stream, hello| {
-        let session = || -> Result<(), Box<dyn std::error::Error>> {
-            let export = ferry_fs::Export::open(&export_dir)?;
-            let opts = ferry_fs::ServerOptions {
-                hello_timeout: Some(hello),
-                trash_bytes: 0,
-                ..Default::default()
-            };
-            let staging: ferry_fs::Staging = shelf.store().clone();
-            let mut server = ferry_fs::Server::new(export, opts, staging)
-                .with_objects(shelf.clone(), !peer.authorized);
-            let input = stream.try_clone()?;
-            let output = std::io::BufWriter::with_capacity(256 << 10, stream);
-            ferry_fs::serve(&mut server, input, output)?;
-            Ok(())
-        };
-        if let Err(e) = session() {
-            tracing::info!("peer session with {}: {e}", peer.addr);
-        }
-    });
-    let daemon = ferry_net::Daemon {
-        listener,
-        identity,
-        authorized_keys: paths.keys.join("authorized_keys"),
-        max_sessions: 16,
-        guests: 64,
-        hello_timeout: ferry_net::HELLO_TIMEOUT,
-    };
-    std::thread::Builder::new()
-        .name("ferry-peers".into())
-        .spawn(move || {
-            if let Err(e) = daemon.run(handler) {
-                tracing::error!("the peer side stopped: {e}");
-            }
-        })
-        .map_err(|e| DaemonError::Unavailable(format!("cannot start the peer side: {e}")))?;
-    Ok(())
-}
-
-/// Binds the API socket, mode 0600 in a directory of mode 0700; a socket left by a daemon that
-/// died is replaced, one a live daemon answers on is not.
-fn bind_socket(path: &Path) -> Result<std::os::unix::net::UnixListener, DaemonError> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = path.parent().expect("a socket in a directory");
-    std::fs::create_dir_all(dir).map_err(DaemonError::file("create", dir))?;
-    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
-    if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        return Err(DaemonError::Unavailable(format!(
-            "a daemon already runs on {} (one per user and data directory)",
-            path.display()
-        )));
-    }
-    let _ = std::fs::remove_file(path);
-    let l =
-        std::os::unix::net::UnixListener::bind(path).map_err(DaemonError::file("bind", path))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(DaemonError::file("set the mode of", path))?;
-    Ok(l)
-}
-
-/// Serves HTTP/1.1 on the socket to connections from its owner's processes only.
-async fn serve(socket: std::os::unix::net::UnixListener, app: Router) -> Result<(), DaemonError> {
-    let me = rustix::process::getuid();
-    socket
-        .set_nonblocking(true)
-        .map_err(|e| DaemonError::Unavailable(e.to_string()))?;
-    let listener = tokio::net::UnixListener::from_std(socket)
-        .map_err(|e| DaemonError::Unavailable(e.to_string()))?;
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!("API accept: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                continue;
-            }
-        };
-        match stream.peer_cred() {
-            Ok(c) if c.uid() == me.as_raw() => {}
-            Ok(c) => {
-                tracing::warn!("API: refused a connection from uid {}", c.uid());
-                continue;
-            }
-            Err(e) => {
-                tracing::warn!("API: no peer credentials: {e}");
-                continue;
-            }
-        }
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
-            let io = hyper_util::rt::TokioIo::new(stream);
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, service)
-                .await
-            {
-                tracing::debug!("API connection: {e}");
-            }
-        });
-    }
 }

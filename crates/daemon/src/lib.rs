@@ -8,6 +8,8 @@
 //! - [`fetch`](mod@fetch): fetching by ticket, installing atomically.
 //! - [`api`]: the local API, HTTP/1.1 + JSON on a Unix socket (`docs/daemon-api.json`), and
 //!   [`client`], what the `ferry` commands use to call it.
+//! - [`jobs`]: fetches accepted, recorded, resumed after a restart, followed as events.
+//! - [`devices`]: portable storage (DOT's plugin).
 //! - [`run`]: the daemon: the local API and the peer side (the TLS daemon of `ferry-net`
 //!   serving objects by capability to other daemons).
 
@@ -17,6 +19,7 @@ pub mod devices;
 pub mod fetch;
 pub mod jobs;
 mod paths;
+mod serve;
 pub mod shelf;
 mod stream;
 pub mod ticket;
@@ -85,5 +88,5 @@ pub struct Config {
 /// Runs the daemon until it is killed: binds the API socket (and the peer port), then calls
 /// `ready` with what it bound, then serves.
 pub fn run(cfg: Config, ready: impl FnOnce(&api::Status)) -> Result<(), DaemonError> {
-    api::run(cfg, ready)
+    serve::run(cfg, ready)
 }
