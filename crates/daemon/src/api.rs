@@ -15,17 +15,25 @@ use serde::{Deserialize, Serialize};
 
 use crate::devices::{self, Device, Devices, Pushed};
 use crate::jobs::{Job, Jobs, Runner};
-use crate::shelf::{Put, Shelf};
+use crate::shelf::Shelf;
 use crate::ticket::{Hint, Ticket};
 use crate::DaemonError;
+use ferry_objects::Capability;
+use std::io::Write;
 
 /// Every route: (method, path as in the OpenAPI document). The test of the document checks
 /// that it lists exactly these.
 pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/status"),
+    ("get", "/v1/store"),
     ("post", "/v1/objects"),
-    ("get", "/v1/objects/{oid}"),
-    ("get", "/v1/objects/{oid}/data"),
+    ("get", "/v1/objects/{ticket}"),
+    ("delete", "/v1/objects/{ticket}"),
+    ("get", "/v1/objects/{ticket}/data"),
+    ("post", "/v1/dirs"),
+    ("get", "/v1/dirs/{ticket}"),
+    ("post", "/v1/dirs/{ticket}"),
+    ("get", "/v1/dirs/{ticket}/history"),
     ("post", "/v1/fetches"),
     ("get", "/v1/fetches/{id}"),
     ("get", "/v1/fetches/{id}/events"),
@@ -47,12 +55,28 @@ pub struct Status {
     pub listen: Option<String>,
     /// The hints every ticket this daemon makes carries.
     pub hints: Vec<Hint>,
+    /// The ticket of the daemon's root directory (`ferry dir` resolves names from it).
+    pub root: String,
 }
 
 /// `POST /v1/objects`: put the file at `path` (absolute).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct PutRequest {
     pub path: PathBuf,
+    /// Bullet's paranoia factor: 0 answers once the object is in RAM, 1 once it is on disk.
+    #[serde(default = "one")]
+    pub durability: u8,
+}
+
+fn one() -> u8 {
+    1
+}
+
+/// `?durability=P` of a put from a stream.
+#[derive(Debug, Deserialize)]
+pub struct PutQuery {
+    #[serde(default = "one")]
+    pub durability: u8,
 }
 
 /// Its answer: the object, and the ticket to pass along.
@@ -61,11 +85,63 @@ pub struct PutReply {
     pub oid: String,
     pub size: u64,
     pub chunks: u64,
-    pub new_chunks: u64,
-    pub new_bytes: u64,
+    /// The durability met (at least the one asked for).
+    pub durability: u8,
+    pub rights: String,
     pub ticket: String,
     /// What was copied to each device registered for pushing.
     pub pushed: Vec<Pushed>,
+}
+
+/// `GET /v1/dirs/{ticket}?version=N`, and `GET /v1/objects/{ticket}/data?start=A&end=B`.
+#[derive(Debug, Deserialize)]
+pub struct Range {
+    pub start: Option<u64>,
+    pub end: Option<u64>,
+    pub version: Option<u64>,
+}
+
+/// One name of a directory.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: String,
+    /// `object` or `directory`.
+    pub kind: String,
+    pub ticket: String,
+}
+
+/// A version of a directory.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DirListing {
+    pub version: u64,
+    pub entries: Vec<DirEntry>,
+}
+
+/// `POST /v1/dirs/{ticket}`: changes made against version `base`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DirUpdate {
+    pub base: u64,
+    pub changes: Vec<DirChange>,
+}
+
+/// Bind `name` to `ticket`, or unbind it (`ticket` null).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DirChange {
+    pub name: String,
+    pub ticket: Option<String>,
+}
+
+/// The version a change made.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DirVersion {
+    pub version: u64,
+}
+
+/// One version in a directory's history.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DirHistory {
+    pub version: u64,
+    pub entries: u64,
 }
 
 /// `POST /v1/devices/remove`.
@@ -82,24 +158,29 @@ pub struct FetchRequest {
     pub path: Option<PathBuf>,
 }
 
-/// `GET /v1/objects/{oid}`: an object the daemon holds whole.
+/// `GET /v1/objects/{ticket}`: an object of this daemon's (Bullet's SIZE).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ObjectInfo {
     pub oid: String,
     pub size: u64,
-    pub chunks: u64,
+    /// `object` or `directory`.
+    pub kind: String,
+    /// 0 while it waits in RAM to be written, then 1.
+    pub durability: u8,
+    /// The rights of the capability asked with.
+    pub rights: String,
 }
 
 /// An error, as every route answers one.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ApiError {
-    /// `bad_request`, `not_found`, `unavailable`, `bad_peer` or `internal`.
+    /// `bad_request`, `not_found`, `conflict`, `unavailable`, `bad_peer` or `internal`.
     pub kind: String,
     pub error: String,
 }
 
 /// What the handlers share.
-pub(crate) struct Daemon {
+pub struct Daemon {
     pub(crate) shelf: Arc<Shelf>,
     pub(crate) devices: Arc<Devices>,
     pub(crate) jobs: Arc<Jobs>,
@@ -114,13 +195,14 @@ pub struct After {
     pub after: u64,
 }
 
-type Shared = State<Arc<Daemon>>;
+pub(crate) type Shared = State<Arc<Daemon>>;
 
 impl IntoResponse for DaemonError {
     fn into_response(self) -> Response {
         let (code, kind) = match &self {
             DaemonError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             DaemonError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            DaemonError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             DaemonError::Unavailable(_) | DaemonError::Net(_) => {
                 (StatusCode::BAD_GATEWAY, "unavailable")
             }
@@ -146,38 +228,71 @@ fn absolute(p: &Path) -> Result<(), DaemonError> {
     }
 }
 
-/// Puts an object from `src` and copies it to the devices registered for pushing.
+/// Puts an object of `size` bytes from `src` and copies it to the devices registered for
+/// pushing.
 fn put_object(
     d: &Daemon,
     src: impl std::io::Read + Send,
-) -> Result<(Put, Vec<Pushed>), DaemonError> {
-    let put = d.shelf.put(src)?;
+    size: u64,
+    durability: u8,
+) -> Result<PutReply, DaemonError> {
+    if durability > 1 {
+        return Err(DaemonError::BadRequest(format!(
+            "durability {durability} needs {} replicas, and this daemon has none \
+             (durability 0: in RAM; 1: on disk)",
+            durability - 1
+        )));
+    }
+    let made = d.shelf.objects().create(src, size, durability)?;
     let mut pushed = vec![];
     let push: Vec<_> = d.devices.list().into_iter().filter(|x| x.push).collect();
     if !push.is_empty() {
-        let recipe = d.shelf.whole(&put.oid)?.ok_or_else(|| {
-            DaemonError::Damaged(format!("{} is not whole after its put", put.oid))
-        })?;
+        let (_, recipe) = d.shelf.objects().recipe(&made.cap)?;
+        let held = crate::shelf::HeldChunks(d.shelf.objects());
         for dev in push {
-            pushed.push(devices::push(
-                &dev.path,
-                &**d.shelf.store(),
-                &put.oid,
-                &recipe,
-            ));
+            pushed.push(devices::push(&dev.path, &held, &made.oid, &recipe));
         }
     }
-    Ok((put, pushed))
+    Ok(PutReply {
+        oid: made.oid.to_string(),
+        size: made.size,
+        chunks: made.chunks,
+        durability: made.durability,
+        rights: made.cap.rights().to_string(),
+        ticket: d
+            .ticket(made.cap, made.oid, made.size, made.durability)
+            .to_string(),
+        pushed,
+    })
+}
+
+impl Daemon {
+    /// A ticket of one of this daemon's objects.
+    pub(crate) fn ticket(&self, cap: Capability, oid: Oid, size: u64, durability: u8) -> Ticket {
+        Ticket {
+            oid,
+            size,
+            cap,
+            durability,
+            hints: self.status.hints.clone(),
+        }
+    }
+}
+
+/// The ticket in a request's path.
+pub(crate) fn ticket_in(t: &str) -> Result<Ticket, DaemonError> {
+    t.parse::<Ticket>()
+        .map_err(|e| DaemonError::BadRequest(e.to_string()))
 }
 
 /// A request's JSON body, or a 400 saying what is wrong with it.
-fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, DaemonError> {
+pub(crate) fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, DaemonError> {
     b.map(|Json(t)| t)
         .map_err(|e| DaemonError::BadRequest(format!("the request's body: {}", e.body_text())))
 }
 
 /// Runs blocking work off the API's thread.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, DaemonError> + Send + 'static,
 ) -> Result<T, DaemonError> {
     tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
@@ -191,20 +306,46 @@ async fn status(State(d): Shared) -> Json<Status> {
     Json(d.status.clone())
 }
 
+/// `GET /v1/store`: the object store's figures.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StoreInfo {
+    pub objects: u64,
+    pub bytes: u64,
+    pub data_files: u32,
+    /// Bytes of the data files up to their last object, and of the holes below it.
+    pub used: u64,
+    pub holes: u64,
+    /// Objects created at durability 0 not yet on disk.
+    pub pending: u64,
+}
+
+async fn store(State(d): Shared) -> Json<StoreInfo> {
+    let s = d.shelf.objects().stats();
+    Json(StoreInfo {
+        objects: s.objects,
+        bytes: s.bytes,
+        data_files: s.files,
+        used: s.used,
+        holes: s.holes,
+        pending: s.pending,
+    })
+}
+
 /// The most JSON a request body may hold.
 const MAX_JSON: usize = 1 << 20;
 
 /// `POST /v1/objects`: a JSON body names a file (`PutRequest`); any other body is the object's
-/// bytes, streamed into the store as they come.
+/// bytes, streamed into the store as they come (spooled first when no length is given).
 async fn put(
     State(d): Shared,
     headers: axum::http::HeaderMap,
+    axum::extract::Query(q): axum::extract::Query<PutQuery>,
     raw: axum::body::Body,
 ) -> Result<Response, DaemonError> {
     let json = headers
         .get(axum::http::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    let (put, pushed): (Put, Vec<Pushed>) = if json {
+    let reply = if json {
         let bytes = axum::body::to_bytes(raw, MAX_JSON)
             .await
             .map_err(|e| DaemonError::BadRequest(format!("the request's body: {e}")))?;
@@ -214,16 +355,20 @@ async fn put(
         let d = d.clone();
         blocking(move || {
             let f = std::fs::File::open(&req.path).map_err(DaemonError::file("open", &req.path))?;
-            if f.metadata().is_ok_and(|m| !m.is_file()) {
+            let meta = f.metadata().map_err(DaemonError::file("stat", &req.path))?;
+            if !meta.is_file() {
                 return Err(DaemonError::BadRequest(format!(
                     "{} is not a regular file",
                     req.path.display()
                 )));
             }
-            put_object(&d, f)
+            put_object(&d, f, meta.len(), req.durability)
         })
         .await?
     } else {
+        let length = headers
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         tokio::spawn(async move {
             use http_body_util::BodyExt;
@@ -243,83 +388,105 @@ async fn put(
             }
         });
         let d = d.clone();
-        blocking(move || put_object(&d, crate::stream::ChannelReader::new(rx))).await?
-    };
-    let ticket = Ticket {
-        oid: put.oid,
-        size: put.size,
-        cap: d.shelf.cap(&put.oid),
-        hints: d.status.hints.clone(),
-    };
-    let reply = PutReply {
-        oid: put.oid.to_string(),
-        size: put.size,
-        chunks: put.chunks,
-        new_chunks: put.new_chunks,
-        new_bytes: put.new_bytes,
-        ticket: ticket.to_string(),
-        pushed,
+        blocking(move || {
+            let src = crate::stream::ChannelReader::new(rx);
+            match length {
+                Some(n) => put_object(&d, src, n, q.durability),
+                None => {
+                    let (spool, n) = spool(&d.status.data, src)?;
+                    put_object(&d, spool, n, q.durability)
+                }
+            }
+        })
+        .await?
     };
     Ok((StatusCode::CREATED, Json(reply)).into_response())
 }
 
+/// A stream of unknown length, written to an unnamed file in the data directory first.
+fn spool(dir: &Path, mut src: impl std::io::Read) -> Result<(std::fs::File, u64), DaemonError> {
+    use std::io::Seek;
+    let mut f = tempfile::tempfile_in(dir).map_err(DaemonError::file("create a file in", dir))?;
+    let n = std::io::copy(&mut src, &mut f).map_err(|e| DaemonError::BadRequest(e.to_string()))?;
+    f.rewind().map_err(DaemonError::file("read", dir))?;
+    Ok((f, n))
+}
+
+pub(crate) fn kind_name(k: ferry_objects::Kind) -> &'static str {
+    match k {
+        ferry_objects::Kind::Blob => "object",
+        ferry_objects::Kind::Directory => "directory",
+    }
+}
+
+/// `GET /v1/objects/{ticket}`: Bullet's SIZE.
 async fn object(
     State(d): Shared,
-    UrlPath(oid): UrlPath<String>,
+    UrlPath(t): UrlPath<String>,
 ) -> Result<Json<ObjectInfo>, DaemonError> {
-    let oid: Oid = oid
-        .parse()
-        .map_err(|e| DaemonError::BadRequest(format!("{oid:?} is not an object id: {e}")))?;
-    let r = blocking(move || d.shelf.whole(&oid)).await?;
-    let r = r.ok_or_else(|| DaemonError::NotFound(format!("no whole object {oid} here")))?;
+    let t = ticket_in(&t)?;
+    let st = blocking(move || Ok(d.shelf.objects().stat(&t.cap)?)).await?;
     Ok(Json(ObjectInfo {
-        oid: oid.to_string(),
-        size: r.total_len(),
-        chunks: r.len() as u64,
+        oid: st.oid.to_string(),
+        size: st.size,
+        kind: kind_name(st.kind).into(),
+        durability: st.durability,
+        rights: st.rights.to_string(),
     }))
 }
 
-/// The bytes of an object held whole, in order, each chunk verified as it is read; the
-/// stream breaks off (no clean end) if the whole turns out not to be the object.
-async fn data(State(d): Shared, UrlPath(oid): UrlPath<String>) -> Result<Response, DaemonError> {
-    let oid: Oid = oid
-        .parse()
-        .map_err(|e| DaemonError::BadRequest(format!("{oid:?} is not an object id: {e}")))?;
+/// `DELETE /v1/objects/{ticket}`: needs the delete right.
+async fn delete(State(d): Shared, UrlPath(t): UrlPath<String>) -> Result<StatusCode, DaemonError> {
+    let t = ticket_in(&t)?;
+    blocking(move || Ok(d.shelf.objects().delete(&t.cap)?)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/objects/{ticket}/data?start=A&end=B`: the bytes (all, or `A..B`), every chunk
+/// verified as it is read; the stream breaks off (no clean end) if one is damaged.
+async fn data(
+    State(d): Shared,
+    UrlPath(t): UrlPath<String>,
+    axum::extract::Query(r): axum::extract::Query<Range>,
+) -> Result<Response, DaemonError> {
+    let t = ticket_in(&t)?;
     let shelf = d.shelf.clone();
-    let recipe = blocking(move || shelf.whole(&oid))
-        .await?
-        .ok_or_else(|| DaemonError::NotFound(format!("no whole object {oid} here")))?;
+    let cap = t.cap.clone();
+    // Refused before the answer begins: a capability that does not read the object.
+    let st = blocking(move || Ok(shelf.objects().stat(&cap)?)).await?;
+    let (start, end) = (r.start.unwrap_or(0), r.end.unwrap_or(u64::MAX).min(st.size));
+    if start > end {
+        return Err(DaemonError::BadRequest(format!(
+            "the range {start}..{end} is backwards"
+        )));
+    }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<hyper::body::Bytes, std::io::Error>>(8);
     let shelf = d.shelf.clone();
     tokio::task::spawn_blocking(move || {
-        let mut whole = ferry_format::IdHasher::new(oid.0.alg());
-        for c in recipe.chunks() {
-            let item = match ferry_store::ChunkStore::get(&**shelf.store(), &c.id) {
-                Ok(Some(b)) => {
-                    whole.update(&b);
-                    Ok(hyper::body::Bytes::from(b))
-                }
-                Ok(None) => Err(std::io::Error::other(format!("chunk {} is gone", c.id))),
-                Err(e) => Err(std::io::Error::other(e.to_string())),
-            };
-            let failed = item.is_err();
-            if tx.blocking_send(item).is_err() || failed {
-                return;
-            }
-        }
-        if whole.finish() != oid.0 {
-            let _ = tx.blocking_send(Err(std::io::Error::other("not the object")));
+        let mut out = std::io::BufWriter::with_capacity(
+            256 << 10,
+            crate::stream::ChannelWriter { tx: tx.clone() },
+        );
+        let r = shelf.read(&t.cap, start, end, &mut out);
+        let r = r.and_then(|_| {
+            out.flush()
+                .map_err(|e| DaemonError::Unavailable(e.to_string()))
+        });
+        if let Err(e) = r {
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
         }
     });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     });
-    let mut r = axum::body::Body::from_stream(stream).into_response();
-    r.headers_mut().insert(
+    let mut resp = axum::body::Body::from_stream(stream).into_response();
+    let h = resp.headers_mut();
+    h.insert(
         axum::http::header::CONTENT_TYPE,
         axum::http::HeaderValue::from_static("application/octet-stream"),
     );
-    Ok(r)
+    h.insert(axum::http::header::CONTENT_LENGTH, (end - start).into());
+    Ok(resp)
 }
 
 async fn fetch(
@@ -420,9 +587,16 @@ async fn remove_device(
 pub(crate) fn router(d: Arc<Daemon>) -> Router {
     Router::new()
         .route("/v1/status", get(status))
+        .route("/v1/store", get(store))
         .route("/v1/objects", post(put))
-        .route("/v1/objects/{oid}", get(object))
-        .route("/v1/objects/{oid}/data", get(data))
+        .route("/v1/objects/{ticket}", get(object).delete(delete))
+        .route("/v1/objects/{ticket}/data", get(data))
+        .route("/v1/dirs", post(crate::dirs::mkdir))
+        .route(
+            "/v1/dirs/{ticket}",
+            get(crate::dirs::list).post(crate::dirs::update),
+        )
+        .route("/v1/dirs/{ticket}/history", get(crate::dirs::history))
         .route("/v1/fetches", post(fetch))
         .route("/v1/fetches/{id}", get(job))
         .route("/v1/fetches/{id}/events", get(events))

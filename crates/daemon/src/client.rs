@@ -43,12 +43,28 @@ impl Client {
         self.call("POST", path, Some(body))
     }
 
+    /// DELETEs `path` (an answer without a body).
+    pub fn delete(&self, path: &str) -> Result<(), DaemonError> {
+        self.call_raw("DELETE", path, None::<&()>).map(|_| ())
+    }
+
     fn call<B: Serialize, T: DeserializeOwned>(
         &self,
         method: &str,
         path: &str,
         body: Option<&B>,
     ) -> Result<T, DaemonError> {
+        let bytes = self.call_raw(method, path, body)?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| DaemonError::Api(format!("the daemon's answer is not understood: {e}")))
+    }
+
+    fn call_raw<B: Serialize>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<Bytes, DaemonError> {
         let body = match body {
             Some(b) => serde_json::to_vec(b).map_err(|e| DaemonError::Api(e.to_string()))?,
             None => vec![],
@@ -68,8 +84,7 @@ impl Client {
         if !status.is_success() {
             return Err(error_of(status, &bytes));
         }
-        serde_json::from_slice(&bytes)
-            .map_err(|e| DaemonError::Api(format!("the daemon's answer is not understood: {e}")))
+        Ok(bytes)
     }
 }
 
@@ -241,6 +256,7 @@ fn error_of(status: hyper::StatusCode, bytes: &[u8]) -> DaemonError {
     match status.as_u16() {
         400 => DaemonError::BadRequest(why),
         404 => DaemonError::NotFound(why),
+        409 => DaemonError::Conflict(why),
         502 => DaemonError::Unavailable(why),
         _ => DaemonError::Api(why),
     }

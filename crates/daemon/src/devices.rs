@@ -18,7 +18,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use ferry_format::{Id, Oid, Recipe};
-use ferry_store::ChunkStore;
+use ferry_transfer::ChunkLookup;
 use ferry_transfer::{open_beneath, Source, SourceError, Want};
 use serde::{Deserialize, Serialize};
 
@@ -140,7 +140,7 @@ pub struct Pushed {
 
 /// Copies object `oid` (recipe and every chunk the device lacks) to the device at `root`,
 /// each file written beside its name and renamed into place, the device synced at the end.
-pub fn push(root: &Path, store: &dyn ChunkStore, oid: &Oid, recipe: &Recipe) -> Pushed {
+pub fn push(root: &Path, store: &dyn ChunkLookup, oid: &Oid, recipe: &Recipe) -> Pushed {
     let mut p = Pushed {
         device: root.to_path_buf(),
         ..Pushed::default()
@@ -153,7 +153,7 @@ pub fn push(root: &Path, store: &dyn ChunkStore, oid: &Oid, recipe: &Recipe) -> 
 
 fn push_into(
     root: &Path,
-    store: &dyn ChunkStore,
+    store: &dyn ChunkLookup,
     oid: &Oid,
     recipe: &Recipe,
     p: &mut Pushed,
@@ -178,9 +178,12 @@ fn push_into(
         if !seen.insert(c.id) || root.join(&rel).is_file() {
             continue;
         }
-        let data = store.get(&c.id)?.ok_or_else(|| {
-            DaemonError::Damaged(format!("chunk {} of {oid} is not in the store", c.id))
-        })?;
+        let data = store
+            .chunk(&c.id)
+            .map_err(DaemonError::Damaged)?
+            .ok_or_else(|| {
+                DaemonError::Damaged(format!("chunk {} of {oid} is not in the store", c.id))
+            })?;
         write(&rel, &data)?;
         p.chunks += 1;
         p.bytes += data.len() as u64;

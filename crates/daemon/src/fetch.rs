@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_format::{ChunkRef, Oid, Recipe};
+use ferry_format::{ChunkRef, Recipe};
 use ferry_fs::{ConnError, Session, SessionSource};
 use ferry_net::{Endpoint, Fingerprint, Identity};
 use ferry_proto::{Reply, Request};
@@ -15,9 +15,11 @@ use ferry_store::ChunkStore;
 use ferry_transfer::{Source, StoreSource, Want};
 
 use crate::devices::{self, Devices};
-use crate::shelf::Shelf;
+use crate::shelf::{HeldChunks, Shelf};
 use crate::ticket::{Hint, Ticket};
 use crate::DaemonError;
+use ferry_objects::Capability;
+use std::io::Write;
 
 /// The fewest bytes a chunk of a recipe a peer sends may average: bounds what a peer lying
 /// about an object's chunks can make this side hold (Ferry's chunkers cut 2 KiB at least).
@@ -35,6 +37,9 @@ pub struct Fetched {
     pub sources: Vec<SourceUse>,
     /// Hints that could not be used, with why.
     pub failed_hints: Vec<String>,
+    /// A ticket of the daemon's own copy (its owner's capability).
+    #[serde(default)]
+    pub local: Option<String>,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -113,23 +118,24 @@ pub struct Fetcher<'a> {
     pub known_hosts: PathBuf,
 }
 
-/// Fetches the object of `ticket` into the shelf (a no-op when it is there whole), telling
-/// `progress` the bytes of chunks in hand so far (from any thread).
+/// Fetches the object of `ticket` into the shelf as an object of its own (a no-op when one
+/// holds it whole already), telling `progress` the bytes of chunks in hand so far (from any
+/// thread). Returns the owner's capability of the daemon's copy.
 pub fn fetch(
     f: &Fetcher<'_>,
     ticket: &Ticket,
     progress: &(dyn Fn(u64) + Sync),
-) -> Result<(Recipe, Fetched), DaemonError> {
+) -> Result<(Capability, Fetched), DaemonError> {
     let shelf = f.shelf;
     let mut report = Fetched {
         oid: ticket.oid.to_string(),
         size: ticket.size,
         ..Fetched::default()
     };
-    if let Some(r) = shelf.whole(&ticket.oid)? {
+    if let Some((cap, r)) = shelf.whole(&ticket.oid)? {
         report.chunks_held = r.len() as u64;
         report.bytes_held = r.total_len();
-        return Ok((r, report));
+        return Ok((cap, report));
     }
     let mut peers: Vec<Named> = vec![];
     let mut recipe = None;
@@ -183,7 +189,7 @@ pub fn fetch(
             });
         }
     }
-    let store = shelf.store();
+    let store = shelf.staging();
     let sink = Counted {
         store: &**store,
         bytes: Default::default(),
@@ -247,26 +253,77 @@ pub fn fetch(
     }
     r?;
     for u in used {
-        if u.name == STORE {
-            report.chunks_held = u.chunks;
-            report.bytes_held = u.bytes;
+        if u.name == STORE || u.name == HELD {
+            report.chunks_held += u.chunks;
+            report.bytes_held += u.bytes;
         } else if u.chunks > 0 {
             report.sources.push(u);
         }
     }
     store.flush()?;
-    // The whole must be the object before it is recorded as one.
-    shelf.read(&ticket.oid, &recipe, std::io::sink())?;
-    store.put_object(&ticket.oid, &recipe)?;
-    store.flush()?;
-    Ok((recipe, report))
+    // The whole must be the object before it is one: the store computes the OID as it goes.
+    let made =
+        shelf
+            .objects()
+            .create(RecipeReader::new(&**store, &recipe), recipe.total_len(), 1)?;
+    if made.oid != ticket.oid {
+        shelf.objects().delete(&made.cap)?;
+        return Err(DaemonError::BadPeer(format!(
+            "the chunks fetched make {}, not {}",
+            made.oid, ticket.oid
+        )));
+    }
+    Ok((made.cap, report))
+}
+
+/// The bytes of a recipe's chunks, from a chunk store (each verified by the store).
+struct RecipeReader<'a> {
+    store: &'a dyn ChunkStore,
+    recipe: &'a Recipe,
+    next: usize,
+    buf: Vec<u8>,
+    at: usize,
+}
+
+impl<'a> RecipeReader<'a> {
+    fn new(store: &'a dyn ChunkStore, recipe: &'a Recipe) -> Self {
+        RecipeReader {
+            store,
+            recipe,
+            next: 0,
+            buf: vec![],
+            at: 0,
+        }
+    }
+}
+
+impl std::io::Read for RecipeReader<'_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.at == self.buf.len() {
+            let Some(c) = self.recipe.chunks().get(self.next) else {
+                return Ok(0);
+            };
+            self.next += 1;
+            self.buf = self
+                .store
+                .get(&c.id)
+                .map_err(std::io::Error::other)?
+                .ok_or_else(|| std::io::Error::other(format!("chunk {} is gone", c.id)))?;
+            self.at = 0;
+        }
+        let n = out.len().min(self.buf.len() - self.at);
+        out[..n].copy_from_slice(&self.buf[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
 }
 
 /// A session with a peer or a provider, and its name in reports.
 type Named = (String, Session);
 
-/// The daemon's store's name among the sources.
+/// The daemon's stores' names among the sources: the chunks of fetches, and its objects.
 const STORE: &str = "the daemon's store";
+const HELD: &str = "the daemon's objects";
 
 /// One segment of a fetch, from every source at hand: the store, the devices present, the
 /// lookaside devices and providers, the peers.
@@ -278,9 +335,12 @@ fn fetch_segment(
     wants: &[Want],
     sink: &Counted<'_>,
 ) -> Result<ferry_transfer::Report, DaemonError> {
-    let store = f.shelf.store();
-    let mut owned: Vec<Box<dyn Source + Send + '_>> =
-        vec![Box::new(StoreSource::new(STORE, &**store))];
+    let store = f.shelf.staging();
+    let held = HeldChunks(f.shelf.objects());
+    let mut owned: Vec<Box<dyn Source + Send + '_>> = vec![
+        Box::new(StoreSource::new(STORE, &**store)),
+        Box::new(StoreSource::new(HELD, &held)),
+    ];
     for d in present {
         match devices::DeviceSource::open(d) {
             Ok(s) => owned.push(Box::new(s)),
@@ -306,7 +366,7 @@ fn fetch_segment(
             &mut s.conn,
             name,
             ticket.oid.0,
-            ticket.cap,
+            ticket.cap_for_uri(name).to_bytes(),
             Some(hang_up),
         )));
     }
@@ -340,7 +400,7 @@ fn open_peer(
     let (ep, fp) = parse_peer(&hint.uri)?;
     let mut session = ferry_net::connect_pinned(&ep, id, fp)?;
     let recipe = if want_recipe {
-        Some(recipe_from(&mut session, ticket)?)
+        Some(recipe_from(&mut session, ticket, &ticket.cap_for(hint))?)
     } else {
         None
     };
@@ -348,7 +408,11 @@ fn open_peer(
 }
 
 /// The object's recipe, paged through; it must add up to the ticket's size.
-fn recipe_from(session: &mut Session, ticket: &Ticket) -> Result<Recipe, DaemonError> {
+fn recipe_from(
+    session: &mut Session,
+    ticket: &Ticket,
+    cap: &Capability,
+) -> Result<Recipe, DaemonError> {
     let lie = |why: String| DaemonError::BadPeer(why);
     let max_chunks = ticket.size / MIN_AVERAGE_CHUNK + 16;
     let mut chunks: Vec<ChunkRef> = vec![];
@@ -356,7 +420,7 @@ fn recipe_from(session: &mut Session, ticket: &Ticket) -> Result<Recipe, DaemonE
     loop {
         let req = Request::ObjectRecipe {
             oid: ticket.oid.0,
-            cap: ticket.cap,
+            cap: cap.to_bytes(),
             from: chunks.len() as u64,
         };
         let replies = session.conn.call(req).map_err(link)?;
@@ -416,9 +480,9 @@ fn link(e: ConnError) -> DaemonError {
     }
 }
 
-/// Writes the object into `dest` atomically: a temporary file beside it, synced, then renamed
-/// over it, once the whole checked out.
-pub fn install(shelf: &Shelf, oid: &Oid, recipe: &Recipe, dest: &Path) -> Result<u64, DaemonError> {
+/// Writes the object `cap` reads into `dest` atomically: a temporary file beside it, synced,
+/// then renamed over it, every chunk verified.
+pub fn install(shelf: &Shelf, cap: &Capability, dest: &Path) -> Result<u64, DaemonError> {
     let dir = match dest.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -427,7 +491,12 @@ pub fn install(shelf: &Shelf, oid: &Oid, recipe: &Recipe, dest: &Path) -> Result
         .prefix(".ferry-object")
         .tempfile_in(&dir)
         .map_err(DaemonError::file("create a file in", &dir))?;
-    let n = shelf.read(oid, recipe, std::io::BufWriter::new(tmp.as_file_mut()))?;
+    let n = {
+        let mut out = std::io::BufWriter::new(tmp.as_file_mut());
+        let n = shelf.read(cap, 0, u64::MAX, &mut out)?;
+        out.flush().map_err(DaemonError::file("write", dest))?;
+        n
+    };
     tmp.as_file()
         .sync_all()
         .map_err(DaemonError::file("write", dest))?;

@@ -4,7 +4,7 @@
 //! transfer engine, verifying every chunk and the whole.
 //!
 //! - [`ticket`]: the ticket and its hints (format in `docs/formats.md`).
-//! - [`shelf`]: the object store and the capabilities.
+//! - [`shelf`]: the object store (`ferry-objects`) and the chunks of fetches.
 //! - [`fetch`](mod@fetch): fetching by ticket, installing atomically.
 //! - [`api`]: the local API, HTTP/1.1 + JSON on a Unix socket (`docs/daemon-api.json`), and
 //!   [`client`], what the `ferry` commands use to call it.
@@ -16,6 +16,7 @@
 pub mod api;
 pub mod client;
 pub mod devices;
+pub mod dirs;
 pub mod fetch;
 pub mod jobs;
 mod paths;
@@ -27,6 +28,7 @@ pub mod ticket;
 use std::io;
 use std::path::{Path, PathBuf};
 
+pub use ferry_objects::{Capability, Rights};
 pub use paths::Paths;
 pub use ticket::{Hint, Ticket};
 
@@ -47,6 +49,9 @@ pub enum DaemonError {
     BadRequest(String),
     #[error("{0}")]
     NotFound(String),
+    /// A change made against a version that is no longer the current one.
+    #[error("{0}")]
+    Conflict(String),
     /// No source could supply what was asked.
     #[error("{0}")]
     Unavailable(String),

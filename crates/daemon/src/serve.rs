@@ -35,22 +35,23 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
             let bound = l
                 .local_addr()
                 .map_err(DaemonError::file("bind", &paths.socket))?;
-            hints.push(Hint {
-                uri: format!("ferry://{}?key={key}", advertised(&cfg, bound)),
-                priority: 10,
-                weight: 100,
-            });
+            hints.push(Hint::new(
+                format!("ferry://{}?key={key}", advertised(&cfg, bound)),
+                10,
+                100,
+            ));
             peer_side(l, &paths, shelf.clone())?;
             Some(bound.to_string())
         }
     };
-    let status = Status {
+    let mut status = Status {
         version: env!("CARGO_PKG_VERSION").into(),
         pid: std::process::id(),
         socket: paths.socket.clone(),
         data: paths.data.clone(),
         key: key.to_string(),
         listen,
+        root: String::new(),
         hints,
     };
     let identity = Arc::new(identity);
@@ -58,6 +59,7 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
     let runner: Runner = {
         let (shelf, identity, devices) = (shelf.clone(), identity.clone(), devices.clone());
         let paths = paths.clone();
+        let hints = status.hints.clone();
         Arc::new(move |job: &Job, progress: &(dyn Fn(u64) + Sync)| {
             let ticket: Ticket = job
                 .ticket
@@ -77,14 +79,29 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
                     .collect(),
                 known_hosts: paths.keys.join("known_hosts"),
             };
-            let (recipe, report) = fetch::fetch(&f, &ticket, progress)?;
+            let (cap, mut report) = fetch::fetch(&f, &ticket, progress)?;
             if let Some(p) = &job.path {
-                fetch::install(&shelf, &ticket.oid, &recipe, p)?;
+                fetch::install(&shelf, &cap, p)?;
             }
+            let local = Ticket {
+                cap,
+                hints: hints.clone(),
+                ..ticket
+            };
+            report.local = Some(local.to_string());
             Ok(report)
         })
     };
     let jobs = Jobs::open(&paths.data.join("jobs"), runner.clone())?;
+    let root = crate::dirs::root(shelf.objects(), &paths.data)?;
+    status.root = Ticket {
+        oid: ferry_format::Oid(ferry_format::Id::hash(ferry_format::HashAlg::Blake3, b"")),
+        size: 0,
+        cap: root,
+        durability: 1,
+        hints: status.hints.clone(),
+    }
+    .to_string();
     ready(&status);
     let daemon = Arc::new(Daemon {
         shelf,
@@ -180,7 +197,7 @@ fn peer_side(
                 trash_bytes: 0,
                 ..Default::default()
             };
-            let staging: ferry_fs::Staging = shelf.store().clone();
+            let staging: ferry_fs::Staging = shelf.staging().clone();
             let mut server = ferry_fs::Server::new(export, opts, staging)
                 .with_objects(shelf.clone(), !peer.authorized);
             let input = stream.try_clone()?;

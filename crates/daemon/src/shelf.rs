@@ -1,110 +1,113 @@
-//! The daemon's objects (DOT's storage plugin): a chunk store holding every object put or
-//! fetched, and the secret its read capabilities are made with.
+//! The daemon's objects: the object store (Bullet's: contiguous objects, capabilities,
+//! durability, directories) holding every object put or fetched, and a chunk store where
+//! fetches gather chunks (so a fetch cut off resumes where it stopped) before the whole is
+//! verified and created as an object.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ferry_chunk::ChunkerSpec;
 use ferry_format::{Id, Oid, Recipe};
-use ferry_proto::CAP_BYTES;
+use ferry_objects::{Capability, ObjectStore, ObjectsError};
 use ferry_store::{ChunkStore, LocalStore};
 
 use crate::DaemonError;
 
-/// What capabilities are made of, so a capability is never another MAC of the same secret.
-const CAP_CONTEXT: &[u8] = b"ferry read capability v1\0";
-
-/// Objects, and who may read them.
+/// Objects, who may read them, and the chunks of fetches.
 pub struct Shelf {
-    store: Arc<LocalStore>,
-    secret: [u8; 32],
+    objects: Arc<ObjectStore>,
+    staging: Arc<LocalStore>,
 }
 
-/// An object just put.
-#[derive(Clone, Debug)]
-pub struct Put {
-    pub oid: Oid,
-    pub size: u64,
-    pub chunks: u64,
-    /// Chunks the store did not hold before, and their bytes.
-    pub new_chunks: u64,
-    pub new_bytes: u64,
+impl From<ObjectsError> for DaemonError {
+    fn from(e: ObjectsError) -> Self {
+        match e {
+            ObjectsError::Denied => DaemonError::NotFound(e.to_string()),
+            ObjectsError::BadInput(m) => DaemonError::BadRequest(m),
+            ObjectsError::Conflict(m) => DaemonError::Conflict(m),
+            e => DaemonError::Damaged(e.to_string()),
+        }
+    }
 }
 
 impl Shelf {
-    /// Opens (or makes) the shelf in `dir`: `dir/store` and `dir/secret`.
+    /// Opens (or makes) the shelf in `dir`: `dir/objects`, `dir/store` (fetches' chunks) and
+    /// `dir/secret`.
     pub fn open(dir: &Path) -> Result<Shelf, DaemonError> {
         std::fs::create_dir_all(dir).map_err(DaemonError::file("create", dir))?;
-        let store = LocalStore::open_or_create(dir.join("store"), ferry_store::Options::default())?;
+        let staging =
+            LocalStore::open_or_create(dir.join("store"), ferry_store::Options::default())?;
+        let secret = load_secret(&dir.join("secret"))?;
+        let objects = ferry_objects::open_dir(
+            &dir.join("objects"),
+            secret,
+            ferry_objects::Options::default(),
+        )?;
         Ok(Shelf {
-            store: Arc::new(store),
-            secret: load_secret(&dir.join("secret"))?,
+            objects,
+            staging: Arc::new(staging),
         })
     }
 
-    pub fn store(&self) -> &Arc<LocalStore> {
-        &self.store
+    pub fn objects(&self) -> &Arc<ObjectStore> {
+        &self.objects
     }
 
-    /// The read capability of object `oid`: a keyed MAC of it under the daemon's secret.
-    pub fn cap(&self, oid: &Oid) -> [u8; CAP_BYTES] {
-        let mut h = blake3::Hasher::new_keyed(&self.secret);
-        h.update(CAP_CONTEXT);
-        h.update(&oid.0.to_bytes());
-        *h.finalize().as_bytes()
+    /// Where fetches gather chunks.
+    pub fn staging(&self) -> &Arc<LocalStore> {
+        &self.staging
     }
 
-    /// Whether `cap` reads `oid`, compared in constant time.
-    pub fn grants(&self, oid: &Oid, cap: &[u8; CAP_BYTES]) -> bool {
-        blake3::Hash::from_bytes(self.cap(oid)) == blake3::Hash::from_bytes(*cap)
-    }
-
-    /// Puts the bytes `src` gives as an object: its chunks into the store, its recipe as an
-    /// object, all durable before this returns.
-    pub fn put(&self, src: impl std::io::Read + Send) -> Result<Put, DaemonError> {
-        let (oid, recipe, stored) =
-            ferry_store::store_object(&*self.store, src, &ChunkerSpec::default(), |_| {})?;
-        Ok(Put {
-            oid,
-            size: recipe.total_len(),
-            chunks: recipe.len() as u64,
-            new_chunks: stored.new_chunks,
-            new_bytes: stored.new_bytes,
-        })
-    }
-
-    /// The recipe of an object held whole (every chunk in the store).
-    pub fn whole(&self, oid: &Oid) -> Result<Option<Recipe>, DaemonError> {
-        let Some(r) = self.store.object(oid)? else {
+    /// An object held whole, by OID: its owner's capability and recipe.
+    pub fn whole(&self, oid: &Oid) -> Result<Option<(Capability, Arc<Recipe>)>, DaemonError> {
+        let Some(n) = self.objects.by_oid(oid)? else {
             return Ok(None);
         };
-        for c in r.chunks() {
-            if !self.store.contains(&c.id)? {
-                return Ok(None);
-            }
-        }
-        Ok(Some(r))
+        let Some(cap) = self.objects.owner(n) else {
+            return Ok(None);
+        };
+        let (_, recipe) = self.objects.recipe(&cap)?;
+        Ok(Some((cap, recipe)))
     }
 
-    /// Writes object `oid` (verified, chunk by chunk and whole) to `out`.
-    pub fn read(&self, oid: &Oid, recipe: &Recipe, out: impl Write) -> Result<u64, DaemonError> {
-        Ok(ferry_store::read_recipe(&*self.store, oid, recipe, out)?)
+    /// Writes bytes `start..end` of the object `cap` reads to `out`, verified.
+    pub fn read(
+        &self,
+        cap: &Capability,
+        start: u64,
+        end: u64,
+        out: &mut dyn Write,
+    ) -> Result<u64, DaemonError> {
+        Ok(self.objects.read(cap, start, end, out)?)
     }
 }
 
 impl ferry_fs::ObjectShelf for Shelf {
-    fn open(&self, oid: &Id, cap: &[u8; CAP_BYTES]) -> Option<(u64, Arc<Recipe>)> {
-        let oid = Oid(*oid);
-        if !self.grants(&oid, cap) {
-            return None;
-        }
-        let r = self.store.object(&oid).ok()??;
-        Some((r.total_len(), Arc::new(r)))
+    fn open(&self, oid: &Id, cap: &[u8]) -> Option<(u64, Arc<Recipe>)> {
+        let cap = Capability::from_bytes(cap).ok()?;
+        let (stat, recipe) = self.objects.recipe(&cap).ok()?;
+        (stat.oid.0 == *oid).then_some((stat.size, recipe))
     }
 
     fn chunk(&self, id: &Id) -> Option<Vec<u8>> {
-        self.store.get(id).ok()?
+        match self.objects.chunk(id) {
+            Ok(Some(c)) => Some(c),
+            _ => self.staging.get(id).ok()?,
+        }
+    }
+}
+
+/// The chunks of the daemon's objects, as the transfer engine's source: what the daemon holds
+/// is never fetched again.
+pub struct HeldChunks<'a>(pub &'a ObjectStore);
+
+impl ferry_transfer::ChunkLookup for HeldChunks<'_> {
+    fn has_chunk(&self, id: &Id) -> bool {
+        self.0.contains_chunk(id).unwrap_or(false)
+    }
+
+    fn chunk(&self, id: &Id) -> Result<Option<Vec<u8>>, String> {
+        self.0.chunk(id).map_err(|e| e.to_string())
     }
 }
 

@@ -33,3 +33,21 @@ impl Read for ChannelReader {
         Ok(n)
     }
 }
+
+/// Writes into a channel the API's runtime sends on as a response body (an object read).
+pub struct ChannelWriter {
+    pub tx: tokio::sync::mpsc::Sender<Result<Bytes, io::Error>>,
+}
+
+impl io::Write for ChannelWriter {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.tx
+            .blocking_send(Ok(Bytes::copy_from_slice(b)))
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the reader went away"))?;
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}

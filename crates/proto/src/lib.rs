@@ -46,7 +46,7 @@ pub use frame::{
 pub use message::{
     short_id, Against, Attr, Chunks, Context, DirEntry, ErrorCode, FileKind, GetChunks, Hello, Ids,
     KeyOlds, Keys, Located, Message, Payload, RecipeDelta, RecipePart, Reply, Request, Target,
-    WirePath, WritePart, CAP_BYTES, FEATURES, FEATURE_HISTORY, FEATURE_RATE, KEY_BYTES, MAGIC,
+    WirePath, WritePart, FEATURES, FEATURE_HISTORY, FEATURE_RATE, KEY_BYTES, MAGIC, MAX_CAP_BYTES,
     MAX_CONTEXT, MAX_FILES_DATA, MAX_OBJECT_REFS, MAX_READ_FILE, MAX_READ_RANGE, MAX_WRITE_DATA,
     VERSION,
 };

@@ -12,15 +12,39 @@ use ferry_store::ChunkStore;
 
 use crate::{Source, SourceError, Want};
 
+/// Chunks by id, wherever they are kept (a chunk store; the objects of an object store).
+pub trait ChunkLookup: Sync {
+    /// Whether a chunk is here (a hint).
+    fn has_chunk(&self, id: &Id) -> bool;
+    /// The chunk's bytes; `None` when it is not here or damaged; an error when the store
+    /// itself fails.
+    fn chunk(&self, id: &Id) -> Result<Option<Vec<u8>>, String>;
+}
+
+impl<T: ChunkStore + ?Sized> ChunkLookup for T {
+    fn has_chunk(&self, id: &Id) -> bool {
+        self.contains(id).unwrap_or(false)
+    }
+
+    fn chunk(&self, id: &Id) -> Result<Option<Vec<u8>>, String> {
+        // A damaged chunk is not here (the store records the damage).
+        match self.get(id) {
+            Ok(d) => Ok(d),
+            Err(e) if e.is_corrupt() => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
 /// A chunk store as a source: chunks earlier transfers brought are never fetched again.
 pub struct StoreSource<'a> {
     name: String,
-    store: &'a dyn ChunkStore,
+    store: &'a dyn ChunkLookup,
     pending: VecDeque<Vec<Want>>,
 }
 
 impl<'a> StoreSource<'a> {
-    pub fn new(name: impl Into<String>, store: &'a dyn ChunkStore) -> Self {
+    pub fn new(name: impl Into<String>, store: &'a dyn ChunkLookup) -> Self {
         StoreSource {
             name: name.into(),
             store,
@@ -35,7 +59,7 @@ impl Source for StoreSource<'_> {
     }
 
     fn may_have(&mut self, want: &Want) -> bool {
-        self.store.contains(&want.id).unwrap_or(false)
+        self.store.has_chunk(&want.id)
     }
 
     fn local(&self) -> bool {
@@ -53,15 +77,10 @@ impl Source for StoreSource<'_> {
 
     fn receive(&mut self) -> Result<Vec<Option<Vec<u8>>>, SourceError> {
         let wants = self.pending.pop_front().unwrap_or_default();
-        // A damaged chunk is not here (the store records the damage); the store failing is
-        // this source failing.
+        // The store failing is this source failing.
         wants
             .iter()
-            .map(|w| match self.store.get(&w.id) {
-                Ok(d) => Ok(d),
-                Err(e) if e.is_corrupt() => Ok(None),
-                Err(e) => Err(SourceError::new(e)),
-            })
+            .map(|w| self.store.chunk(&w.id).map_err(SourceError::new))
             .collect()
     }
 }

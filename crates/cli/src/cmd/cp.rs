@@ -259,6 +259,7 @@ pub fn send(src: &Path, client: &Client) -> Result<(Manifest, Vec<String>)> {
                     "/v1/objects",
                     &PutRequest {
                         path: e.path().to_path_buf(),
+                        durability: 1,
                     },
                 )
                 .with_context(|| format!("cannot put {}", e.path().display()))?;

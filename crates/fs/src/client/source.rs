@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::io::{self, Write};
 
 use ferry_format::{ChunkRef, Id};
-use ferry_proto::{GetChunks, Ids, Located, Request, Target, WirePath, CAP_BYTES};
+use ferry_proto::{GetChunks, Ids, Located, Request, Target, WirePath};
 use ferry_transfer::{Batch, Source, SourceError, Want};
 
 use super::fetch::plain_chunks;
@@ -41,7 +41,7 @@ pub struct SessionSource<'c, R, W> {
     /// With places: (the tree's wire path on the server the fetch lists, on this one).
     places: Option<(WirePath, WirePath)>,
     /// Chunks of this object, read with this capability (a transfer daemon's).
-    object: Option<(Id, [u8; CAP_BYTES])>,
+    object: Option<(Id, Vec<u8>)>,
     pending: VecDeque<(u32, Vec<ChunkRef>)>,
     /// Requests sent so far: the first window costs a round trip, refills keep the stream
     /// going.
@@ -82,7 +82,7 @@ impl<'c, R: io::Read, W: Write> SessionSource<'c, R, W> {
         conn: &'c mut Connection<R, W>,
         name: &str,
         oid: Id,
-        cap: [u8; CAP_BYTES],
+        cap: Vec<u8>,
         hang_up: HangUp,
     ) -> Self {
         SessionSource {
@@ -145,8 +145,12 @@ impl<R: io::Read + Send, W: Write> Source for SessionSource<'_, R, W> {
 
     fn request(&mut self, wants: &[Want]) -> Result<(), SourceError> {
         let ids = Ids::Full(wants.iter().map(|w| w.id).collect());
-        let r = match self.object {
-            Some((oid, cap)) => Request::ObjectChunks { oid, cap, ids },
+        let r = match &self.object {
+            Some((oid, cap)) => Request::ObjectChunks {
+                oid: *oid,
+                cap: cap.clone(),
+                ids,
+            },
             None => Request::GetChunks(GetChunks {
                 ids,
                 at: self.located(wants),

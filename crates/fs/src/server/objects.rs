@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use ferry_format::{Id, Recipe};
-use ferry_proto::{ErrorCode, Frame, Ids, Message, Reply, CAP_BYTES, MAX_OBJECT_REFS};
+use ferry_proto::{ErrorCode, Frame, Ids, Message, Reply, MAX_OBJECT_REFS};
 
 use super::content::plain_chunk_frames;
 use super::{error, Server};
@@ -15,7 +15,7 @@ use super::{error, Server};
 pub trait ObjectShelf: Send + Sync {
     /// The size and recipe of object `oid`, if `cap` lets its holder read it. `None` both when
     /// it does not and when there is no such object: the answer must not tell them apart.
-    fn open(&self, oid: &Id, cap: &[u8; CAP_BYTES]) -> Option<(u64, Arc<Recipe>)>;
+    fn open(&self, oid: &Id, cap: &[u8]) -> Option<(u64, Arc<Recipe>)>;
 
     /// A chunk's bytes, verified against `id`.
     fn chunk(&self, id: &Id) -> Option<Vec<u8>>;
@@ -33,7 +33,7 @@ fn not_found() -> Reply {
 /// The object whose chunks a session was last asked for, with its chunk ids.
 pub(super) struct Opened {
     oid: Id,
-    cap: [u8; CAP_BYTES],
+    cap: Vec<u8>,
     ids: HashSet<Id>,
 }
 
@@ -46,7 +46,7 @@ impl Server {
         self
     }
 
-    pub(super) fn object_recipe(&mut self, oid: &Id, cap: &[u8; CAP_BYTES], from: u64) -> Reply {
+    pub(super) fn object_recipe(&mut self, oid: &Id, cap: &[u8], from: u64) -> Reply {
         let Some((size, recipe)) = self.shelf.as_ref().and_then(|s| s.open(oid, cap)) else {
             return not_found();
         };
@@ -62,13 +62,7 @@ impl Server {
         }
     }
 
-    pub(super) fn object_chunks(
-        &mut self,
-        id: u32,
-        oid: &Id,
-        cap: &[u8; CAP_BYTES],
-        ids: &Ids,
-    ) -> Vec<Frame> {
+    pub(super) fn object_chunks(&mut self, id: u32, oid: &Id, cap: &[u8], ids: &Ids) -> Vec<Frame> {
         let one = |r: Reply| vec![Message::Reply(r).to_frame(id)];
         let Some(shelf) = self.shelf.clone() else {
             return one(not_found());
@@ -76,14 +70,14 @@ impl Server {
         let same = self
             .opened
             .as_ref()
-            .is_some_and(|o| o.oid == *oid && o.cap == *cap);
+            .is_some_and(|o| o.oid == *oid && o.cap == cap);
         if !same {
             let Some((_, recipe)) = shelf.open(oid, cap) else {
                 return one(not_found());
             };
             self.opened = Some(Opened {
                 oid: *oid,
-                cap: *cap,
+                cap: cap.to_vec(),
                 ids: recipe.chunks().iter().map(|c| c.id).collect(),
             });
         }

@@ -22,7 +22,7 @@ pub use content::{
     Against, Chunks, Context, GetChunks, Located, Payload, RecipeDelta, RecipePart, KEY_BYTES,
     MAX_CONTEXT, MAX_FILES_DATA, MAX_READ_RANGE,
 };
-pub use object::{CAP_BYTES, MAX_OBJECT_REFS};
+pub use object::{MAX_CAP_BYTES, MAX_OBJECT_REFS};
 pub use types::{short_id, Attr, DirEntry, ErrorCode, FileKind, Hello, Ids, Target, WirePath};
 pub use upload::{KeyOlds, Keys, WritePart, MAX_WRITE_DATA};
 
@@ -140,13 +140,13 @@ pub enum Request {
     /// daemons), if `cap` lets this peer read it.
     ObjectRecipe {
         oid: Id,
-        cap: [u8; CAP_BYTES],
+        cap: Vec<u8>,
         from: u64,
     },
     /// Chunks of an object, by id; every id must be one of the object's.
     ObjectChunks {
         oid: Id,
-        cap: [u8; CAP_BYTES],
+        cap: Vec<u8>,
         ids: Ids,
     },
 }

@@ -1,12 +1,13 @@
 //! The object family: DOT's object-level requests, between transfer daemons. An object is named
-//! by its OID (the id of its whole content); the capability that came with the OID, 32 bytes
-//! the serving daemon made, is what lets a peer read it: knowing an OID is not enough. A
-//! daemon answers a wrong capability and an object it does not hold alike (`NotFound`).
+//! by its OID (the id of its whole content); the capability that came with the OID (the
+//! serving daemon's, `docs/formats.md` "Capability v1", opaque here) is what lets a peer read
+//! it: knowing an OID is not enough. A daemon answers a wrong capability and an object it does
+//! not hold alike (`NotFound`).
 //!
 //! | type | request | reply |
 //! |---|---|---|
-//! | 0x38 | ObjectRecipe: object *id* · capability (32 bytes) · from varint | Object |
-//! | 0x39 | ObjectChunks: object *id* · capability (32 bytes) · ids | Chunks |
+//! | 0x38 | ObjectRecipe: object *id* · capability *bytes* (at most 255) · from varint | Object |
+//! | 0x39 | ObjectChunks: object *id* · capability *bytes* (at most 255) · ids | Chunks |
 //! | 0x4b | Object: object *id* · size varint · total varint · from varint · chunk refs (the object id's hash) | |
 
 use ferry_format::ChunkRef;
@@ -16,8 +17,8 @@ use super::{code, Reply, Request};
 use crate::codec::{Reader, Writer};
 use crate::ProtoError;
 
-/// Bytes of a read capability.
-pub const CAP_BYTES: usize = 32;
+/// Bytes of a capability at most.
+pub const MAX_CAP_BYTES: usize = 255;
 /// The most chunk refs one Object reply carries (37 bytes at most each: well inside a frame).
 pub const MAX_OBJECT_REFS: usize = 64 << 10;
 
@@ -25,13 +26,13 @@ pub(super) fn put_request(q: &Request, w: &mut Writer) -> Option<u8> {
     Some(match q {
         Request::ObjectRecipe { oid, cap, from } => {
             w.id(oid);
-            w.0.extend_from_slice(cap);
+            w.bytes(cap);
             w.varint(*from);
             code::OBJECT_RECIPE
         }
         Request::ObjectChunks { oid, cap, ids } => {
             w.id(oid);
-            w.0.extend_from_slice(cap);
+            w.bytes(cap);
             put_id_list(w, ids);
             code::OBJECT_CHUNKS
         }
@@ -39,10 +40,15 @@ pub(super) fn put_request(q: &Request, w: &mut Writer) -> Option<u8> {
     })
 }
 
-fn get_cap(r: &mut Reader<'_>) -> Result<[u8; CAP_BYTES], ProtoError> {
-    let mut cap = [0u8; CAP_BYTES];
-    cap.copy_from_slice(r.take_exact(CAP_BYTES)?);
-    Ok(cap)
+fn get_cap(r: &mut Reader<'_>) -> Result<Vec<u8>, ProtoError> {
+    let cap = r.bytes()?;
+    if cap.len() > MAX_CAP_BYTES {
+        return Err(ProtoError::Invalid {
+            what: "capability",
+            why: format!("{} bytes (at most {MAX_CAP_BYTES})", cap.len()),
+        });
+    }
+    Ok(cap.to_vec())
 }
 
 pub(super) fn get_request(t: u8, r: &mut Reader<'_>) -> Result<Option<Request>, ProtoError> {

@@ -267,12 +267,12 @@ pub(crate) fn samples() -> Vec<Message> {
         })),
         q(Request::ObjectRecipe {
             oid: id(5),
-            cap: [7; CAP_BYTES],
+            cap: vec![7; 60],
             from: 70_000,
         }),
         q(Request::ObjectChunks {
             oid: id(5),
-            cap: [7; CAP_BYTES],
+            cap: vec![7; 60],
             ids: Ids::Full(vec![id(1), id(2)]),
         }),
         r(Reply::Object {
@@ -352,7 +352,6 @@ fn rep(b: u8, n: usize) -> String {
 fn exact_bytes_of_every_message() {
     let a1 = rep(0xa1, 32);
     let b2 = rep(0xb2, 32);
-    let c7 = rep(0xc7, 32);
     let b3 = format!("01{}", rep(0x03, 32)); // tag 1 (BLAKE3) · digest
     let attr_hex =
         format!("01 a4010000 3930000000000000 fbffffffffffffff 0900000000000000 01 {b3} 60ea0000");
@@ -556,18 +555,18 @@ fn exact_bytes_of_every_message() {
         (
             Message::Request(Request::ObjectRecipe {
                 oid: Id::from_parts(HashAlg::Blake3, [0xa1; 32]),
-                cap: [0xc7; CAP_BYTES],
+                cap: vec![0xc7; 3],
                 from: 300,
             }),
-            format!("49000000 38 00 05000000 | 01{a1} | {c7} | ac02"),
+            format!("2d000000 38 00 05000000 | 01{a1} | 03c7c7c7 | ac02"),
         ),
         (
             Message::Request(Request::ObjectChunks {
                 oid: Id::from_parts(HashAlg::Blake3, [0xa1; 32]),
-                cap: [0xc7; CAP_BYTES],
+                cap: vec![0xc7; 3],
                 ids: Ids::Full(vec![Id::from_parts(HashAlg::Blake3, [0xb2; 32])]),
             }),
-            format!("6a000000 39 00 05000000 | 01{a1} | {c7} | 00 01 01{b2}"),
+            format!("4e000000 39 00 05000000 | 01{a1} | 03c7c7c7 | 00 01 01{b2}"),
         ),
         (
             Message::Reply(Reply::Object {

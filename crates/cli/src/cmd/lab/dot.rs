@@ -174,10 +174,9 @@ fn sender(lab: &Lab, dir: &Path, relays: &[&Relay], port: u16) -> Result<Sender>
     let mut ticket: ferry_daemon::Ticket = t.parse()?;
     ticket.hints = relays
         .iter()
-        .map(|r| ferry_daemon::Hint {
-            uri: format!("ferry://127.0.0.1:{}?key={}", r.port, daemon.key),
-            priority: 0,
-            weight: 1,
+        .map(|r| {
+            let uri = format!("ferry://127.0.0.1:{}?key={}", r.port, daemon.key);
+            ferry_daemon::Hint::new(uri, 0, 1)
         })
         .collect();
     Ok(Sender { daemon, ticket })
