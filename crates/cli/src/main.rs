@@ -60,9 +60,12 @@ enum Command {
     /// The transfer daemon (DOT): holds objects, serves them to other daemons by ticket, and
     /// fetches theirs from every source at once.
     Daemon(cmd::daemon::DaemonArgs),
-    /// Objects by ticket, through the daemon: `put FILE` prints a ticket, `get TICKET -o FILE`
-    /// fetches it.
+    /// Objects by ticket, through the daemon (Bullet's object service): `put FILE` prints a
+    /// ticket, `get TICKET -o FILE` fetches it, `stat`, `rm`, `restrict --rights read`.
     Object(cmd::object::Args),
+    /// Names for objects (the directory service): versioned directories of tickets, changed by
+    /// compare-and-swap, from the daemon's root.
+    Dir(cmd::dir::Args),
     /// Copy a file or tree like scp (one side HOST:PATH): names over the remote shell, bytes
     /// daemon to daemon as objects (the file service where no daemon runs).
     Cp(cmd::cp::Args),
@@ -93,6 +96,7 @@ fn main() -> ExitCode {
         Command::Daemon(a) => cmd::daemon::run(a),
         Command::Cp(a) => cmd::cp::run(a),
         Command::Object(a) => cmd::object::run(a, &ui),
+        Command::Dir(a) => cmd::dir::run(a),
     };
     match result {
         Ok(code) => code,

@@ -2,6 +2,7 @@ pub mod chunk;
 pub mod cp;
 pub mod daemon;
 pub mod demo;
+pub mod dir;
 pub mod key;
 pub mod lab;
 pub mod lookaside;

@@ -198,7 +198,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
                 match &info {
                     Some(i) => println!("here        yes: {}, durability {}", i.kind, i.durability),
                     None => println!(
-                        "here        no (another daemon's; durability {} at its create)",
+                        "here        no (another daemon's, or deleted; durability {} at its create)",
                         t.durability
                     ),
                 }
