@@ -40,6 +40,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/devices"),
     ("post", "/v1/devices"),
     ("post", "/v1/devices/remove"),
+    ("get", "/v1/replicas"),
+    ("post", "/v1/replicas"),
+    ("post", "/v1/replicas/remove"),
 ];
 
 /// `GET /v1/status`.
@@ -182,6 +185,9 @@ pub struct ApiError {
 /// What the handlers share.
 pub struct Daemon {
     pub(crate) shelf: Arc<Shelf>,
+    pub(crate) replicas: Arc<crate::replicas::Replicas>,
+    pub(crate) identity: Arc<ferry_net::Identity>,
+    pub(crate) known_hosts: PathBuf,
     pub(crate) devices: Arc<Devices>,
     pub(crate) jobs: Arc<Jobs>,
     pub(crate) runner: Runner,
@@ -236,14 +242,34 @@ fn put_object(
     size: u64,
     durability: u8,
 ) -> Result<PutReply, DaemonError> {
-    if durability > 1 {
+    let need = durability.saturating_sub(1) as usize;
+    let replicas = d.replicas.list()?;
+    if replicas.len() < need {
         return Err(DaemonError::BadRequest(format!(
-            "durability {durability} needs {} replicas, and this daemon has none \
-             (durability 0: in RAM; 1: on disk)",
-            durability - 1
+            "durability {durability} needs {need} replicas; {} registered \
+             (`ferry daemon replica add ferry://HOST:PORT`; durability 0: in RAM, 1: on disk)",
+            replicas.len()
         )));
     }
-    let made = d.shelf.objects().create(src, size, durability)?;
+    if need > 0 && d.status.hints.is_empty() {
+        return Err(DaemonError::BadRequest(
+            "replicas fetch from this daemon's peer side, which is not listening (--listen)".into(),
+        ));
+    }
+    let made = d.shelf.objects().create(src, size, durability.min(1))?;
+    let mut ticket = d.ticket(made.cap.clone(), made.oid, made.size, made.durability);
+    if need > 0 {
+        match crate::replicas::replicate(&d.identity, &replicas, &ticket, need) {
+            Ok(hints) => {
+                ticket.hints.extend(hints);
+                ticket.durability = durability;
+            }
+            Err(e) => {
+                d.shelf.objects().delete(&made.cap)?;
+                return Err(e);
+            }
+        }
+    }
     let mut pushed = vec![];
     let push: Vec<_> = d.devices.list().into_iter().filter(|x| x.push).collect();
     if !push.is_empty() {
@@ -257,11 +283,9 @@ fn put_object(
         oid: made.oid.to_string(),
         size: made.size,
         chunks: made.chunks,
-        durability: made.durability,
+        durability: ticket.durability,
         rights: made.cap.rights().to_string(),
-        ticket: d
-            .ticket(made.cap, made.oid, made.size, made.durability)
-            .to_string(),
+        ticket: ticket.to_string(),
         pushed,
     })
 }
@@ -435,11 +459,62 @@ async fn object(
     }))
 }
 
-/// `DELETE /v1/objects/{ticket}`: needs the delete right.
+/// `DELETE /v1/objects/{ticket}`: needs the delete right; the copies the ticket's replica
+/// hints name go too.
 async fn delete(State(d): Shared, UrlPath(t): UrlPath<String>) -> Result<StatusCode, DaemonError> {
     let t = ticket_in(&t)?;
-    blocking(move || Ok(d.shelf.objects().delete(&t.cap)?)).await?;
+    blocking(move || {
+        d.shelf.objects().delete(&t.cap)?;
+        let left = crate::replicas::delete_copies(&d.identity, &t);
+        match left.is_empty() {
+            true => Ok(()),
+            false => Err(DaemonError::Unavailable(format!(
+                "deleted here; copies left at replicas: {}",
+                left.join("; ")
+            ))),
+        }
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/replicas` and `/v1/replicas/remove`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ReplicaRequest {
+    /// `ferry://HOST[:PORT]`: a daemon that authorizes this one's key.
+    pub uri: String,
+}
+
+async fn replicas(State(d): Shared) -> Result<Json<Vec<String>>, DaemonError> {
+    blocking(move || d.replicas.list()).await.map(Json)
+}
+
+async fn add_replica(
+    State(d): Shared,
+    req: Result<Json<ReplicaRequest>, JsonRejection>,
+) -> Result<Response, DaemonError> {
+    let req = body(req)?;
+    let list = blocking(move || {
+        d.replicas.add(&req.uri, &d.identity, &d.known_hosts)?;
+        d.replicas.list()
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(list)).into_response())
+}
+
+async fn remove_replica(
+    State(d): Shared,
+    req: Result<Json<ReplicaRequest>, JsonRejection>,
+) -> Result<Json<Vec<String>>, DaemonError> {
+    let req = body(req)?;
+    blocking(move || match d.replicas.remove(&req.uri)? {
+        true => Ok(Json(d.replicas.list()?)),
+        false => Err(DaemonError::NotFound(format!(
+            "{} is not a replica",
+            req.uri
+        ))),
+    })
+    .await
 }
 
 /// `GET /v1/objects/{ticket}/data?start=A&end=B`: the bytes (all, or `A..B`), every chunk
@@ -602,5 +677,7 @@ pub(crate) fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/fetches/{id}/events", get(events))
         .route("/v1/devices", get(devices).post(add_device))
         .route("/v1/devices/remove", post(remove_device))
+        .route("/v1/replicas", get(replicas).post(add_replica))
+        .route("/v1/replicas/remove", post(remove_replica))
         .with_state(d)
 }

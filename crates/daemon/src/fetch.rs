@@ -119,12 +119,13 @@ pub struct Fetcher<'a> {
 }
 
 /// Fetches the object of `ticket` into the shelf as an object of its own (a no-op when one
-/// holds it whole already), telling `progress` the bytes of chunks in hand so far (from any
-/// thread). Returns the owner's capability of the daemon's copy.
+/// holds it whole already, unless `fresh`), telling `progress` the bytes of chunks in hand so
+/// far (from any thread). Returns the owner's capability of the daemon's copy.
 pub fn fetch(
     f: &Fetcher<'_>,
     ticket: &Ticket,
     progress: &(dyn Fn(u64) + Sync),
+    fresh: bool,
 ) -> Result<(Capability, Fetched), DaemonError> {
     let shelf = f.shelf;
     let mut report = Fetched {
@@ -132,7 +133,7 @@ pub fn fetch(
         size: ticket.size,
         ..Fetched::default()
     };
-    if let Some((cap, r)) = shelf.whole(&ticket.oid)? {
+    if let Some((cap, r)) = shelf.whole(&ticket.oid)?.filter(|_| !fresh) {
         report.chunks_held = r.len() as u64;
         report.bytes_held = r.total_len();
         return Ok((cap, report));

@@ -20,6 +20,7 @@ pub mod dirs;
 pub mod fetch;
 pub mod jobs;
 mod paths;
+pub mod replicas;
 mod serve;
 pub mod shelf;
 mod stream;

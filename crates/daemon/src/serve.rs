@@ -26,6 +26,9 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
     std::fs::create_dir_all(&paths.keys).map_err(DaemonError::file("create", &paths.keys))?;
     let (identity, _) = Identity::load_or_create(&paths.keys)?;
     let key = identity.fingerprint();
+    let identity = Arc::new(identity);
+    let devices = Arc::new(Devices::open(&paths.data.join("devices.json"))?);
+    let fetch_by = fetcher(&paths, &shelf, &identity, &devices);
     let mut hints = vec![];
     let listen = match cfg.listen {
         None => None,
@@ -40,7 +43,11 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
                 10,
                 100,
             ));
-            peer_side(l, &paths, shelf.clone())?;
+            let peer_shelf = crate::replicas::PeerShelf {
+                shelf: shelf.clone(),
+                fetch: fetch_by.clone(),
+            };
+            peer_side(l, &paths, Arc::new(peer_shelf))?;
             Some(bound.to_string())
         }
     };
@@ -54,32 +61,15 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
         root: String::new(),
         hints,
     };
-    let identity = Arc::new(identity);
-    let devices = Arc::new(Devices::open(&paths.data.join("devices.json"))?);
     let runner: Runner = {
-        let (shelf, identity, devices) = (shelf.clone(), identity.clone(), devices.clone());
-        let paths = paths.clone();
-        let hints = status.hints.clone();
+        let (fetch_by, hints) = (fetch_by.clone(), status.hints.clone());
+        let shelf = shelf.clone();
         Arc::new(move |job: &Job, progress: &(dyn Fn(u64) + Sync)| {
             let ticket: Ticket = job
                 .ticket
                 .parse()
                 .map_err(|e: crate::ticket::BadTicket| DaemonError::BadRequest(e.to_string()))?;
-            let lookaside = lookaside(&paths);
-            let f = fetch::Fetcher {
-                shelf: &shelf,
-                identity: &identity,
-                devices: &devices,
-                lookaside: lookaside.as_ref(),
-                registry: &paths.keys,
-                providers: registered(&paths)
-                    .into_iter()
-                    .map(|p| p.to_string_lossy().into_owned())
-                    .filter(|p| p.starts_with("ferry://"))
-                    .collect(),
-                known_hosts: paths.keys.join("known_hosts"),
-            };
-            let (cap, mut report) = fetch::fetch(&f, &ticket, progress)?;
+            let (cap, mut report) = fetch_by(&ticket, progress, false)?;
             if let Some(p) = &job.path {
                 fetch::install(&shelf, &cap, p)?;
             }
@@ -105,6 +95,11 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
     ready(&status);
     let daemon = Arc::new(Daemon {
         shelf,
+        replicas: Arc::new(crate::replicas::Replicas::new(
+            &paths.data.join("replicas.json"),
+        )),
+        identity,
+        known_hosts: paths.keys.join("known_hosts"),
         devices,
         jobs,
         runner,
@@ -115,6 +110,48 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
         .build()
         .map_err(|e| DaemonError::Unavailable(format!("cannot start the API's runtime: {e}")))?;
     rt.block_on(serve(socket, router(daemon)))
+}
+
+/// Fetches an object by ticket into the shelf (a job's work, and a replica's): the owner's
+/// capability of the copy, and what the fetch did. With `fresh`, a new object even when one
+/// holds the same bytes already.
+pub(crate) type FetchBy = Arc<
+    dyn Fn(
+            &Ticket,
+            &(dyn Fn(u64) + Sync),
+            bool,
+        ) -> Result<(ferry_objects::Capability, fetch::Fetched), DaemonError>
+        + Send
+        + Sync,
+>;
+
+fn fetcher(
+    paths: &crate::Paths,
+    shelf: &Arc<Shelf>,
+    identity: &Arc<Identity>,
+    devices: &Arc<Devices>,
+) -> FetchBy {
+    let (shelf, identity, devices) = (shelf.clone(), identity.clone(), devices.clone());
+    let paths = paths.clone();
+    Arc::new(
+        move |ticket: &Ticket, progress: &(dyn Fn(u64) + Sync), fresh: bool| {
+            let lookaside = lookaside(&paths);
+            let f = fetch::Fetcher {
+                shelf: &shelf,
+                identity: &identity,
+                devices: &devices,
+                lookaside: lookaside.as_ref(),
+                registry: &paths.keys,
+                providers: registered(&paths)
+                    .into_iter()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .filter(|p| p.starts_with("ferry://"))
+                    .collect(),
+                known_hosts: paths.keys.join("known_hosts"),
+            };
+            fetch::fetch(&f, ticket, progress, fresh)
+        },
+    )
 }
 
 /// What the user's lookaside registry names: devices and providers.
@@ -184,7 +221,7 @@ fn advertised(cfg: &Config, bound: SocketAddr) -> String {
 fn peer_side(
     listener: std::net::TcpListener,
     paths: &crate::Paths,
-    shelf: Arc<Shelf>,
+    shelf: Arc<crate::replicas::PeerShelf>,
 ) -> Result<(), DaemonError> {
     let (identity, _) = Identity::load_or_create(&paths.keys)?;
     let export_dir = paths.data.join("export");
@@ -197,7 +234,7 @@ fn peer_side(
                 trash_bytes: 0,
                 ..Default::default()
             };
-            let staging: ferry_fs::Staging = shelf.staging().clone();
+            let staging: ferry_fs::Staging = shelf.shelf.staging().clone();
             let mut server = ferry_fs::Server::new(export, opts, staging)
                 .with_objects(shelf.clone(), !peer.authorized);
             let input = stream.try_clone()?;

@@ -95,6 +95,41 @@ impl ferry_fs::ObjectShelf for Shelf {
             _ => self.staging.get(id).ok()?,
         }
     }
+
+    fn read(&self, cap: &[u8], offset: u64, len: u64) -> Option<(Id, u64, Vec<u8>)> {
+        let cap = Capability::from_bytes(cap).ok()?;
+        let st = self.objects.stat(&cap).ok()?;
+        let mut out = Vec::with_capacity(len.min(st.size.saturating_sub(offset)) as usize);
+        let end = offset.saturating_add(len);
+        self.objects.read(&cap, offset, end, &mut out).ok()?;
+        Some((st.oid.0, st.size, out))
+    }
+
+    fn create(&self, durability: u8, data: &[u8]) -> Result<(u8, Vec<u8>), ferry_fs::ShelfError> {
+        use ferry_proto::ErrorCode;
+        if durability > 1 {
+            return Err((
+                ErrorCode::BadRequest,
+                "over the wire, a create meets durability 0 or 1 (more: through the local API, with replicas)".into(),
+            ));
+        }
+        let made = self
+            .objects
+            .create(data, data.len() as u64, durability)
+            .map_err(|e| (ErrorCode::Io, e.to_string()))?;
+        Ok((made.durability, made.cap.to_bytes()))
+    }
+
+    fn delete(&self, cap: &[u8]) -> Result<(), ferry_fs::ShelfError> {
+        use ferry_proto::ErrorCode;
+        let denied = || (ErrorCode::NotFound, ObjectsError::Denied.to_string());
+        let cap = Capability::from_bytes(cap).map_err(|_| denied())?;
+        match self.objects.delete(&cap) {
+            Ok(()) => Ok(()),
+            Err(ObjectsError::Denied) => Err(denied()),
+            Err(e) => Err((ErrorCode::Io, e.to_string())),
+        }
+    }
 }
 
 /// The chunks of the daemon's objects, as the transfer engine's source: what the daemon holds

@@ -1104,3 +1104,136 @@ fn directories_through_the_api() {
     let again: Status = a.client.get("/v1/status").unwrap();
     assert_eq!(again.root, a.status.root);
 }
+
+/// Durability 2: the create answers once a replica holds a copy too; the ticket names the
+/// copy (with its own capability), which serves a fetch alone; a delete removes both; a
+/// durability no replica set can meet leaves nothing anywhere.
+#[test]
+fn durability_two_keeps_a_copy_at_a_replica() {
+    use ferry_daemon::api::ReplicaRequest;
+    let tmp = tempfile::tempdir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let r = start(&tmp.path().join("r"));
+    let b = start(&tmp.path().join("b"));
+    let uri = format!("ferry://{}", r.status.listen.as_deref().unwrap());
+    // Until R authorizes A's key, R refuses to keep copies for it.
+    let _: Vec<String> = a
+        .client
+        .post("/v1/replicas", &ReplicaRequest { uri: uri.clone() })
+        .unwrap();
+    let bytes = data(400_000, 31);
+    std::fs::write(a.dir.join("in"), &bytes).unwrap();
+    let put = |p: u8| {
+        a.client.post::<_, PutReply>(
+            "/v1/objects",
+            &PutRequest {
+                path: a.dir.join("in"),
+                durability: p,
+            },
+        )
+    };
+    let e = put(2).unwrap_err();
+    assert!(e.to_string().contains("authorize"), "{e}");
+    assert_eq!(
+        (objects(&a), objects(&r)),
+        (1, 1),
+        "only the root directories"
+    );
+    std::fs::write(
+        tmp.path().join("r/authorized_keys"),
+        format!("{} a\n", a.status.key),
+    )
+    .unwrap();
+    let made = put(2).unwrap();
+    assert_eq!(made.durability, 2, "{made:?}");
+    assert_eq!(objects(&r), 2);
+    let t: Ticket = made.ticket.parse().unwrap();
+    assert_eq!(t.hints.len(), 2);
+    // The replica's hint alone serves a fetch.
+    let mut only_replica = t.clone();
+    only_replica.hints.remove(0);
+    let out = tmp.path().join("out");
+    let got = get(&b, &only_replica.to_string(), &out).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), bytes);
+    assert!(got.sources[0].name.starts_with(&uri), "{got:?}");
+    // A read-only ticket deletes nothing; the owner's deletes both copies.
+    let reader = t.restrict(ferry_daemon::Rights::READ).unwrap();
+    assert!(a.client.delete(&format!("/v1/objects/{reader}")).is_err());
+    a.client.delete(&format!("/v1/objects/{t}")).unwrap();
+    assert_eq!((objects(&a), objects(&r)), (1, 1));
+    // Three stores with one replica: refused, nothing made.
+    let e = put(3).unwrap_err();
+    assert!(e.to_string().contains("needs 2 replicas"), "{e}");
+    assert_eq!((objects(&a), objects(&r)), (1, 1));
+}
+
+/// Bullet's requests over the wire: CREATE by an authorized key only, READ and DELETE by
+/// capability from any key.
+#[test]
+fn objects_over_the_wire() {
+    use ferry_proto::{ErrorCode, Reply, Request};
+    let tmp = tempfile::tempdir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let (ep, key) = ferry_daemon::fetch::parse_peer(&a.status.hints[0].uri).unwrap();
+    let client_dir = tmp.path().join("client");
+    std::fs::create_dir_all(&client_dir).unwrap();
+    let (me, _) = ferry_net::Identity::load_or_create(&client_dir).unwrap();
+    let mut s = ferry_net::connect_pinned(&ep, &me, key).unwrap();
+    let bytes = data(3 << 20, 41);
+    let create = |s: &mut ferry_fs::Session| {
+        s.conn.call(Request::ObjectCreate {
+            durability: 1,
+            data: bytes.clone(),
+        })
+    };
+    match create(&mut s) {
+        Err(ferry_fs::ConnError::Remote { code, .. }) => assert_eq!(code, ErrorCode::Permission),
+        r => panic!("a guest created an object: {r:?}"),
+    }
+    std::fs::write(
+        tmp.path().join("a/authorized_keys"),
+        format!("{} me\n", me.fingerprint()),
+    )
+    .unwrap();
+    let mut s = ferry_net::connect_pinned(&ep, &me, key).unwrap();
+    let cap = match create(&mut s).unwrap().remove(0) {
+        Reply::Created { durability: 1, cap } => cap,
+        r => panic!("{r:?}"),
+    };
+    let read = |s: &mut ferry_fs::Session, cap: &[u8], offset, len| {
+        let replies = s.conn.call(Request::ObjectRead {
+            cap: cap.to_vec(),
+            offset,
+            len,
+        })?;
+        let mut out = vec![];
+        for r in replies {
+            match r {
+                Reply::Range { data, .. } => out.extend_from_slice(&data),
+                r => panic!("{r:?}"),
+            }
+        }
+        Ok::<_, ferry_fs::ConnError>(out)
+    };
+    assert!(read(&mut s, &cap, 0, 3 << 20).unwrap() == bytes);
+    assert!(read(&mut s, &cap, 1000, 10).unwrap() == bytes[1000..1010]);
+    // A guest holding the capability reads it; a forged one reads nothing.
+    let (guest, _) = ferry_net::Identity::load_or_create(&tmp.path().join("guest")).unwrap();
+    let mut g = ferry_net::connect_pinned(&ep, &guest, key).unwrap();
+    assert_eq!(read(&mut g, &cap, 0, 5).unwrap(), bytes[..5]);
+    let mut forged = cap.clone();
+    *forged.last_mut().unwrap() ^= 1;
+    assert!(matches!(
+        read(&mut g, &forged, 0, 5),
+        Err(ferry_fs::ConnError::Remote {
+            code: ErrorCode::NotFound,
+            ..
+        })
+    ));
+    let del = |s: &mut ferry_fs::Session, cap: &[u8]| {
+        s.conn.call(Request::ObjectDelete { cap: cap.to_vec() })
+    };
+    assert!(del(&mut g, &forged).is_err());
+    assert_eq!(del(&mut g, &cap).unwrap(), [Reply::Ok]);
+    assert!(read(&mut s, &cap, 0, 5).is_err());
+}

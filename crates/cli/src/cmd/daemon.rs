@@ -70,6 +70,27 @@ enum DaemonCmd {
         #[arg(long, global = true)]
         json: bool,
     },
+    /// Other daemons that keep copies of this one's objects, so that `ferry object put -P N`
+    /// answers once N stores hold them (each must authorize this daemon's key).
+    Replica {
+        #[command(subcommand)]
+        cmd: ReplicaCmd,
+        #[arg(long, global = true, value_name = "DIR", env = "FERRY_DAEMON_DIR")]
+        dir: Option<PathBuf>,
+        #[arg(long, global = true)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Subcommand)]
+enum ReplicaCmd {
+    /// Add the daemon at ferry://HOST[:PORT] (reached now; its key recorded on first use and
+    /// pinned).
+    Add { uri: String },
+    /// Stop asking it for copies (those it keeps stay).
+    Remove { uri: String },
+    /// The replicas, in the order they are asked.
+    List,
 }
 
 #[derive(clap::Subcommand)]
@@ -101,6 +122,9 @@ pub fn run(a: DaemonArgs) -> Result<ExitCode> {
         Some(DaemonCmd::Stop { dir }) => return stop(&paths(dir.as_ref())),
         Some(DaemonCmd::Device { cmd, dir, json }) => {
             return device(&paths(dir.as_ref()), cmd, json)
+        }
+        Some(DaemonCmd::Replica { cmd, dir, json }) => {
+            return replica(&paths(dir.as_ref()), cmd, json)
         }
         None => {}
     }
@@ -209,6 +233,26 @@ fn stop(paths: &Paths) -> Result<ExitCode> {
     rustix::process::kill_process(pid, rustix::process::Signal::TERM)
         .with_context(|| format!("cannot stop process {}", s.pid))?;
     eprintln!("ferry: stopped the daemon (process {})", s.pid);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn replica(paths: &Paths, cmd: ReplicaCmd, json: bool) -> Result<ExitCode> {
+    use ferry_daemon::api::ReplicaRequest;
+    let client = ferry_daemon::client::Client::new(&paths.socket)?;
+    let list: Vec<String> = match cmd {
+        ReplicaCmd::Add { uri } => client.post("/v1/replicas", &ReplicaRequest { uri })?,
+        ReplicaCmd::Remove { uri } => {
+            client.post("/v1/replicas/remove", &ReplicaRequest { uri })?
+        }
+        ReplicaCmd::List => client.get("/v1/replicas")?,
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+    } else {
+        for r in list {
+            println!("{r}");
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 

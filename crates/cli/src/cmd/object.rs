@@ -35,7 +35,8 @@ enum Cmd {
     Put {
         file: PathBuf,
         /// Bullet's paranoia factor: 0 answers once the object is in the daemon's RAM (lost if
-        /// it crashes before writing it); 1 once it is on disk, synced. The ticket says which
+        /// it crashes before writing it); 1 once it is on disk, synced; N once N stores hold it
+        /// (this daemon and N-1 replicas: `ferry daemon replica add`). The ticket says which
         /// was met.
         #[arg(long, short = 'P', default_value_t = 1, value_name = "P")]
         durability: u8,

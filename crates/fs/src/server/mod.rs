@@ -26,7 +26,7 @@ mod objects;
 mod ranges;
 mod upload;
 
-pub use objects::ObjectShelf;
+pub use objects::{ObjectShelf, ShelfError, MAX_OBJECT_READ};
 
 /// How the server behaves.
 #[derive(Clone, Debug)]
@@ -330,9 +330,13 @@ impl Server {
 
     fn dispatch(&mut self, id: u32, r: Request) -> Vec<Frame> {
         let one = |r: Reply| vec![Message::Reply(r).to_frame(id)];
+        // What a capability is the authority for: any key may ask.
         let object = matches!(
             r,
-            Request::ObjectRecipe { .. } | Request::ObjectChunks { .. }
+            Request::ObjectRecipe { .. }
+                | Request::ObjectChunks { .. }
+                | Request::ObjectRead { .. }
+                | Request::ObjectDelete { .. }
         );
         if self.objects_only && !object {
             return one(error(
@@ -343,7 +347,11 @@ impl Server {
         }
         // A transfer daemon serves objects, and chunks by id to the keys it authorizes; its
         // (empty) export is neither listed nor written.
-        if self.shelf.is_some() && !object && !matches!(r, Request::GetChunks(_)) {
+        let owners = matches!(
+            r,
+            Request::GetChunks(_) | Request::ObjectCreate { .. } | Request::ObjectReplicate { .. }
+        );
+        if self.shelf.is_some() && !object && !owners {
             return one(error(
                 ErrorCode::Unsupported,
                 "a transfer daemon serves objects and chunks, not files",
@@ -429,6 +437,14 @@ impl Server {
             Request::Abort { handle } => one(self.abort(handle)),
             Request::ObjectRecipe { oid, cap, from } => one(self.object_recipe(&oid, &cap, from)),
             Request::ObjectChunks { oid, cap, ids } => self.object_chunks(id, &oid, &cap, &ids),
+            Request::ObjectRead { cap, offset, len } => self.object_read(id, &cap, offset, len),
+            Request::ObjectCreate { durability, data } => {
+                one(self.object_create(durability, &data))
+            }
+            Request::ObjectDelete { cap } => one(self.object_delete(&cap)),
+            Request::ObjectReplicate { durability, ticket } => {
+                one(self.object_replicate(durability, &ticket))
+            }
         }
     }
 

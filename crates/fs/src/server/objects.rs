@@ -19,7 +19,49 @@ pub trait ObjectShelf: Send + Sync {
 
     /// A chunk's bytes, verified against `id`.
     fn chunk(&self, id: &Id) -> Option<Vec<u8>>;
+
+    /// Bytes `offset..offset + len` (clamped to the object) of the object `cap` reads, with
+    /// the object's id and size; `None` as [`ObjectShelf::open`].
+    fn read(&self, cap: &[u8], offset: u64, len: u64) -> Option<(Id, u64, Vec<u8>)> {
+        let _ = (cap, offset, len);
+        None
+    }
+
+    /// A new object (Bullet's CREATE): the durability met and the owner's capability.
+    fn create(&self, durability: u8, data: &[u8]) -> Result<(u8, Vec<u8>), ShelfError> {
+        let _ = (durability, data);
+        Err(unsupported())
+    }
+
+    /// Deletes the object `cap` names, if it carries the delete right (`NotFound` otherwise,
+    /// as for no such object).
+    fn delete(&self, cap: &[u8]) -> Result<(), ShelfError> {
+        let _ = cap;
+        Err(unsupported())
+    }
+
+    /// Fetches the object of a ticket and keeps a copy (a replica for another store's
+    /// durability): the durability met and the copy's owner's capability.
+    fn replicate(&self, durability: u8, ticket: &[u8]) -> Result<(u8, Vec<u8>), ShelfError> {
+        let _ = (durability, ticket);
+        Err(unsupported())
+    }
 }
+
+/// Why a shelf refused: the code and message of the Error reply.
+pub type ShelfError = (ErrorCode, String);
+
+fn unsupported() -> ShelfError {
+    (
+        ErrorCode::Unsupported,
+        "this server keeps no objects of its own".into(),
+    )
+}
+
+/// The most bytes one ObjectRead answers (in Range replies of [`READ_PIECE`] each): bounds
+/// what one request makes the server hold.
+pub const MAX_OBJECT_READ: u64 = 4 << 20;
+const READ_PIECE: usize = 1 << 20;
 
 /// The one answer to a capability that does not read the object, an object not held, and a
 /// chunk that is not the object's.
@@ -59,6 +101,59 @@ impl Server {
             total,
             from: start as u64,
             chunks: recipe.chunks()[start..end].to_vec(),
+        }
+    }
+
+    pub(super) fn object_read(&mut self, id: u32, cap: &[u8], offset: u64, len: u64) -> Vec<Frame> {
+        let len = len.min(MAX_OBJECT_READ);
+        let Some((oid, _, data)) = self.shelf.as_ref().and_then(|s| s.read(cap, offset, len))
+        else {
+            return vec![Message::Reply(not_found()).to_frame(id)];
+        };
+        let pieces: Vec<&[u8]> = match data.is_empty() {
+            true => vec![&[]],
+            false => data.chunks(READ_PIECE).collect(),
+        };
+        let last = pieces.len() - 1;
+        let mut frames: Vec<Frame> = pieces
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let r = Reply::Range {
+                    version: 0,
+                    oid: (i == last).then_some(oid),
+                    data: d.to_vec(),
+                };
+                Message::Reply(r).to_frame(id)
+            })
+            .collect();
+        for f in &mut frames[..last] {
+            f.flags |= ferry_proto::FLAG_MORE;
+        }
+        frames
+    }
+
+    pub(super) fn object_create(&mut self, durability: u8, data: &[u8]) -> Reply {
+        match self.shelf.as_ref().map(|s| s.create(durability, data)) {
+            Some(Ok((durability, cap))) => Reply::Created { durability, cap },
+            Some(Err((code, message))) => error(code, message),
+            None => error(unsupported().0, unsupported().1),
+        }
+    }
+
+    pub(super) fn object_delete(&mut self, cap: &[u8]) -> Reply {
+        match self.shelf.as_ref().map(|s| s.delete(cap)) {
+            Some(Ok(())) => Reply::Ok,
+            Some(Err((code, message))) => error(code, message),
+            None => not_found(),
+        }
+    }
+
+    pub(super) fn object_replicate(&mut self, durability: u8, ticket: &[u8]) -> Reply {
+        match self.shelf.as_ref().map(|s| s.replicate(durability, ticket)) {
+            Some(Ok((durability, cap))) => Reply::Created { durability, cap },
+            Some(Err((code, message))) => error(code, message),
+            None => error(unsupported().0, unsupported().1),
         }
     }
 

@@ -149,6 +149,28 @@ pub enum Request {
         cap: Vec<u8>,
         ids: Ids,
     },
+    /// Bytes `offset..offset + len` of the object `cap` reads (Bullet's READ), answered as
+    /// `Range` replies of at most 1 MiB each, the last one with the object's id.
+    ObjectRead {
+        cap: Vec<u8>,
+        offset: u64,
+        len: u64,
+    },
+    /// A new object of `data` (Bullet's CREATE), answered once `durability` is met.
+    ObjectCreate {
+        durability: u8,
+        data: Vec<u8>,
+    },
+    /// Delete the object `cap` names (needs the delete right).
+    ObjectDelete {
+        cap: Vec<u8>,
+    },
+    /// Fetch the object of `ticket` (a Ticket v2) and keep a copy of it, answered once
+    /// `durability` is met: what makes the asker's durability factor count this store.
+    ObjectReplicate {
+        durability: u8,
+        ticket: Vec<u8>,
+    },
 }
 
 /// Replies, from the server.
@@ -187,6 +209,11 @@ pub enum Reply {
         total: u64,
         from: u64,
         chunks: Vec<ferry_format::ChunkRef>,
+    },
+    /// An object made: the durability met and its owner's capability.
+    Created {
+        durability: u8,
+        cap: Vec<u8>,
     },
     Ok,
     Error {
@@ -235,6 +262,10 @@ pub(crate) mod code {
     pub const ABORT: u8 = 0x35;
     pub const OBJECT_RECIPE: u8 = 0x38;
     pub const OBJECT_CHUNKS: u8 = 0x39;
+    pub const OBJECT_READ: u8 = 0x3a;
+    pub const OBJECT_CREATE: u8 = 0x3b;
+    pub const OBJECT_DELETE: u8 = 0x3c;
+    pub const OBJECT_REPLICATE: u8 = 0x3d;
     pub const R_ATTR: u8 = 0x40;
     pub const R_ENTRIES: u8 = 0x41;
     pub const R_RECIPE: u8 = 0x42;
@@ -248,6 +279,7 @@ pub(crate) mod code {
     pub const R_RANGE: u8 = 0x49;
     pub const R_KEYS: u8 = 0x4a;
     pub const R_OBJECT: u8 = 0x4b;
+    pub const R_CREATED: u8 = 0x4c;
     pub const INVALIDATE: u8 = 0x60;
     pub const RATE: u8 = 0x61;
 }

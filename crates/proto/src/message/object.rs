@@ -8,7 +8,12 @@
 //! |---|---|---|
 //! | 0x38 | ObjectRecipe: object *id* · capability *bytes* (at most 255) · from varint | Object |
 //! | 0x39 | ObjectChunks: object *id* · capability *bytes* (at most 255) · ids | Chunks |
+//! | 0x3a | ObjectRead: capability *bytes* · offset varint · length varint | Range × n |
+//! | 0x3b | ObjectCreate: durability u8 · data *bytes* | Created |
+//! | 0x3c | ObjectDelete: capability *bytes* | Ok |
+//! | 0x3d | ObjectReplicate: durability u8 · ticket *bytes* | Created |
 //! | 0x4b | Object: object *id* · size varint · total varint · from varint · chunk refs (the object id's hash) | |
+//! | 0x4c | Created: durability u8 · capability *bytes* | |
 
 use ferry_format::ChunkRef;
 
@@ -35,6 +40,26 @@ pub(super) fn put_request(q: &Request, w: &mut Writer) -> Option<u8> {
             w.bytes(cap);
             put_id_list(w, ids);
             code::OBJECT_CHUNKS
+        }
+        Request::ObjectRead { cap, offset, len } => {
+            w.bytes(cap);
+            w.varint(*offset);
+            w.varint(*len);
+            code::OBJECT_READ
+        }
+        Request::ObjectCreate { durability, data } => {
+            w.u8(*durability);
+            w.bytes(data);
+            code::OBJECT_CREATE
+        }
+        Request::ObjectDelete { cap } => {
+            w.bytes(cap);
+            code::OBJECT_DELETE
+        }
+        Request::ObjectReplicate { durability, ticket } => {
+            w.u8(*durability);
+            w.bytes(ticket);
+            code::OBJECT_REPLICATE
         }
         _ => return None,
     })
@@ -63,6 +88,20 @@ pub(super) fn get_request(t: u8, r: &mut Reader<'_>) -> Result<Option<Request>, 
             cap: get_cap(r)?,
             ids: get_id_list(r)?,
         },
+        code::OBJECT_READ => Request::ObjectRead {
+            cap: get_cap(r)?,
+            offset: r.varint()?,
+            len: r.varint()?,
+        },
+        code::OBJECT_CREATE => Request::ObjectCreate {
+            durability: r.u8()?,
+            data: r.bytes()?.to_vec(),
+        },
+        code::OBJECT_DELETE => Request::ObjectDelete { cap: get_cap(r)? },
+        code::OBJECT_REPLICATE => Request::ObjectReplicate {
+            durability: r.u8()?,
+            ticket: r.bytes()?.to_vec(),
+        },
         _ => return Ok(None),
     }))
 }
@@ -82,6 +121,11 @@ pub(super) fn put_reply(reply: &Reply, w: &mut Writer) -> Option<u8> {
             w.varint(*from);
             put_chunk_refs(w, chunks);
             code::R_OBJECT
+        }
+        Reply::Created { durability, cap } => {
+            w.u8(*durability);
+            w.bytes(cap);
+            code::R_CREATED
         }
         _ => return None,
     })
@@ -109,6 +153,10 @@ pub(super) fn get_reply(t: u8, r: &mut Reader<'_>) -> Result<Option<Reply>, Prot
                 chunks,
             }
         }
+        code::R_CREATED => Reply::Created {
+            durability: r.u8()?,
+            cap: get_cap(r)?,
+        },
         _ => return Ok(None),
     }))
 }

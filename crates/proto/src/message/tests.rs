@@ -289,6 +289,24 @@ pub(crate) fn samples() -> Vec<Message> {
             from: 0,
             chunks: vec![],
         }),
+        q(Request::ObjectRead {
+            cap: vec![7; 60],
+            offset: 1 << 40,
+            len: 0,
+        }),
+        q(Request::ObjectCreate {
+            durability: 0,
+            data: vec![1, 2, 3],
+        }),
+        q(Request::ObjectDelete { cap: vec![] }),
+        q(Request::ObjectReplicate {
+            durability: 1,
+            ticket: vec![9; 200],
+        }),
+        r(Reply::Created {
+            durability: 1,
+            cap: vec![7; 60],
+        }),
         r(Reply::Ok),
         r(Reply::Error {
             code: ErrorCode::Conflict,
@@ -580,6 +598,41 @@ fn exact_bytes_of_every_message() {
                 }],
             }),
             format!("4e000000 4b 00 05000000 | 01{a1} | ac02 01 00 | 01 ac02 {b2}"),
+        ),
+        (
+            Message::Request(Request::ObjectRead {
+                cap: vec![0xc7; 3],
+                offset: 300,
+                len: 1,
+            }),
+            "0d000000 3a 00 05000000 | 03c7c7c7 | ac02 01".into(),
+        ),
+        (
+            Message::Request(Request::ObjectCreate {
+                durability: 1,
+                data: b"hi".to_vec(),
+            }),
+            "0a000000 3b 00 05000000 | 01 | 026869".into(),
+        ),
+        (
+            Message::Request(Request::ObjectDelete {
+                cap: vec![0xc7; 3],
+            }),
+            "0a000000 3c 00 05000000 | 03c7c7c7".into(),
+        ),
+        (
+            Message::Request(Request::ObjectReplicate {
+                durability: 0,
+                ticket: vec![0xd8; 2],
+            }),
+            "0a000000 3d 00 05000000 | 00 | 02d8d8".into(),
+        ),
+        (
+            Message::Reply(Reply::Created {
+                durability: 0,
+                cap: vec![0xc7; 3],
+            }),
+            "0b000000 4c 00 05000000 | 00 | 03c7c7c7".into(),
         ),
         (
             Message::Reply(Reply::Attr(attr())),

@@ -1,0 +1,249 @@
+//! Replicas: other daemons that keep copies of this one's objects, so that a create at
+//! durability N (Bullet's paranoia factor) answers once N independent stores hold the object.
+//! A replica is asked with `ObjectReplicate` (an owner's request: it must authorize this
+//! daemon's key); it fetches the object from this daemon by a read-only ticket, as any fetch
+//! goes, and answers its own capability for its copy, which the ticket then carries in a hint.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use ferry_format::{Id, Recipe};
+use ferry_fs::ShelfError;
+use ferry_net::{Endpoint, Identity};
+use ferry_objects::{Capability, Rights};
+use ferry_proto::{ErrorCode, Reply, Request};
+
+use crate::serve::FetchBy;
+use crate::shelf::Shelf;
+use crate::ticket::{Hint, Ticket};
+use crate::DaemonError;
+
+/// Where replicas' hints go among a ticket's: after the daemon's own (priority 10).
+const REPLICA_PRIORITY: u16 = 20;
+
+/// The replicas the user named (`ferry daemon replica add`), in `DATA/replicas.json`: URIs
+/// with the key each presented when added (`ferry://HOST:PORT?key=blake3:HEX`).
+pub struct Replicas {
+    path: PathBuf,
+    lock: Mutex<()>,
+}
+
+impl Replicas {
+    pub fn new(path: &Path) -> Replicas {
+        Replicas {
+            path: path.to_path_buf(),
+            lock: Mutex::new(()),
+        }
+    }
+
+    pub fn list(&self) -> Result<Vec<String>, DaemonError> {
+        match std::fs::read(&self.path) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map_err(|e| DaemonError::Damaged(format!("{}: {e}", self.path.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(vec![]),
+            Err(e) => Err(DaemonError::file("read", &self.path)(e)),
+        }
+    }
+
+    fn save(&self, list: &[String]) -> Result<(), DaemonError> {
+        let dir = self.path.parent().expect("a file in a directory");
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".replicas")
+            .tempfile_in(dir)
+            .map_err(DaemonError::file("create a file in", dir))?;
+        use std::io::Write;
+        let body = serde_json::to_vec_pretty(list).expect("strings");
+        tmp.write_all(&body)
+            .and_then(|_| tmp.as_file().sync_all())
+            .map_err(DaemonError::file("write", &self.path))?;
+        tmp.persist(&self.path)
+            .map_err(|e| DaemonError::file("replace", &self.path)(e.error))?;
+        crate::sync_dir(dir);
+        Ok(())
+    }
+
+    /// Adds the daemon at `uri` (`ferry://HOST[:PORT]`): reached once now, its key recorded
+    /// (on first use, in `known_hosts`) and pinned in the entry. Returns the entry.
+    pub fn add(&self, uri: &str, id: &Identity, known_hosts: &Path) -> Result<String, DaemonError> {
+        let bad = |why: String| DaemonError::BadRequest(format!("replica {uri:?}: {why}"));
+        let base = uri.split('?').next().unwrap_or(uri);
+        let ep = Endpoint::parse(base)
+            .ok_or_else(|| bad("not a ferry://HOST:PORT address".into()))?
+            .map_err(|e| bad(e.to_string()))?;
+        let session = ferry_net::connect(&ep, id, known_hosts, |_| {})?;
+        let _ = session.close();
+        let fp = ferry_net::known_host(known_hosts, &ep.host_port())?
+            .ok_or_else(|| bad("its key was not recorded".into()))?;
+        let entry = format!("ferry://{}?key={fp}", ep.host_port());
+        let _held = self.lock.lock().expect("replicas");
+        let mut list = self.list()?;
+        if !list.contains(&entry) {
+            list.push(entry.clone());
+            self.save(&list)?;
+        }
+        Ok(entry)
+    }
+
+    /// Removes the replica at `uri` (with or without its key); whether it was there.
+    pub fn remove(&self, uri: &str) -> Result<bool, DaemonError> {
+        let _held = self.lock.lock().expect("replicas");
+        let mut list = self.list()?;
+        let base = uri.split('?').next().unwrap_or(uri).trim_end_matches('/');
+        let before = list.len();
+        list.retain(|e| e.split('?').next() != Some(base));
+        if list.len() == before {
+            return Ok(false);
+        }
+        self.save(&list)?;
+        Ok(true)
+    }
+}
+
+/// Has `need` of `replicas` keep a copy of the object of `ticket` (whose capability they use
+/// to fetch it from this daemon), in order, each at durability 1. Returns the hints of the
+/// copies made; when fewer than `need` could be made, deletes those and says why.
+pub fn replicate(
+    id: &Identity,
+    replicas: &[String],
+    ticket: &Ticket,
+    need: usize,
+) -> Result<Vec<Hint>, DaemonError> {
+    let reader = ticket
+        .restrict(Rights::READ)
+        .map_err(|e| DaemonError::Damaged(e.to_string()))?;
+    let mut made: Vec<Hint> = vec![];
+    let mut failed = vec![];
+    for uri in replicas {
+        if made.len() == need {
+            break;
+        }
+        match replicate_at(id, uri, &reader) {
+            Ok(cap) => {
+                let mut h = Hint::new(uri.clone(), REPLICA_PRIORITY, 100);
+                h.cap = Some(cap);
+                made.push(h);
+            }
+            Err(e) => failed.push(format!("{uri}: {e}")),
+        }
+    }
+    if made.len() < need {
+        let t = Ticket {
+            hints: made,
+            ..ticket.clone()
+        };
+        for e in delete_copies(id, &t) {
+            tracing::warn!("a replica's copy left behind: {e}");
+        }
+        return Err(DaemonError::Unavailable(format!(
+            "durability {} needs {need} replicas to keep a copy; {} could{}",
+            need + 1,
+            t.hints.len(),
+            match failed.is_empty() {
+                true => format!(
+                    " ({} registered: `ferry daemon replica add`)",
+                    replicas.len()
+                ),
+                false => format!(": {}", failed.join("; ")),
+            }
+        )));
+    }
+    Ok(made)
+}
+
+fn replicate_at(id: &Identity, uri: &str, reader: &Ticket) -> Result<Capability, DaemonError> {
+    let (ep, fp) = crate::fetch::parse_peer(uri)?;
+    let mut s = ferry_net::connect_pinned(&ep, id, fp)?;
+    let r = s.conn.call(Request::ObjectReplicate {
+        durability: 1,
+        ticket: reader.to_bytes(),
+    });
+    let _ = s.close();
+    let replies = r.map_err(|e| match e {
+        ferry_fs::ConnError::Remote {
+            code: ErrorCode::Permission,
+            ..
+        } => DaemonError::Unavailable(format!(
+            "it does not authorize this daemon's key (there: `ferry key authorize {}`)",
+            id.fingerprint()
+        )),
+        e => DaemonError::Unavailable(e.to_string()),
+    })?;
+    match replies.into_iter().next() {
+        Some(Reply::Created { cap, .. }) => {
+            Capability::from_bytes(&cap).map_err(|e| DaemonError::BadPeer(e.to_string()))
+        }
+        r => Err(DaemonError::BadPeer(format!("{r:?} to ObjectReplicate"))),
+    }
+}
+
+/// Deletes the copies the hints of `ticket` that carry capabilities of their own name (its
+/// replicas); returns what could not be deleted, and why.
+pub fn delete_copies(id: &Identity, ticket: &Ticket) -> Vec<String> {
+    let mut left = vec![];
+    for h in &ticket.hints {
+        let Some(cap) = &h.cap else { continue };
+        let r = (|| {
+            let (ep, fp) = crate::fetch::parse_peer(&h.uri)?;
+            let mut s = ferry_net::connect_pinned(&ep, id, fp)?;
+            let r = s.conn.call(Request::ObjectDelete {
+                cap: cap.to_bytes(),
+            });
+            let _ = s.close();
+            match r
+                .map_err(|e| DaemonError::Unavailable(e.to_string()))?
+                .pop()
+            {
+                Some(Reply::Ok) => Ok(()),
+                r => Err(DaemonError::BadPeer(format!("{r:?} to ObjectDelete"))),
+            }
+        })();
+        if let Err(e) = r {
+            left.push(format!("{}: {e}", h.uri));
+        }
+    }
+    left
+}
+
+/// What the peer side serves: the shelf's objects, and copies made for other daemons.
+pub struct PeerShelf {
+    pub shelf: Arc<Shelf>,
+    pub fetch: FetchBy,
+}
+
+fn shelf_error(e: DaemonError) -> ShelfError {
+    let code = match &e {
+        DaemonError::NotFound(_) => ErrorCode::NotFound,
+        DaemonError::BadRequest(_) => ErrorCode::BadRequest,
+        _ => ErrorCode::Io,
+    };
+    (code, e.to_string())
+}
+
+impl ferry_fs::ObjectShelf for PeerShelf {
+    fn open(&self, oid: &Id, cap: &[u8]) -> Option<(u64, Arc<Recipe>)> {
+        self.shelf.open(oid, cap)
+    }
+
+    fn chunk(&self, id: &Id) -> Option<Vec<u8>> {
+        ferry_fs::ObjectShelf::chunk(&*self.shelf, id)
+    }
+
+    fn read(&self, cap: &[u8], offset: u64, len: u64) -> Option<(Id, u64, Vec<u8>)> {
+        ferry_fs::ObjectShelf::read(&*self.shelf, cap, offset, len)
+    }
+
+    fn create(&self, durability: u8, data: &[u8]) -> Result<(u8, Vec<u8>), ShelfError> {
+        ferry_fs::ObjectShelf::create(&*self.shelf, durability, data)
+    }
+
+    fn delete(&self, cap: &[u8]) -> Result<(), ShelfError> {
+        ferry_fs::ObjectShelf::delete(&*self.shelf, cap)
+    }
+
+    fn replicate(&self, _durability: u8, ticket: &[u8]) -> Result<(u8, Vec<u8>), ShelfError> {
+        let t = Ticket::from_bytes(ticket).map_err(|e| (ErrorCode::BadRequest, e.to_string()))?;
+        // A copy of its own (a delete by the asker must not touch another's object).
+        let (cap, _) = (self.fetch)(&t, &|_| {}, true).map_err(shelf_error)?;
+        Ok((1, cap.to_bytes()))
+    }
+}
