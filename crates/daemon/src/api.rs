@@ -242,34 +242,15 @@ fn put_object(
     size: u64,
     durability: u8,
 ) -> Result<PutReply, DaemonError> {
-    let need = durability.saturating_sub(1) as usize;
-    let replicas = d.replicas.list()?;
-    if replicas.len() < need {
-        return Err(DaemonError::BadRequest(format!(
-            "durability {durability} needs {need} replicas; {} registered \
-             (`ferry daemon replica add ferry://HOST:PORT`; durability 0: in RAM, 1: on disk)",
-            replicas.len()
-        )));
-    }
-    if need > 0 && d.status.hints.is_empty() {
-        return Err(DaemonError::BadRequest(
-            "replicas fetch from this daemon's peer side, which is not listening (--listen)".into(),
-        ));
-    }
-    let made = d.shelf.objects().create(src, size, durability.min(1))?;
-    let mut ticket = d.ticket(made.cap.clone(), made.oid, made.size, made.durability);
-    if need > 0 {
-        match crate::replicas::replicate(&d.identity, &replicas, &ticket, need) {
-            Ok(hints) => {
-                ticket.hints.extend(hints);
-                ticket.durability = durability;
-            }
-            Err(e) => {
-                d.shelf.objects().delete(&made.cap)?;
-                return Err(e);
-            }
-        }
-    }
+    let (made, ticket) = crate::replicas::create(
+        &d.shelf,
+        &d.replicas,
+        &d.identity,
+        &d.status.hints,
+        src,
+        size,
+        durability,
+    )?;
     let mut pushed = vec![];
     let push: Vec<_> = d.devices.list().into_iter().filter(|x| x.push).collect();
     if !push.is_empty() {

@@ -99,6 +99,55 @@ impl Replicas {
     }
 }
 
+/// Creates an object of `size` bytes from `src` at `durability`: 0 or 1 in the shelf alone,
+/// N in the shelf and N-1 replicas (their copies named by hints of the ticket). Returns the
+/// object and its ticket (carrying `hints`, this daemon's, and the replicas').
+pub fn create(
+    shelf: &Shelf,
+    replicas: &Replicas,
+    id: &Identity,
+    hints: &[Hint],
+    src: impl std::io::Read + Send,
+    size: u64,
+    durability: u8,
+) -> Result<(ferry_objects::Created, Ticket), DaemonError> {
+    let need = durability.saturating_sub(1) as usize;
+    let registered = replicas.list()?;
+    if registered.len() < need {
+        return Err(DaemonError::BadRequest(format!(
+            "durability {durability} needs {need} replicas; {} registered \
+             (`ferry daemon replica add ferry://HOST:PORT`; durability 0: in RAM, 1: on disk)",
+            registered.len()
+        )));
+    }
+    if need > 0 && hints.is_empty() {
+        return Err(DaemonError::BadRequest(
+            "replicas fetch from this daemon's peer side, which is not listening (--listen)".into(),
+        ));
+    }
+    let made = shelf.objects().create(src, size, durability.min(1))?;
+    let mut ticket = Ticket {
+        oid: made.oid,
+        size: made.size,
+        cap: made.cap.clone(),
+        durability: made.durability,
+        hints: hints.to_vec(),
+    };
+    if need > 0 {
+        match replicate(id, &registered, &ticket, need) {
+            Ok(copies) => {
+                ticket.hints.extend(copies);
+                ticket.durability = durability;
+            }
+            Err(e) => {
+                shelf.objects().delete(&made.cap)?;
+                return Err(e);
+            }
+        }
+    }
+    Ok((made, ticket))
+}
+
 /// Has `need` of `replicas` keep a copy of the object of `ticket` (whose capability they use
 /// to fetch it from this daemon), in order, each at durability 1. Returns the hints of the
 /// copies made; when fewer than `need` could be made, deletes those and says why.
@@ -169,9 +218,9 @@ fn replicate_at(id: &Identity, uri: &str, reader: &Ticket) -> Result<Capability,
         e => DaemonError::Unavailable(e.to_string()),
     })?;
     match replies.into_iter().next() {
-        Some(Reply::Created { cap, .. }) => {
-            Capability::from_bytes(&cap).map_err(|e| DaemonError::BadPeer(e.to_string()))
-        }
+        Some(Reply::Created { ticket, .. }) => Ticket::from_bytes(&ticket)
+            .map(|t| t.cap)
+            .map_err(|e| DaemonError::BadPeer(e.to_string())),
         r => Err(DaemonError::BadPeer(format!("{r:?} to ObjectReplicate"))),
     }
 }
@@ -204,10 +253,15 @@ pub fn delete_copies(id: &Identity, ticket: &Ticket) -> Vec<String> {
     left
 }
 
-/// What the peer side serves: the shelf's objects, and copies made for other daemons.
+/// What the peer side serves: the shelf's objects, creates (with their replicas), and copies
+/// made for other daemons.
 pub struct PeerShelf {
     pub shelf: Arc<Shelf>,
     pub fetch: FetchBy,
+    pub replicas: Arc<Replicas>,
+    pub identity: Arc<Identity>,
+    /// This daemon's hints, for the tickets it answers.
+    pub hints: Vec<Hint>,
 }
 
 fn shelf_error(e: DaemonError) -> ShelfError {
@@ -233,7 +287,17 @@ impl ferry_fs::ObjectShelf for PeerShelf {
     }
 
     fn create(&self, durability: u8, data: &[u8]) -> Result<(u8, Vec<u8>), ShelfError> {
-        ferry_fs::ObjectShelf::create(&*self.shelf, durability, data)
+        let (_, t) = create(
+            &self.shelf,
+            &self.replicas,
+            &self.identity,
+            &self.hints,
+            data,
+            data.len() as u64,
+            durability,
+        )
+        .map_err(shelf_error)?;
+        Ok((t.durability, t.to_bytes()))
     }
 
     fn delete(&self, cap: &[u8]) -> Result<(), ShelfError> {
@@ -244,6 +308,12 @@ impl ferry_fs::ObjectShelf for PeerShelf {
         let t = Ticket::from_bytes(ticket).map_err(|e| (ErrorCode::BadRequest, e.to_string()))?;
         // A copy of its own (a delete by the asker must not touch another's object).
         let (cap, _) = (self.fetch)(&t, &|_| {}, true).map_err(shelf_error)?;
-        Ok((1, cap.to_bytes()))
+        let copy = Ticket {
+            cap,
+            durability: 1,
+            hints: self.hints.clone(),
+            ..t
+        };
+        Ok((1, copy.to_bytes()))
     }
 }

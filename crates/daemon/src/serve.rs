@@ -29,6 +29,9 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
     let identity = Arc::new(identity);
     let devices = Arc::new(Devices::open(&paths.data.join("devices.json"))?);
     let fetch_by = fetcher(&paths, &shelf, &identity, &devices);
+    let replicas = Arc::new(crate::replicas::Replicas::new(
+        &paths.data.join("replicas.json"),
+    ));
     let mut hints = vec![];
     let listen = match cfg.listen {
         None => None,
@@ -46,6 +49,9 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
             let peer_shelf = crate::replicas::PeerShelf {
                 shelf: shelf.clone(),
                 fetch: fetch_by.clone(),
+                replicas: replicas.clone(),
+                identity: identity.clone(),
+                hints: hints.clone(),
             };
             peer_side(l, &paths, Arc::new(peer_shelf))?;
             Some(bound.to_string())

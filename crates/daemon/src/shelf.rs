@@ -105,21 +105,6 @@ impl ferry_fs::ObjectShelf for Shelf {
         Some((st.oid.0, st.size, out))
     }
 
-    fn create(&self, durability: u8, data: &[u8]) -> Result<(u8, Vec<u8>), ferry_fs::ShelfError> {
-        use ferry_proto::ErrorCode;
-        if durability > 1 {
-            return Err((
-                ErrorCode::BadRequest,
-                "over the wire, a create meets durability 0 or 1 (more: through the local API, with replicas)".into(),
-            ));
-        }
-        let made = self
-            .objects
-            .create(data, data.len() as u64, durability)
-            .map_err(|e| (ErrorCode::Io, e.to_string()))?;
-        Ok((made.durability, made.cap.to_bytes()))
-    }
-
     fn delete(&self, cap: &[u8]) -> Result<(), ferry_fs::ShelfError> {
         use ferry_proto::ErrorCode;
         let denied = || (ErrorCode::NotFound, ObjectsError::Denied.to_string());

@@ -1197,7 +1197,10 @@ fn objects_over_the_wire() {
     .unwrap();
     let mut s = ferry_net::connect_pinned(&ep, &me, key).unwrap();
     let cap = match create(&mut s).unwrap().remove(0) {
-        Reply::Created { durability: 1, cap } => cap,
+        Reply::Created {
+            durability: 1,
+            ticket,
+        } => Ticket::from_bytes(&ticket).unwrap().cap.to_bytes(),
         r => panic!("{r:?}"),
     };
     let read = |s: &mut ferry_fs::Session, cap: &[u8], offset, len| {

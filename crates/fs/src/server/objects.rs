@@ -27,7 +27,7 @@ pub trait ObjectShelf: Send + Sync {
         None
     }
 
-    /// A new object (Bullet's CREATE): the durability met and the owner's capability.
+    /// A new object (Bullet's CREATE): the durability met and its ticket.
     fn create(&self, durability: u8, data: &[u8]) -> Result<(u8, Vec<u8>), ShelfError> {
         let _ = (durability, data);
         Err(unsupported())
@@ -41,7 +41,7 @@ pub trait ObjectShelf: Send + Sync {
     }
 
     /// Fetches the object of a ticket and keeps a copy (a replica for another store's
-    /// durability): the durability met and the copy's owner's capability.
+    /// durability): the durability met and the copy's ticket.
     fn replicate(&self, durability: u8, ticket: &[u8]) -> Result<(u8, Vec<u8>), ShelfError> {
         let _ = (durability, ticket);
         Err(unsupported())
@@ -135,7 +135,7 @@ impl Server {
 
     pub(super) fn object_create(&mut self, durability: u8, data: &[u8]) -> Reply {
         match self.shelf.as_ref().map(|s| s.create(durability, data)) {
-            Some(Ok((durability, cap))) => Reply::Created { durability, cap },
+            Some(Ok((durability, ticket))) => Reply::Created { durability, ticket },
             Some(Err((code, message))) => error(code, message),
             None => error(unsupported().0, unsupported().1),
         }
@@ -151,7 +151,7 @@ impl Server {
 
     pub(super) fn object_replicate(&mut self, durability: u8, ticket: &[u8]) -> Reply {
         match self.shelf.as_ref().map(|s| s.replicate(durability, ticket)) {
-            Some(Ok((durability, cap))) => Reply::Created { durability, cap },
+            Some(Ok((durability, ticket))) => Reply::Created { durability, ticket },
             Some(Err((code, message))) => error(code, message),
             None => error(unsupported().0, unsupported().1),
         }

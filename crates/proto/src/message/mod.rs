@@ -210,10 +210,11 @@ pub enum Reply {
         from: u64,
         chunks: Vec<ferry_format::ChunkRef>,
     },
-    /// An object made: the durability met and its owner's capability.
+    /// An object made: the durability met and its ticket (Ticket v2: the owner's capability,
+    /// hints, replicas').
     Created {
         durability: u8,
-        cap: Vec<u8>,
+        ticket: Vec<u8>,
     },
     Ok,
     Error {

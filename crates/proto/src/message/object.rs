@@ -13,7 +13,7 @@
 //! | 0x3c | ObjectDelete: capability *bytes* | Ok |
 //! | 0x3d | ObjectReplicate: durability u8 · ticket *bytes* | Created |
 //! | 0x4b | Object: object *id* · size varint · total varint · from varint · chunk refs (the object id's hash) | |
-//! | 0x4c | Created: durability u8 · capability *bytes* | |
+//! | 0x4c | Created: durability u8 · ticket *bytes* (Ticket v2) | |
 
 use ferry_format::ChunkRef;
 
@@ -122,9 +122,9 @@ pub(super) fn put_reply(reply: &Reply, w: &mut Writer) -> Option<u8> {
             put_chunk_refs(w, chunks);
             code::R_OBJECT
         }
-        Reply::Created { durability, cap } => {
+        Reply::Created { durability, ticket } => {
             w.u8(*durability);
-            w.bytes(cap);
+            w.bytes(ticket);
             code::R_CREATED
         }
         _ => return None,
@@ -155,7 +155,7 @@ pub(super) fn get_reply(t: u8, r: &mut Reader<'_>) -> Result<Option<Reply>, Prot
         }
         code::R_CREATED => Reply::Created {
             durability: r.u8()?,
-            cap: get_cap(r)?,
+            ticket: r.bytes()?.to_vec(),
         },
         _ => return Ok(None),
     }))

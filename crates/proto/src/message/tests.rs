@@ -305,7 +305,7 @@ pub(crate) fn samples() -> Vec<Message> {
         }),
         r(Reply::Created {
             durability: 1,
-            cap: vec![7; 60],
+            ticket: vec![7; 160],
         }),
         r(Reply::Ok),
         r(Reply::Error {
@@ -630,7 +630,7 @@ fn exact_bytes_of_every_message() {
         (
             Message::Reply(Reply::Created {
                 durability: 0,
-                cap: vec![0xc7; 3],
+                ticket: vec![0xc7; 3],
             }),
             "0b000000 4c 00 05000000 | 00 | 03c7c7c7".into(),
         ),
