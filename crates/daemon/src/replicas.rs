@@ -286,14 +286,19 @@ impl ferry_fs::ObjectShelf for PeerShelf {
         ferry_fs::ObjectShelf::read(&*self.shelf, cap, offset, len)
     }
 
-    fn create(&self, durability: u8, data: &[u8]) -> Result<(u8, Vec<u8>), ShelfError> {
+    fn create(
+        &self,
+        durability: u8,
+        src: &mut (dyn std::io::Read + Send),
+        size: u64,
+    ) -> Result<(u8, Vec<u8>), ShelfError> {
         let (_, t) = create(
             &self.shelf,
             &self.replicas,
             &self.identity,
             &self.hints,
-            data,
-            data.len() as u64,
+            src,
+            size,
             durability,
         )
         .map_err(shelf_error)?;

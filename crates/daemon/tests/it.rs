@@ -1181,8 +1181,10 @@ fn objects_over_the_wire() {
     let mut s = ferry_net::connect_pinned(&ep, &me, key).unwrap();
     let bytes = data(3 << 20, 41);
     let create = |s: &mut ferry_fs::Session| {
+        // 3 MiB in one request, then the same in three pieces.
         s.conn.call(Request::ObjectCreate {
             durability: 1,
+            size: bytes.len() as u64,
             data: bytes.clone(),
         })
     };
@@ -1219,6 +1221,35 @@ fn objects_over_the_wire() {
         Ok::<_, ferry_fs::ConnError>(out)
     };
     assert!(read(&mut s, &cap, 0, 3 << 20).unwrap() == bytes);
+    let first = s
+        .conn
+        .call(Request::ObjectCreate {
+            durability: 0,
+            size: bytes.len() as u64,
+            data: bytes[..1 << 20].to_vec(),
+        })
+        .unwrap();
+    assert_eq!(first, [Reply::Ok]);
+    s.conn
+        .call(Request::ObjectAppend {
+            data: bytes[1 << 20..2 << 20].to_vec(),
+        })
+        .unwrap();
+    let piecewise = match s
+        .conn
+        .call(Request::ObjectAppend {
+            data: bytes[2 << 20..].to_vec(),
+        })
+        .unwrap()
+        .remove(0)
+    {
+        Reply::Created { ticket, .. } => Ticket::from_bytes(&ticket).unwrap().cap.to_bytes(),
+        r => panic!("{r:?}"),
+    };
+    assert!(read(&mut s, &piecewise, 0, 3 << 20).unwrap() == bytes);
+    // Too many bytes are refused; an append with no create too.
+    let e = s.conn.call(Request::ObjectAppend { data: vec![1] });
+    assert!(e.is_err(), "{e:?}");
     assert!(read(&mut s, &cap, 1000, 10).unwrap() == bytes[1000..1010]);
     // A guest holding the capability reads it; a forged one reads nothing.
     let (guest, _) = ferry_net::Identity::load_or_create(&tmp.path().join("guest")).unwrap();

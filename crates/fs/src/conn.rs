@@ -384,6 +384,15 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
 
 impl<R: Read, W> Connection<R, W> {
     fn write(&mut self, f: Frame) -> Result<(), ConnError> {
+        // Refused here, not by the writer thread, whose failure would leave the caller
+        // waiting for a reply to a request never sent.
+        if f.body.len() > ferry_proto::MAX_BODY {
+            return Err(ConnError::Unexpected(format!(
+                "a request of {} bytes, more than one frame carries ({})",
+                f.body.len(),
+                ferry_proto::MAX_BODY
+            )));
+        }
         self.unflushed = true;
         self.writer.send(Outgoing::Frame(f))
     }

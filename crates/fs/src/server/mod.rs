@@ -126,6 +126,7 @@ pub struct Server {
     /// Only objects are served (the client's key is not authorized for the export).
     objects_only: bool,
     opened: Option<objects::Opened>,
+    creating: Option<objects::Creating>,
 }
 
 pub(crate) fn error(code: ErrorCode, message: impl Into<String>) -> Reply {
@@ -184,6 +185,7 @@ impl Server {
             shelf: None,
             objects_only: false,
             opened: None,
+            creating: None,
         }
     }
 
@@ -349,7 +351,10 @@ impl Server {
         // (empty) export is neither listed nor written.
         let owners = matches!(
             r,
-            Request::GetChunks(_) | Request::ObjectCreate { .. } | Request::ObjectReplicate { .. }
+            Request::GetChunks(_)
+                | Request::ObjectCreate { .. }
+                | Request::ObjectAppend { .. }
+                | Request::ObjectReplicate { .. }
         );
         if self.shelf.is_some() && !object && !owners {
             return one(error(
@@ -438,9 +443,12 @@ impl Server {
             Request::ObjectRecipe { oid, cap, from } => one(self.object_recipe(&oid, &cap, from)),
             Request::ObjectChunks { oid, cap, ids } => self.object_chunks(id, &oid, &cap, &ids),
             Request::ObjectRead { cap, offset, len } => self.object_read(id, &cap, offset, len),
-            Request::ObjectCreate { durability, data } => {
-                one(self.object_create(durability, &data))
-            }
+            Request::ObjectCreate {
+                durability,
+                size,
+                data,
+            } => one(self.object_create(durability, size, data)),
+            Request::ObjectAppend { data } => one(self.object_append(data)),
             Request::ObjectDelete { cap } => one(self.object_delete(&cap)),
             Request::ObjectReplicate { durability, ticket } => {
                 one(self.object_replicate(durability, &ticket))
@@ -640,8 +648,10 @@ fn stamp(fid: &FileId) -> ferry_store::Stamp {
 }
 
 impl Drop for Server {
-    /// What the session recorded in the index becomes durable.
+    /// What the session recorded in the index becomes durable; a create left unfinished is
+    /// abandoned.
     fn drop(&mut self) {
+        self.abandon_create();
         if let Some(i) = &self.index {
             if let Err(e) = i.sync() {
                 tracing::debug!("index: {e}");

@@ -27,9 +27,15 @@ pub trait ObjectShelf: Send + Sync {
         None
     }
 
-    /// A new object (Bullet's CREATE): the durability met and its ticket.
-    fn create(&self, durability: u8, data: &[u8]) -> Result<(u8, Vec<u8>), ShelfError> {
-        let _ = (durability, data);
+    /// A new object of `size` bytes read from `src` (Bullet's CREATE): the durability met and
+    /// its ticket. A source that ends early fails the create and leaves nothing.
+    fn create(
+        &self,
+        durability: u8,
+        src: &mut (dyn std::io::Read + Send),
+        size: u64,
+    ) -> Result<(u8, Vec<u8>), ShelfError> {
+        let _ = (durability, src, size);
         Err(unsupported())
     }
 
@@ -58,10 +64,47 @@ fn unsupported() -> ShelfError {
     )
 }
 
+/// An object being created over several requests (ObjectCreate, then ObjectAppend): its bytes
+/// go to the shelf's create, on a thread of its own, as they arrive.
+pub(super) struct Creating {
+    tx: std::sync::mpsc::SyncSender<Vec<u8>>,
+    done: std::thread::JoinHandle<Result<(u8, Vec<u8>), ShelfError>>,
+    left: u64,
+}
+
+/// Reads what the requests bring, to the end (the sender dropped).
+struct Arriving {
+    rx: std::sync::mpsc::Receiver<Vec<u8>>,
+    buf: Vec<u8>,
+    at: usize,
+}
+
+impl std::io::Read for Arriving {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.at == self.buf.len() {
+            match self.rx.recv() {
+                Ok(b) => (self.buf, self.at) = (b, 0),
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = out.len().min(self.buf.len() - self.at);
+        out[..n].copy_from_slice(&self.buf[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
 /// The most bytes one ObjectRead answers (in Range replies of [`READ_PIECE`] each): bounds
 /// what one request makes the server hold.
 pub const MAX_OBJECT_READ: u64 = 4 << 20;
 const READ_PIECE: usize = 1 << 20;
+
+fn created(r: Result<(u8, Vec<u8>), ShelfError>) -> Reply {
+    match r {
+        Ok((durability, ticket)) => Reply::Created { durability, ticket },
+        Err((code, message)) => error(code, message),
+    }
+}
 
 /// The one answer to a capability that does not read the object, an object not held, and a
 /// chunk that is not the object's.
@@ -133,11 +176,66 @@ impl Server {
         frames
     }
 
-    pub(super) fn object_create(&mut self, durability: u8, data: &[u8]) -> Reply {
-        match self.shelf.as_ref().map(|s| s.create(durability, data)) {
-            Some(Ok((durability, ticket))) => Reply::Created { durability, ticket },
-            Some(Err((code, message))) => error(code, message),
-            None => error(unsupported().0, unsupported().1),
+    pub(super) fn object_create(&mut self, durability: u8, size: u64, data: Vec<u8>) -> Reply {
+        let Some(shelf) = self.shelf.clone() else {
+            return error(unsupported().0, unsupported().1);
+        };
+        // A create left unfinished is abandoned (its bytes end early: nothing is made).
+        self.abandon_create();
+        if data.len() as u64 > size {
+            return error(ErrorCode::BadRequest, "more bytes than the size announced");
+        }
+        if data.len() as u64 == size {
+            return created(shelf.create(durability, &mut &data[..], size));
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(4);
+        let left = size - data.len() as u64;
+        let spawned = std::thread::Builder::new()
+            .name("ferry-create".into())
+            .spawn(move || {
+                let mut src = Arriving {
+                    rx,
+                    buf: vec![],
+                    at: 0,
+                };
+                shelf.create(durability, &mut src, size)
+            });
+        let Ok(done) = spawned else {
+            return error(ErrorCode::Io, "cannot start a create");
+        };
+        let _ = tx.send(data);
+        self.creating = Some(Creating { tx, done, left });
+        Reply::Ok
+    }
+
+    pub(super) fn object_append(&mut self, data: Vec<u8>) -> Reply {
+        let Some(mut c) = self.creating.take() else {
+            return error(ErrorCode::BadRequest, "no object is being created");
+        };
+        if data.len() as u64 > c.left {
+            drop(c.tx);
+            let _ = c.done.join();
+            return error(ErrorCode::BadRequest, "more bytes than the size announced");
+        }
+        c.left -= data.len() as u64;
+        let _ = c.tx.send(data);
+        if c.left > 0 {
+            self.creating = Some(c);
+            return Reply::Ok;
+        }
+        drop(c.tx);
+        created(
+            c.done
+                .join()
+                .unwrap_or_else(|_| Err((ErrorCode::Io, "the create failed".into()))),
+        )
+    }
+
+    /// Ends a create this session left unfinished: its bytes end early, so nothing is made.
+    pub(super) fn abandon_create(&mut self) {
+        if let Some(c) = self.creating.take() {
+            drop(c.tx);
+            let _ = c.done.join();
         }
     }
 

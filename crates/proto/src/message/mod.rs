@@ -156,9 +156,16 @@ pub enum Request {
         offset: u64,
         len: u64,
     },
-    /// A new object of `data` (Bullet's CREATE), answered once `durability` is met.
+    /// A new object of `size` bytes (Bullet's CREATE), `data` its first bytes: answered
+    /// `Created` once `durability` is met when they are all of it, else `Ok` (the rest follows
+    /// in ObjectAppend requests, the last answered `Created`).
     ObjectCreate {
         durability: u8,
+        size: u64,
+        data: Vec<u8>,
+    },
+    /// The next bytes of the object this session is creating.
+    ObjectAppend {
         data: Vec<u8>,
     },
     /// Delete the object `cap` names (needs the delete right).
@@ -267,6 +274,7 @@ pub(crate) mod code {
     pub const OBJECT_CREATE: u8 = 0x3b;
     pub const OBJECT_DELETE: u8 = 0x3c;
     pub const OBJECT_REPLICATE: u8 = 0x3d;
+    pub const OBJECT_APPEND: u8 = 0x3e;
     pub const R_ATTR: u8 = 0x40;
     pub const R_ENTRIES: u8 = 0x41;
     pub const R_RECIPE: u8 = 0x42;

@@ -9,7 +9,8 @@
 //! | 0x38 | ObjectRecipe: object *id* · capability *bytes* (at most 255) · from varint | Object |
 //! | 0x39 | ObjectChunks: object *id* · capability *bytes* (at most 255) · ids | Chunks |
 //! | 0x3a | ObjectRead: capability *bytes* · offset varint · length varint | Range × n |
-//! | 0x3b | ObjectCreate: durability u8 · data *bytes* | Created |
+//! | 0x3b | ObjectCreate: durability u8 · size varint · data *bytes* (the first bytes) | Created, or Ok when more follow |
+//! | 0x3e | ObjectAppend: data *bytes* (the next bytes) | Ok, Created after the last |
 //! | 0x3c | ObjectDelete: capability *bytes* | Ok |
 //! | 0x3d | ObjectReplicate: durability u8 · ticket *bytes* | Created |
 //! | 0x4b | Object: object *id* · size varint · total varint · from varint · chunk refs (the object id's hash) | |
@@ -47,10 +48,19 @@ pub(super) fn put_request(q: &Request, w: &mut Writer) -> Option<u8> {
             w.varint(*len);
             code::OBJECT_READ
         }
-        Request::ObjectCreate { durability, data } => {
+        Request::ObjectCreate {
+            durability,
+            size,
+            data,
+        } => {
             w.u8(*durability);
+            w.varint(*size);
             w.bytes(data);
             code::OBJECT_CREATE
+        }
+        Request::ObjectAppend { data } => {
+            w.bytes(data);
+            code::OBJECT_APPEND
         }
         Request::ObjectDelete { cap } => {
             w.bytes(cap);
@@ -95,6 +105,10 @@ pub(super) fn get_request(t: u8, r: &mut Reader<'_>) -> Result<Option<Request>, 
         },
         code::OBJECT_CREATE => Request::ObjectCreate {
             durability: r.u8()?,
+            size: r.varint()?,
+            data: r.bytes()?.to_vec(),
+        },
+        code::OBJECT_APPEND => Request::ObjectAppend {
             data: r.bytes()?.to_vec(),
         },
         code::OBJECT_DELETE => Request::ObjectDelete { cap: get_cap(r)? },

@@ -296,8 +296,10 @@ pub(crate) fn samples() -> Vec<Message> {
         }),
         q(Request::ObjectCreate {
             durability: 0,
+            size: 1 << 30,
             data: vec![1, 2, 3],
         }),
+        q(Request::ObjectAppend { data: vec![4; 100] }),
         q(Request::ObjectDelete { cap: vec![] }),
         q(Request::ObjectReplicate {
             durability: 1,
@@ -610,9 +612,16 @@ fn exact_bytes_of_every_message() {
         (
             Message::Request(Request::ObjectCreate {
                 durability: 1,
+                size: 300,
                 data: b"hi".to_vec(),
             }),
-            "0a000000 3b 00 05000000 | 01 | 026869".into(),
+            "0c000000 3b 00 05000000 | 01 | ac02 | 026869".into(),
+        ),
+        (
+            Message::Request(Request::ObjectAppend {
+                data: b"hi".to_vec(),
+            }),
+            "09000000 3e 00 05000000 | 026869".into(),
         ),
         (
             Message::Request(Request::ObjectDelete {

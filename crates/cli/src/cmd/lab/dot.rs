@@ -54,15 +54,15 @@ pub struct DotRun {
 }
 
 /// A daemon of the lab's, stopped when dropped.
-struct Daemon {
+pub(super) struct Daemon {
     dir: PathBuf,
     ferry: PathBuf,
-    key: String,
+    pub(super) key: String,
 }
 
 impl Daemon {
     /// Starts a daemon in `dir` listening on `listen`, advertising `advertise`.
-    fn start(lab: &Lab, dir: &Path, listen: &str, advertise: &str) -> Result<Daemon> {
+    pub(super) fn start(lab: &Lab, dir: &Path, listen: &str, advertise: &str) -> Result<Daemon> {
         fs::create_dir_all(dir)?;
         let out = Command::new(&lab.ferry)
             .args(["daemon", "--detach", "--json", "--listen", listen])
@@ -89,7 +89,17 @@ impl Daemon {
         })
     }
 
-    fn cmd(&self, args: &[&str]) -> Command {
+    /// Where its peer side listens.
+    pub(super) fn listen(&self) -> Result<String> {
+        let status = super::output(&mut self.cmd(&["daemon", "status", "--json"]))?;
+        let v: serde_json::Value = serde_json::from_str(&status)?;
+        Ok(v["listen"]
+            .as_str()
+            .context("the daemon does not listen")?
+            .to_string())
+    }
+
+    pub(super) fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(&self.ferry);
         c.arg("-q").args(args).env("FERRY_DAEMON_DIR", &self.dir);
         c

@@ -6,6 +6,7 @@
 //! counts what crosses it in each direction, so no tool's own report is taken. Results go to
 //! `results.json`, `results.md` and, with gnuplot, PNG charts.
 
+mod bullet;
 mod chart;
 mod dot;
 mod interactive;
@@ -92,6 +93,15 @@ pub struct Args {
     /// emulates the stick (a throttled loop device). Writes lookaside.md and lookaside.json.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["quick", "profiles", "down", "interactive", "from_json", "multipath"])]
     lookaside: Option<PathBuf>,
+    /// Run the Bullet paper's Figures 2 and 3 instead: read and create+delete, delay and
+    /// bandwidth, objects of 1 B to 64 MiB, over loopback: Ferry's object service at
+    /// durability 0, 1 and 2 against an S3 server (versitygw) and a file server (sshfs), and
+    /// the disk's sequential rates. With --bullet-quick, fewer operations. Writes bullet.md and
+    /// bullet.json into --out.
+    #[arg(long, conflicts_with_all = ["quick", "profiles", "down", "interactive", "from_json", "multipath", "dot"])]
+    bullet: bool,
+    #[arg(long, requires = "bullet")]
+    bullet_quick: bool,
     /// Where results go.
     #[arg(long, default_value = "lab-results", value_name = "DIR")]
     out: PathBuf,
@@ -665,6 +675,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
     if let Some(dir) = &a.lookaside {
         return lookaside_report(&lab, &a, dir);
+    }
+    if a.bullet {
+        let started = Instant::now();
+        let r = bullet::run(&lab, a.bullet_quick)?;
+        let md = bullet::markdown(&r);
+        let failed = r.rows.iter().filter(|x| x.status != "ok").count();
+        let report = serde_json::to_value(&r)?;
+        return experiment_out(&a, "bullet", started, report, &md, failed);
     }
     let mut infos = vec![];
     for w in &wls {
