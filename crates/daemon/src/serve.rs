@@ -89,6 +89,7 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
         })
     };
     let jobs = Jobs::open(&paths.data.join("jobs"), runner.clone())?;
+    compactor(shelf.objects().clone());
     let root = crate::dirs::root(shelf.objects(), &paths.data)?;
     status.root = Ticket {
         oid: ferry_format::Oid(ferry_format::Id::hash(ferry_format::HashAlg::Blake3, b"")),
@@ -158,6 +159,36 @@ fn fetcher(
             fetch::fetch(&f, ticket, progress, fresh)
         },
     )
+}
+
+/// How often the object store's holes are looked at, and when they are worth compacting: more
+/// than this many bytes, and more than a quarter of the data files.
+const COMPACT_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+const COMPACT_HOLES: u64 = 64 << 20;
+/// Bytes moved per round at most, so a round never holds the disk long.
+const COMPACT_BUDGET: u64 = 256 << 20;
+
+/// Compacts the object store in the background (Bullet's holes, filled as creates come and
+/// compacted when they grow).
+fn compactor(objects: Arc<ferry_objects::ObjectStore>) {
+    let weak = Arc::downgrade(&objects);
+    drop(objects);
+    let spawned = std::thread::Builder::new()
+        .name("ferry-compact".into())
+        .spawn(move || loop {
+            std::thread::sleep(COMPACT_EVERY);
+            let Some(o) = weak.upgrade() else { return };
+            let st = o.stats();
+            if st.holes > COMPACT_HOLES && st.holes * 4 > st.used {
+                match o.compact(COMPACT_BUDGET) {
+                    Ok(n) => tracing::info!("compacted the object store: {n} bytes moved"),
+                    Err(e) => tracing::warn!("compacting the object store: {e}"),
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("no background compaction: {e}");
+    }
 }
 
 /// What the user's lookaside registry names: devices and providers.

@@ -45,22 +45,37 @@ pub struct LinkReader {
     timeout: Arc<AtomicU64>,
     /// Tells the reading thread to let go of the transport.
     dropped: Arc<AtomicBool>,
+    /// Written to wake the reading thread when it is told.
+    wake: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
 impl Drop for LinkReader {
     fn drop(&mut self) {
         self.dropped.store(true, Ordering::Release);
+        // Wakes the thread at once (else it notices within 100 ms).
+        if let Some(w) = &self.wake {
+            // Any non-zero count wakes it, in whichever byte order.
+            let _ = rustix::io::write(w, &1u64.to_le_bytes());
+        }
     }
 }
 
 impl LinkReader {
-    /// Starts the thread reading `r`. The thread ends at the end of the stream, or within
-    /// 100 ms of this reader being dropped: it must not hold the transport open after that
-    /// (a socket's other half, say, whose peer waits for the end).
+    /// Starts the thread reading `r`. The thread ends at the end of the stream, or as soon as
+    /// this reader is dropped (an eventfd wakes it; without one, within 100 ms): it must not
+    /// hold the transport open after that (a socket's other half, say, whose peer waits for
+    /// the end).
     pub fn new(r: impl Read + AsFd + Send + 'static) -> LinkReader {
         let (tx, rx) = mpsc::sync_channel(QUEUED);
         let dropped = Arc::new(AtomicBool::new(false));
         let gone = dropped.clone();
+        let wake = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .ok()
+        .map(Arc::new);
+        let woken = wake.clone();
         let spawned = std::thread::Builder::new()
             .name("ferry-recv".into())
             .spawn(move || {
@@ -71,9 +86,12 @@ impl LinkReader {
                         return;
                     }
                     let ready = {
-                        let mut fds = [PollFd::new(&r, PollFlags::IN)];
+                        let mut fds = vec![PollFd::new(&r, PollFlags::IN)];
+                        if let Some(w) = &woken {
+                            fds.push(PollFd::new(&**w, PollFlags::IN));
+                        }
                         match poll(&mut fds, Some(&WAKE)) {
-                            Ok(n) => n > 0,
+                            Ok(_) => !fds[0].revents().is_empty(),
                             Err(rustix::io::Errno::INTR) => false,
                             Err(e) => {
                                 let _ = tx.send(Err(e.into()));
@@ -112,6 +130,7 @@ impl LinkReader {
             ended: false,
             timeout: Arc::new(AtomicU64::new(FOREVER)),
             dropped,
+            wake,
         }
     }
 

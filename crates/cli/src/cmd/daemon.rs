@@ -84,7 +84,7 @@ enum DaemonCmd {
 
 #[derive(clap::Subcommand)]
 enum ReplicaCmd {
-    /// Add the daemon at ferry://HOST[:PORT] (reached now; its key recorded on first use and
+    /// Add the daemon at `ferry://HOST[:PORT]` (reached now; its key recorded on first use and
     /// pinned).
     Add { uri: String },
     /// Stop asking it for copies (those it keeps stay).

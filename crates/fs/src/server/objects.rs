@@ -94,7 +94,7 @@ impl std::io::Read for Arriving {
     }
 }
 
-/// The most bytes one ObjectRead answers (in Range replies of [`READ_PIECE`] each): bounds
+/// The most bytes one ObjectRead answers (in Range replies of 1 MiB each): bounds
 /// what one request makes the server hold.
 pub const MAX_OBJECT_READ: u64 = 4 << 20;
 const READ_PIECE: usize = 1 << 20;
