@@ -33,6 +33,8 @@ const CHUNKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("chunks");
 const OIDS: TableDefinition<&[u8], u64> = TableDefinition::new("oids");
 
 const INDEX: &str = "index.redb";
+/// Bytes of whole chunks a read takes from the disk at once.
+const READ_WINDOW: u64 = 4 << 20;
 
 fn data_name(file: u32) -> String {
     format!("data-{file:05}.obj")
@@ -616,23 +618,41 @@ impl ObjectStore {
             return Ok(end - start);
         }
         let recipe = self.recipe_of(number)?;
+        // The chunks the range touches, with where each begins.
         let mut at = 0u64;
+        let touched: Vec<(u64, &ferry_format::ChunkRef)> = recipe
+            .chunks()
+            .iter()
+            .map(|c| {
+                at += c.len as u64;
+                (at - c.len as u64, c)
+            })
+            .filter(|(c_start, c)| c_start + c.len as u64 > start && *c_start < end)
+            .collect();
+        // A window of up to READ_WINDOW bytes of them at a time: one positioned read, then each
+        // chunk verified where it lies and its part of the range written out.
         let mut buf = vec![];
-        for c in recipe.chunks() {
-            let (c_start, c_end) = (at, at + c.len as u64);
-            at = c_end;
-            if c_end <= start {
-                continue;
+        let mut rest = &touched[..];
+        while !rest.is_empty() {
+            let mut n = 0;
+            let mut bytes = 0u64;
+            while n < rest.len() && (n == 0 || bytes + rest[n].1.len as u64 <= READ_WINDOW) {
+                bytes += rest[n].1.len as u64;
+                n += 1;
             }
-            if c_start >= end {
-                break;
+            let (window, later) = rest.split_at(n);
+            rest = later;
+            let first = window[0].0;
+            buf.resize(bytes as usize, 0);
+            self.read_at(number, first, &mut buf)?;
+            for (c_start, c) in window {
+                let from = (c_start - first) as usize;
+                let piece = &buf[from..from + c.len as usize];
+                verify(&c.id, piece, number)?;
+                let a = start.saturating_sub(*c_start) as usize;
+                let z = (end.min(c_start + c.len as u64) - c_start) as usize;
+                w(out, &piece[a..z])?;
             }
-            buf.resize(c.len as usize, 0);
-            self.read_at(number, c_start, &mut buf)?;
-            verify(&c.id, &buf, number)?;
-            let from = start.saturating_sub(c_start) as usize;
-            let to = (end.min(c_end) - c_start) as usize;
-            w(out, &buf[from..to])?;
         }
         Ok(end - start)
     }

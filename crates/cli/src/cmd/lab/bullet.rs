@@ -153,25 +153,33 @@ impl Server for Ferry {
     }
 
     fn read(&mut self, name: &str) -> Result<Vec<u8>> {
+        // Every piece asked for at once (at most MAX_OBJECT_READ each), the answers collected
+        // in order: the server's reading overlaps the link's carrying.
         let t: ferry_daemon::Ticket = name.parse()?;
         let cap = t.cap.to_bytes();
-        let mut out = Vec::with_capacity(t.size as usize);
-        loop {
-            let r = self.session.conn.call(Request::ObjectRead {
+        let conn = &mut self.session.conn;
+        let mut ids = vec![];
+        let mut offset = 0;
+        while offset < t.size.max(1) {
+            let len = (t.size - offset).min(ferry_fs::MAX_OBJECT_READ);
+            ids.push(conn.send(Request::ObjectRead {
                 cap: cap.clone(),
-                offset: out.len() as u64,
-                len: t.size - out.len() as u64,
-            })?;
-            for reply in r {
+                offset,
+                len,
+            })?);
+            offset += len.max(1);
+        }
+        conn.flush()?;
+        let mut out = Vec::with_capacity(t.size as usize);
+        for id in ids {
+            for reply in conn.replies(id)? {
                 match reply {
                     Reply::Range { data, .. } => out.extend_from_slice(&data),
                     r => bail!("{r:?} to a read"),
                 }
             }
-            if out.len() as u64 >= t.size {
-                return Ok(out);
-            }
         }
+        Ok(out)
     }
 
     fn delete(&mut self, name: &str) -> Result<()> {
