@@ -10,7 +10,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use ferry_format::Oid;
 use serde::{Deserialize, Serialize};
 
 use crate::devices::{self, Device, Devices, Pushed};
@@ -18,7 +17,6 @@ use crate::jobs::{Job, Jobs, Runner};
 use crate::shelf::Shelf;
 use crate::ticket::{Hint, Ticket};
 use crate::DaemonError;
-use ferry_objects::Capability;
 use std::io::Write;
 
 /// Every route: (method, path as in the OpenAPI document). The test of the document checks
@@ -269,19 +267,6 @@ fn put_object(
         ticket: ticket.to_string(),
         pushed,
     })
-}
-
-impl Daemon {
-    /// A ticket of one of this daemon's objects.
-    pub(crate) fn ticket(&self, cap: Capability, oid: Oid, size: u64, durability: u8) -> Ticket {
-        Ticket {
-            oid,
-            size,
-            cap,
-            durability,
-            hints: self.status.hints.clone(),
-        }
-    }
 }
 
 /// The ticket in a request's path.

@@ -93,19 +93,8 @@ impl Devices {
     }
 
     fn save(&self, list: &[Device]) -> Result<(), DaemonError> {
-        let dir = self.file.parent().expect("a file in a directory");
-        let mut tmp = tempfile::Builder::new()
-            .prefix(".devices")
-            .tempfile_in(dir)
-            .map_err(DaemonError::file("create a file in", dir))?;
         let bytes = serde_json::to_vec_pretty(list).expect("a list serializes");
-        tmp.write_all(&bytes)
-            .and_then(|_| tmp.as_file().sync_all())
-            .map_err(DaemonError::file("write", &self.file))?;
-        tmp.persist(&self.file)
-            .map_err(|e| DaemonError::file("write", &self.file)(e.error))?;
-        crate::sync_dir(dir);
-        Ok(())
+        crate::replace_file(&self.file, &bytes)
     }
 
     /// The registered devices present now (their directory can be opened).

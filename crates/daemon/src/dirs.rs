@@ -41,34 +41,26 @@ pub(crate) fn root(
         Err(e) => return Err(DaemonError::file("read", &path)(e)),
     }
     let cap = objects.mkdir()?;
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".root")
-        .tempfile_in(data)
-        .map_err(DaemonError::file("create a file in", data))?;
-    use std::io::Write;
-    writeln!(tmp, "{cap}")
-        .and_then(|_| tmp.as_file().sync_all())
-        .map_err(DaemonError::file("write", &path))?;
-    tmp.persist(&path)
-        .map_err(|e| DaemonError::file("install", &path)(e.error))?;
-    crate::sync_dir(data);
+    crate::replace_file(&path, format!("{cap}\n").as_bytes())?;
     Ok(cap)
 }
 
-fn directory_ticket(d: &Daemon, cap: Capability) -> Ticket {
-    d.ticket(
+/// A directory's ticket (a directory has no bytes: the OID of none, size 0).
+pub(crate) fn directory_ticket(cap: Capability, hints: &[crate::Hint]) -> Ticket {
+    Ticket {
+        oid: ferry_format::Oid(ferry_format::Id::hash(ferry_format::HashAlg::Blake3, b"")),
+        size: 0,
         cap,
-        ferry_format::Oid(ferry_format::Id::hash(ferry_format::HashAlg::Blake3, b"")),
-        0,
-        1,
-    )
+        durability: 1,
+        hints: hints.to_vec(),
+    }
 }
 
 pub(crate) async fn mkdir(State(d): Shared) -> Result<Response, DaemonError> {
     let d2 = d.clone();
     let cap = blocking(move || Ok(d2.shelf.objects().mkdir()?)).await?;
     let made = Made {
-        ticket: directory_ticket(&d, cap).to_string(),
+        ticket: directory_ticket(cap, &d.status.hints).to_string(),
     };
     Ok((StatusCode::CREATED, Json(made)).into_response())
 }

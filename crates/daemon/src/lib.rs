@@ -73,6 +73,24 @@ impl DaemonError {
     }
 }
 
+/// Replaces the file at `path` with `bytes`, atomically and durably: a temporary file beside it,
+/// synced, renamed over it, the directory synced.
+pub(crate) fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), DaemonError> {
+    use std::io::Write;
+    let dir = path.parent().expect("a file in a directory");
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".ferry-tmp")
+        .tempfile_in(dir)
+        .map_err(DaemonError::file("create a file in", dir))?;
+    tmp.write_all(bytes)
+        .and_then(|_| tmp.as_file().sync_all())
+        .map_err(DaemonError::file("write", path))?;
+    tmp.persist(path)
+        .map_err(|e| DaemonError::file("replace", path)(e.error))?;
+    sync_dir(dir);
+    Ok(())
+}
+
 /// Makes a rename or a new file in `dir` durable (best effort: some file systems cannot).
 pub(crate) fn sync_dir(dir: &Path) {
     if let Ok(d) = std::fs::File::open(dir) {

@@ -46,20 +46,8 @@ impl Replicas {
     }
 
     fn save(&self, list: &[String]) -> Result<(), DaemonError> {
-        let dir = self.path.parent().expect("a file in a directory");
-        let mut tmp = tempfile::Builder::new()
-            .prefix(".replicas")
-            .tempfile_in(dir)
-            .map_err(DaemonError::file("create a file in", dir))?;
-        use std::io::Write;
         let body = serde_json::to_vec_pretty(list).expect("strings");
-        tmp.write_all(&body)
-            .and_then(|_| tmp.as_file().sync_all())
-            .map_err(DaemonError::file("write", &self.path))?;
-        tmp.persist(&self.path)
-            .map_err(|e| DaemonError::file("replace", &self.path)(e.error))?;
-        crate::sync_dir(dir);
-        Ok(())
+        crate::replace_file(&self.path, &body)
     }
 
     /// Adds the daemon at `uri` (`ferry://HOST[:PORT]`): reached once now, its key recorded

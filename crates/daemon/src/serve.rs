@@ -91,14 +91,7 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
     let jobs = Jobs::open(&paths.data.join("jobs"), runner.clone())?;
     compactor(shelf.objects().clone());
     let root = crate::dirs::root(shelf.objects(), &paths.data)?;
-    status.root = Ticket {
-        oid: ferry_format::Oid(ferry_format::Id::hash(ferry_format::HashAlg::Blake3, b"")),
-        size: 0,
-        cap: root,
-        durability: 1,
-        hints: status.hints.clone(),
-    }
-    .to_string();
+    status.root = crate::dirs::directory_ticket(root, &status.hints).to_string();
     ready(&status);
     let daemon = Arc::new(Daemon {
         shelf,
