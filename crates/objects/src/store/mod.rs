@@ -9,13 +9,13 @@
 //! object is in RAM and leaves the writing to a background thread.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, RwLock};
 
 use ferry_chunk::ChunkerSpec;
-use ferry_format::{chunk_object_parallel, HashAlg, Id, IdHasher, Oid, Recipe};
+use ferry_format::{chunk_object_parallel, HashAlg, Oid, Recipe};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::caps::{mint_check, Capability, Rights, RANDOM_BYTES, SERVER_ID_BYTES};
@@ -31,6 +31,9 @@ const RECIPES: TableDefinition<u64, &[u8]> = TableDefinition::new("recipes");
 const CHUNKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("chunks");
 /// OID → an object holding it.
 const OIDS: TableDefinition<&[u8], u64> = TableDefinition::new("oids");
+
+mod compact;
+mod read;
 
 const INDEX: &str = "index.redb";
 /// Bytes of whole chunks a read takes from the disk at once.
@@ -596,178 +599,6 @@ impl ObjectStore {
             .map_err(|e| ObjectsError::Corrupt(format!("the recipe of object {number}: {e}")))
     }
 
-    /// Writes bytes `start..end` of the object `cap` reads to `out` (clamped to its size), every
-    /// chunk they touch verified. Returns the bytes written.
-    pub fn read(
-        &self,
-        cap: &Capability,
-        start: u64,
-        end: u64,
-        out: &mut dyn Write,
-    ) -> Result<u64, ObjectsError> {
-        let (number, inode) = self.check(cap, Rights::READ)?;
-        let end = end.min(inode.size());
-        if start >= end {
-            return Ok(0);
-        }
-        let w = |out: &mut dyn Write, b: &[u8]| {
-            out.write_all(b).map_err(io("write", "the output".into()))
-        };
-        if let Some(data) = self.whole_cached(number, &inode)? {
-            w(out, &data[start as usize..end as usize])?;
-            return Ok(end - start);
-        }
-        let recipe = self.recipe_of(number)?;
-        // The chunks the range touches, with where each begins.
-        let mut at = 0u64;
-        let touched: Vec<(u64, &ferry_format::ChunkRef)> = recipe
-            .chunks()
-            .iter()
-            .map(|c| {
-                at += c.len as u64;
-                (at - c.len as u64, c)
-            })
-            .filter(|(c_start, c)| c_start + c.len as u64 > start && *c_start < end)
-            .collect();
-        // A window of up to READ_WINDOW bytes of them at a time: one positioned read, then each
-        // chunk verified where it lies and its part of the range written out.
-        let mut buf = vec![];
-        let mut rest = &touched[..];
-        while !rest.is_empty() {
-            let mut n = 0;
-            let mut bytes = 0u64;
-            while n < rest.len() && (n == 0 || bytes + rest[n].1.len as u64 <= READ_WINDOW) {
-                bytes += rest[n].1.len as u64;
-                n += 1;
-            }
-            let (window, later) = rest.split_at(n);
-            rest = later;
-            let first = window[0].0;
-            buf.resize(bytes as usize, 0);
-            self.read_at(number, first, &mut buf)?;
-            for (c_start, c) in window {
-                let from = (c_start - first) as usize;
-                let piece = &buf[from..from + c.len as usize];
-                verify(&c.id, piece, number)?;
-                let a = start.saturating_sub(*c_start) as usize;
-                let z = (end.min(c_start + c.len as u64) - c_start) as usize;
-                w(out, &piece[a..z])?;
-            }
-        }
-        Ok(end - start)
-    }
-
-    /// The whole of a small object, verified, from the cache or read in one positioned read
-    /// (and cached). `None` for an object too large to cache.
-    fn whole_cached(
-        &self,
-        number: u64,
-        inode: &Inode,
-    ) -> Result<Option<Arc<Vec<u8>>>, ObjectsError> {
-        if let Some(p) = self.pending.lock().expect("pending").get(&number) {
-            return Ok(Some(p.data.clone()));
-        }
-        if inode.size() > self.opts.cache_max_object {
-            return Ok(None);
-        }
-        if let Some(d) = self.cache.lock().expect("cache").get(&number) {
-            return Ok(Some(d.clone()));
-        }
-        let mut data = vec![0; inode.size() as usize];
-        self.read_at(number, 0, &mut data)?;
-        let mut h = IdHasher::new(inode.oid.0.alg());
-        h.update(&data);
-        if h.finish() != inode.oid.0 {
-            return Err(ObjectsError::Corrupt(format!(
-                "object {number}'s bytes on disk are not its OID's"
-            )));
-        }
-        let data = Arc::new(data);
-        self.cache_put(number, data.clone());
-        Ok(Some(data))
-    }
-
-    fn cache_put(&self, number: u64, data: Arc<Vec<u8>>) {
-        let mut c = self.cache.lock().expect("cache");
-        let mut total = self.cached.load(Ordering::Relaxed) + data.len() as u64;
-        while total > self.opts.cache_bytes as u64 {
-            match c.pop_lru() {
-                Some((_, d)) => total -= d.len() as u64,
-                None => break,
-            }
-        }
-        if let Some(old) = c.put(number, data) {
-            total -= old.len() as u64;
-        }
-        self.cached.store(total, Ordering::Relaxed);
-    }
-
-    fn cache_drop(&self, number: u64) {
-        if let Some(d) = self.cache.lock().expect("cache").pop(&number) {
-            self.cached.fetch_sub(d.len() as u64, Ordering::Relaxed);
-        }
-    }
-
-    /// `buf.len()` bytes at `offset` of object `number`: one positioned read, under the state
-    /// lock so the extent cannot move or be reused meanwhile.
-    fn read_at(&self, number: u64, offset: u64, buf: &mut [u8]) -> Result<(), ObjectsError> {
-        let state = self.state.read().expect("state");
-        let inode = state.inodes.get(&number).ok_or(ObjectsError::Denied)?;
-        let e = inode.extent;
-        if offset + buf.len() as u64 > e.len {
-            return Err(ObjectsError::Corrupt(format!(
-                "a read past the end of object {number}"
-            )));
-        }
-        let file = self
-            .files
-            .read()
-            .expect("files")
-            .get(e.file as usize)
-            .cloned();
-        let file = file.ok_or_else(|| {
-            ObjectsError::Corrupt(format!("object {number} lies in a missing data file"))
-        })?;
-        file.read_at(buf, e.offset + offset)
-            .map_err(io("read", data_name(e.file)))
-    }
-
-    /// A chunk by id, from whichever object holds it, verified; `None` if none does (or its
-    /// bytes are damaged).
-    pub fn chunk(&self, id: &Id) -> Result<Option<Vec<u8>>, ObjectsError> {
-        let Some((number, offset, len)) = self.chunk_place(id)? else {
-            return Ok(None);
-        };
-        let mut buf = vec![0; len as usize];
-        if let Some(p) = self.pending.lock().expect("pending").get(&number) {
-            buf.copy_from_slice(&p.data[offset as usize..(offset + len as u64) as usize]);
-        } else if self.read_at(number, offset, &mut buf).is_err() {
-            return Ok(None);
-        }
-        Ok(verify(id, &buf, number).is_ok().then_some(buf))
-    }
-
-    fn chunk_place(&self, id: &Id) -> Result<Option<(u64, u64, u32)>, ObjectsError> {
-        let tx = self.db.begin_read().map_err(dberr)?;
-        let t = tx.open_table(CHUNKS).map_err(dberr)?;
-        let Some(v) = t.get(&id.to_bytes()[..]).map_err(dberr)? else {
-            return Ok(None);
-        };
-        let v = v.value();
-        if v.len() != 20 {
-            return Err(ObjectsError::Corrupt(format!("the place of chunk {id}")));
-        }
-        Ok(Some((
-            u64::from_le_bytes(v[..8].try_into().expect("8")),
-            u64::from_le_bytes(v[8..16].try_into().expect("8")),
-            u32::from_le_bytes(v[16..].try_into().expect("4")),
-        )))
-    }
-
-    pub fn contains_chunk(&self, id: &Id) -> Result<bool, ObjectsError> {
-        Ok(self.chunk_place(id)?.is_some())
-    }
-
     /// An object holding `oid`, by number (the daemon's: whether it already has an object).
     pub fn by_oid(&self, oid: &Oid) -> Result<Option<u64>, ObjectsError> {
         let tx = self.db.begin_read().map_err(dberr)?;
@@ -842,96 +673,6 @@ impl ObjectStore {
         Ok(())
     }
 
-    /// Moves objects down into holes, one at a time, until none fits lower or `budget` bytes
-    /// have moved; then gives the files' free tails back. Returns the bytes moved.
-    pub fn compact(&self, budget: u64) -> Result<u64, ObjectsError> {
-        let mut moved = 0;
-        while moved < budget {
-            let Some(n) = self.compact_one()? else { break };
-            moved += n;
-        }
-        self.trim_files()?;
-        Ok(moved)
-    }
-
-    fn compact_one(&self) -> Result<Option<u64>, ObjectsError> {
-        let _moving = self.mover.lock().expect("mover");
-        let plan = {
-            let mut state = self.state.write().expect("state");
-            let mut by_place: Vec<(u64, Inode)> = state
-                .inodes
-                .iter()
-                .filter(|(_, i)| i.extent.len > 0)
-                .map(|(n, i)| (*n, i.clone()))
-                .collect();
-            by_place.sort_by_key(|(_, i)| std::cmp::Reverse(i.extent));
-            let found = by_place
-                .into_iter()
-                .find_map(|(n, i)| Some((n, i.clone(), state.space.lower_fit(&i.extent)?)));
-            if let Some((_, _, to)) = &found {
-                state.space.take(to);
-            }
-            found
-        };
-        let Some((number, inode, to)) = plan else {
-            return Ok(None);
-        };
-        let r = (|| {
-            let mut buf = vec![0; inode.extent.len.min(4 << 20) as usize];
-            let from = self.file_for(inode.extent.file)?;
-            let dest = self.file_for(to.file)?;
-            let mut at = 0;
-            while at < inode.extent.len {
-                let n = (inode.extent.len - at).min(buf.len() as u64) as usize;
-                from.read_at(&mut buf[..n], inode.extent.offset + at)
-                    .map_err(io("read", data_name(inode.extent.file)))?;
-                dest.write_at(&buf[..n], to.offset + at)
-                    .map_err(io("write", data_name(to.file)))?;
-                at += n as u64;
-            }
-            dest.sync().map_err(io("sync", data_name(to.file)))?;
-            let moved = Inode {
-                extent: to,
-                ..inode.clone()
-            };
-            let tx = self.db.begin_write().map_err(dberr)?;
-            tx.open_table(INODES)
-                .map_err(dberr)?
-                .insert(number, &moved.encode()[..])
-                .map_err(dberr)?;
-            tx.commit().map_err(dberr)?;
-            Ok(moved)
-        })();
-        let mut state = self.state.write().expect("state");
-        match r {
-            Ok(moved) => {
-                state.inodes.insert(number, moved);
-                state.space.free(inode.extent);
-                Ok(Some(inode.extent.len))
-            }
-            Err(e) => {
-                state.space.free(to);
-                Err(e)
-            }
-        }
-    }
-
-    /// Cuts each data file to the end of its last object.
-    fn trim_files(&self) -> Result<(), ObjectsError> {
-        let state = self.state.write().expect("state");
-        let files = self.files.read().expect("files");
-        for (n, f) in files.iter().enumerate() {
-            let end = state.space.end(n as u32);
-            let len = f.len().map_err(io("stat", data_name(n as u32)))?;
-            if len > end {
-                f.set_len(end)
-                    .and_then(|_| f.sync())
-                    .map_err(io("truncate", data_name(n as u32)))?;
-            }
-        }
-        Ok(())
-    }
-
     pub fn stats(&self) -> Stats {
         let state = self.state.read().expect("state");
         Stats {
@@ -959,17 +700,6 @@ fn check_len(got: u64, want: u64) -> Result<(), ObjectsError> {
         ))),
         std::cmp::Ordering::Greater => Err(ObjectsError::BadInput(format!(
             "the input is longer than the {want} bytes announced"
-        ))),
-    }
-}
-
-fn verify(id: &Id, data: &[u8], number: u64) -> Result<(), ObjectsError> {
-    let mut h = IdHasher::new(id.alg());
-    h.update(data);
-    match h.finish() == *id {
-        true => Ok(()),
-        false => Err(ObjectsError::Corrupt(format!(
-            "a chunk of object {number} on disk is not {id}"
         ))),
     }
 }
