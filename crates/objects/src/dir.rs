@@ -124,9 +124,14 @@ impl Listing {
                 return Err(bad(format!("a value of {len} bytes")));
             }
             let value = take(&mut b, len)?;
-            if entries.insert(name, Entry { kind, value }).is_some() {
-                return Err(bad("a name twice".into()));
+            // Sorted and each name once: one listing has one encoding.
+            if entries
+                .last_key_value()
+                .is_some_and(|(last, _)| *last >= name)
+            {
+                return Err(bad("names out of order, or one twice".into()));
             }
+            entries.insert(name, Entry { kind, value });
         }
         if !b.is_empty() {
             return Err(bad(format!("{} bytes after its end", b.len())));
@@ -373,12 +378,18 @@ mod tests {
         for n in 0..b.len() {
             assert!(Listing::decode(&b[..n]).is_err(), "cut at {n}");
         }
-        // A name twice, a bad name.
+        // A name twice, names out of order (found by fuzzing: it decoded and re-encoded
+        // sorted), a bad name.
         let mut twice = b.clone();
-        twice[9] = b'b';
-        assert!(Listing::decode(&twice).is_err());
+        twice[8] = b'b';
+        let e = Listing::decode(&twice).unwrap_err().to_string();
+        assert!(e.contains("out of order, or one twice"), "{e}");
+        let mut swapped = b.clone();
+        (swapped[8], swapped[13]) = (b'b', b'a');
+        let e = Listing::decode(&swapped).unwrap_err().to_string();
+        assert!(e.contains("out of order, or one twice"), "{e}");
         let mut slash = b.clone();
-        slash[9] = b'/';
+        slash[8] = b'/';
         assert!(Listing::decode(&slash).is_err());
     }
 }
