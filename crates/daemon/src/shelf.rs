@@ -98,11 +98,14 @@ impl ferry_fs::ObjectShelf for Shelf {
 
     fn read(&self, cap: &[u8], offset: u64, len: u64) -> Option<(Id, u64, Vec<u8>)> {
         let cap = Capability::from_bytes(cap).ok()?;
-        let st = self.objects.stat(&cap).ok()?;
-        let mut out = Vec::with_capacity(len.min(st.size.saturating_sub(offset)) as usize);
+        // `len` is the peer's, bounded by the protocol's largest read.
+        let mut out = Vec::with_capacity(len.min(ferry_fs::MAX_OBJECT_READ) as usize);
         let end = offset.saturating_add(len);
-        self.objects.read(&cap, offset, end, &mut out).ok()?;
-        Some((st.oid.0, st.size, out))
+        let (oid, size) = self
+            .objects
+            .read_with_size(&cap, offset, end, &mut out)
+            .ok()?;
+        Some((oid.0, size, out))
     }
 
     fn delete(&self, cap: &[u8]) -> Result<(), ferry_fs::ShelfError> {

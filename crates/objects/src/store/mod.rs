@@ -36,6 +36,8 @@ mod compact;
 mod read;
 
 const INDEX: &str = "index.redb";
+/// Recipes kept decoded.
+const RECENT_RECIPES: NonZeroUsize = NonZeroUsize::new(16).expect("non-zero");
 /// Bytes of whole chunks a read takes from the disk at once.
 const READ_WINDOW: u64 = 4 << 20;
 
@@ -130,6 +132,8 @@ pub struct ObjectStore {
     state: RwLock<State>,
     files: RwLock<Vec<Arc<dyn DiskFile>>>,
     cache: Mutex<lru::LruCache<u64, Arc<Vec<u8>>>>,
+    /// Recipes of objects read lately (a recipe's number is never reused, so never stale).
+    recipes: Mutex<lru::LruCache<u64, Arc<Recipe>>>,
     cached: AtomicU64,
     pending: Mutex<HashMap<u64, Pending>>,
     pending_bytes: AtomicU64,
@@ -221,6 +225,7 @@ impl ObjectStore {
             state: RwLock::new(State { inodes, space }),
             files: RwLock::new(files),
             cache: Mutex::new(lru::LruCache::new(cache_slots)),
+            recipes: Mutex::new(lru::LruCache::new(RECENT_RECIPES)),
             cached: AtomicU64::new(0),
             pending: Mutex::new(HashMap::new()),
             pending_bytes: AtomicU64::new(0),
@@ -276,16 +281,7 @@ impl ObjectStore {
         durability: u8,
         kind: Kind,
     ) -> Result<Created, ObjectsError> {
-        let in_ram = durability == 0
-            && self
-                .pending_bytes
-                .fetch_add(size, Ordering::SeqCst)
-                .saturating_add(size)
-                <= self.opts.ram_bytes;
-        if durability == 0 && !in_ram {
-            self.pending_bytes.fetch_sub(size, Ordering::SeqCst);
-        }
-        if in_ram {
+        if durability == 0 && self.reserve_ram(size) {
             let mut data = Vec::with_capacity(size as usize);
             let r = (&mut src)
                 .take(size + 1)
@@ -417,6 +413,17 @@ impl ObjectStore {
         };
         self.done_one();
         r
+    }
+
+    /// Takes `size` bytes of the RAM allowance for durability-0 objects, if they fit (a size
+    /// announced by a peer may be anything: the sum never overflows).
+    fn reserve_ram(&self, size: u64) -> bool {
+        let limit = self.opts.ram_bytes;
+        self.pending_bytes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                held.checked_add(size).filter(|total| *total <= limit)
+            })
+            .is_ok()
     }
 
     fn done_one(&self) {
@@ -587,16 +594,23 @@ impl ObjectStore {
         Ok((stat.clone(), self.recipe_of(stat.number)?))
     }
 
+    /// An object's recipe: from RAM (durability 0), the recent ones kept, else the table. A
+    /// large object read in many requests decodes its recipe once.
     fn recipe_of(&self, number: u64) -> Result<Arc<Recipe>, ObjectsError> {
         if let Some(p) = self.pending.lock().expect("pending").get(&number) {
             return Ok(p.recipe.clone());
         }
+        if let Some(r) = self.recipes.lock().expect("recipes").get(&number) {
+            return Ok(r.clone());
+        }
         let tx = self.db.begin_read().map_err(dberr)?;
         let t = tx.open_table(RECIPES).map_err(dberr)?;
         let v = t.get(number).map_err(dberr)?.ok_or(ObjectsError::Denied)?;
-        Recipe::decode(v.value())
+        let r = Recipe::decode(v.value())
             .map(Arc::new)
-            .map_err(|e| ObjectsError::Corrupt(format!("the recipe of object {number}: {e}")))
+            .map_err(|e| ObjectsError::Corrupt(format!("the recipe of object {number}: {e}")))?;
+        self.recipes.lock().expect("recipes").put(number, r.clone());
+        Ok(r)
     }
 
     /// An object holding `oid`, by number (the daemon's: whether it already has an object).
@@ -670,6 +684,7 @@ impl ObjectStore {
         state.space.free(inode.extent);
         drop(state);
         self.cache_drop(number);
+        self.recipes.lock().expect("recipes").pop(&number);
         Ok(())
     }
 

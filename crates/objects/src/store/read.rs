@@ -24,6 +24,31 @@ impl ObjectStore {
         out: &mut dyn Write,
     ) -> Result<u64, ObjectsError> {
         let (number, inode) = self.check(cap, Rights::READ)?;
+        self.read_checked(number, &inode, start, end, out)
+    }
+
+    /// As [`ObjectStore::read`], and the object's id and size with it (one capability check
+    /// for both).
+    pub fn read_with_size(
+        &self,
+        cap: &Capability,
+        start: u64,
+        end: u64,
+        out: &mut dyn Write,
+    ) -> Result<(ferry_format::Oid, u64), ObjectsError> {
+        let (number, inode) = self.check(cap, Rights::READ)?;
+        self.read_checked(number, &inode, start, end, out)?;
+        Ok((inode.oid, inode.size()))
+    }
+
+    fn read_checked(
+        &self,
+        number: u64,
+        inode: &Inode,
+        start: u64,
+        end: u64,
+        out: &mut dyn Write,
+    ) -> Result<u64, ObjectsError> {
         let end = end.min(inode.size());
         if start >= end {
             return Ok(0);
@@ -31,7 +56,7 @@ impl ObjectStore {
         let w = |out: &mut dyn Write, b: &[u8]| {
             out.write_all(b).map_err(io("write", "the output".into()))
         };
-        if let Some(data) = self.whole_cached(number, &inode)? {
+        if let Some(data) = self.whole_cached(number, inode)? {
             w(out, &data[start as usize..end as usize])?;
             return Ok(end - start);
         }
