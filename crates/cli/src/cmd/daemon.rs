@@ -108,6 +108,17 @@ enum DeviceCmd {
     List,
 }
 
+/// What every client of a daemon's API takes (`ferry object`, `ferry dir`).
+#[derive(clap::Args)]
+pub struct ClientOpts {
+    /// The daemon's directory, as given to `ferry daemon --dir` [default: the environment's].
+    #[arg(long, global = true, value_name = "DIR", env = "FERRY_DAEMON_DIR")]
+    pub dir: Option<PathBuf>,
+    /// Answer in JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
 /// The daemon's places: `--dir` (or `FERRY_DAEMON_DIR`), else the environment's.
 pub fn paths(dir: Option<&PathBuf>) -> Paths {
     match dir {

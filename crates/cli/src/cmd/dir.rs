@@ -1,7 +1,6 @@
 //! `ferry dir`: the directory service (Bullet's companion) through the daemon: names bound to
 //! tickets in versioned directories, from the daemon's root directory (or `--root TICKET`).
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
@@ -17,12 +16,8 @@ pub struct Args {
     /// Start from this directory's ticket instead of the daemon's root.
     #[arg(long, global = true, value_name = "TICKET")]
     root: Option<String>,
-    /// The daemon's directory, as given to `ferry daemon --dir` [default: the environment's].
-    #[arg(long, global = true, value_name = "DIR", env = "FERRY_DAEMON_DIR")]
-    dir: Option<PathBuf>,
-    /// Answer in JSON.
-    #[arg(long, global = true)]
-    json: bool,
+    #[command(flatten)]
+    client: super::daemon::ClientOpts,
 }
 
 #[derive(clap::Subcommand)]
@@ -126,7 +121,7 @@ impl Dirs {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let paths = super::daemon::paths(a.dir.as_ref());
+    let paths = super::daemon::paths(a.client.dir.as_ref());
     let client = Client::new(&paths.socket)?;
     let root = match a.root {
         Some(r) => r,
@@ -134,7 +129,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     };
     let d = Dirs { client, root };
     let print = |v: &dyn erased::Json, text: &dyn Fn()| -> Result<()> {
-        if a.json {
+        if a.client.json {
             println!("{}", v.json()?);
         } else {
             text();
@@ -192,7 +187,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 println!("{}", made.ticket)
             })?;
         }
-        Cmd::History { path } => history(&d, path.as_deref().unwrap_or(""), a.json)?,
+        Cmd::History { path } => history(&d, path.as_deref().unwrap_or(""), a.client.json)?,
     }
     Ok(ExitCode::SUCCESS)
 }

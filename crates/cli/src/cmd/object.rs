@@ -20,12 +20,8 @@ const PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 pub struct Args {
     #[command(subcommand)]
     cmd: Cmd,
-    /// The daemon's directory, as given to `ferry daemon --dir` [default: the environment's].
-    #[arg(long, global = true, value_name = "DIR", env = "FERRY_DAEMON_DIR")]
-    dir: Option<PathBuf>,
-    /// Answer in JSON.
-    #[arg(long, global = true)]
-    json: bool,
+    #[command(flatten)]
+    client: super::daemon::ClientOpts,
 }
 
 #[derive(clap::Subcommand)]
@@ -88,7 +84,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
             let t: Ticket = ticket.parse()?;
             let keep: ferry_daemon::Rights = rights.parse()?;
             let r = t.restrict(keep)?;
-            if a.json {
+            if a.client.json {
                 let v = serde_json::json!({"ticket": r.to_string(), "rights": r.cap.rights().to_string()});
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -99,7 +95,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
         }
         _ => {}
     }
-    let paths = super::daemon::paths(a.dir.as_ref());
+    let paths = super::daemon::paths(a.client.dir.as_ref());
     let client = Client::new(&paths.socket)?;
     match a.cmd {
         Cmd::Put { file, durability } => {
@@ -116,7 +112,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
                     .post("/v1/objects", &PutRequest { path, durability })
                     .with_context(|| format!("cannot put {}", file.display()))?
             };
-            if a.json {
+            if a.client.json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 eprintln!(
@@ -131,7 +127,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
             client
                 .delete(&format!("/v1/objects/{ticket}"))
                 .context("cannot delete the object")?;
-            if a.json {
+            if a.client.json {
                 println!("{}", serde_json::json!({"deleted": true}));
             }
         }
@@ -147,7 +143,15 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
                 .get::<ObjectInfo>(&format!("/v1/objects/{ticket}"))
                 .is_ok();
             if own || range.is_some() {
-                return read_out(&client, &ticket, own, range, output.as_deref(), a.json, ui);
+                return read_out(
+                    &client,
+                    &ticket,
+                    own,
+                    range,
+                    output.as_deref(),
+                    a.client.json,
+                    ui,
+                );
             }
             let to_stdout = output.as_deref() == Some(Path::new("-"));
             let path = match to_stdout {
@@ -162,7 +166,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             if !to_stdout {
-                follow(&client, &job.id, a.json, ui)?;
+                follow(&client, &job.id, a.client.json, ui)?;
                 return Ok(ExitCode::SUCCESS);
             }
             // Fetched (verified, whole) into the daemon first, then streamed out of it.
@@ -170,7 +174,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
             stream(&client, &local, None, &mut std::io::stdout().lock())?;
         }
         Cmd::Wait { id } => {
-            follow(&client, &id, a.json, ui)?;
+            follow(&client, &id, a.client.json, ui)?;
         }
         Cmd::Send { .. } | Cmd::Receive { .. } | Cmd::Restrict { .. } => {
             unreachable!("handled above")
@@ -191,7 +195,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
                 "hints": t.hints,
                 "here": info.is_some(),
             });
-            if a.json {
+            if a.client.json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 println!("oid         {}\nsize        {}", t.oid, t.size);

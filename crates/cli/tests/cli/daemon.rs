@@ -160,6 +160,24 @@ fn objects_capabilities_and_directories_from_the_command_line() {
     assert_eq!(o.status.code(), Some(1));
 }
 
+/// Authorizes the key of the user whose home is `me` at the daemon of the home `lan`.
+fn authorize(me: &Path, lan: &Path) {
+    let me_key = ok_in(me, &["key", "show"]);
+    let fp = me_key
+        .split_whitespace()
+        .find(|w| w.starts_with("blake3:"))
+        .unwrap();
+    std::fs::write(lan.join("data/ferry/authorized_keys"), format!("{fp} me\n")).unwrap();
+}
+
+/// A remote shell that runs the command here, as this user, in `dir/ssh-here`.
+fn ssh_here(dir: &Path) -> std::path::PathBuf {
+    let rsh = dir.join("ssh-here");
+    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
+    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    rsh
+}
+
 /// A remote shell that runs the command here, as the user whose home is `home`.
 fn fake_ssh(dir: &Path, home: &Path) -> std::path::PathBuf {
     let rsh = dir.join(format!(
@@ -310,9 +328,7 @@ fn a_daemon_on_the_lan_is_a_lookaside_provider() {
     ok_in(&me, &["lookaside", "add", &provider]);
     let listed = ok_in(&me, &["lookaside", "list", "--json"]);
     assert!(listed.contains("provider"), "{listed}");
-    let rsh = t.path().join("ssh-here");
-    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
-    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let rsh = ssh_here(t.path());
     let ferry = env!("CARGO_BIN_EXE_ferry");
     let get = |dst: &Path| {
         let out = ok_in(
@@ -344,12 +360,7 @@ fn a_daemon_on_the_lan_is_a_lookaside_provider() {
     };
     // Not authorized there yet: the fetch goes on without it.
     assert_eq!(get(&t.path().join("first")).map_or(0, |(_, b)| b), 0);
-    let me_key = ok_in(&me, &["key", "show"]);
-    let fp = me_key
-        .split_whitespace()
-        .find(|w| w.starts_with("blake3:"))
-        .unwrap();
-    std::fs::write(lan.join("data/ferry/authorized_keys"), format!("{fp} me\n")).unwrap();
+    authorize(&me, &lan);
     // A new cache, so nothing is held here: the provider is asked for chunks, beside the
     // server (both are kept busy, each given work by its measured rate: how much each brings
     // depends on the links, here two local pipes, and on the machine's load; the daemon's
@@ -389,15 +400,8 @@ fn the_mount_asks_a_lookaside_provider() {
         &["object", "put", export.join("big").to_str().unwrap()],
     );
     ok_in(&me, &["lookaside", "add", &provider]);
-    let me_key = ok_in(&me, &["key", "show"]);
-    let fp = me_key
-        .split_whitespace()
-        .find(|w| w.starts_with("blake3:"))
-        .unwrap();
-    std::fs::write(lan.join("data/ferry/authorized_keys"), format!("{fp} me\n")).unwrap();
-    let rsh = t.path().join("ssh-here");
-    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
-    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    authorize(&me, &lan);
+    let rsh = ssh_here(t.path());
     let at = t.path().join("mnt");
     std::fs::create_dir_all(&at).unwrap();
     let ferry = env!("CARGO_BIN_EXE_ferry");
