@@ -40,6 +40,9 @@ pub enum StoreError {
     Poisoned { path: PathBuf },
     #[error("object {what} is {len} bytes, over the {limit}-byte limit")]
     TooLarge { what: String, len: u64, limit: u64 },
+    /// A store elsewhere (an S3 bucket) refused or failed a request, after retries.
+    #[error("{why}")]
+    Remote { why: String },
     #[error(transparent)]
     Format(#[from] FormatError),
 }

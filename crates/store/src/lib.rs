@@ -141,6 +141,12 @@ pub trait ChunkStore: Send + Sync {
         Ok(None)
     }
 
+    /// A hint that these chunks will be read soon, in this order: a store whose reads cost a
+    /// round trip (S3) starts fetching them. Others ignore it.
+    fn prefetch(&self, ids: &[Id]) {
+        let _ = ids;
+    }
+
     /// Stores a chunk; returns whether it was new. May be called any number of times with the
     /// same chunk.
     fn put(&self, chunk: &VerifiedChunk<'_>) -> Result<bool, StoreError>;

@@ -63,6 +63,9 @@ pub fn read_object<S: ChunkStore + ?Sized>(
     read_recipe(store, oid, &recipe, out).map(Some)
 }
 
+/// How far ahead of the reader [`read_recipe`] asks the store for chunks.
+const PREFETCH_BYTES: u64 = 32 << 20;
+
 /// Writes the chunks `recipe` lists to `out`, every chunk verified on read, and checks that
 /// they make object `oid` (an error once they do not: what was written is then not it).
 /// Returns the bytes written.
@@ -74,7 +77,20 @@ pub fn read_recipe<S: ChunkStore + ?Sized>(
 ) -> Result<u64, StoreError> {
     let mut whole = IdHasher::new(oid.id().alg());
     let mut n = 0u64;
-    for c in recipe.chunks() {
+    let chunks = recipe.chunks();
+    // Chunks asked for ahead: up to PREFETCH_BYTES past the one being read.
+    let (mut ahead, mut ahead_bytes, mut read_bytes) = (0usize, 0u64, 0u64);
+    for c in chunks {
+        if ahead_bytes < read_bytes + PREFETCH_BYTES / 2 && ahead < chunks.len() {
+            let from = ahead;
+            while ahead < chunks.len() && ahead_bytes < read_bytes + PREFETCH_BYTES {
+                ahead_bytes += chunks[ahead].len as u64;
+                ahead += 1;
+            }
+            let ids: Vec<_> = chunks[from..ahead].iter().map(|c| c.id).collect();
+            store.prefetch(&ids);
+        }
+        read_bytes += c.len as u64;
         let data = store.get(&c.id)?.ok_or_else(|| StoreError::Corrupt {
             id: c.id,
             location: format!("object {oid}"),

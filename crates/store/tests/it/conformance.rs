@@ -100,6 +100,32 @@ fn local_store_keeps_the_contract() {
 }
 
 #[test]
+fn s3_store_keeps_the_contract() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(gw) = ferry_s3::testing::Versitygw::for_test(&t.path().join("s3")) else {
+        return;
+    };
+    let loc = ferry_s3::Locator::parse("s3://conformance/a/store").unwrap();
+    let s = crate::s3::open(&gw, &loc, &t.path().join("cache"), true).unwrap();
+    suite(&s);
+    drop(s);
+    // Everything is there for a second server with a cache of its own, and for the first
+    // again with its cache lost.
+    for cache in ["cache2", "cache"] {
+        let _ = std::fs::remove_dir_all(t.path().join("cache"));
+        let s = crate::s3::open(&gw, &loc, &t.path().join(cache), false).unwrap();
+        assert_eq!(s.objects().unwrap().len(), 7);
+        assert!(s.verify(|_| {}).unwrap().is_empty());
+        let st = s.stats().unwrap();
+        assert!(st.packs > 3, "small packs: {st:?}");
+    }
+    // SHA-256 ids in a store of their own beside it.
+    let loc = ferry_s3::Locator::parse("s3://conformance/sha").unwrap();
+    let s = crate::s3::open_alg(&gw, &loc, &t.path().join("cache-sha"), HashAlg::Sha256).unwrap();
+    suite_small(&s, HashAlg::Sha256);
+}
+
+#[test]
 fn sha256_local_store() {
     let t = tempfile::tempdir().unwrap();
     let opts = ferry_store::Options {

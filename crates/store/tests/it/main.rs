@@ -2,6 +2,7 @@
 
 mod conformance;
 mod faults;
+mod s3;
 
 use ferry_format::HashAlg;
 use ferry_store::{LocalStore, Options};
