@@ -44,3 +44,349 @@ pub fn open_alg(
         },
     )
 }
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+
+use ferry_chunk::ChunkerSpec;
+use ferry_store::{read_object, store_object, ChunkStore};
+
+use crate::bytes;
+
+fn loc(s: &str) -> Locator {
+    Locator::parse(s).unwrap()
+}
+
+#[test]
+fn what_one_server_flushed_another_serves() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(gw) = Versitygw::for_test(&t.path().join("s3")) else {
+        return;
+    };
+    let l = loc("s3://shared/store");
+    let a = open(&gw, &l, &t.path().join("a"), true).unwrap();
+    // B opens first: its index knows nothing of what A writes next.
+    let b = open(&gw, &l, &t.path().join("b"), false).unwrap();
+    let data = bytes(1, 3_000_000);
+    let (oid, recipe, _) = store_object(&a, &data[..], &ChunkerSpec::default(), |_| {}).unwrap();
+    let mut out = vec![];
+    assert_eq!(
+        read_object(&b, &oid, &mut out).unwrap(),
+        Some(data.len() as u64)
+    );
+    assert_eq!(out, data);
+    assert!(b.contains(&recipe.chunks()[0].id).unwrap());
+    assert_eq!(b.objects().unwrap(), vec![(oid, data.len() as u64)]);
+    // B's own object, stored against what A already has: only new chunks go up.
+    let mut more = data.clone();
+    more.extend_from_slice(&bytes(2, 100_000));
+    let (_, _, st) = store_object(&b, &more[..], &ChunkerSpec::default(), |_| {}).unwrap();
+    assert!(st.new_bytes < 300_000, "{st:?}");
+    assert_eq!(a.objects().unwrap().len(), 2);
+}
+
+#[test]
+fn an_interrupted_upload_resumes_without_resending_stored_packs() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(gw) = Versitygw::for_test(&t.path().join("s3")) else {
+        return;
+    };
+    let l = loc("s3://resume/x");
+    let data = bytes(3, 4_000_000);
+    let spec = ChunkerSpec::default();
+    let half = {
+        let a = open(&gw, &l, &t.path().join("a"), true).unwrap();
+        // The first half goes up in full packs; the process is then cut (dropped unflushed).
+        let _: (ferry_format::Recipe, ferry_format::Oid) =
+            ferry_format::chunk_object(&data[..2_000_000], &spec, a.hash_alg(), |c, d| {
+                a.put(&ferry_store::VerifiedChunk::assume_verified(c.id, d))
+                    .map(|_| ())
+                    .map_err(std::io::Error::other)
+            })
+            .unwrap();
+        drop(a);
+        // What reached the bucket, as a server with an empty cache sees it.
+        open(&gw, &l, &t.path().join("probe"), false)
+            .unwrap()
+            .stats()
+            .unwrap()
+    };
+    assert!(half.packs >= 5 && half.chunk_bytes > 1_000_000, "{half:?}");
+    let a = open(&gw, &l, &t.path().join("a2"), false).unwrap();
+    let (oid, _, st) = store_object(&a, &data[..], &spec, |_| {}).unwrap();
+    // What reached the bucket is not sent again.
+    assert!(
+        st.new_bytes <= data.len() as u64 - half.chunk_bytes + 200_000,
+        "{st:?} after {half:?}"
+    );
+    let mut out = vec![];
+    read_object(&a, &oid, &mut out).unwrap();
+    assert_eq!(out, data);
+}
+
+#[test]
+fn bad_credentials_and_missing_buckets_are_one_clear_line() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(gw) = Versitygw::for_test(&t.path().join("s3")) else {
+        return;
+    };
+    let mut r = gw.resolved();
+    r.secret_key = "wrong".into();
+    let e = S3Store::open(&loc("s3://bkt/x"), &r, options(&t.path().join("c"), true))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("AWS_SECRET_ACCESS_KEY") && !e.contains('\n'),
+        "{e}"
+    );
+    let e = open(
+        &gw,
+        &loc("s3://no-such-bucket/x"),
+        &t.path().join("c"),
+        false,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        e.contains("no-such-bucket") && e.contains("does not exist"),
+        "{e}"
+    );
+    // A bucket without a store.
+    open(&gw, &loc("s3://bkt/x"), &t.path().join("c1"), true).unwrap();
+    let e = open(&gw, &loc("s3://bkt/y"), &t.path().join("c2"), false)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("no Ferry store at s3://bkt/y/"), "{e}");
+}
+
+/// What the fault proxy does to the next requests.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fault {
+    None,
+    /// Every other request gets a 500 (or a 503 SlowDown).
+    Flaky,
+    /// Responses to GETs of packs have a byte flipped.
+    Flip,
+    /// Responses to GETs are cut halfway (the connection then closes).
+    Cut,
+    /// Requests are read and never answered.
+    Silent,
+}
+
+/// An HTTP/1.1 proxy in front of the S3 server that injects faults.
+struct Proxy {
+    port: u16,
+    fault: Arc<Mutex<Fault>>,
+}
+
+impl Proxy {
+    fn start(upstream: u16) -> Proxy {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let fault = Arc::new(Mutex::new(Fault::None));
+        let f = fault.clone();
+        std::thread::spawn(move || {
+            for c in l.incoming().flatten() {
+                let f = f.clone();
+                std::thread::spawn(move || {
+                    let _ = proxy_conn(c, upstream, &f);
+                });
+            }
+        });
+        Proxy { port, fault }
+    }
+
+    fn set(&self, f: Fault) {
+        *self.fault.lock().unwrap() = f;
+    }
+}
+
+/// Reads one HTTP message head and its body (by Content-Length).
+fn read_message(r: &mut impl BufRead) -> std::io::Result<Option<(String, Vec<u8>)>> {
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line)? == 0 {
+            return Ok(None);
+        }
+        head.push_str(&line);
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let len = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0);
+    let mut body = vec![0; len];
+    r.read_exact(&mut body)?;
+    Ok(Some((head, body)))
+}
+
+fn proxy_conn(c: TcpStream, upstream: u16, fault: &Mutex<Fault>) -> std::io::Result<()> {
+    let mut client = BufReader::new(c.try_clone()?);
+    let mut out = c;
+    let mut n = 0u64;
+    while let Some((head, body)) = read_message(&mut client)? {
+        n += 1;
+        let f = *fault.lock().unwrap();
+        let is_get = head.starts_with("GET ");
+        let is_pack_get = is_get && head.contains("/packs/");
+        if f == Fault::Silent {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+        if f == Fault::Flaky && n % 2 == 1 {
+            let status = if n % 4 == 1 {
+                "500 Internal Server Error"
+            } else {
+                "503 Slow Down"
+            };
+            write!(out, "HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n")?;
+            continue;
+        }
+        // One upstream connection per request: simple, and the proxy is for faults, not speed.
+        let mut up = TcpStream::connect(("127.0.0.1", upstream))?;
+        let head = head.replacen("\r\n\r\n", "\r\nConnection: close\r\n\r\n", 1);
+        up.write_all(head.as_bytes())?;
+        up.write_all(&body)?;
+        let mut upr = BufReader::new(up);
+        let Some((rhead, mut rbody)) = read_message(&mut upr)? else {
+            return Ok(());
+        };
+        let ok = rhead.starts_with("HTTP/1.1 2");
+        match f {
+            Fault::Flip if is_pack_get && ok && !rbody.is_empty() => {
+                let i = rbody.len() / 2;
+                rbody[i] ^= 0x40;
+            }
+            Fault::Cut if is_get && ok && rbody.len() > 1 => {
+                out.write_all(rhead.as_bytes())?;
+                out.write_all(&rbody[..rbody.len() / 2])?;
+                return Ok(());
+            }
+            _ => {}
+        }
+        out.write_all(rhead.as_bytes())?;
+        out.write_all(&rbody)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_failing_server_costs_retries_or_errors_never_wrong_chunks() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(gw) = Versitygw::for_test(&t.path().join("s3")) else {
+        return;
+    };
+    let proxy = Proxy::start(gw.port);
+    let mut r = gw.resolved();
+    r.endpoint = format!("http://127.0.0.1:{}", proxy.port);
+    let l = loc("s3://faults/x");
+    let mut opts = options(&t.path().join("a"), true);
+    opts.client.backoff = std::time::Duration::from_millis(1);
+    opts.client.timeout = std::time::Duration::from_secs(2);
+    let data = bytes(4, 2_000_000);
+    let spec = ChunkerSpec::default();
+
+    // 500s and 503s on every other request: everything works, through retries.
+    proxy.set(Fault::Flaky);
+    let a = S3Store::open(&l, &r, opts.clone()).unwrap();
+    let (oid, recipe, _) = store_object(&a, &data[..], &spec, |_| {}).unwrap();
+    drop(a);
+    let b = S3Store::open(
+        &l,
+        &r,
+        Options {
+            cache_dir: t.path().join("b"),
+            ..opts.clone()
+        },
+    )
+    .unwrap();
+    let mut out = vec![];
+    read_object(&b, &oid, &mut out).unwrap();
+    assert_eq!(out, data);
+    assert!(b.retries() > 0);
+
+    // Altered bytes: an error naming the chunk, never the altered bytes.
+    let c = S3Store::open(
+        &l,
+        &r,
+        Options {
+            cache_dir: t.path().join("c"),
+            ..opts.clone()
+        },
+    )
+    .unwrap();
+    proxy.set(Fault::Flip);
+    let e = read_object(&c, &oid, std::io::sink()).unwrap_err();
+    assert!(e.is_corrupt(), "{e}");
+    assert!(c.stats().unwrap().damaged > 0);
+    // Once the server heals, the same store reads it right.
+    proxy.set(Fault::None);
+    let mut out = vec![];
+    read_object(&c, &oid, &mut out).unwrap();
+    assert_eq!(out, data);
+
+    // Cut replies: an error (or a retry), never a short chunk.
+    let d = S3Store::open(
+        &l,
+        &r,
+        Options {
+            cache_dir: t.path().join("d"),
+            ..opts.clone()
+        },
+    )
+    .unwrap();
+    proxy.set(Fault::Cut);
+    for id in recipe.chunks().iter().map(|c| c.id).take(3) {
+        match d.get(&id) {
+            Ok(Some(bytes)) => assert!(id.matches(&bytes)),
+            Ok(None) => panic!("a chunk the store holds reported absent"),
+            Err(e) => assert!(!e.to_string().is_empty()),
+        }
+    }
+    proxy.set(Fault::None);
+
+    // A pack listed, then deleted behind the store's back: an error, never wrong bytes, and
+    // the store still answers for the chunks of the other packs.
+    let e = S3Store::open(
+        &l,
+        &r,
+        Options {
+            cache_dir: t.path().join("e"),
+            ..opts.clone()
+        },
+    )
+    .unwrap();
+    let packs_dir = t.path().join("s3/faults/x/packs");
+    let victim = std::fs::read_dir(&packs_dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::remove_file(&victim).unwrap();
+    assert!(read_object(&e, &oid, std::io::sink()).is_err());
+    let survivors = recipe
+        .chunks()
+        .iter()
+        .filter(|c| matches!(e.get(&c.id), Ok(Some(_))))
+        .count();
+    assert!(survivors > 0 && survivors < recipe.len(), "{survivors}");
+
+    // A server that never answers: a clear error after the timeouts, not a hang.
+    let mut quick = opts.clone();
+    quick.client.attempts = 2;
+    quick.cache_dir = t.path().join("f");
+    proxy.set(Fault::Silent);
+    let err = S3Store::open(&l, &r, quick).err().unwrap().to_string();
+    assert!(err.contains("cannot be reached"), "{err}");
+}
