@@ -7,6 +7,8 @@ use std::process::{Command, Output};
 mod daemon;
 #[path = "cli/mount.rs"]
 mod mount;
+#[path = "cli/s3.rs"]
+mod s3;
 
 fn ferry(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ferry"))

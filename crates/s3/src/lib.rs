@@ -34,7 +34,9 @@ pub enum S3Error {
     Config(String),
     #[error("{0}")]
     Denied(String),
-    #[error("bucket {0} does not exist (create it, or pass --create)")]
+    #[error(
+        "bucket {0} does not exist (`ferry store init --store s3://BUCKET/PREFIX` creates it)"
+    )]
     NoBucket(String),
     #[error("{op}: HTTP {status} {why}")]
     Http {

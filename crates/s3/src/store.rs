@@ -19,7 +19,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use ferry_format::{HashAlg, Id, Oid, Recipe};
-use ferry_store::{ChunkStore, StoreError, StoreStats, VerifiedChunk};
+use ferry_store::{ChunkStore, StoreError, StoreStats, VerifiedChunk, VerifyReport};
 
 use crate::client::{Client, ClientOptions, Cond};
 use crate::config::{Locator, Resolved};
@@ -180,24 +180,47 @@ impl S3Store {
         self.inner.refresh()
     }
 
-    /// Reads and checks every chunk the index lists; returns the damaged ones with why.
-    pub fn verify(&self, mut progress: impl FnMut(u64)) -> Result<Vec<(Id, String)>, StoreError> {
+    /// Reads and checks every chunk the index lists, and that every object's chunks are there.
+    pub fn verify(&self, mut progress: impl FnMut(u64)) -> Result<VerifyReport, StoreError> {
         self.inner.refresh()?;
         let mut chunks = self.inner.index.chunks()?;
         chunks.sort_by_key(|l| (l.pack, l.entry.offset));
-        let mut bad = vec![];
+        let mut r = VerifyReport::default();
         for (i, l) in chunks.iter().enumerate() {
             if i % 256 == 0 {
                 self.prefetch_locs(&chunks[i..chunks.len().min(i + 1024)]);
             }
+            let id = l.entry.id.to_string();
             match self.inner.read_loc(l) {
                 Ok(Some(_)) => {}
-                Ok(None) => bad.push((l.entry.id, "its pack is gone from the bucket".into())),
-                Err(e) => bad.push((l.entry.id, e.to_string())),
+                Ok(None) => r
+                    .damaged
+                    .push((id, "its pack is gone from the bucket".into())),
+                Err(e) => r.damaged.push((id, e.to_string())),
             }
+            r.chunks_checked += 1;
+            r.bytes_checked += l.entry.raw_len as u64;
             progress(l.entry.raw_len as u64);
         }
-        Ok(bad)
+        for (oid, _) in self.objects()? {
+            if let Some(recipe) = self.object(&oid)? {
+                for c in recipe.chunks() {
+                    if !self.contains(&c.id)? {
+                        r.missing.push((oid, c.id));
+                    }
+                }
+            }
+        }
+        Ok(r)
+    }
+
+    /// Forgets the local index and reads every pack's table of contents again; returns the
+    /// packs indexed.
+    pub fn rebuild(&self) -> Result<u64, StoreError> {
+        let all = self.inner.index.packs()?.values().map(|v| v.0).collect();
+        self.inner.index.drop_packs(&all)?;
+        self.inner.refresh()?;
+        Ok(self.inner.index.packs()?.len() as u64)
     }
 
     fn seal(&self, st: &mut State) -> Option<Sealed> {

@@ -9,5 +9,6 @@ pub mod lookaside;
 pub mod mount;
 pub mod object;
 pub mod remote;
+pub mod s3;
 pub mod similarity;
 pub mod store;

@@ -1,4 +1,4 @@
-//! `ferry store`: a content-addressed chunk store on the local disk.
+//! `ferry store`: a content-addressed chunk store on the local disk or in an S3 bucket.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -14,9 +14,12 @@ use crate::util::{files_under, human, ChunkerArgs, Ui};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The store directory [default: $FERRY_STORE, else ~/.local/share/ferry/store].
-    #[arg(long, global = true)]
-    store: Option<PathBuf>,
+    /// The store: a directory, or `s3://BUCKET/PREFIX` (credentials, region and endpoint as
+    /// the AWS tools take them: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL,
+    /// AWS_REGION, AWS_PROFILE, ~/.aws; or `?endpoint=URL&region=R&profile=P`)
+    /// [default: $FERRY_STORE, else ~/.local/share/ferry/store].
+    #[arg(long, global = true, value_name = "DIR|s3://BUCKET/PREFIX")]
+    store: Option<String>,
     /// Print JSON.
     #[arg(long, global = true)]
     json: bool,
@@ -68,47 +71,95 @@ enum Cmd {
     },
 }
 
-pub fn default_store() -> PathBuf {
-    if let Some(p) = std::env::var_os("FERRY_STORE") {
-        return p.into();
+pub fn default_store() -> String {
+    if let Ok(p) = std::env::var("FERRY_STORE") {
+        return p;
     }
     let data = std::env::var_os("XDG_DATA_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".local/share")))
         .unwrap_or_else(|| PathBuf::from("."));
-    data.join("ferry/store")
+    data.join("ferry/store").display().to_string()
 }
 
-fn open(dir: &Path) -> Result<LocalStore> {
+/// A store on the local disk or in a bucket.
+enum Opened {
+    Local(LocalStore),
+    S3(ferry_s3::S3Store),
+}
+
+impl std::ops::Deref for Opened {
+    type Target = dyn ChunkStore;
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Opened::Local(s) => s,
+            Opened::S3(s) => s,
+        }
+    }
+}
+
+impl Opened {
+    fn verify(&self, progress: impl FnMut(u64)) -> Result<ferry_store::VerifyReport> {
+        Ok(match self {
+            Opened::Local(s) => s.verify(progress)?,
+            Opened::S3(s) => s.verify(progress)?,
+        })
+    }
+}
+
+fn is_s3(store: &str) -> bool {
+    ferry_s3::Locator::is_s3(store)
+}
+
+/// Opens the store; `create` makes it if missing (for S3, its bucket too).
+fn open(store: &str, create: bool) -> Result<Opened> {
+    if is_s3(store) {
+        return Ok(Opened::S3(crate::cmd::s3::open(store, create)?));
+    }
+    let dir = Path::new(store);
+    if create {
+        return Ok(Opened::Local(LocalStore::open_or_create(
+            dir,
+            Options::default(),
+        )?));
+    }
     if !dir.join("ferry-store").exists() {
         bail!(
             "no store at {} (create one with `ferry store init` or `ferry store add`, or pass --store)",
             dir.display()
         );
     }
-    Ok(LocalStore::open(dir, Options::default())?)
+    Ok(Opened::Local(LocalStore::open(dir, Options::default())?))
 }
 
 pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
     let dir = a.store.clone().unwrap_or_else(default_store);
+    let shown = dir.clone();
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let code = match a.cmd {
         Cmd::Init { hash } => {
-            if dir.join("ferry-store").exists() {
-                bail!("{} is already a store", dir.display());
+            if is_s3(&dir) {
+                if hash != HashAlg::Blake3 {
+                    bail!("S3 stores keep BLAKE3 ids");
+                }
+                crate::cmd::s3::open(&dir, true)?;
+            } else {
+                if Path::new(&dir).join("ferry-store").exists() {
+                    bail!("{dir} is already a store");
+                }
+                LocalStore::create(
+                    &dir,
+                    Options {
+                        hash_alg: hash,
+                        ..Options::default()
+                    },
+                )?;
             }
-            LocalStore::create(
-                &dir,
-                Options {
-                    hash_alg: hash,
-                    ..Options::default()
-                },
-            )?;
             if a.json {
                 writeln!(out, "{}", json!({"store": dir, "hash": hash.name()}))?;
             } else {
-                writeln!(out, "created store {} ({hash} ids)", dir.display())?;
+                writeln!(out, "created store {dir} ({hash} ids)")?;
             }
             ExitCode::SUCCESS
         }
@@ -118,12 +169,12 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
             for p in &paths {
                 files.extend(files_under(p)?);
             }
-            let s = LocalStore::open_or_create(&dir, Options::default())?;
+            let s = open(&dir, true)?;
             let pb = ui.bytes_bar(files.iter().map(|f| f.1).sum(), "storing");
             for (path, _) in &files {
                 let f =
                     File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-                let (oid, recipe, st) = store_object(&s, f, &spec, |n| pb.inc(n))
+                let (oid, recipe, st) = store_object(&*s, f, &spec, |n| pb.inc(n))
                     .with_context(|| format!("cannot store {}", path.display()))?;
                 pb.suspend(|| -> Result<()> {
                     if a.json {
@@ -143,11 +194,11 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
             ExitCode::SUCCESS
         }
         Cmd::Cat { oid, output } => {
-            let s = open(&dir)?;
-            let missing = || anyhow::anyhow!("no object {oid} in {}", dir.display());
+            let s = open(&dir, false)?;
+            let missing = || anyhow::anyhow!("no object {oid} in {shown}");
             match output {
                 None => {
-                    read_object(&s, &oid, &mut out)?.ok_or_else(missing)?;
+                    read_object(&*s, &oid, &mut out)?.ok_or_else(missing)?;
                 }
                 Some(path) => {
                     let parent = path
@@ -157,7 +208,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
                     let mut tmp = tempfile::NamedTempFile::new_in(parent).with_context(|| {
                         format!("cannot create a temporary file in {}", parent.display())
                     })?;
-                    read_object(&s, &oid, BufWriter::new(tmp.as_file_mut()))?
+                    read_object(&*s, &oid, BufWriter::new(tmp.as_file_mut()))?
                         .ok_or_else(missing)?;
                     tmp.as_file()
                         .sync_all()
@@ -169,7 +220,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
             ExitCode::SUCCESS
         }
         Cmd::Ls => {
-            let s = open(&dir)?;
+            let s = open(&dir, false)?;
             for (oid, len) in s.objects()? {
                 if a.json {
                     writeln!(out, "{}", json!({"oid": oid.to_string(), "size": len}))?;
@@ -180,7 +231,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
             ExitCode::SUCCESS
         }
         Cmd::Rm { oids } => {
-            let s = open(&dir)?;
+            let s = open(&dir, false)?;
             let mut missing = 0;
             for oid in &oids {
                 if !s.remove_object(oid)? {
@@ -196,7 +247,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
             }
         }
         Cmd::Stats => {
-            let s = open(&dir)?;
+            let s = open(&dir, false)?;
             let st = s.stats()?;
             if a.json {
                 writeln!(
@@ -208,12 +259,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
                            "dedup_ratio": st.dedup_ratio()})
                 )?;
             } else {
-                writeln!(
-                    out,
-                    "store:        {} ({} ids)",
-                    dir.display(),
-                    s.hash_alg()
-                )?;
+                writeln!(out, "store:        {} ({} ids)", dir, s.hash_alg())?;
                 writeln!(
                     out,
                     "objects:      {} ({})",
@@ -245,7 +291,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
             ExitCode::SUCCESS
         }
         Cmd::Verify => {
-            let s = open(&dir)?;
+            let s = open(&dir, false)?;
             let pb = ui.bytes_bar(s.stats()?.chunk_bytes, "verifying");
             let r = s.verify(|n| pb.inc(n))?;
             pb.finish_and_clear();
@@ -287,9 +333,21 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
                 ExitCode::FAILURE
             }
         }
+        Cmd::Rebuild if is_s3(&dir) => {
+            let Opened::S3(s) = open(&dir, false)? else {
+                unreachable!("an s3:// store opens as one")
+            };
+            let packs = s.rebuild()?;
+            if a.json {
+                writeln!(out, "{}", json!({"packs_scanned": packs}))?;
+            } else {
+                writeln!(out, "rebuilt the local index of {dir} from {packs} packs")?;
+            }
+            ExitCode::SUCCESS
+        }
         Cmd::Rebuild => {
-            if !dir.join("ferry-store").exists() {
-                bail!("no store at {}", dir.display());
+            if !Path::new(&dir).join("ferry-store").exists() {
+                bail!("no store at {dir}");
             }
             let (mut s, r) = LocalStore::rebuild(&dir, Options::default())?;
             s.compact_index()?;
@@ -313,7 +371,9 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
             if !(0.0..=1.0).contains(&min_live) {
                 bail!("--min-live must be between 0 and 1");
             }
-            let mut s = open(&dir)?;
+            let Opened::Local(mut s) = open(&dir, false)? else {
+                bail!("gc of S3 stores is not built yet");
+            };
             let r = s.gc(min_live)?;
             s.compact_index()?;
             if a.json {

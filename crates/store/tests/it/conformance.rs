@@ -99,6 +99,10 @@ fn local_store_keeps_the_contract() {
     assert!(s.verify(|_| {}).unwrap().damaged.is_empty());
 }
 
+fn st_packs(s: &dyn ChunkStore) -> u64 {
+    s.stats().unwrap().packs
+}
+
 #[test]
 fn s3_store_keeps_the_contract() {
     let t = tempfile::tempdir().unwrap();
@@ -115,7 +119,9 @@ fn s3_store_keeps_the_contract() {
         let _ = std::fs::remove_dir_all(t.path().join("cache"));
         let s = crate::s3::open(&gw, &loc, &t.path().join(cache), false).unwrap();
         assert_eq!(s.objects().unwrap().len(), 7);
-        assert!(s.verify(|_| {}).unwrap().is_empty());
+        let v = s.verify(|_| {}).unwrap();
+        assert!(v.damaged.is_empty() && v.missing.is_empty(), "{v:?}");
+        assert_eq!(s.rebuild().unwrap(), st_packs(&s));
         let st = s.stats().unwrap();
         assert!(st.packs > 3, "small packs: {st:?}");
     }
