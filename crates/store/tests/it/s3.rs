@@ -1,12 +1,20 @@
 //! The S3 backend against a real S3 server (versitygw on loopback): several servers on one
 //! store, resumed uploads, and a server that fails.
 
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use ferry_chunk::ChunkerSpec;
+use ferry_store::{read_object, store_object, ChunkStore};
 
 use ferry_format::HashAlg;
 use ferry_s3::testing::Versitygw;
 use ferry_s3::{Locator, Options, S3Store};
 use ferry_store::StoreError;
+
+use crate::bytes;
 
 /// Small packs and windows, so tests cross their boundaries.
 pub fn options(cache: &Path, create: bool) -> Options {
@@ -44,15 +52,6 @@ pub fn open_alg(
         },
     )
 }
-
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
-
-use ferry_chunk::ChunkerSpec;
-use ferry_store::{read_object, store_object, ChunkStore};
-
-use crate::bytes;
 
 fn loc(s: &str) -> Locator {
     Locator::parse(s).unwrap()
