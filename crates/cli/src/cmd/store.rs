@@ -84,7 +84,7 @@ pub fn default_store() -> String {
 
 /// A store on the local disk or in a bucket.
 enum Opened {
-    Local(LocalStore),
+    Local(Box<LocalStore>),
     S3(ferry_s3::S3Store),
 }
 
@@ -92,7 +92,7 @@ impl std::ops::Deref for Opened {
     type Target = dyn ChunkStore;
     fn deref(&self) -> &Self::Target {
         match self {
-            Opened::Local(s) => s,
+            Opened::Local(s) => &**s,
             Opened::S3(s) => s,
         }
     }
@@ -129,7 +129,10 @@ fn open(store: &str, create: bool) -> Result<Opened> {
             dir.display()
         );
     }
-    Ok(Opened::Local(LocalStore::open(dir, Options::default())?))
+    Ok(Opened::Local(Box::new(LocalStore::open(
+        dir,
+        Options::default(),
+    )?)))
 }
 
 pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
