@@ -118,10 +118,10 @@ fn open(store: &str, create: bool) -> Result<Opened> {
     }
     let dir = Path::new(store);
     if create {
-        return Ok(Opened::Local(LocalStore::open_or_create(
+        return Ok(Opened::Local(Box::new(LocalStore::open_or_create(
             dir,
             Options::default(),
-        )?));
+        )?)));
     }
     if !dir.join("ferry-store").exists() {
         bail!(
