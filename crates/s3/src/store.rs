@@ -517,7 +517,7 @@ impl Inner {
         match self.stored(l) {
             Err(S3Error::Gone(_)) => return Ok(None),
             Ok(s) => {
-                if let Ok(d) = pack::open_record(&l.entry, &s, &where_) {
+                if let Ok(d) = pack::open_record(&l.entry, s, &where_) {
                     return Ok(Some(d));
                 }
             }
@@ -530,7 +530,7 @@ impl Inner {
             Err(S3Error::Gone(_)) => return Ok(None),
             r => r?,
         };
-        let r = pack::open_record(&l.entry, &again, &where_);
+        let r = pack::open_record(&l.entry, again, &where_);
         if r.as_ref().is_err_and(|e| e.is_corrupt()) {
             self.damaged.fetch_add(1, Ordering::Relaxed);
         }
