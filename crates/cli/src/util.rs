@@ -73,6 +73,26 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("{s:?} is too large"))
 }
 
+/// Parses a duration: `90`, `90s`, `15m`, `2h`, `1d`.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (try 90s, 15m, 2h or 1d)"))?;
+    let mult = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return Err(format!("unknown duration unit in {s:?} (s, m, h or d)")),
+    };
+    n.checked_mul(mult)
+        .map(std::time::Duration::from_secs)
+        .ok_or_else(|| format!("{s:?} is too long"))
+}
+
 /// Chunker options shared by every command that chunks.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ChunkerArgs {
@@ -231,5 +251,9 @@ mod tests {
         assert!(parse_size("99999999999999999999G").is_err());
         assert_eq!(human(1536), "1.5 KiB");
         assert_eq!(human(12), "12 B");
+        assert_eq!(parse_duration("90").unwrap().as_secs(), 90);
+        assert_eq!(parse_duration("15m").unwrap().as_secs(), 900);
+        assert_eq!(parse_duration("1d").unwrap().as_secs(), 86400);
+        assert!(parse_duration("1w").is_err() && parse_duration("").is_err());
     }
 }

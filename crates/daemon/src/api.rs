@@ -431,7 +431,7 @@ async fn delete(State(d): Shared, UrlPath(t): UrlPath<String>) -> Result<StatusC
     let t = ticket_in(&t)?;
     blocking(move || {
         d.shelf.objects().delete(&t.cap)?;
-        let left = crate::replicas::delete_copies(&d.identity, &t);
+        let left = crate::replicas::delete_copies(&d.identity, d.replicas.s3(), &t);
         match left.is_empty() {
             true => Ok(()),
             false => Err(DaemonError::Unavailable(format!(
@@ -447,7 +447,8 @@ async fn delete(State(d): Shared, UrlPath(t): UrlPath<String>) -> Result<StatusC
 /// `POST /v1/replicas` and `/v1/replicas/remove`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ReplicaRequest {
-    /// `ferry://HOST[:PORT]`: a daemon that authorizes this one's key.
+    /// `ferry://HOST[:PORT]`: a daemon that authorizes this one's key; or `s3://BUCKET/PREFIX`:
+    /// an S3 store (the daemon's AWS credentials).
     pub uri: String,
 }
 

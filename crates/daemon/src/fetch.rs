@@ -116,6 +116,36 @@ pub struct Fetcher<'a> {
     pub providers: Vec<String>,
     /// Where the providers' keys are recorded (on first use) and checked.
     pub known_hosts: PathBuf,
+    /// S3 stores, for `s3://` hints.
+    pub s3: &'a crate::s3::S3Stores,
+}
+
+/// An S3 store a hint names, and its name in reports.
+type Shared = (String, Arc<ferry_s3::S3Store>);
+
+/// The store an `s3://` hint names and, when `want_recipe`, the object's recipe from it.
+fn open_shared(
+    f: &Fetcher<'_>,
+    hint: &Hint,
+    ticket: &Ticket,
+    want_recipe: bool,
+) -> Result<(Arc<ferry_s3::S3Store>, Option<Recipe>), DaemonError> {
+    let store = f.s3.open(&hint.uri, false)?;
+    if !want_recipe {
+        return Ok((store, None));
+    }
+    let recipe = store
+        .object(&ticket.oid)?
+        .ok_or_else(|| DaemonError::NotFound(format!("object {} is not in it", ticket.oid)))?;
+    if recipe.total_len() != ticket.size {
+        return Err(DaemonError::BadPeer(format!(
+            "its recipe of {} adds up to {} bytes, not {}",
+            ticket.oid,
+            recipe.total_len(),
+            ticket.size
+        )));
+    }
+    Ok((store, Some(recipe)))
 }
 
 /// Fetches the object of `ticket` into the shelf as an object of its own (a no-op when one
@@ -139,8 +169,21 @@ pub fn fetch(
         return Ok((cap, report));
     }
     let mut peers: Vec<Named> = vec![];
+    let mut shared: Vec<Shared> = vec![];
     let mut recipe = None;
     for hint in ticket.ordered_hints(|n| rand::random_range(0..n.max(1))) {
+        if crate::s3::is_s3(&hint.uri) {
+            match open_shared(f, &hint, ticket, recipe.is_none()) {
+                Ok((store, r)) => {
+                    if recipe.is_none() {
+                        recipe = r;
+                    }
+                    shared.push((hint.uri.clone(), store));
+                }
+                Err(e) => report.failed_hints.push(format!("{}: {e}", hint.uri)),
+            }
+            continue;
+        }
         match open_peer(&hint, f.identity, ticket, recipe.is_none()) {
             Ok((session, r)) => {
                 if recipe.is_none() {
@@ -218,7 +261,7 @@ pub fn fetch(
             }
             let started = Instant::now();
             let remote = (&mut providers[..], &mut peers[..]);
-            let done = fetch_segment(f, &present, remote, ticket, &wants[at..end], &sink)?;
+            let done = fetch_segment(f, &present, &shared, remote, ticket, &wants[at..end], &sink)?;
             for s in done.sources {
                 match used.iter_mut().find(|u| u.name == s.name) {
                     Some(u) => (u.chunks, u.bytes) = (u.chunks + s.chunks, u.bytes + s.bytes),
@@ -331,6 +374,7 @@ const HELD: &str = "the daemon's objects";
 fn fetch_segment(
     f: &Fetcher<'_>,
     present: &[PathBuf],
+    shared: &[Shared],
     (providers, peers): (&mut [Named], &mut [Named]),
     ticket: &Ticket,
     wants: &[Want],
@@ -352,6 +396,9 @@ fn fetch_segment(
         for s in l.sources() {
             owned.push(Box::new(s));
         }
+    }
+    for (name, s) in shared {
+        owned.push(Box::new(StoreSource::new(name.clone(), &**s)));
     }
     for (name, s) in providers.iter_mut() {
         let hang_up = Some(s.hang_up_handle());

@@ -21,6 +21,7 @@ pub mod fetch;
 pub mod jobs;
 mod paths;
 pub mod replicas;
+mod s3;
 mod serve;
 pub mod shelf;
 mod stream;

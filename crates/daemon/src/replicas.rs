@@ -13,6 +13,7 @@ use ferry_net::{Endpoint, Identity};
 use ferry_objects::{Capability, Rights};
 use ferry_proto::{ErrorCode, Reply, Request};
 
+use crate::s3::{is_s3, S3Stores};
 use crate::serve::FetchBy;
 use crate::shelf::Shelf;
 use crate::ticket::{Hint, Ticket};
@@ -26,13 +27,21 @@ const REPLICA_PRIORITY: u16 = 20;
 pub struct Replicas {
     path: PathBuf,
     lock: Mutex<()>,
+    /// Replicas that are S3 stores (`s3://BUCKET/PREFIX`).
+    s3: Arc<S3Stores>,
 }
 
 impl Replicas {
-    pub fn new(path: &Path) -> Replicas {
+    /// The S3 stores among the replicas, opened.
+    pub fn s3(&self) -> &S3Stores {
+        &self.s3
+    }
+
+    pub fn new(path: &Path, s3: Arc<S3Stores>) -> Replicas {
         Replicas {
             path: path.to_path_buf(),
             lock: Mutex::new(()),
+            s3,
         }
     }
 
@@ -51,8 +60,15 @@ impl Replicas {
     }
 
     /// Adds the daemon at `uri` (`ferry://HOST[:PORT]`): reached once now, its key recorded
-    /// (on first use, in `known_hosts`) and pinned in the entry. Returns the entry.
+    /// (on first use, in `known_hosts`) and pinned in the entry; or the S3 store at
+    /// `s3://BUCKET/PREFIX` (opened now, created if missing; the entry names its endpoint and
+    /// region). Returns the entry.
     pub fn add(&self, uri: &str, id: &Identity, known_hosts: &Path) -> Result<String, DaemonError> {
+        if is_s3(uri) {
+            let entry = S3Stores::canonical(uri)?;
+            self.s3.open(&entry, true)?;
+            return self.record(entry);
+        }
         let bad = |why: String| DaemonError::BadRequest(format!("replica {uri:?}: {why}"));
         let base = uri.split('?').next().unwrap_or(uri);
         let ep = Endpoint::parse(base)
@@ -62,7 +78,10 @@ impl Replicas {
         let _ = session.close();
         let fp = ferry_net::known_host(known_hosts, &ep.host_port())?
             .ok_or_else(|| bad("its key was not recorded".into()))?;
-        let entry = format!("ferry://{}?key={fp}", ep.host_port());
+        self.record(format!("ferry://{}?key={fp}", ep.host_port()))
+    }
+
+    fn record(&self, entry: String) -> Result<String, DaemonError> {
         let _held = self.lock.lock().expect("replicas");
         let mut list = self.list()?;
         if !list.contains(&entry) {
@@ -122,7 +141,7 @@ pub fn create(
         hints: hints.to_vec(),
     };
     if need > 0 {
-        match replicate(id, &registered, &ticket, need) {
+        match replicate(id, replicas, shelf, &registered, &ticket, need) {
             Ok(copies) => {
                 ticket.hints.extend(copies);
                 ticket.durability = durability;
@@ -141,6 +160,8 @@ pub fn create(
 /// copies made; when fewer than `need` could be made, deletes those and says why.
 pub fn replicate(
     id: &Identity,
+    registry: &Replicas,
+    shelf: &Shelf,
     replicas: &[String],
     ticket: &Ticket,
     need: usize,
@@ -153,6 +174,14 @@ pub fn replicate(
     for uri in replicas {
         if made.len() == need {
             break;
+        }
+        if is_s3(uri) {
+            // The copy is the object's chunks and recipe in the bucket, found by OID.
+            match registry.s3.copy_in(uri, shelf, ticket) {
+                Ok(()) => made.push(Hint::new(uri.clone(), REPLICA_PRIORITY, 100)),
+                Err(e) => failed.push(format!("{uri}: {e}")),
+            }
+            continue;
         }
         match replicate_at(id, uri, &reader) {
             Ok(cap) => {
@@ -168,7 +197,7 @@ pub fn replicate(
             hints: made,
             ..ticket.clone()
         };
-        for e in delete_copies(id, &t) {
+        for e in delete_copies(id, &registry.s3, &t) {
             tracing::warn!("a replica's copy left behind: {e}");
         }
         return Err(DaemonError::Unavailable(format!(
@@ -214,10 +243,21 @@ fn replicate_at(id: &Identity, uri: &str, reader: &Ticket) -> Result<Capability,
 }
 
 /// Deletes the copies the hints of `ticket` that carry capabilities of their own name (its
-/// replicas); returns what could not be deleted, and why.
-pub fn delete_copies(id: &Identity, ticket: &Ticket) -> Vec<String> {
+/// replicas), and its copies in the S3 stores its hints name; returns what could not be
+/// deleted, and why.
+pub fn delete_copies(id: &Identity, s3: &S3Stores, ticket: &Ticket) -> Vec<String> {
     let mut left = vec![];
     for h in &ticket.hints {
+        if is_s3(&h.uri) {
+            // Objects there are by content: an owner of the same bytes shares this copy.
+            let r = s3
+                .open(&h.uri, false)
+                .and_then(|st| Ok(ferry_store::ChunkStore::remove_object(&*st, &ticket.oid)?));
+            if let Err(e) = r {
+                left.push(format!("{}: {e}", h.uri));
+            }
+            continue;
+        }
         let Some(cap) = &h.cap else { continue };
         let r = (|| {
             let (ep, fp) = crate::fetch::parse_peer(&h.uri)?;

@@ -28,9 +28,12 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
     let key = identity.fingerprint();
     let identity = Arc::new(identity);
     let devices = Arc::new(Devices::open(&paths.data.join("devices.json"))?);
-    let fetch_by = fetcher(&paths, &shelf, &identity, &devices);
+    // One handle per S3 store for the whole daemon (each keeps a local index, one process's).
+    let s3 = Arc::new(crate::s3::S3Stores::new(paths.data.join("s3")));
+    let fetch_by = fetcher(&paths, &shelf, &identity, &devices, &s3);
     let replicas = Arc::new(crate::replicas::Replicas::new(
         &paths.data.join("replicas.json"),
+        s3,
     ));
     let mut hints = vec![];
     let listen = match cfg.listen {
@@ -95,9 +98,7 @@ pub(crate) fn run(cfg: Config, ready: impl FnOnce(&Status)) -> Result<(), Daemon
     ready(&status);
     let daemon = Arc::new(Daemon {
         shelf,
-        replicas: Arc::new(crate::replicas::Replicas::new(
-            &paths.data.join("replicas.json"),
-        )),
+        replicas,
         identity,
         known_hosts: paths.keys.join("known_hosts"),
         devices,
@@ -130,8 +131,10 @@ fn fetcher(
     shelf: &Arc<Shelf>,
     identity: &Arc<Identity>,
     devices: &Arc<Devices>,
+    s3: &Arc<crate::s3::S3Stores>,
 ) -> FetchBy {
     let (shelf, identity, devices) = (shelf.clone(), identity.clone(), devices.clone());
+    let s3 = s3.clone();
     let paths = paths.clone();
     Arc::new(
         move |ticket: &Ticket, progress: &(dyn Fn(u64) + Sync), fresh: bool| {
@@ -148,6 +151,7 @@ fn fetcher(
                     .filter(|p| p.starts_with("ferry://"))
                     .collect(),
                 known_hosts: paths.keys.join("known_hosts"),
+                s3: &s3,
             };
             fetch::fetch(&f, ticket, progress, fresh)
         },

@@ -181,8 +181,17 @@ impl Index {
         })
     }
 
-    /// Records pack `name` and its entries; returns its number.
-    pub fn add_pack(&self, name: &str, size: u64, entries: &[Entry]) -> Result<u32, StoreError> {
+    /// Records pack `name` and its entries; returns its number. A chunk already indexed keeps
+    /// its place unless that place is in a pack of `displace` (condemned by gc, or being
+    /// replaced by a repack).
+    pub fn add_pack(
+        &self,
+        name: &str,
+        size: u64,
+        entries: &[Entry],
+        displace: &dyn Fn(u32) -> bool,
+    ) -> Result<u32, StoreError> {
+        let alg = self.alg;
         let mut number = 0;
         self.write(|w| {
             let mut numbers = w.open_table(PACK_NUMBERS)?;
@@ -200,9 +209,12 @@ impl Index {
             w.open_table(PACKS)?.insert(number, (name, size))?;
             let mut chunks = w.open_table(CHUNKS)?;
             for e in entries {
-                // The first copy of a chunk wins: its pack was there first.
+                // The first copy of a chunk wins (its pack was there first), unless it is to go.
                 let k = key(&e.id);
-                if chunks.get(&k)?.is_none() {
+                let keep = chunks
+                    .get(&k)?
+                    .is_some_and(|v| !displace(decode(alg, &k, v.value()).pack));
+                if !keep {
                     chunks.insert(&k, &encode(e, number))?;
                 }
             }

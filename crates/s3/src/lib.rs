@@ -24,7 +24,7 @@ pub mod testing;
 
 pub use client::{Client, ClientOptions, Cond, Put};
 pub use config::{Locator, Resolved};
-pub use store::{Options, S3Store};
+pub use store::{GcReport, Options, S3Store};
 
 use thiserror::Error;
 

@@ -64,7 +64,8 @@ fn check(header: &[u8], entries: &[u8]) -> [u8; 16] {
     c
 }
 
-/// Builds a pack from chunks: each compressed with zstd when that saves at least an eighth.
+/// Builds a pack from chunks: each compressed with zstd when that pays
+/// ([`ferry_store::compress_if_it_pays`]).
 pub struct Builder {
     bytes: Vec<u8>,
     entries: Vec<u8>,
@@ -87,10 +88,8 @@ impl Builder {
     pub fn add(&mut self, id: &Id, data: &[u8]) -> Result<(), S3Error> {
         let raw_len = u32::try_from(data.len())
             .map_err(|_| S3Error::Config(format!("chunk {id} is over 4 GiB")))?;
-        let packed = if self.level > 0 && data.len() >= 64 {
-            zstd::bulk::compress(data, self.level)
-                .ok()
-                .filter(|c| c.len() < data.len() - data.len() / 8)
+        let packed = if data.len() >= 64 {
+            ferry_store::compress_if_it_pays(data, self.level)
         } else {
             None
         };

@@ -139,8 +139,72 @@ impl Windows {
         }
     }
 
+    /// Waits while window `k` is being loaded; whether it is (or was being) loaded here.
+    pub(crate) fn wait_loaded(&self, k: Key) -> bool {
+        let Some(slot) = self.map.lock().unwrap().slots.get(&k).cloned() else {
+            return false;
+        };
+        let mut g = slot.state.lock().unwrap();
+        while matches!(*g, State::Loading) {
+            g = slot.cv.wait(g).unwrap();
+        }
+        true
+    }
+
     /// Drops a window found damaged, so the next read fetches it again.
     pub(crate) fn drop_window(&self, k: Key) {
         self.forget(k);
+    }
+}
+
+/// Chunks the download threads verified ahead of the reader, waiting to be taken (bounded in
+/// bytes: the oldest go first when a reader does not come for them).
+pub(crate) struct Ready {
+    inner: Mutex<ReadyInner>,
+    max_bytes: usize,
+}
+
+#[derive(Default)]
+struct ReadyInner {
+    map: HashMap<ferry_format::Id, Vec<u8>>,
+    order: VecDeque<ferry_format::Id>,
+    bytes: usize,
+}
+
+impl Ready {
+    pub(crate) fn new(max_bytes: usize) -> Ready {
+        Ready {
+            inner: Mutex::default(),
+            max_bytes,
+        }
+    }
+
+    pub(crate) fn put(&self, id: ferry_format::Id, data: Vec<u8>) {
+        let mut g = self.inner.lock().unwrap();
+        g.bytes += data.len();
+        if let Some(old) = g.map.insert(id, data) {
+            g.bytes -= old.len();
+        }
+        g.order.push_back(id);
+        while g.bytes > self.max_bytes {
+            let Some(old) = g.order.pop_front() else {
+                break;
+            };
+            if let Some(d) = g.map.remove(&old) {
+                g.bytes -= d.len();
+            }
+        }
+        // Ids taken leave stale entries in the order: sweep them now and then.
+        if g.order.len() > 2 * g.map.len() + 1024 {
+            let ReadyInner { map, order, .. } = &mut *g;
+            order.retain(|id| map.contains_key(id));
+        }
+    }
+
+    pub(crate) fn take(&self, id: &ferry_format::Id) -> Option<Vec<u8>> {
+        let mut g = self.inner.lock().unwrap();
+        let d = g.map.remove(id)?;
+        g.bytes -= d.len();
+        Some(d)
     }
 }

@@ -41,6 +41,17 @@ pub use mem::MemStore;
 pub use object::{read_object, read_recipe, store_object};
 pub use paths::{PathIndex, Stamp};
 
+/// `raw` compressed with zstd at `level` when that saves at least 1/32, else `None`: what every
+/// backend stores. On each thread, after a record that did not compress the next few are not
+/// tried (a run of random data or media costs no compressor time), and one compressor context
+/// is reused.
+pub fn compress_if_it_pays(raw: &[u8], level: i32) -> Option<Vec<u8>> {
+    if level <= 0 {
+        return None;
+    }
+    local::pack::compress(raw, level)
+}
+
 /// A chunk whose id is known to be the hash of its bytes.
 #[derive(Clone, Copy, Debug)]
 pub struct VerifiedChunk<'a> {

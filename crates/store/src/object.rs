@@ -66,9 +66,18 @@ pub fn read_object<S: ChunkStore + ?Sized>(
 /// How far ahead of the reader [`read_recipe`] asks the store for chunks.
 const PREFETCH_BYTES: u64 = 32 << 20;
 
+/// How many bytes of chunks the fetching thread hands over at once.
+const BATCH_BYTES: usize = 1 << 20;
+
+/// Objects of more chunks than this are read on two threads.
+const PIPELINE_CHUNKS: usize = 64;
+
 /// Writes the chunks `recipe` lists to `out`, every chunk verified on read, and checks that
 /// they make object `oid` (an error once they do not: what was written is then not it).
 /// Returns the bytes written.
+///
+/// A large object is read on two threads: one gets the chunks from the store (each verified
+/// there), the caller's hashes the whole and writes it.
 pub fn read_recipe<S: ChunkStore + ?Sized>(
     store: &S,
     oid: &Oid,
@@ -77,6 +86,72 @@ pub fn read_recipe<S: ChunkStore + ?Sized>(
 ) -> Result<u64, StoreError> {
     let mut whole = IdHasher::new(oid.id().alg());
     let mut n = 0u64;
+    let mut take = |data: Vec<u8>| -> Result<(), StoreError> {
+        whole.update(&data);
+        out.write_all(&data)
+            .map_err(StoreError::io("write", "output"))?;
+        n += data.len() as u64;
+        Ok(())
+    };
+    if recipe.len() <= PIPELINE_CHUNKS {
+        let mut failed = None;
+        fetch_chunks(store, oid, recipe, |d| match take(d) {
+            Ok(()) => true,
+            Err(e) => {
+                failed = Some(e);
+                false
+            }
+        })?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+    } else {
+        std::thread::scope(|s| {
+            // Chunks go across in batches of about a MiB: a wake-up per chunk would cost more
+            // than the chunk.
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Vec<u8>>>(16);
+            let fetcher = s.spawn(move || {
+                let mut batch = vec![];
+                let mut bytes = 0;
+                fetch_chunks(store, oid, recipe, |d| {
+                    bytes += d.len();
+                    batch.push(d);
+                    if bytes < BATCH_BYTES {
+                        return true;
+                    }
+                    bytes = 0;
+                    tx.send(std::mem::take(&mut batch)).is_ok()
+                })?;
+                let _ = tx.send(batch);
+                Ok::<(), StoreError>(())
+            });
+            for batch in rx {
+                for d in batch {
+                    take(d)?;
+                }
+            }
+            fetcher.join().expect("the chunk fetcher does not panic")
+        })?;
+    }
+    let got = whole.finish();
+    if got != oid.id() {
+        return Err(StoreError::Corrupt {
+            id: oid.id(),
+            location: "reassembled object".into(),
+            why: format!("content hashes to {got}"),
+        });
+    }
+    Ok(n)
+}
+
+/// Gets `recipe`'s chunks in order, asking the store for those ahead, and hands each to
+/// `give` until it says stop.
+fn fetch_chunks<S: ChunkStore + ?Sized>(
+    store: &S,
+    oid: &Oid,
+    recipe: &Recipe,
+    mut give: impl FnMut(Vec<u8>) -> bool,
+) -> Result<(), StoreError> {
     let chunks = recipe.chunks();
     // Chunks asked for ahead: up to PREFETCH_BYTES past the one being read.
     let (mut ahead, mut ahead_bytes, mut read_bytes) = (0usize, 0u64, 0u64);
@@ -96,18 +171,9 @@ pub fn read_recipe<S: ChunkStore + ?Sized>(
             location: format!("object {oid}"),
             why: "chunk is missing from the store".into(),
         })?;
-        whole.update(&data);
-        out.write_all(&data)
-            .map_err(StoreError::io("write", "output"))?;
-        n += data.len() as u64;
+        if !give(data) {
+            break;
+        }
     }
-    let got = whole.finish();
-    if got != oid.id() {
-        return Err(StoreError::Corrupt {
-            id: oid.id(),
-            location: "reassembled object".into(),
-            why: format!("content hashes to {got}"),
-        });
-    }
-    Ok(n)
+    Ok(())
 }

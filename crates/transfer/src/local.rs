@@ -19,6 +19,11 @@ pub trait ChunkLookup: Sync {
     /// The chunk's bytes; `None` when it is not here or damaged; an error when the store
     /// itself fails.
     fn chunk(&self, id: &Id) -> Result<Option<Vec<u8>>, String>;
+    /// A hint that these chunks will be asked for soon (a store whose reads cost a round trip
+    /// starts fetching them).
+    fn prefetch(&self, ids: &[Id]) {
+        let _ = ids;
+    }
 }
 
 impl<T: ChunkStore + ?Sized> ChunkLookup for T {
@@ -33,6 +38,10 @@ impl<T: ChunkStore + ?Sized> ChunkLookup for T {
             Err(e) if e.is_corrupt() => Ok(None),
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    fn prefetch(&self, ids: &[Id]) {
+        ChunkStore::prefetch(self, ids)
     }
 }
 
@@ -71,6 +80,8 @@ impl Source for StoreSource<'_> {
     }
 
     fn request(&mut self, wants: &[Want]) -> Result<(), SourceError> {
+        let ids: Vec<Id> = wants.iter().map(|w| w.id).collect();
+        self.store.prefetch(&ids);
         self.pending.push_back(wants.to_vec());
         Ok(())
     }

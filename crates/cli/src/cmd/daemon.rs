@@ -70,8 +70,9 @@ enum DaemonCmd {
         #[arg(long, global = true)]
         json: bool,
     },
-    /// Other daemons that keep copies of this one's objects, so that `ferry object put -P N`
-    /// answers once N stores hold them (each must authorize this daemon's key).
+    /// Other daemons (or S3 stores) that keep copies of this one's objects, so that `ferry
+    /// object put -P N` answers once N stores hold them (each daemon must authorize this
+    /// daemon's key; an S3 store is reached with the daemon's AWS credentials).
     Replica {
         #[command(subcommand)]
         cmd: ReplicaCmd,
@@ -85,7 +86,8 @@ enum DaemonCmd {
 #[derive(clap::Subcommand)]
 enum ReplicaCmd {
     /// Add the daemon at `ferry://HOST[:PORT]` (reached now; its key recorded on first use and
-    /// pinned).
+    /// pinned), or the S3 store at `s3://BUCKET/PREFIX` (created if missing; any daemon with
+    /// credentials for it can then fetch the objects copied there, without this one).
     Add { uri: String },
     /// Stop asking it for copies (those it keeps stay).
     Remove { uri: String },

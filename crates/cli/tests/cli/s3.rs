@@ -138,3 +138,114 @@ fn a_store_in_a_bucket_shared_by_two_machines() {
         "bucket name",
     );
 }
+
+fn in_home(gw: &Versitygw, home: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(args)
+        .env_remove("FERRY_DAEMON_DIR")
+        .env_remove("AWS_PROFILE")
+        .env("HOME", home)
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env("XDG_CACHE_HOME", home.join("cache"))
+        .env("XDG_RUNTIME_DIR", home.join("run"))
+        .env("AWS_ACCESS_KEY_ID", ACCESS)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET)
+        .env("AWS_ENDPOINT_URL", &gw.endpoint)
+        .output()
+        .unwrap()
+}
+
+/// Stops a home's daemon when the test ends, however it ends.
+struct Daemon<'a>(&'a Versitygw, &'a Path);
+
+impl Drop for Daemon<'_> {
+    fn drop(&mut self) {
+        let _ = in_home(self.0, self.1, &["daemon", "stop"]);
+    }
+}
+
+/// An S3 store as one of a create's N stores; a second daemon fetches from it alone.
+#[test]
+fn a_daemon_fetches_from_the_s3_store_another_copied_to() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(gw) = Versitygw::for_test(&t.path().join("s3")) else {
+        return;
+    };
+    let (alice, bob) = (t.path().join("alice"), t.path().join("bob"));
+    // The bucket (a store of its own beside the daemons').
+    ok(in_home(
+        &gw,
+        &alice,
+        &["store", "--store", "s3://daemons/other", "init"],
+    ));
+    let mut up = vec![];
+    for home in [&alice, &bob] {
+        ok(in_home(
+            &gw,
+            home,
+            &["daemon", "--detach", "--listen", "127.0.0.1:0"],
+        ));
+        up.push(Daemon(&gw, home));
+    }
+    // Durability 2 needs a second store.
+    let src = t.path().join("f");
+    let content = crate::data(2_000_000, 3);
+    std::fs::write(&src, &content).unwrap();
+    let o = in_home(
+        &gw,
+        &alice,
+        &["object", "put", "-P", "2", src.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    ok(in_home(
+        &gw,
+        &alice,
+        &["daemon", "replica", "add", "s3://daemons/shared"],
+    ));
+    let listed = ok(in_home(&gw, &alice, &["daemon", "replica", "list"]));
+    assert!(
+        listed.contains("s3://daemons/shared?endpoint=http://127.0.0.1:"),
+        "{listed}"
+    );
+    let ticket = ok(in_home(
+        &gw,
+        &alice,
+        &["object", "put", "-P", "2", src.to_str().unwrap()],
+    ));
+    let ticket = ticket.trim();
+    // Alice's daemon is gone: Bob's fetches from the bucket.
+    drop(up.remove(0));
+    let out = t.path().join("got");
+    let r: serde_json::Value = serde_json::from_str(&ok(in_home(
+        &gw,
+        &bob,
+        &[
+            "object",
+            "get",
+            ticket,
+            "-o",
+            out.to_str().unwrap(),
+            "--json",
+        ],
+    )))
+    .unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), content);
+    let sources = r["report"]["sources"].as_array().unwrap();
+    assert_eq!(sources.len(), 1, "{r}");
+    assert!(
+        sources[0]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("s3://daemons/shared"),
+        "{r}"
+    );
+    assert_eq!(sources[0]["bytes"], 2_000_000);
+    // Its store lists the object; `ferry store` reads it too.
+    let oid = r["report"]["oid"].as_str().unwrap();
+    assert!(ok(in_home(
+        &gw,
+        &bob,
+        &["store", "--store", "s3://daemons/shared", "ls"]
+    ))
+    .contains(oid));
+}

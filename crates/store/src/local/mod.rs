@@ -30,7 +30,7 @@
 
 mod gc;
 mod index;
-mod pack;
+pub(crate) mod pack;
 mod scan;
 mod writer;
 

@@ -159,7 +159,7 @@ struct Context {
 }
 
 /// `raw` compressed at `level`, or `None` when it did not shrink by 1/32 (or was not tried).
-fn compress(raw: &[u8], level: i32) -> Option<Vec<u8>> {
+pub(crate) fn compress(raw: &[u8], level: i32) -> Option<Vec<u8>> {
     thread_local! {
         static CONTEXT: std::cell::RefCell<Option<Context>> = const { std::cell::RefCell::new(None) };
     }

@@ -389,3 +389,139 @@ fn a_failing_server_costs_retries_or_errors_never_wrong_chunks() {
     let err = S3Store::open(&l, &r, quick).err().unwrap().to_string();
     assert!(err.contains("cannot be reached"), "{err}");
 }
+
+fn read_all(s: &S3Store, oid: &ferry_format::Oid) -> Vec<u8> {
+    let mut out = vec![];
+    read_object(s, oid, &mut out)
+        .unwrap()
+        .expect("the object is there");
+    out
+}
+
+#[test]
+fn gc_condemns_then_deletes_and_spares_what_a_late_writer_used() {
+    use std::time::Duration;
+    let t = tempfile::tempdir().unwrap();
+    let Some(gw) = Versitygw::for_test(&t.path().join("s3")) else {
+        return;
+    };
+    let l = loc("s3://gcb/x");
+    let spec = ChunkerSpec::default();
+    let a = open(&gw, &l, &t.path().join("a"), true).unwrap();
+    let keep = bytes(10, 1_500_000);
+    let gone = bytes(11, 2_000_000);
+    let (keep_oid, _, _) = store_object(&a, &keep[..], &spec, |_| {}).unwrap();
+    let (gone_oid, _, _) = store_object(&a, &gone[..], &spec, |_| {}).unwrap();
+    // A second server, whose index is from before any gc.
+    let late = open(&gw, &l, &t.path().join("late"), false).unwrap();
+    assert!(a.remove_object(&gone_oid).unwrap());
+
+    // Phase one: the dead packs are condemned; with an hour of grace nothing is deleted.
+    let r1 = a.gc(Duration::from_secs(3600), 0.5).unwrap();
+    assert!(r1.packs_condemned >= 4 && r1.packs_deleted == 0, "{r1:?}");
+    let r = a.gc(Duration::from_secs(3600), 0.5).unwrap();
+    assert_eq!(
+        (r.packs_waiting, r.packs_deleted, r.packs_condemned),
+        (r1.packs_condemned, 0, 0),
+        "{r:?}"
+    );
+    // A server that refreshed does not deduplicate against condemned packs.
+    let fresh = open(&gw, &l, &t.path().join("fresh"), false).unwrap();
+    let first = ferry_format::chunk_object::<_, std::io::Error, _>(
+        &gone[..200_000],
+        &spec,
+        fresh.hash_alg(),
+        |_, _| Ok(()),
+    )
+    .unwrap()
+    .0;
+    assert!(!fresh.contains(&first.chunks()[0].id).unwrap());
+    drop(fresh);
+
+    // The late server stores half of the deleted object, leaning on the condemned packs.
+    let (half_oid, _, st) = store_object(&late, &gone[..1_000_000], &spec, |_| {}).unwrap();
+    assert!(
+        st.new_bytes < 200_000,
+        "the late writer deduplicated: {st:?}"
+    );
+
+    // Phase two: the packs it used are pardoned, the others deleted.
+    let r2 = a.gc(Duration::ZERO, 0.5).unwrap();
+    assert!(r2.packs_pardoned >= 1 && r2.packs_deleted >= 1, "{r2:?}");
+    let c = open(&gw, &l, &t.path().join("c"), false).unwrap();
+    assert_eq!(read_all(&c, &keep_oid), keep);
+    assert_eq!(read_all(&c, &half_oid), &gone[..1_000_000]);
+    // The late server reads through its stale index too (a vanished pack: it looks again).
+    assert_eq!(read_all(&late, &keep_oid), keep);
+    assert_eq!(read_all(&late, &half_oid), &gone[..1_000_000]);
+
+    // With everything of it removed, two runs leave only what `keep` needs.
+    assert!(c.remove_object(&half_oid).unwrap());
+    a.gc(Duration::ZERO, 0.5).unwrap();
+    let r = a.gc(Duration::ZERO, 0.5).unwrap();
+    assert!(r.packs_deleted >= 1, "{r:?}");
+    let d = open(&gw, &l, &t.path().join("d"), false).unwrap();
+    assert_eq!(read_all(&d, &keep_oid), keep);
+    let st = d.stats().unwrap();
+    assert!(st.chunk_bytes <= keep.len() as u64 + 300_000, "{st:?}");
+    let v = d.verify(|_| {}).unwrap();
+    assert!(v.damaged.is_empty() && v.missing.is_empty(), "{v:?}");
+
+    // One gc at a time.
+    let client = ferry_s3::Client::new(&gw.resolved(), "gcb", Default::default()).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let held = format!("{now}\nsomeone else\n");
+    client
+        .put("x/gc/lock", held.as_bytes(), ferry_s3::Cond::None)
+        .unwrap();
+    let e = a.gc(Duration::ZERO, 0.5).unwrap_err().to_string();
+    assert!(e.contains("another gc holds"), "{e}");
+    // A lock left by a gc that died hours ago is taken over.
+    let old = format!("{}\na gc that died\n", now - 7 * 3600);
+    client
+        .put("x/gc/lock", old.as_bytes(), ferry_s3::Cond::None)
+        .unwrap();
+    a.gc(Duration::ZERO, 0.5).unwrap();
+    assert!(client.get("x/gc/lock", None).unwrap().is_none(), "released");
+}
+
+#[test]
+fn gc_repacks_sparse_packs() {
+    use std::time::Duration;
+    let t = tempfile::tempdir().unwrap();
+    let Some(gw) = Versitygw::for_test(&t.path().join("s3")) else {
+        return;
+    };
+    let l = loc("s3://gcb/sparse");
+    let spec = ChunkerSpec::default();
+    let a = open(&gw, &l, &t.path().join("a"), true).unwrap();
+    // One object's chunks, then another's, in the same packs (one flush for both).
+    let (k, m) = (bytes(20, 700_000), bytes(21, 700_000));
+    let mut oids = vec![];
+    for d in [&k, &m] {
+        let (recipe, oid) = ferry_format::chunk_object::<_, StoreError, _>(
+            &d[..],
+            &spec,
+            a.hash_alg(),
+            |c, data| {
+                a.put(&ferry_store::VerifiedChunk::assume_verified(c.id, data))
+                    .map(|_| ())
+            },
+        )
+        .unwrap();
+        a.put_object(&oid, &recipe).unwrap();
+        oids.push(oid);
+    }
+    a.flush().unwrap();
+    assert!(a.remove_object(&oids[1]).unwrap());
+    let r = a.gc(Duration::ZERO, 1.0).unwrap();
+    assert!(r.packs_repacked >= 1 && r.chunks_moved >= 1, "{r:?}");
+    let r = a.gc(Duration::ZERO, 1.0).unwrap();
+    assert!(r.packs_deleted >= 1, "{r:?}");
+    let b = open(&gw, &l, &t.path().join("b"), false).unwrap();
+    assert_eq!(read_all(&b, &oids[0]), k);
+    assert!(b.stats().unwrap().chunk_bytes < 900_000);
+}

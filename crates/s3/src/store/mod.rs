@@ -25,8 +25,13 @@ use crate::client::{Client, ClientOptions, Cond};
 use crate::config::{Locator, Resolved};
 use crate::index::{Index, Loc};
 use crate::pack::{self, Builder, Entry};
-use crate::read::{Key, Slot, Windows};
+use crate::read::{Key, Ready, Slot, Windows};
 use crate::S3Error;
+
+mod gc;
+mod sync;
+
+pub use gc::GcReport;
 
 /// How a store is opened.
 #[derive(Clone, Debug)]
@@ -64,9 +69,9 @@ impl Options {
             hash_alg: HashAlg::Blake3,
             pack_target: 8 << 20,
             uploads: 4,
-            downloads: 4,
+            downloads: 8,
             window: 4 << 20,
-            cache_windows: 24,
+            cache_windows: 16,
             zstd_level: 3,
             client: ClientOptions::default(),
         }
@@ -77,8 +82,8 @@ impl Options {
 const CONFIG_KEY: &str = "ferry-store";
 const CONFIG_MAGIC: &str = "ferry-s3-store 1";
 
-/// A window for a download thread to load.
-type Download = (Key, Arc<Slot>);
+/// A window for a download thread to load, and the records wholly inside it to verify.
+type Download = (Key, Arc<Slot>, Vec<Entry>);
 
 struct Sealed {
     chunks: Vec<(Id, Arc<[u8]>)>,
@@ -109,8 +114,11 @@ struct Inner {
     state: Mutex<State>,
     cv: Condvar,
     windows: Windows,
+    ready: Ready,
     damaged: AtomicU64,
     refreshing: Mutex<()>,
+    /// Packs gc condemned: read from, never deduplicated against.
+    condemned: Mutex<HashSet<u32>>,
 }
 
 /// A chunk store on S3. See the crate documentation.
@@ -118,6 +126,7 @@ pub struct S3Store {
     inner: Arc<Inner>,
     uploads: Mutex<Option<SyncSender<Sealed>>>,
     downloads: Mutex<Option<SyncSender<Download>>>,
+    prefetches: Mutex<Option<std::sync::mpsc::Sender<Vec<Id>>>>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -140,8 +149,10 @@ impl S3Store {
             state: Mutex::default(),
             cv: Condvar::new(),
             windows: Windows::new(opts.cache_windows),
+            ready: Ready::new(opts.cache_windows * opts.window as usize),
             damaged: AtomicU64::new(0),
             refreshing: Mutex::new(()),
+            condemned: Mutex::default(),
         });
         inner.refresh()?;
         let mut threads = vec![];
@@ -151,16 +162,33 @@ impl S3Store {
             let (inner, rx) = (inner.clone(), urx.clone());
             threads.push(std::thread::spawn(move || uploader(&inner, &rx)));
         }
-        let (dtx, drx) = sync_channel::<Download>(opts.downloads.max(1) * 2);
+        let (dtx, drx) = sync_channel::<Download>(opts.cache_windows.max(opts.downloads * 2));
         let drx = Arc::new(Mutex::new(drx));
         for _ in 0..opts.downloads.max(1) {
             let (inner, rx) = (inner.clone(), drx.clone());
             threads.push(std::thread::spawn(move || downloader(&inner, &rx)));
         }
+        // Prefetch hints are looked up and turned into downloads off the reader's thread.
+        let (ptx, prx) = std::sync::mpsc::channel::<Vec<Id>>();
+        {
+            let (inner, dtx) = (inner.clone(), dtx.clone());
+            threads.push(std::thread::spawn(move || {
+                for ids in prx {
+                    let locs: Vec<Loc> = ids
+                        .iter()
+                        .filter_map(|id| inner.index.get(id).ok().flatten())
+                        .collect();
+                    if !claim_windows(&inner, &dtx, &locs) {
+                        return;
+                    }
+                }
+            }));
+        }
         Ok(S3Store {
             inner,
             uploads: Mutex::new(Some(utx)),
             downloads: Mutex::new(Some(dtx)),
+            prefetches: Mutex::new(Some(ptx)),
             threads,
         })
     }
@@ -245,22 +273,8 @@ impl S3Store {
     }
 
     fn prefetch_locs(&self, locs: &[Loc]) {
-        let Some(tx) = self.downloads.lock().unwrap().clone() else {
-            return;
-        };
-        let mut last = None;
-        for l in locs {
-            for k in self.inner.windows_of(l) {
-                if last == Some(k) {
-                    continue;
-                }
-                last = Some(k);
-                if let Some(slot) = self.inner.windows.claim(k) {
-                    if tx.send((k, slot)).is_err() {
-                        return;
-                    }
-                }
-            }
+        if let Some(tx) = self.downloads.lock().unwrap().clone() {
+            claim_windows(&self.inner, &tx, locs);
         }
     }
 }
@@ -268,11 +282,41 @@ impl S3Store {
 impl Drop for S3Store {
     fn drop(&mut self) {
         self.uploads.lock().unwrap().take();
+        self.prefetches.lock().unwrap().take();
         self.downloads.lock().unwrap().take();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
+}
+
+/// Starts loading the windows of `locs` (in reading order) that nobody has or is loading; the
+/// records wholly inside a window claimed here are verified by its download thread. Whether
+/// the download threads still run.
+fn claim_windows(inner: &Inner, tx: &SyncSender<Download>, locs: &[Loc]) -> bool {
+    // The window being gathered: its key, its slot if claimed here, its records.
+    let mut current: Option<(Key, Option<Arc<Slot>>, Vec<Entry>)> = None;
+    let send = |c: Option<(Key, Option<Arc<Slot>>, Vec<Entry>)>| match c {
+        Some((k, Some(slot), entries)) => tx.send((k, slot, entries)).is_ok(),
+        _ => true,
+    };
+    for l in locs {
+        let keys: Vec<Key> = inner.windows_of(l).collect();
+        for (i, k) in keys.iter().enumerate() {
+            if current.as_ref().is_none_or(|c| c.0 != *k) {
+                if !send(current.take()) {
+                    return false;
+                }
+                current = Some((*k, inner.windows.claim(*k), vec![]));
+            }
+            if keys.len() == 1 && i == 0 {
+                if let Some(c) = current.as_mut() {
+                    c.2.push(l.entry);
+                }
+            }
+        }
+    }
+    send(current)
 }
 
 fn next<T>(rx: &Mutex<Receiver<T>>) -> Option<T> {
@@ -300,8 +344,22 @@ fn uploader(inner: &Inner, rx: &Mutex<Receiver<Sealed>>) {
 }
 
 fn downloader(inner: &Inner, rx: &Mutex<Receiver<Download>>) {
-    while let Some((k, slot)) = next(rx) {
-        inner.windows.fill(k, &slot, inner.fetch_window(k));
+    while let Some((k, slot, entries)) = next(rx) {
+        let r = inner.fetch_window(k);
+        if let Ok(win) = &r {
+            // Verified here, in parallel, rather than on the reader's thread.
+            let base = k.1 * inner.window;
+            for e in entries {
+                let a = (e.offset - base) as usize;
+                let Some(stored) = win.get(a..a + e.stored_len as usize) else {
+                    continue;
+                };
+                if let Ok(d) = pack::open_record(&e, stored.to_vec(), "") {
+                    inner.ready.put(e.id, d);
+                }
+            }
+        }
+        inner.windows.fill(k, &slot, r);
     }
 }
 
@@ -374,88 +432,8 @@ impl Inner {
         self.client
             .put(&self.pack_key(&name), &pack, Cond::Absent)?;
         let entries = pack::parse_tail(self.alg, &pack, pack.len() as u64)?;
-        self.index.add_pack(&name, pack.len() as u64, &entries)?;
+        self.add_pack(&name, pack.len() as u64, &entries)?;
         Ok(())
-    }
-
-    /// Lists the packs and indexes the new ones (and, if any vanished, indexes all again).
-    fn refresh(&self) -> Result<(), StoreError> {
-        let _one = self.refreshing.lock().unwrap();
-        let listed = self.client.list(&format!("{}packs/", self.prefix))?;
-        let listed: HashMap<String, u64> = listed
-            .into_iter()
-            .filter_map(|l| {
-                let name = l.key.rsplit('/').next()?.to_string();
-                (name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()))
-                    .then_some((name, l.size))
-            })
-            .collect();
-        let known = self.index.packs()?;
-        let gone: HashSet<u32> = known
-            .iter()
-            .filter(|(n, _)| !listed.contains_key(*n))
-            .map(|(_, (num, _))| *num)
-            .collect();
-        if !gone.is_empty() {
-            // A chunk of a vanished pack may also be in one that stays, unindexed (the first
-            // copy won): index every pack again.
-            let all: HashSet<u32> = known.values().map(|v| v.0).collect();
-            self.index.drop_packs(&all)?;
-        }
-        let known = self.index.packs()?;
-        let new: Vec<(&String, &u64)> = listed
-            .iter()
-            .filter(|(n, _)| !known.contains_key(*n))
-            .collect();
-        if new.is_empty() {
-            return Ok(());
-        }
-        tracing::debug!("{}: indexing {} new packs", self.name, new.len());
-        let next = AtomicU64::new(0);
-        let found: Mutex<Vec<(String, u64, Vec<Entry>)>> = Mutex::default();
-        std::thread::scope(|s| {
-            for _ in 0..8.min(new.len()) {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                    let Some((name, size)) = new.get(i) else {
-                        return;
-                    };
-                    match self.read_tail(name, **size) {
-                        Ok(Some((size, e))) => {
-                            found.lock().unwrap().push(((*name).clone(), size, e))
-                        }
-                        Ok(None) => {}
-                        Err(e) => tracing::warn!("{}: pack {name} skipped: {e}", self.name),
-                    }
-                });
-            }
-        });
-        for (name, size, entries) in found.into_inner().unwrap() {
-            self.index.add_pack(&name, size, &entries)?;
-        }
-        Ok(())
-    }
-
-    /// A pack's entries from its tail, and its size (`None` if it is gone).
-    fn read_tail(&self, name: &str, listed: u64) -> Result<Option<(u64, Vec<Entry>)>, S3Error> {
-        let key = self.pack_key(name);
-        let Some((mut tail, size)) = self.client.get_tail(&key, pack::FIRST_TAIL)? else {
-            return Ok(None);
-        };
-        if size != listed {
-            tracing::debug!(
-                "{}: pack {name} listed as {listed} bytes, is {size}",
-                self.name
-            );
-        }
-        let need = pack::tail_len(&tail, size)?;
-        if need > tail.len() as u64 {
-            match self.client.get(&key, Some((size - need, size)))? {
-                Some(t) => tail = t,
-                None => return Ok(None),
-            }
-        }
-        Ok(Some((size, pack::parse_tail(self.alg, &tail, size)?)))
     }
 
     /// The windows a record spans.
@@ -541,6 +519,9 @@ impl Inner {
         if let Some(d) = self.state.lock().unwrap().pending.get(id) {
             return Ok(Some(d.to_vec()));
         }
+        if let Some(d) = self.ready.take(id) {
+            return Ok(Some(d));
+        }
         for attempt in 0..2 {
             let loc = match self.index.get(id)? {
                 Some(l) => l,
@@ -553,6 +534,15 @@ impl Inner {
                     }
                 }
             };
+            // A download thread loading this chunk's window verifies the chunk as well:
+            // wait for it rather than do it twice.
+            if let Some(k) = self.windows_of(&loc).next() {
+                if self.windows.wait_loaded(k) {
+                    if let Some(d) = self.ready.take(id) {
+                        return Ok(Some(d));
+                    }
+                }
+            }
             match self.read_loc(&loc)? {
                 Some(d) => return Ok(Some(d)),
                 // Deleted by another server's gc: its chunks may live in a newer pack.
@@ -573,7 +563,11 @@ impl ChunkStore for S3Store {
         if self.inner.state.lock().unwrap().pending.contains_key(id) {
             return Ok(true);
         }
-        Ok(self.inner.index.get(id)?.is_some())
+        Ok(self
+            .inner
+            .index
+            .get(id)?
+            .is_some_and(|l| self.inner.usable(l.pack)))
     }
 
     fn get(&self, id: &Id) -> Result<Option<Vec<u8>>, StoreError> {
@@ -581,11 +575,9 @@ impl ChunkStore for S3Store {
     }
 
     fn prefetch(&self, ids: &[Id]) {
-        let locs: Vec<Loc> = ids
-            .iter()
-            .filter_map(|id| self.inner.index.get(id).ok().flatten())
-            .collect();
-        self.prefetch_locs(&locs);
+        if let Some(tx) = &*self.prefetches.lock().unwrap() {
+            let _ = tx.send(ids.to_vec());
+        }
     }
 
     fn find_prefix(&self, prefix: u64) -> Result<Option<Id>, StoreError> {
@@ -607,7 +599,12 @@ impl ChunkStore for S3Store {
                 got: id.alg(),
             });
         }
-        if self.inner.index.get(&id)?.is_some() {
+        if self
+            .inner
+            .index
+            .get(&id)?
+            .is_some_and(|l| self.inner.usable(l.pack))
+        {
             return Ok(false);
         }
         let sealed = {
