@@ -383,6 +383,12 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
             let Opened::S3(s) = open(&dir, false)? else {
                 unreachable!("an s3:// store opens as one")
             };
+            if !s.conditional_writes()? {
+                eprintln!(
+                    "ferry: warning: this S3 server ignores conditional writes: make sure no \
+                     other gc runs on {dir} now"
+                );
+            }
             let r = s.gc(grace, min_live)?;
             if a.json {
                 writeln!(

@@ -5,18 +5,19 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use ferry_s3::testing::{Versitygw, ACCESS, SECRET};
+use ferry_s3::testing::S3Server;
 
-fn run(gw: &Versitygw, cache: &Path, secret: &str, args: &[&str]) -> Output {
+fn run(gw: &S3Server, cache: &Path, secret: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ferry"))
         .args(args)
         .env_remove("FERRY_STORE")
         .env_remove("AWS_PROFILE")
         .env("HOME", cache)
         .env("XDG_CACHE_HOME", cache.join("cache"))
-        .env("AWS_ACCESS_KEY_ID", ACCESS)
+        .env("AWS_ACCESS_KEY_ID", &gw.access)
         .env("AWS_SECRET_ACCESS_KEY", secret)
         .env("AWS_ENDPOINT_URL", &gw.endpoint)
+        .env("AWS_REGION", &gw.region)
         .output()
         .unwrap()
 }
@@ -35,17 +36,22 @@ fn one_line_failure(o: Output, want: &str) {
 #[test]
 fn a_store_in_a_bucket_shared_by_two_machines() {
     let t = tempfile::tempdir().unwrap();
-    let Some(gw) = Versitygw::for_test(&t.path().join("s3")) else {
+    let Some(gw) = S3Server::for_test(&t.path().join("s3")) else {
         return;
     };
     let (a, b) = (t.path().join("a"), t.path().join("b"));
-    let store = "s3://ferry-cli/team/store";
+    let store = &gw.locator("s3://ferry-cli/team/store");
     // Not there yet: one clear line, exit 1.
     one_line_failure(
-        run(&gw, &a, SECRET, &["store", "--store", store, "ls"]),
-        "does not exist",
+        run(&gw, &a, &gw.secret, &["store", "--store", store, "ls"]),
+        "ferry store init",
     );
-    ok(run(&gw, &a, SECRET, &["store", "--store", store, "init"]));
+    ok(run(
+        &gw,
+        &a,
+        &gw.secret,
+        &["store", "--store", store, "init"],
+    ));
     let f = t.path().join("f");
     let content = crate::data(3_000_000, 7);
     std::fs::write(&f, &content).unwrap();
@@ -53,7 +59,7 @@ fn a_store_in_a_bucket_shared_by_two_machines() {
         ok(run(
             &gw,
             &a,
-            SECRET,
+            &gw.secret,
             &[
                 "store",
                 "--store",
@@ -68,12 +74,12 @@ fn a_store_in_a_bucket_shared_by_two_machines() {
     .unwrap();
     let oid = added["oid"].as_str().unwrap();
     // The other machine lists it and reads it back, verified.
-    assert!(ok(run(&gw, &b, SECRET, &["store", "--store", store, "ls"])).contains(oid));
+    assert!(ok(run(&gw, &b, &gw.secret, &["store", "--store", store, "ls"])).contains(oid));
     let out = t.path().join("out");
     ok(run(
         &gw,
         &b,
-        SECRET,
+        &gw.secret,
         &[
             "store",
             "--store",
@@ -89,20 +95,26 @@ fn a_store_in_a_bucket_shared_by_two_machines() {
         ok(run(
             &gw,
             &b,
-            SECRET,
+            &gw.secret,
             &["store", "--store", store, "stats", "--json"],
         ))
         .trim(),
     )
     .unwrap();
     assert_eq!(st["objects"], 1);
-    assert!(ok(run(&gw, &b, SECRET, &["store", "--store", store, "verify"])).contains("ok"));
+    assert!(ok(run(
+        &gw,
+        &b,
+        &gw.secret,
+        &["store", "--store", store, "verify"]
+    ))
+    .contains("ok"));
     // Adding it again from B sends nothing new.
     let again: serde_json::Value = serde_json::from_str(
         ok(run(
             &gw,
             &b,
-            SECRET,
+            &gw.secret,
             &[
                 "store",
                 "--store",
@@ -119,10 +131,10 @@ fn a_store_in_a_bucket_shared_by_two_machines() {
     ok(run(
         &gw,
         &b,
-        SECRET,
+        &gw.secret,
         &["store", "--store", store, "rm", oid],
     ));
-    assert!(!ok(run(&gw, &a, SECRET, &["store", "--store", store, "ls"])).contains(oid));
+    assert!(!ok(run(&gw, &a, &gw.secret, &["store", "--store", store, "ls"])).contains(oid));
     // Wrong credentials: one clear line, exit 1.
     one_line_failure(
         run(&gw, &a, "wrong", &["store", "--store", store, "ls"]),
@@ -132,14 +144,14 @@ fn a_store_in_a_bucket_shared_by_two_machines() {
         run(
             &gw,
             &a,
-            SECRET,
+            &gw.secret,
             &["store", "--store", "s3://Bad_Name/x", "ls"],
         ),
         "bucket name",
     );
 }
 
-fn in_home(gw: &Versitygw, home: &Path, args: &[&str]) -> Output {
+fn in_home(gw: &S3Server, home: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ferry"))
         .args(args)
         .env_remove("FERRY_DAEMON_DIR")
@@ -148,15 +160,16 @@ fn in_home(gw: &Versitygw, home: &Path, args: &[&str]) -> Output {
         .env("XDG_DATA_HOME", home.join("data"))
         .env("XDG_CACHE_HOME", home.join("cache"))
         .env("XDG_RUNTIME_DIR", home.join("run"))
-        .env("AWS_ACCESS_KEY_ID", ACCESS)
-        .env("AWS_SECRET_ACCESS_KEY", SECRET)
+        .env("AWS_ACCESS_KEY_ID", &gw.access)
+        .env("AWS_SECRET_ACCESS_KEY", &gw.secret)
         .env("AWS_ENDPOINT_URL", &gw.endpoint)
+        .env("AWS_REGION", &gw.region)
         .output()
         .unwrap()
 }
 
 /// Stops a home's daemon when the test ends, however it ends.
-struct Daemon<'a>(&'a Versitygw, &'a Path);
+struct Daemon<'a>(&'a S3Server, &'a Path);
 
 impl Drop for Daemon<'_> {
     fn drop(&mut self) {
@@ -168,16 +181,14 @@ impl Drop for Daemon<'_> {
 #[test]
 fn a_daemon_fetches_from_the_s3_store_another_copied_to() {
     let t = tempfile::tempdir().unwrap();
-    let Some(gw) = Versitygw::for_test(&t.path().join("s3")) else {
+    let Some(gw) = S3Server::for_test(&t.path().join("s3")) else {
         return;
     };
     let (alice, bob) = (t.path().join("alice"), t.path().join("bob"));
     // The bucket (a store of its own beside the daemons').
-    ok(in_home(
-        &gw,
-        &alice,
-        &["store", "--store", "s3://daemons/other", "init"],
-    ));
+    let other = gw.locator("s3://daemons/other");
+    ok(in_home(&gw, &alice, &["store", "--store", &other, "init"]));
+    let shared = gw.locator("s3://daemons/shared");
     let mut up = vec![];
     for home in [&alice, &bob] {
         ok(in_home(
@@ -197,16 +208,10 @@ fn a_daemon_fetches_from_the_s3_store_another_copied_to() {
         &["object", "put", "-P", "2", src.to_str().unwrap()],
     );
     assert_eq!(o.status.code(), Some(1));
-    ok(in_home(
-        &gw,
-        &alice,
-        &["daemon", "replica", "add", "s3://daemons/shared"],
-    ));
+    ok(in_home(&gw, &alice, &["daemon", "replica", "add", &shared]));
     let listed = ok(in_home(&gw, &alice, &["daemon", "replica", "list"]));
-    assert!(
-        listed.contains("s3://daemons/shared?endpoint=http://127.0.0.1:"),
-        "{listed}"
-    );
+    let entry = format!("{}?endpoint={}", shared.trim_end_matches('/'), gw.endpoint);
+    assert!(listed.contains(&entry), "{listed}");
     let ticket = ok(in_home(
         &gw,
         &alice,
@@ -236,16 +241,11 @@ fn a_daemon_fetches_from_the_s3_store_another_copied_to() {
         sources[0]["name"]
             .as_str()
             .unwrap()
-            .starts_with("s3://daemons/shared"),
+            .starts_with(shared.trim_end_matches('/')),
         "{r}"
     );
     assert_eq!(sources[0]["bytes"], 2_000_000);
     // Its store lists the object; `ferry store` reads it too.
     let oid = r["report"]["oid"].as_str().unwrap();
-    assert!(ok(in_home(
-        &gw,
-        &bob,
-        &["store", "--store", "s3://daemons/shared", "ls"]
-    ))
-    .contains(oid));
+    assert!(ok(in_home(&gw, &bob, &["store", "--store", &shared, "ls"])).contains(oid));
 }

@@ -52,6 +52,18 @@ fn now_secs() -> u64 {
 }
 
 impl S3Store {
+    /// Whether the server honours conditional writes (`If-None-Match: *` refusing a second
+    /// PUT of a key): what makes the gc lock exclusive and the store description first-wins.
+    /// Some servers ignore the header (Garage 2.5.0 does); on them the lock is advisory.
+    pub fn conditional_writes(&self) -> Result<bool, StoreError> {
+        let c = &self.inner.client;
+        let key = format!("{}gc/probe-{}", self.inner.prefix, std::process::id());
+        c.put(&key, b"1", Cond::Absent)?;
+        let second = c.put(&key, b"2", Cond::Absent)?;
+        c.delete(&key)?;
+        Ok(second == Put::Refused)
+    }
+
     /// Runs both phases: deletes what earlier runs condemned at least `grace` ago (unless
     /// still needed), then condemns what no object uses now, repacking packs whose live share
     /// of bytes is below `min_live`.
