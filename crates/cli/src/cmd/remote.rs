@@ -44,6 +44,11 @@ pub struct ServeArgs {
     /// client's old version can be the reference of a delta); 0 keeps none.
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = crate::util::parse_size)]
     history_size: usize,
+    /// Keep the chunks clients upload in this S3 store (`s3://BUCKET/PREFIX`; credentials the
+    /// AWS way), shared by every server on it: what one server received, another does not ask
+    /// for again. Without it, each client's uploads wait in a local staging store of its own.
+    #[arg(long, value_name = "s3://BUCKET/PREFIX")]
+    store: Option<String>,
     /// The directory to export.
     dir: PathBuf,
 }
@@ -355,13 +360,22 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         chunker: a.chunking.spec(),
         ..ServerOptions::default()
     };
+    let shared = match &a.store {
+        Some(s) if ferry_s3::Locator::is_s3(s) => {
+            let st: std::sync::Arc<dyn ferry_store::ChunkStore> =
+                std::sync::Arc::new(crate::cmd::s3::open(s, true)?);
+            Some(st)
+        }
+        Some(s) => bail!("--store {s}: a shared store is an S3 store (s3://BUCKET/PREFIX)"),
+        None => None,
+    };
     let Some(listen) = a.listen else {
         let history = History {
             dir: cache_root().join("server-history"),
             bytes: a.history_size as u64,
         };
-        let (staging, _private) = open_staging(&cache_root().join("server-staging"))?;
-        let mut server = Server::new(export, opts, staging.clone());
+        let staging = StagingStore::open(shared, &cache_root().join("server-staging"))?;
+        let mut server = Server::new(export, opts, staging.store());
         let kept = history.open();
         if let Some(h) = &kept {
             server = server.with_history(h.clone(), history.bytes);
@@ -372,7 +386,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         let stdin = io::stdin().lock();
         let stdout = BufWriter::with_capacity(256 * 1024, io::stdout().lock());
         ferry_fs::serve(&mut server, stdin, stdout)?;
-        staging.trim(STAGING_BYTES)?;
+        staging.trim()?;
         history.trim(kept)?;
         return Ok(ExitCode::SUCCESS);
     };
@@ -413,7 +427,14 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
             hello_timeout: Some(hello),
             ..opts.clone()
         };
-        if let Err(e) = daemon_session(&dir, &opts, &history, index.clone(), peer, stream) {
+        let session = SessionSetup {
+            dir: &dir,
+            opts: &opts,
+            history: &history,
+            index: index.clone(),
+            shared: shared.clone(),
+        };
+        if let Err(e) = daemon_session(session, peer, stream) {
             tracing::warn!("session for {} ({}): {e:#}", peer.name, peer.fingerprint);
         }
     });
@@ -432,17 +453,21 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
 /// One daemon session. Chunks a client sends wait in a staging store of that client's own, so
 /// "have you got this chunk?" never answers from another client's uploads.
 fn daemon_session(
-    dir: &Path,
-    opts: &ServerOptions,
-    history: &History,
-    index: Option<std::sync::Arc<ferry_store::PathIndex>>,
+    s: SessionSetup<'_>,
     peer: &ferry_net::Peer,
     stream: std::os::unix::net::UnixStream,
 ) -> Result<()> {
+    let SessionSetup {
+        dir,
+        opts,
+        history,
+        index,
+        shared,
+    } = s;
     let export = Export::open(dir)?;
     let who = &peer.fingerprint.to_string()["blake3:".len()..][..32];
-    let (staging, _private) = open_staging(&cache_root().join("server-staging").join(who))?;
-    let mut server = Server::new(export, opts.clone(), staging.clone());
+    let staging = StagingStore::open(shared, &cache_root().join("server-staging").join(who))?;
+    let mut server = Server::new(export, opts.clone(), staging.store());
     let kept = history.open();
     if let Some(h) = &kept {
         server = server.with_history(h.clone(), history.bytes);
@@ -453,9 +478,66 @@ fn daemon_session(
     let input = stream.try_clone()?;
     let output = BufWriter::with_capacity(256 * 1024, stream);
     ferry_fs::serve(&mut server, input, output)?;
-    staging.trim(STAGING_BYTES)?;
+    staging.trim()?;
     history.trim(kept)?;
     Ok(())
+}
+
+/// What a daemon session serves with.
+struct SessionSetup<'a> {
+    dir: &'a Path,
+    opts: &'a ServerOptions,
+    history: &'a History,
+    index: Option<std::sync::Arc<ferry_store::PathIndex>>,
+    /// The store `--store` names, shared by every session and server on it.
+    shared: Option<std::sync::Arc<dyn ferry_store::ChunkStore>>,
+}
+
+/// Where a session's uploaded chunks wait for their commit.
+enum StagingStore {
+    /// A local store, trimmed after the session (and the private directory of one made
+    /// because the usual one was in use).
+    Local {
+        store: std::sync::Arc<LocalStore>,
+        _private: Option<tempfile::TempDir>,
+    },
+    /// The shared store `--store` names (never trimmed here: its gc is `ferry store gc`).
+    Shared(std::sync::Arc<dyn ferry_store::ChunkStore>),
+}
+
+impl StagingStore {
+    fn open(
+        shared: Option<std::sync::Arc<dyn ferry_store::ChunkStore>>,
+        dir: &Path,
+    ) -> Result<StagingStore> {
+        Ok(match shared {
+            Some(s) => StagingStore::Shared(s),
+            None => {
+                let (store, private) = open_staging(dir)?;
+                StagingStore::Local {
+                    store,
+                    _private: private,
+                }
+            }
+        })
+    }
+
+    fn store(&self) -> ferry_fs::Staging {
+        match self {
+            StagingStore::Local { store, .. } => store.clone(),
+            StagingStore::Shared(s) => s.clone(),
+        }
+    }
+
+    fn trim(&self) -> Result<()> {
+        match self {
+            StagingStore::Local { store, .. } => {
+                store.trim(STAGING_BYTES)?;
+            }
+            StagingStore::Shared(s) => s.flush()?,
+        }
+        Ok(())
+    }
 }
 
 /// The history of data served: over a remote shell, one store for all the user's sessions (they

@@ -249,3 +249,101 @@ fn a_daemon_fetches_from_the_s3_store_another_copied_to() {
     let oid = r["report"]["oid"].as_str().unwrap();
     assert!(ok(in_home(&gw, &bob, &["store", "--store", &shared, "ls"])).contains(oid));
 }
+
+/// A remote shell that runs the command here, and a `ferry` for it that serves with the
+/// shared store `store` and the cache of `home` (one "server machine" per home).
+fn server_on(t: &Path, gw: &S3Server, home: &Path, store: &str) -> (String, String) {
+    let rsh = t.join("ssh-here");
+    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
+    let bin = home.join("remote-ferry");
+    std::fs::create_dir_all(home).unwrap();
+    std::fs::write(
+        &bin,
+        format!(
+            "#!/bin/sh\nexport XDG_CACHE_HOME={h}/cache HOME={h} AWS_ACCESS_KEY_ID={a} \
+             AWS_SECRET_ACCESS_KEY={s} AWS_ENDPOINT_URL={e} AWS_REGION={r}\nsub=$1\nshift\n\
+             exec {f} \"$sub\" --store {store} \"$@\"\n",
+            h = home.display(),
+            a = gw.access,
+            s = gw.secret,
+            e = gw.endpoint,
+            r = gw.region,
+            f = env!("CARGO_BIN_EXE_ferry"),
+        ),
+    )
+    .unwrap();
+    for p in [&rsh, &bin] {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    (rsh.display().to_string(), bin.display().to_string())
+}
+
+/// Two file servers on one S3 store: a file uploaded through one costs nothing through the
+/// other.
+#[test]
+fn two_file_servers_share_what_clients_uploaded() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(gw) = S3Server::for_test(&t.path().join("s3")) else {
+        return;
+    };
+    let store = gw.locator("s3://servers/uploads");
+    let client = t.path().join("client");
+    ok(run(
+        &gw,
+        &client,
+        &gw.secret,
+        &["store", "--store", &store, "init"],
+    ));
+    let f = t.path().join("big.bin");
+    std::fs::write(&f, crate::data(3_000_000, 5)).unwrap();
+    let mut sent = vec![];
+    for (i, name) in ["one", "two"].into_iter().enumerate() {
+        let export = t.path().join(format!("export-{name}"));
+        std::fs::create_dir_all(&export).unwrap();
+        let (rsh, bin) = server_on(
+            t.path(),
+            &gw,
+            &t.path().join(format!("server-{name}")),
+            &store,
+        );
+        let dest = format!("somehost:{}", export.join("big.bin").display());
+        let out = ok(run(
+            &gw,
+            &client,
+            &gw.secret,
+            &[
+                "put",
+                "-e",
+                &rsh,
+                "--remote-ferry",
+                &bin,
+                "--json",
+                f.to_str().unwrap(),
+                &dest,
+            ],
+        ));
+        let put: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(
+            std::fs::read(export.join("big.bin")).unwrap(),
+            std::fs::read(&f).unwrap()
+        );
+        sent.push(put["chunks_sent"].as_u64().unwrap());
+        assert!(
+            i == 0 || sent[1] == 0,
+            "the second server asked for chunks again: {put}"
+        );
+    }
+    assert!(sent[0] > 100, "{sent:?}");
+    // A directory is not a shared store.
+    let o = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args([
+            "serve",
+            "--stdio",
+            "--store",
+            "/tmp",
+            t.path().to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+}
