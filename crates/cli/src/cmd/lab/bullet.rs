@@ -201,49 +201,23 @@ impl Server for Ferry {
     }
 }
 
-/// An S3 server: PUT, GET, DELETE of one key per object, signed (SigV4, `rusty-s3`), over a
-/// kept-alive HTTP/1.1 connection (`ureq`).
+/// An S3 server (versitygw, started here, stopped when dropped): PUT, GET, DELETE of one key
+/// per object through the S3 store's client (SigV4, kept-alive HTTP/1.1 connections).
 struct S3 {
-    agent: ureq::Agent,
-    bucket: rusty_s3::Bucket,
-    creds: rusty_s3::Credentials,
+    _server: ferry_s3::testing::S3Server,
+    client: ferry_s3::Client,
 }
-
-const SIGNED_FOR: Duration = Duration::from_secs(3600);
 
 impl S3 {
-    fn new(endpoint: &str) -> Result<S3> {
-        let bucket = rusty_s3::Bucket::new(
-            endpoint.parse()?,
-            rusty_s3::UrlStyle::Path,
-            "bullet",
-            "us-east-1",
-        )?;
-        let creds = rusty_s3::Credentials::new(VGW_ACCESS, VGW_SECRET);
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build()
-            .into();
-        let s = S3 {
-            agent,
-            bucket,
-            creds,
-        };
-        use rusty_s3::S3Action;
-        let url = s.bucket.create_bucket(&s.creds).sign(SIGNED_FOR);
-        let r = s.agent.put(url.as_str()).send_empty()?;
-        if !r.status().is_success() {
-            bail!("cannot create the bucket: {}", r.status());
-        }
-        Ok(s)
+    fn start(dir: &Path) -> Result<S3> {
+        let server = ferry_s3::testing::S3Server::start(dir, 0)?;
+        let client = ferry_s3::Client::new(&server.resolved(), "bullet", Default::default())?;
+        client.create_bucket()?;
+        Ok(S3 {
+            _server: server,
+            client,
+        })
     }
-}
-
-fn ok(r: ureq::http::Response<ureq::Body>, what: &str) -> Result<ureq::http::Response<ureq::Body>> {
-    if !r.status().is_success() {
-        bail!("{what}: {}", r.status());
-    }
-    Ok(r)
 }
 
 impl Server for S3 {
@@ -252,34 +226,19 @@ impl Server for S3 {
     }
 
     fn create(&mut self, data: &[u8], n: usize) -> Result<String> {
-        use rusty_s3::S3Action;
         let key = format!("o{n}-{}", data.len());
-        let url = self
-            .bucket
-            .put_object(Some(&self.creds), &key)
-            .sign(SIGNED_FOR);
-        ok(self.agent.put(url.as_str()).send(data)?, "PUT")?;
+        self.client.put(&key, data, ferry_s3::Cond::None)?;
         Ok(key)
     }
 
     fn read(&mut self, key: &str) -> Result<Vec<u8>> {
-        use rusty_s3::S3Action;
-        let url = self
-            .bucket
-            .get_object(Some(&self.creds), key)
-            .sign(SIGNED_FOR);
-        let mut r = ok(self.agent.get(url.as_str()).call()?, "GET")?;
-        Ok(r.body_mut().with_config().limit(u64::MAX).read_to_vec()?)
+        self.client
+            .get(key, None)?
+            .ok_or_else(|| anyhow::anyhow!("GET {key}: not there"))
     }
 
     fn delete(&mut self, key: &str) -> Result<()> {
-        use rusty_s3::S3Action;
-        let url = self
-            .bucket
-            .delete_object(Some(&self.creds), key)
-            .sign(SIGNED_FOR);
-        ok(self.agent.delete(url.as_str()).call()?, "DELETE")?;
-        Ok(())
+        Ok(self.client.delete(key)?)
     }
 }
 
@@ -313,9 +272,6 @@ impl Server for Files {
     }
 }
 
-const VGW_ACCESS: &str = "ferrylab";
-const VGW_SECRET: &str = "ferrylab-secret";
-
 /// A process killed when dropped.
 struct Proc(Child);
 
@@ -324,33 +280,6 @@ impl Drop for Proc {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// versitygw on a free loopback port, its posix backend in `dir` (on this run's disk).
-fn versitygw(dir: &Path) -> Result<(Proc, String)> {
-    let program = which("versitygw").context(
-        "versitygw not found (go install github.com/versity/versitygw/cmd/versitygw@v1.8.0)",
-    )?;
-    fs::create_dir_all(dir)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let child = Command::new(program)
-        .args(["--access", VGW_ACCESS, "--secret", VGW_SECRET])
-        .args(["--port", &format!("127.0.0.1:{port}"), "posix"])
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let p = Proc(child);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > deadline {
-            bail!("versitygw did not listen on {port}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok((p, format!("http://127.0.0.1:{port}")))
 }
 
 fn which(name: &str) -> Option<PathBuf> {
@@ -464,11 +393,8 @@ pub fn run(lab: &Lab, quick: bool) -> Result<Report> {
     };
     let mut keep: Vec<Proc> = vec![];
     let mut others: Vec<Box<dyn Server>> = vec![];
-    match versitygw(&dir.join("s3")) {
-        Ok((p, endpoint)) => {
-            keep.push(p);
-            others.push(Box::new(S3::new(&endpoint)?));
-        }
+    match S3::start(&dir.join("s3")) {
+        Ok(s3) => others.push(Box::new(s3)),
         Err(e) => eprintln!("ferry lab: no S3 server: {e:#}"),
     }
     let at = dir.join("sshfs-mnt");
