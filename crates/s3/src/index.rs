@@ -191,36 +191,51 @@ impl Index {
         entries: &[Entry],
         displace: &dyn Fn(u32) -> bool,
     ) -> Result<u32, StoreError> {
+        Ok(self.add_packs(&[(name, size, entries)], displace)?[0])
+    }
+
+    /// [`add_pack`](Self::add_pack) for several packs, in order, in one transaction; returns
+    /// their numbers.
+    pub fn add_packs(
+        &self,
+        packs: &[(&str, u64, &[Entry])],
+        displace: &dyn Fn(u32) -> bool,
+    ) -> Result<Vec<u32>, StoreError> {
         let alg = self.alg;
-        let mut number = 0;
+        let mut numbers_out = Vec::with_capacity(packs.len());
         self.write(|w| {
             let mut numbers = w.open_table(PACK_NUMBERS)?;
-            if let Some(n) = numbers.get(name)? {
-                number = n.value();
-                return Ok(());
-            }
             let mut meta = w.open_table(META)?;
-            number = meta
-                .get("next_pack")?
-                .map(|v| u32::from_le_bytes(v.value().try_into().unwrap_or_default()))
-                .unwrap_or(0);
-            meta.insert("next_pack", &(number + 1).to_le_bytes()[..])?;
-            numbers.insert(name, number)?;
-            w.open_table(PACKS)?.insert(number, (name, size))?;
+            let mut packs_t = w.open_table(PACKS)?;
             let mut chunks = w.open_table(CHUNKS)?;
-            for e in entries {
-                // The first copy of a chunk wins (its pack was there first), unless it is to go.
-                let k = key(&e.id);
-                let keep = chunks
-                    .get(&k)?
-                    .is_some_and(|v| !displace(decode(alg, &k, v.value()).pack));
-                if !keep {
-                    chunks.insert(&k, &encode(e, number))?;
+            for (name, size, entries) in packs {
+                if let Some(n) = numbers.get(*name)? {
+                    numbers_out.push(n.value());
+                    continue;
                 }
+                let number = meta
+                    .get("next_pack")?
+                    .map(|v| u32::from_le_bytes(v.value().try_into().unwrap_or_default()))
+                    .unwrap_or(0);
+                meta.insert("next_pack", &(number + 1).to_le_bytes()[..])?;
+                numbers.insert(*name, number)?;
+                packs_t.insert(number, (*name, *size))?;
+                for e in entries.iter() {
+                    // The first copy of a chunk wins (its pack was there first), unless it is
+                    // to go.
+                    let k = key(&e.id);
+                    let keep = chunks
+                        .get(&k)?
+                        .is_some_and(|v| !displace(decode(alg, &k, v.value()).pack));
+                    if !keep {
+                        chunks.insert(&k, &encode(e, number))?;
+                    }
+                }
+                numbers_out.push(number);
             }
             Ok(())
         })?;
-        Ok(number)
+        Ok(numbers_out)
     }
 
     /// Forgets packs that are gone from the bucket, with every chunk they held (a chunk also

@@ -100,11 +100,18 @@ impl Inner {
             }
         });
         let mut found = found.into_inner().unwrap();
+        // Live packs first: their copies of a chunk are the ones indexed. One transaction.
         found.sort_by_key(|(n, _, _)| doomed.contains(n));
-        for (name, size, entries) in found {
-            let n = self.add_pack(&name, size, &entries)?;
-            if doomed.contains(&name) {
-                self.condemned.lock().unwrap().insert(n);
+        let batch: Vec<(&str, u64, &[Entry])> = found
+            .iter()
+            .map(|(n, size, e)| (n.as_str(), *size, &e[..]))
+            .collect();
+        let condemned = self.condemned.lock().unwrap().clone();
+        let numbers = self.index.add_packs(&batch, &|p| condemned.contains(&p))?;
+        let mut c = self.condemned.lock().unwrap();
+        for ((name, _, _), n) in found.iter().zip(numbers) {
+            if doomed.contains(name) {
+                c.insert(n);
             }
         }
         Ok(())
