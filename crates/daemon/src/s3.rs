@@ -60,16 +60,8 @@ impl S3Stores {
         if let Some(s) = self.open.lock().unwrap().get(uri) {
             return Ok(s.clone());
         }
-        let loc = Locator::parse(uri).map_err(|e| bad(uri, e))?;
-        let r = ferry_s3::config::resolve(&loc, &ferry_s3::config::ProcessEnv)
-            .map_err(|e| DaemonError::Unavailable(format!("{uri}: {e}")))?;
-        let key = blake3::hash(uri.as_bytes()).to_hex();
-        let opts = ferry_s3::Options {
-            create,
-            ..ferry_s3::Options::new(self.dir.join(&key[..16]))
-        };
         let s = Arc::new(
-            S3Store::open(&loc, &r, opts)
+            S3Store::open_locator(uri, &self.dir, create, false)
                 .map_err(|e| DaemonError::Unavailable(format!("{uri}: {e}")))?,
         );
         self.open.lock().unwrap().insert(uri.to_string(), s.clone());

@@ -11,4 +11,5 @@ pub mod object;
 pub mod remote;
 pub mod s3;
 pub mod similarity;
+mod staging;
 pub mod store;

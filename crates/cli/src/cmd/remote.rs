@@ -13,6 +13,7 @@ use ferry_proto::{FileKind, WirePath};
 use ferry_store::{LocalStore, Options};
 use serde_json::json;
 
+use crate::cmd::staging::StagingStore;
 use crate::util::human;
 
 #[derive(clap::Args)]
@@ -133,7 +134,7 @@ impl CacheArgs {
 /// Options for stores bounded by [`LocalStore::trim`] (the client cache, the server's staging
 /// stores). Eviction works a pack at a time: smaller packs than a store's, and each run's data
 /// in packs of its own.
-fn cache_options() -> Options {
+pub(crate) fn cache_options() -> Options {
     Options {
         pack_target: 16 << 20,
         append_to_last_pack: false,
@@ -493,53 +494,6 @@ struct SessionSetup<'a> {
     shared: Option<std::sync::Arc<dyn ferry_store::ChunkStore>>,
 }
 
-/// Where a session's uploaded chunks wait for their commit.
-enum StagingStore {
-    /// A local store, trimmed after the session (and the private directory of one made
-    /// because the usual one was in use).
-    Local {
-        store: std::sync::Arc<LocalStore>,
-        _private: Option<tempfile::TempDir>,
-    },
-    /// The shared store `--store` names (never trimmed here: its gc is `ferry store gc`).
-    Shared(std::sync::Arc<dyn ferry_store::ChunkStore>),
-}
-
-impl StagingStore {
-    fn open(
-        shared: Option<std::sync::Arc<dyn ferry_store::ChunkStore>>,
-        dir: &Path,
-    ) -> Result<StagingStore> {
-        Ok(match shared {
-            Some(s) => StagingStore::Shared(s),
-            None => {
-                let (store, private) = open_staging(dir)?;
-                StagingStore::Local {
-                    store,
-                    _private: private,
-                }
-            }
-        })
-    }
-
-    fn store(&self) -> ferry_fs::Staging {
-        match self {
-            StagingStore::Local { store, .. } => store.clone(),
-            StagingStore::Shared(s) => s.clone(),
-        }
-    }
-
-    fn trim(&self) -> Result<()> {
-        match self {
-            StagingStore::Local { store, .. } => {
-                store.trim(STAGING_BYTES)?;
-            }
-            StagingStore::Shared(s) => s.flush()?,
-        }
-        Ok(())
-    }
-}
-
 /// The history of data served: over a remote shell, one store for all the user's sessions (they
 /// all run as the user); a daemon, one store for its export. Sessions use it one at a time (a
 /// session that finds it busy goes without).
@@ -603,27 +557,6 @@ fn export_index(dir: &Path) -> Option<std::sync::Arc<ferry_store::PathIndex>> {
         Err(e) => {
             tracing::info!("no chunk index this session ({}): {e}", path.display());
             None
-        }
-    }
-}
-
-/// Bound on a staging store, trimmed (least recently used first) after each session: chunks
-/// wait there only until their commit, or for a cut upload to resume.
-const STAGING_BYTES: u64 = 1 << 30;
-
-/// Opens the staging store where chunks clients send wait for their commit (a cut upload
-/// resumes from them). A second session at the same time gets a private store for its
-/// lifetime, kept alive by the returned guard.
-fn open_staging(dir: &Path) -> Result<(std::sync::Arc<LocalStore>, Option<tempfile::TempDir>)> {
-    match LocalStore::open_or_create(dir, cache_options()) {
-        Ok(s) => Ok((std::sync::Arc::new(s), None)),
-        Err(ferry_store::StoreError::Locked { .. }) => {
-            let private = tempfile::tempdir()?;
-            let s = LocalStore::create(private.path().join("staging"), cache_options())?;
-            Ok((std::sync::Arc::new(s), Some(private)))
-        }
-        Err(e) => {
-            Err(e).with_context(|| format!("cannot open the staging store {}", dir.display()))
         }
     }
 }

@@ -196,6 +196,28 @@ impl S3Store {
         })
     }
 
+    /// Opens the store an `s3://BUCKET/PREFIX[?OPTIONS]` locator names, reached as the
+    /// process environment says (the AWS way), its index cached under `cache_root` in a
+    /// directory of its endpoint, bucket and prefix. `create` makes the store if it is missing;
+    /// `create_bucket`, its bucket too.
+    pub fn open_locator(
+        locator: &str,
+        cache_root: &std::path::Path,
+        create: bool,
+        create_bucket: bool,
+    ) -> Result<S3Store, StoreError> {
+        let loc = Locator::parse(locator)?;
+        let r = crate::config::resolve(&loc, &crate::config::ProcessEnv)?;
+        let key =
+            blake3::hash(format!("{}\n{}\n{}", r.endpoint, loc.bucket, loc.prefix).as_bytes());
+        let opts = Options {
+            create,
+            create_bucket,
+            ..Options::new(cache_root.join(&key.to_hex()[..16]))
+        };
+        S3Store::open(&loc, &r, opts)
+    }
+
     /// `s3://BUCKET/PREFIX`.
     pub fn name(&self) -> &str {
         &self.inner.name
