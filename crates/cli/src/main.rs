@@ -69,6 +69,9 @@ enum Command {
     /// Copy a file or tree like scp (one side HOST:PATH): names over the remote shell, bytes
     /// daemon to daemon as objects (the file service where no daemon runs).
     Cp(cmd::cp::Args),
+    /// Files kept encrypted on storage that cannot read them (a directory, an S3 bucket),
+    /// updated by small diffs: init, put, get, ls, log, rm, check, key.
+    Vault(cmd::vault::Args),
     /// Ferry against rsync, rsync -z, scp and the near-ideal delta over emulated slow links:
     /// bytes counted at the link, time, tables and charts.
     Lab(cmd::lab::Args),
@@ -97,6 +100,7 @@ fn main() -> ExitCode {
         Command::Cp(a) => cmd::cp::run(a),
         Command::Object(a) => cmd::object::run(a, &ui),
         Command::Dir(a) => cmd::dir::run(a),
+        Command::Vault(a) => cmd::vault::run(a, &ui),
     };
     match result {
         Ok(code) => code,

@@ -9,6 +9,8 @@ mod daemon;
 mod mount;
 #[path = "cli/s3.rs"]
 mod s3;
+#[path = "cli/vault.rs"]
+mod vault;
 
 fn ferry(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ferry"))

@@ -24,6 +24,7 @@ mod leases;
 mod rate;
 pub mod server;
 pub mod session;
+pub mod vault;
 
 pub use client::{
     fetch_file, get, list, put, put_file, GetError, GetStats, Mirror, PutOptions, PutStats,

@@ -323,6 +323,11 @@ impl Client {
 
     /// Every key under `prefix`, a page of up to 1000 per request.
     pub fn list(&self, prefix: &str) -> Result<Vec<Listed>, S3Error> {
+        self.list_after(prefix, None)
+    }
+
+    /// The keys under `prefix` that sort after `after` (all with `None`).
+    pub fn list_after(&self, prefix: &str, after: Option<&str>) -> Result<Vec<Listed>, S3Error> {
         let mut out = vec![];
         let mut token: Option<String> = None;
         loop {
@@ -331,6 +336,8 @@ impl Client {
                 a.with_prefix(prefix);
                 if let Some(t) = &token {
                     a.with_continuation_token(t.clone());
+                } else if let Some(after) = after {
+                    a.with_start_after(after);
                 }
                 self.agent.get(a.sign(SIGNED_FOR).as_str()).call()
             })?;

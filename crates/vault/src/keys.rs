@@ -91,6 +91,19 @@ fn open_with(key: &[u8; 32], sealed: &[u8], aad: &[u8]) -> Option<Vec<u8>> {
         .ok()
 }
 
+/// The key derivation's parameters of a slot (`None`: not a slot v1).
+pub fn slot_params(slot: &[u8]) -> Option<KdfParams> {
+    if slot.len() != SLOT_BYTES || &slot[..4] != MAGIC || slot[4] != VERSION {
+        return None;
+    }
+    let u = |i: usize| u32::from_le_bytes(slot[i..i + 4].try_into().unwrap());
+    Some(KdfParams {
+        memory_kib: u(5),
+        passes: u(9),
+        lanes: u(13),
+    })
+}
+
 impl VaultKeys {
     /// New random keys.
     pub fn generate() -> VaultKeys {
@@ -171,12 +184,7 @@ impl VaultKeys {
         if slot[4] != VERSION {
             return Err(bad("a key slot of another version"));
         }
-        let u = |i: usize| u32::from_le_bytes(slot[i..i + 4].try_into().unwrap());
-        let params = KdfParams {
-            memory_kib: u(5),
-            passes: u(9),
-            lanes: u(13),
-        };
+        let params = slot_params(slot).expect("checked above");
         // Bounds a hostile slot cannot push past: 4 GiB of memory, 64 passes, 64 lanes.
         if params.memory_kib > 4 << 20 || params.passes > 64 || params.lanes > 64 {
             return Err(bad("key derivation costs beyond any this Ferry makes"));

@@ -5,11 +5,30 @@
 //! derived block, id and chunker keys, sealed blocks), and [`tree`], the Merkle B+-tree over a file's blocks whose internal nodes hold
 //! relative offsets (byte counts), so that inserting or deleting in the middle of a file
 //! touches O(log n) nodes and no offset after it; with the paper's §4.3 extension (leaf
-//! entries name a range of a block), inserts and deletes at any byte offset. Still to come:
-//! the update protocol, the targets and the CLI.
+//! entries name a range of a block), inserts and deletes at any byte offset; [`backend`]: a
+//! directory or an S3 bucket as named blobs with one atomic create-if-absent; [`records`]:
+//! config, commits (the heads) and the catalog; the [`Vault`] itself: open, update by
+//! file-summary diffs predicated on the head they were made against, read, log and check.
 
+pub mod backend;
 pub mod keys;
+pub mod local;
+mod nodes;
+mod read;
+pub mod records;
+pub mod ring;
+pub mod seen;
 pub mod tree;
+mod update;
+mod vault;
+
+pub use backend::{Backend, DirBackend, S3Backend};
+pub use keys::KdfParams;
+pub use nodes::Traffic;
+pub use read::{CheckReport, Version};
+pub use records::{Catalog, Change, Commit, Config, Entry, Kind};
+pub use update::{Edit, Source, UpdateReport};
+pub use vault::{SlotInfo, Snapshot, Vault};
 
 use thiserror::Error;
 
@@ -23,6 +42,23 @@ pub enum VaultError {
     Damaged { id: String, why: String },
     #[error("{0}")]
     BadRange(String),
-    #[error("wrong passphrase (or a key slot of another vault)")]
+    #[error("wrong passphrase (no key slot of this vault opens with it)")]
     WrongPassphrase,
+    /// The storage failed (I/O, S3).
+    #[error("{0}")]
+    Backend(String),
+    /// A local file could not be read or written.
+    #[error("{0}")]
+    Local(String),
+    #[error("{0}: not a vault (run `ferry vault init` first)")]
+    NotAVault(String),
+    #[error("{0}: a vault exists there already")]
+    Exists(String),
+    #[error("{0}: not in the vault")]
+    NotFound(String),
+    #[error("{0}")]
+    Refused(String),
+    /// The server offered an older version than this client has seen.
+    #[error("rollback detected: {0}")]
+    Rollback(String),
 }

@@ -62,7 +62,7 @@ impl Node {
         }
     }
 
-    fn bytes(&self) -> u64 {
+    pub fn bytes(&self) -> u64 {
         match self {
             Node::Leaf(p) => p.iter().map(|p| p.len as u64).sum(),
             Node::Internal(c) => c.iter().map(|c| c.bytes).sum(),

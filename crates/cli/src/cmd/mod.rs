@@ -13,3 +13,4 @@ pub mod s3;
 pub mod similarity;
 mod staging;
 pub mod store;
+pub mod vault;

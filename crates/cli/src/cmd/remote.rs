@@ -165,6 +165,17 @@ pub struct Rsh {
 }
 
 impl Rsh {
+    /// A remote shell and the ferry it runs there, with every other option at its default.
+    pub fn shell(rsh: String, remote_ferry: String) -> Rsh {
+        Rsh {
+            rsh,
+            remote_ferry,
+            retry: 0,
+            zstd_level: None,
+            chunking: Chunking { chunk_size: None },
+        }
+    }
+
     /// How files are cut into chunks here (and, told by `serve_args`, there).
     pub fn chunker(&self) -> ChunkerSpec {
         self.chunking.spec()

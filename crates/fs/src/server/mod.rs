@@ -25,6 +25,7 @@ mod listing;
 mod objects;
 mod ranges;
 mod upload;
+mod vault;
 
 pub use objects::{ObjectShelf, ShelfError, MAX_OBJECT_READ};
 
@@ -371,6 +372,7 @@ impl Server {
                 | Request::Rename { .. }
                 | Request::Symlink { .. }
                 | Request::SetAttr { .. }
+                | Request::Vault { .. }
         ) {
             // The tree changes: digests computed before no longer hold.
             self.trees.clear();
@@ -453,6 +455,12 @@ impl Server {
             Request::ObjectReplicate { durability, ticket } => {
                 one(self.object_replicate(durability, &ticket))
             }
+            Request::Vault {
+                path,
+                op,
+                name,
+                data,
+            } => one(self.vault(&path, op, &name, &data)),
         }
     }
 

@@ -17,6 +17,7 @@ mod namespace;
 mod object;
 mod types;
 mod upload;
+mod vault;
 
 pub use content::{
     Against, Chunks, Context, GetChunks, Located, Payload, RecipeDelta, RecipePart, KEY_BYTES,
@@ -25,6 +26,7 @@ pub use content::{
 pub use object::{MAX_CAP_BYTES, MAX_OBJECT_REFS};
 pub use types::{short_id, Attr, DirEntry, ErrorCode, FileKind, Hello, Ids, Target, WirePath};
 pub use upload::{KeyOlds, Keys, WritePart, MAX_WRITE_DATA};
+pub use vault::{VaultOp, MAX_VAULT_NAMES};
 
 /// `"FERRY"`, the first bytes of every Hello body.
 pub const MAGIC: &[u8; 5] = b"FERRY";
@@ -178,6 +180,13 @@ pub enum Request {
         durability: u8,
         ticket: Vec<u8>,
     },
+    /// An operation on the vault kept in the directory `path` (see the vault family).
+    Vault {
+        path: WirePath,
+        op: VaultOp,
+        name: Vec<u8>,
+        data: Vec<u8>,
+    },
 }
 
 /// Replies, from the server.
@@ -223,6 +232,8 @@ pub enum Reply {
         durability: u8,
         ticket: Vec<u8>,
     },
+    /// A vault operation's answer (absent: no such blob).
+    VaultData(Option<Vec<u8>>),
     Ok,
     Error {
         code: ErrorCode,
@@ -275,6 +286,7 @@ pub(crate) mod code {
     pub const OBJECT_DELETE: u8 = 0x3c;
     pub const OBJECT_REPLICATE: u8 = 0x3d;
     pub const OBJECT_APPEND: u8 = 0x3e;
+    pub const VAULT: u8 = 0x3f;
     pub const R_ATTR: u8 = 0x40;
     pub const R_ENTRIES: u8 = 0x41;
     pub const R_RECIPE: u8 = 0x42;
@@ -289,6 +301,7 @@ pub(crate) mod code {
     pub const R_KEYS: u8 = 0x4a;
     pub const R_OBJECT: u8 = 0x4b;
     pub const R_CREATED: u8 = 0x4c;
+    pub const R_VAULT: u8 = 0x4d;
     pub const INVALIDATE: u8 = 0x60;
     pub const RATE: u8 = 0x61;
 }
@@ -299,6 +312,7 @@ impl Request {
             .or_else(|| content::put_request(self, w))
             .or_else(|| upload::put_request(self, w))
             .or_else(|| object::put_request(self, w))
+            .or_else(|| vault::put_request(self, w))
             .expect("every request belongs to a family")
     }
 
@@ -310,6 +324,9 @@ impl Request {
             return Ok(Some(q));
         }
         if let Some(q) = upload::get_request(t, r)? {
+            return Ok(Some(q));
+        }
+        if let Some(q) = vault::get_request(t, r)? {
             return Ok(Some(q));
         }
         object::get_request(t, r)
@@ -329,6 +346,7 @@ impl Reply {
                 .or_else(|| content::put_reply(r, w))
                 .or_else(|| upload::put_reply(r, w))
                 .or_else(|| object::put_reply(r, w))
+                .or_else(|| vault::put_reply(r, w))
                 .expect("every reply belongs to a family"),
         }
     }
@@ -351,6 +369,9 @@ impl Reply {
             return Ok(Some(x));
         }
         if let Some(x) = upload::get_reply(t, r)? {
+            return Ok(Some(x));
+        }
+        if let Some(x) = vault::get_reply(t, r)? {
             return Ok(Some(x));
         }
         object::get_reply(t, r)

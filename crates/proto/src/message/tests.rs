@@ -309,6 +309,20 @@ pub(crate) fn samples() -> Vec<Message> {
             durability: 1,
             ticket: vec![7; 160],
         }),
+        q(Request::Vault {
+            path: "vaults/mine".into(),
+            op: VaultOp::Apply,
+            name: vec![],
+            data: vec![5; 300],
+        }),
+        q(Request::Vault {
+            path: "".into(),
+            op: VaultOp::List,
+            name: b"heads/".to_vec(),
+            data: b"heads/00000000000000000007".to_vec(),
+        }),
+        r(Reply::VaultData(None)),
+        r(Reply::VaultData(Some(vec![1; 70]))),
         r(Reply::Ok),
         r(Reply::Error {
             code: ErrorCode::Conflict,
@@ -642,6 +656,23 @@ fn exact_bytes_of_every_message() {
                 ticket: vec![0xc7; 3],
             }),
             "0b000000 4c 00 05000000 | 00 | 03c7c7c7".into(),
+        ),
+        (
+            Message::Request(Request::Vault {
+                path: "v".into(),
+                op: VaultOp::Create,
+                name: b"h/1".to_vec(),
+                data: vec![0xaa],
+            }),
+            "0f000000 3f 00 05000000 | 0176 | 03 | 03682f31 | 01aa".into(),
+        ),
+        (
+            Message::Reply(Reply::VaultData(Some(vec![1]))),
+            "09000000 4d 00 05000000 | 01 | 0101".into(),
+        ),
+        (
+            Message::Reply(Reply::VaultData(None)),
+            "07000000 4d 00 05000000 | 00".into(),
         ),
         (
             Message::Reply(Reply::Attr(attr())),

@@ -16,6 +16,7 @@ mod multipath;
 mod netns;
 mod sshd;
 mod stick;
+mod vault;
 mod workloads;
 
 use std::fs;
@@ -102,6 +103,13 @@ pub struct Args {
     bullet: bool,
     #[arg(long, requires = "bullet")]
     bullet_quick: bool,
+    /// Run the OceanStore paper's Figures 6 and 7 instead: bytes and latency of writing the
+    /// next version of each workload into a vault on the lab's server (Whole, Block,
+    /// FileSummary, against the near-ideal delta), and of a cold read, over the profiles
+    /// [default: lan, cable, modem, cellular]; --max-whole skips runs estimated longer.
+    /// Writes vault.md and vault.json into --out.
+    #[arg(long, conflicts_with_all = ["quick", "interactive", "multipath", "dot", "bullet"])]
+    vault: bool,
     /// Where results go.
     #[arg(long, default_value = "lab-results", value_name = "DIR")]
     out: PathBuf,
@@ -565,6 +573,18 @@ fn render(out: &Path, r: &Report) -> Result<(String, Vec<String>)> {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
+    if let (true, Some(file)) = (a.vault, &a.from_json) {
+        // The tables of an earlier `--vault` run's vault.json.
+        let text =
+            fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+        let r: vault::Report = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a lab's vault.json", file.display()))?;
+        let md = vault::markdown(&r.rows, &r.workloads, &r.profiles);
+        fs::create_dir_all(&a.out)?;
+        fs::write(a.out.join("vault.md"), &md)?;
+        print!("{md}");
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Some(file) = &a.from_json {
         let text =
             fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
@@ -683,6 +703,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
         let failed = r.rows.iter().filter(|x| x.status != "ok").count();
         let report = serde_json::to_value(&r)?;
         return experiment_out(&a, "bullet", started, report, &md, failed);
+    }
+    if a.vault {
+        return vault_report(&lab, &a, &wls, profiles, work.path());
     }
     let mut infos = vec![];
     for w in &wls {
@@ -823,6 +846,42 @@ fn lookaside_report(lab: &Lab, a: &Args, dir: &Path) -> Result<ExitCode> {
 
 /// Writes an experiment's `report` (with the command, the machine and the time it took) and
 /// `md` as NAME.json and NAME.md into --out, and reports them.
+/// `--vault`: Figures 6 and 7 of the OceanStore paper.
+fn vault_report(
+    lab: &Lab,
+    a: &Args,
+    wls: &[Workload],
+    profiles: Vec<Profile>,
+    work: &Path,
+) -> Result<ExitCode> {
+    let started = Instant::now();
+    let mut profiles = match a.profiles.is_empty() && a.down.is_none() {
+        true => ["lan", "cable", "modem", "cellular"]
+            .iter()
+            .map(|p| profile(p))
+            .collect::<Result<Vec<_>>>()?,
+        false => profiles,
+    };
+    let mut infos = vec![];
+    for w in wls {
+        infos.push(WorkloadInfo {
+            name: w.name.clone(),
+            old_bytes: workloads::size(&w.old).0,
+            new_bytes: workloads::size(&w.new).0,
+            new_files: workloads::size(&w.new).1,
+            ideal_bytes: ideal(w, work)?,
+        });
+    }
+    let rows = vault::run(lab, wls, &mut profiles, a.max_whole)?;
+    let md = vault::markdown(&rows, &infos, &profiles);
+    let failed = rows
+        .iter()
+        .filter(|r| r.status.starts_with("failed"))
+        .count();
+    let report = serde_json::json!({ "rows": rows, "workloads": infos, "profiles": profiles });
+    experiment_out(a, "vault", started, report, &md, failed)
+}
+
 fn experiment_out(
     a: &Args,
     name: &str,

@@ -1,0 +1,527 @@
+//! Updates: OceanStore's file-summary diff. The client keeps what the server's version of a file
+//! is made of (its pieces, read from the tree), cuts the new version with the vault's keyed
+//! chunker, diffs the two block sequences into delete and insert actions, applies them to the
+//! tree copy-on-write, sends the blocks and nodes that are new, and publishes the result as the
+//! next head, predicated on the head it was made against: creating `heads/N+1` fails when
+//! another client got there first, and the update is then redone against the new version,
+//! never merged blindly.
+
+use std::collections::HashSet;
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use ferry_chunk::{ChunkReader, ChunkerSpec, Key};
+use ferry_format::{ChunkRef, DiffOp, HashAlg, Id, Recipe, RecipeDiff};
+
+use crate::backend::Backend;
+use crate::nodes::{block_name, Nodes, Traffic};
+use crate::records::{child, Catalog, Change, Commit, Entry, Kind};
+use crate::ring::{self, Action};
+use crate::tree::{Child, NodeId, Piece};
+use crate::vault::{head_name, Vault};
+use crate::VaultError;
+
+/// Where a file's new content comes from.
+#[derive(Clone, Debug)]
+pub enum Source {
+    File(PathBuf),
+    Bytes(Vec<u8>),
+}
+
+/// One change to make.
+#[derive(Clone, Debug)]
+pub enum Edit {
+    /// `name` becomes this content (replacing a file, or a directory, of that name).
+    Put {
+        name: String,
+        kind: Kind,
+        mode: u32,
+        mtime_ns: i64,
+        source: Source,
+    },
+    /// `name`, and everything under `name/`, go.
+    Remove(String),
+}
+
+/// What an update did.
+#[derive(Clone, Debug, Default)]
+pub struct UpdateReport {
+    /// The version made (or the current one, when nothing changed).
+    pub seq: u64,
+    pub changed: usize,
+    /// Plaintext bytes read and cut.
+    pub bytes_cut: u64,
+    pub blocks_sent: u64,
+    /// Sealed bytes of the blocks sent.
+    pub block_bytes: u64,
+    pub nodes_sent: u64,
+    /// Times another client's head came first and the update was redone.
+    pub retries: u32,
+    /// The server applied the actions (a Ferry server); else the client sent the nodes.
+    pub applied_by_server: bool,
+    /// The files of the version made (or of the current one, when nothing changed).
+    pub catalog: Catalog,
+    pub traffic: Traffic,
+}
+
+/// Attempts before giving up on a vault that keeps changing under us.
+const ATTEMPTS: u32 = 32;
+
+impl Vault {
+    /// The chunker: keyed FastCDC, or fixed blocks when the config's sizes are all equal.
+    pub(crate) fn chunker(&self) -> ChunkerSpec {
+        let c = &self.config;
+        if c.min == c.max {
+            ChunkerSpec::fixed(c.avg as usize)
+        } else {
+            ChunkerSpec::fastcdc(c.min as usize, c.avg as usize, c.max as usize)
+                .keyed(Key(self.keys.chunker_key()))
+        }
+    }
+
+    /// The catalog's chunker: keyed FastCDC around 2 KiB (an update changes a few entries,
+    /// scattered; small blocks resend little around each).
+    pub(crate) fn catalog_chunker(&self) -> ChunkerSpec {
+        ChunkerSpec::fastcdc(512, 2 << 10, 16 << 10).keyed(Key(self.keys.chunker_key()))
+    }
+
+    /// Applies `edits` as one new version.
+    pub fn update(&self, edits: &[Edit]) -> Result<UpdateReport, VaultError> {
+        self.update_with(edits, &|_| {})
+    }
+
+    /// [`update`](Self::update), telling `progress` the bytes of new content cut as it goes.
+    pub fn update_with(
+        &self,
+        edits: &[Edit],
+        progress: &dyn Fn(u64),
+    ) -> Result<UpdateReport, VaultError> {
+        let mut report = UpdateReport::default();
+        for attempt in 0..ATTEMPTS {
+            report.retries = attempt;
+            let snap = self.latest()?;
+            let mut nodes = self.nodes();
+            let mut catalog = snap.catalog.clone();
+            let mut changes = vec![];
+            let mut batch = Batch::default();
+            for e in edits {
+                let mut w = Work {
+                    nodes: &mut nodes,
+                    batch: &mut batch,
+                    report: &mut report,
+                    progress,
+                    spec: self.chunker(),
+                    cache_blocks: false,
+                };
+                self.apply_edit(&mut w, &mut catalog, e, &mut changes)?;
+            }
+            report.changed = changes.len();
+            if changes.is_empty() {
+                report.seq = snap.seq;
+                report.catalog = catalog;
+                report.traffic = self.traffic();
+                return Ok(report);
+            }
+            let old_catalog = snap
+                .commit
+                .as_ref()
+                .and_then(|c| child(c.catalog_size, c.catalog_root));
+            let bytes = catalog.encode();
+            let catalog_size = bytes.len() as u64;
+            let mut w = Work {
+                nodes: &mut nodes,
+                batch: &mut batch,
+                report: &mut report,
+                progress: &|_| {},
+                spec: self.catalog_chunker(),
+                cache_blocks: true,
+            };
+            let catalog_root = self.update_content(&mut w, old_catalog, &bytes[..])?;
+            self.settle_nodes(&mut nodes, &batch, &mut report)?;
+            self.store.flush()?;
+            let commit = Commit {
+                seq: snap.seq + 1,
+                parent: snap.hash,
+                time_ns: now_ns(),
+                catalog_size,
+                catalog_root,
+                changes,
+            };
+            report.catalog = catalog;
+            let sealed = self.seal_head(&commit);
+            if self.store.create(&head_name(commit.seq), &sealed)? {
+                self.remember(commit.seq, *blake3::hash(&sealed).as_bytes())?;
+                self.cache_head_bytes(commit.seq, &sealed);
+                report.seq = commit.seq;
+                report.traffic = self.traffic();
+                return Ok(report);
+            }
+            tracing::info!(
+                seq = commit.seq,
+                "another client made version {} first; redoing the update against it",
+                commit.seq
+            );
+        }
+        Err(VaultError::Refused(format!(
+            "the vault changed under this update {ATTEMPTS} times in a row; try again"
+        )))
+    }
+
+    /// Puts the new nodes where the next head can name them: the server applies the batch's
+    /// actions and the client checks its roots, or (plain storage, or a batch too large for
+    /// one request) the client sends the nodes itself.
+    fn settle_nodes(
+        &self,
+        nodes: &mut Nodes<'_>,
+        batch: &Batch,
+        report: &mut UpdateReport,
+    ) -> Result<(), VaultError> {
+        let roots: Vec<NodeId> = batch.expect.iter().flatten().map(|c| c.node).collect();
+        let body = ring::encode_actions(&batch.files);
+        let applied = match body.len() <= MAX_APPLY {
+            true => self.store.apply(&body)?,
+            false => None,
+        };
+        match applied {
+            Some(reply) => {
+                if ring::decode_roots(&reply)? != batch.expect {
+                    return Err(VaultError::Damaged {
+                        id: "the server's update".into(),
+                        why: "its new roots are not the ones the actions make".into(),
+                    });
+                }
+                report.applied_by_server = true;
+                nodes.keep_local(&roots)?;
+            }
+            None => report.nodes_sent += nodes.upload(&roots)? as u64,
+        }
+        Ok(())
+    }
+
+    fn apply_edit(
+        &self,
+        w: &mut Work<'_, '_>,
+        catalog: &mut Catalog,
+        edit: &Edit,
+        changes: &mut Vec<Change>,
+    ) -> Result<(), VaultError> {
+        match edit {
+            Edit::Remove(name) => {
+                for gone in remove_under(catalog, name) {
+                    changes.push(Change {
+                        removed: true,
+                        name: gone.name,
+                        size: 0,
+                        root: None,
+                    });
+                }
+            }
+            Edit::Put {
+                name,
+                kind,
+                mode,
+                mtime_ns,
+                source,
+            } => {
+                crate::records::check_name(name).map_err(VaultError::BadRange)?;
+                let old = catalog.entries.get(name).cloned();
+                // A file replaces a directory of its name, and the files its parents were.
+                for gone in remove_under(catalog, &format!("{name}/")) {
+                    changes.push(removed(gone));
+                }
+                let mut at = name.as_str();
+                while let Some((parent, _)) = at.rsplit_once('/') {
+                    if let Some(gone) = catalog.entries.remove(parent) {
+                        changes.push(removed(gone));
+                    }
+                    at = parent;
+                }
+                let old_root = old.as_ref().and_then(|o| child(o.size, o.root));
+                let (root, size) = match source {
+                    Source::Bytes(b) => (self.update_content(w, old_root, &b[..])?, b.len() as u64),
+                    Source::File(p) => {
+                        let f = std::fs::File::open(p)
+                            .map_err(|e| VaultError::Local(format!("{}: {e}", p.display())))?;
+                        let mut counted = Counted { inner: f, n: 0 };
+                        let root = self.update_content(w, old_root, &mut counted)?;
+                        (root, counted.n)
+                    }
+                };
+                let entry = Entry {
+                    name: name.clone(),
+                    kind: *kind,
+                    mode: *mode,
+                    mtime_ns: *mtime_ns,
+                    size,
+                    root,
+                };
+                if old.as_ref() != Some(&entry) {
+                    changes.push(Change {
+                        removed: false,
+                        name: name.clone(),
+                        size,
+                        root,
+                    });
+                    catalog.entries.insert(name.clone(), entry);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Cuts `src`, sends its blocks the old version lacks, and turns the old tree into the
+    /// new one by the diff of their block sequences; returns the new root.
+    pub(crate) fn update_content(
+        &self,
+        w: &mut Work<'_, '_>,
+        old: Option<Child>,
+        src: impl Read,
+    ) -> Result<Option<NodeId>, VaultError> {
+        let old_pieces = match old {
+            Some(r) => self.tree(w.nodes).read(Some(r), 0, r.bytes)?,
+            None => vec![],
+        };
+        let new_pieces = self.send_blocks(&old_pieces, src, w)?;
+        let actions = diff_actions(&old_pieces, &new_pieces)?;
+        if actions.is_empty() {
+            return Ok(old.map(|c| c.node));
+        }
+        let f = ring::FileActions { old, actions };
+        let root = ring::apply_one(&mut self.tree(w.nodes), &f)?;
+        w.batch.files.push(f);
+        w.batch.expect.push(root);
+        Ok(root.map(|c| c.node))
+    }
+
+    /// Cuts `src` into blocks and sends those not among `old` (sealed on four threads).
+    fn send_blocks(
+        &self,
+        old: &[Piece],
+        src: impl Read,
+        w: &mut Work<'_, '_>,
+    ) -> Result<Vec<Piece>, VaultError> {
+        let (report, progress) = (&mut *w.report, w.progress);
+        let cache = w.cache_blocks;
+        let mut have: HashSet<[u8; 32]> = old.iter().map(|p| p.block).collect();
+        let mut pieces = vec![];
+        let failed: Mutex<Option<VaultError>> = Mutex::new(None);
+        let sent = Mutex::new((0u64, 0u64));
+        let (tx, rx) = std::sync::mpsc::sync_channel::<([u8; 32], Vec<u8>)>(16);
+        let rx = Mutex::new(rx);
+        std::thread::scope(|s| -> Result<(), VaultError> {
+            for _ in 0..4 {
+                s.spawn(|| loop {
+                    // One block, and as many more as wait (up to a batch): one request each
+                    // batch where the storage takes several.
+                    let batch: Vec<([u8; 32], Vec<u8>)> = {
+                        let rx = rx.lock().unwrap();
+                        let Ok(first) = rx.recv() else {
+                            return;
+                        };
+                        let mut batch = vec![first];
+                        let mut bytes = batch[0].1.len();
+                        while batch.len() < PUT_BATCH && bytes < PUT_BATCH_BYTES {
+                            match rx.try_recv() {
+                                Ok(b) => {
+                                    bytes += b.1.len();
+                                    batch.push(b);
+                                }
+                                Err(_) => break,
+                            }
+                        }
+                        batch
+                    };
+                    let sealed: Vec<(String, Vec<u8>)> = batch
+                        .iter()
+                        .map(|(id, plain)| {
+                            let sealed = self.seal_block(id, plain);
+                            if cache {
+                                self.cache_block(id, &sealed);
+                            }
+                            (block_name(id), sealed)
+                        })
+                        .collect();
+                    match self.store.put_many(&sealed) {
+                        Ok(()) => {
+                            let mut t = sent.lock().unwrap();
+                            t.0 += sealed.len() as u64;
+                            t.1 += sealed.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
+                        }
+                        Err(e) => {
+                            failed.lock().unwrap().get_or_insert(e);
+                        }
+                    }
+                });
+            }
+            let mut reader = ChunkReader::new(src, w.spec.build());
+            let result = loop {
+                match reader.next_chunk() {
+                    Ok(Some(c)) => {
+                        report.bytes_cut += c.data.len() as u64;
+                        progress(c.data.len() as u64);
+                        let id = self.keys.block_id(c.data);
+                        pieces.push(Piece {
+                            block: id,
+                            offset: 0,
+                            len: c.data.len() as u32,
+                        });
+                        if have.insert(id) && tx.send((id, c.data.to_vec())).is_err() {
+                            break Ok(());
+                        }
+                        if failed.lock().unwrap().is_some() {
+                            break Ok(());
+                        }
+                    }
+                    Ok(None) => break Ok(()),
+                    Err(e) => break Err(VaultError::Local(format!("reading: {e}"))),
+                }
+            };
+            drop(tx);
+            result
+        })?;
+        if let Some(e) = failed.into_inner().unwrap() {
+            return Err(e);
+        }
+        let (n, bytes) = sent.into_inner().unwrap();
+        report.blocks_sent += n;
+        report.block_bytes += bytes;
+        Ok(pieces)
+    }
+}
+
+fn removed(e: Entry) -> Change {
+    Change {
+        removed: true,
+        name: e.name,
+        size: 0,
+        root: None,
+    }
+}
+
+/// Removes `name` and what is under `name/` (a `name` ending in `/`: only what is under it).
+fn remove_under(catalog: &mut Catalog, name: &str) -> Vec<Entry> {
+    let dir = if name.ends_with('/') {
+        name.to_string()
+    } else {
+        format!("{name}/")
+    };
+    let mut gone: Vec<String> = catalog
+        .entries
+        .range(dir.clone()..)
+        .take_while(|(k, _)| k.starts_with(&dir))
+        .map(|(k, _)| k.clone())
+        .collect();
+    if !name.ends_with('/') && catalog.entries.contains_key(name) {
+        gone.push(name.to_string());
+    }
+    gone.iter()
+        .filter_map(|k| catalog.entries.remove(k))
+        .collect()
+}
+
+/// A piece as the recipe diff sees it: equal only to the same range of the same block.
+fn as_ref(p: &Piece) -> ChunkRef {
+    let digest = if p.offset == 0 {
+        p.block
+    } else {
+        let mut h = blake3::Hasher::new();
+        h.update(&p.block);
+        h.update(&p.offset.to_le_bytes());
+        h.update(&p.len.to_le_bytes());
+        *h.finalize().as_bytes()
+    };
+    ChunkRef {
+        id: Id::from_parts(HashAlg::Blake3, digest),
+        len: p.len,
+    }
+}
+
+/// The delete and insert actions that turn a file of `old` pieces into one of `new`: the diff
+/// of the two sequences, with offsets in the file as it is when each action applies.
+fn diff_actions(old: &[Piece], new: &[Piece]) -> Result<Vec<Action>, VaultError> {
+    let recipe = |ps: &[Piece]| {
+        Recipe::from_chunks(HashAlg::Blake3, ps.iter().map(as_ref).collect())
+            .map_err(|e| VaultError::BadRange(e.to_string()))
+    };
+    let diff = RecipeDiff::between(&recipe(old)?, &recipe(new)?)
+        .map_err(|e| VaultError::BadRange(e.to_string()))?;
+    let span = |ps: &[Piece]| ps.iter().map(|p| p.len as u64).sum::<u64>();
+    let (mut at, mut i) = (0u64, 0usize);
+    let mut out = vec![];
+    for op in diff.ops {
+        match op {
+            DiffOp::Keep(n) => {
+                at += span(&old[i..i + n as usize]);
+                i += n as usize;
+            }
+            DiffOp::Delete(n) => {
+                let len = span(&old[i..i + n as usize]);
+                out.push(Action::Delete { at, len });
+                i += n as usize;
+            }
+            DiffOp::Insert(refs) => {
+                let pieces: Vec<Piece> = refs
+                    .iter()
+                    .map(|r| Piece {
+                        block: *r.id.digest(),
+                        offset: 0,
+                        len: r.len,
+                    })
+                    .collect();
+                at += span(&pieces);
+                out.push(Action::Insert {
+                    at: at - span(&pieces),
+                    pieces,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What one update carries between its edits.
+pub(crate) struct Work<'n, 's> {
+    nodes: &'n mut Nodes<'s>,
+    batch: &'n mut Batch,
+    report: &'n mut UpdateReport,
+    progress: &'n dyn Fn(u64),
+    /// How this content is cut.
+    spec: ChunkerSpec,
+    /// Keep its sealed blocks in the local cache (the catalog's).
+    cache_blocks: bool,
+}
+
+/// The actions of an update, and the roots the client computed from them.
+#[derive(Default)]
+pub(crate) struct Batch {
+    files: Vec<ring::FileActions>,
+    expect: Vec<Option<Child>>,
+}
+
+/// Blocks sent in one request at most (where the storage takes several), and about how many
+/// bytes.
+const PUT_BATCH: usize = 32;
+const PUT_BATCH_BYTES: usize = 1 << 20;
+
+/// The largest batch of actions sent as one request; larger ones are sent as nodes.
+const MAX_APPLY: usize = 2 << 20;
+
+struct Counted<R> {
+    inner: R,
+    n: u64,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.n += n as u64;
+        Ok(n)
+    }
+}
+
+pub(crate) fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
