@@ -373,7 +373,10 @@ fn an_idle_source_borrows_the_requests_of_a_stalled_one() {
     // answers never hold the end of a fetch.
     assert!(!slow.asked.is_empty());
     assert!(slow.received <= 1, "{}", slow.received);
-    assert!(slow.pending.is_empty(), "every request answered or abandoned");
+    assert!(
+        slow.pending.is_empty(),
+        "every request answered or abandoned"
+    );
 }
 
 #[test]

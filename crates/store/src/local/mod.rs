@@ -181,16 +181,48 @@ fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
         .map_err(StoreError::io("fsync directory", dir))
 }
 
+/// Creates an empty redb index at `path` through a synced temporary file and a rename.
+fn new_index(dir: &Path, path: &Path) -> Result<(), StoreError> {
+    let tmp = path.with_extension("redb.tmp");
+    match fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(StoreError::io("remove", &tmp)(e))
+        }
+        _ => {}
+    }
+    drop(crate::index_builder().create(&tmp).map_err(db_err(&tmp))?);
+    File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .and_then(|()| fs::rename(&tmp, path))
+        .map_err(StoreError::io("write", path))?;
+    fsync_dir(dir)
+}
+
+/// Whether an entry of a store's directory is one a [`LocalStore::create`] cut short leaves (an
+/// empty `packs`, the marker's temporary file): such a directory is made a store again.
+fn unborn_entry(dir: &Path, name: &std::ffi::OsStr) -> bool {
+    if name == std::ffi::OsStr::new(&format!("{MARKER}.tmp")) || name == "index.redb.tmp" {
+        return true;
+    }
+    name == "packs" && fs::read_dir(dir.join(name)).is_ok_and(|mut it| it.next().is_none())
+}
+
 impl LocalStore {
-    /// Opens the store in `dir`, creating it if `dir` does not exist or is empty.
+    /// Opens the store in `dir`, creating it if `dir` does not exist or is empty (or holds only
+    /// what a creation cut short by a crash leaves).
     pub fn open_or_create(dir: impl AsRef<Path>, opts: Options) -> Result<Self, StoreError> {
         let dir = dir.as_ref();
-        let empty = match fs::read_dir(dir) {
-            Ok(mut it) => it.next().is_none(),
+        let unborn = match fs::read_dir(dir) {
+            Ok(it) => it
+                .map(|e| e.map(|e| unborn_entry(dir, &e.file_name())))
+                .collect::<Result<Vec<bool>, _>>()
+                .map_err(StoreError::io("read directory", dir))?
+                .into_iter()
+                .all(|u| u),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
             Err(e) => return Err(StoreError::io("read directory", dir)(e)),
         };
-        if empty {
+        if unborn {
             Self::create(dir, opts)
         } else {
             Self::open(dir, opts)
@@ -225,6 +257,11 @@ impl LocalStore {
         let index_path = dir.join("index.redb");
         let packs_dir = dir.join("packs");
         let fresh_index = !index_path.exists();
+        if fresh_index {
+            // Made whole beside, then renamed: a crash while redb writes its first pages must
+            // not leave an index that is "not a redb database".
+            new_index(&dir, &index_path)?;
+        }
         // redb trusts its own pages: damage past its header checks can panic inside it
         // ("unreachable"). Opening is where a damaged index is met; it is an error to repair,
         // not a crash.
