@@ -113,7 +113,7 @@ impl Plan {
     pub fn from_env() -> Plan {
         let long = std::env::var_os("FERRY_LONG").is_some_and(|v| v != "0");
         Plan {
-            random: if long { 24 } else { 2 },
+            random: if long { 6 } else { 2 },
             max_points: if long { 0 } else { 120 },
             seed: std::env::var("FERRY_CRASH_SEED")
                 .ok()

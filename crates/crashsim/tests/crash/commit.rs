@@ -11,28 +11,33 @@ use ferry_chunk::ChunkerSpec;
 use ferry_fs::{Connection, Export, Server, ServerOptions};
 use ferry_store::MemStore;
 
-use crate::{bytes, crash_all, recorder};
+use ferry_crashsim::Report;
 
-/// The tree of version `v`: name → content (a file absent from a version is deleted by it).
-fn version(v: u64) -> BTreeMap<String, Vec<u8>> {
+use crate::{bytes, crash_all, recorder, rounds};
+
+/// The tree of version `v` in round `r`: name → content (a file absent from a version is
+/// deleted by it).
+pub fn version(r: u64, v: u64) -> BTreeMap<String, Vec<u8>> {
+    let s = r << 32;
     let mut t = BTreeMap::new();
-    t.insert("small".into(), bytes(10 + v, 700));
-    let mut big = bytes(1, 90_000);
-    big.splice(
-        v as usize * 10_000..v as usize * 10_000 + 50,
-        bytes(20 + v, 400),
+    t.insert(
+        "small".into(),
+        bytes(s | (10 + v), 100 + (r as usize * 331) % 8_000),
     );
+    let mut big = bytes(s | 1, 30_000 + (r as usize * 7_919) % 90_000);
+    let at = ((r + v) as usize * 10_007) % (big.len() - 100);
+    big.splice(at..at + 50, bytes(s | (20 + v), 400));
     t.insert("dir/big".into(), big);
     if v != 2 {
-        t.insert(format!("dir/only{}", v % 2), bytes(30 + v, 5_000));
+        t.insert(format!("dir/only{}", v % 2), bytes(s | (30 + v), 5_000));
     }
     if v < 2 {
-        t.insert("gone".into(), bytes(40, 3_000));
+        t.insert("gone".into(), bytes(s | 40, 3_000));
     }
     t
 }
 
-fn connect(root: &Path) -> Connection<UnixStream, UnixStream> {
+pub fn connect(root: &Path) -> Connection<UnixStream, UnixStream> {
     let (a, b) = UnixStream::pair().unwrap();
     let export = Export::open(root).unwrap();
     std::thread::spawn(move || {
@@ -43,7 +48,7 @@ fn connect(root: &Path) -> Connection<UnixStream, UnixStream> {
     Connection::open(b.try_clone().unwrap(), b).unwrap()
 }
 
-fn write_tree(dir: &Path, t: &BTreeMap<String, Vec<u8>>) {
+pub fn write_tree(dir: &Path, t: &BTreeMap<String, Vec<u8>>) {
     let _ = std::fs::remove_dir_all(dir);
     for (name, data) in t {
         let p = dir.join(name);
@@ -53,7 +58,7 @@ fn write_tree(dir: &Path, t: &BTreeMap<String, Vec<u8>>) {
 }
 
 /// The regular files beneath `root`, by path, without the server's own (trash, temporaries).
-fn files(root: &Path) -> Result<BTreeMap<String, Vec<u8>>, String> {
+pub fn files(root: &Path) -> Result<BTreeMap<String, Vec<u8>>, String> {
     let mut out = BTreeMap::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -77,6 +82,10 @@ fn files(root: &Path) -> Result<BTreeMap<String, Vec<u8>>, String> {
 
 #[test]
 fn a_server_commit_is_whole_and_durable_at_any_crash() {
+    rounds("commit", round);
+}
+
+fn round(r: u64) -> Report {
     const VERSIONS: u64 = 3;
     let rec = recorder();
     let export = rec.path().join("export");
@@ -84,7 +93,7 @@ fn a_server_commit_is_whole_and_durable_at_any_crash() {
     let local = tempfile::tempdir().unwrap();
     let src = local.path().join("src");
     for v in 0..VERSIONS {
-        write_tree(&src, &version(v));
+        write_tree(&src, &version(r, v));
         let opts = ferry_fs::PutOptions {
             chunker: ChunkerSpec::default(),
             delete: true,
@@ -98,39 +107,46 @@ fn a_server_commit_is_whole_and_durable_at_any_crash() {
         rec.mark(format!("{v}"));
     }
     let trace = rec.finish();
-    let versions: Vec<_> = (0..VERSIONS).map(version).collect();
+    let versions: Vec<_> = (0..VERSIONS).map(|v| version(r, v)).collect();
     crash_all("commit", &trace, |c| {
         let acked = c.acked.iter().filter_map(|m| m.parse::<usize>().ok()).max();
-        let root = c.dir.join("export");
-        let have = if root.exists() {
-            files(&root)?
-        } else {
-            BTreeMap::new()
-        };
-        // Each file is one whole version someone put, never older than the last acknowledged.
-        for (name, data) in &have {
-            let from = acked.unwrap_or(0);
-            if !versions[from..].iter().any(|t| t.get(name) == Some(data)) {
-                return Err(format!(
-                    "{name} is not a version put since the last acknowledged"
-                ));
-            }
+        same_or_newer(&c.dir.join("export"), &versions, acked)
+    })
+}
+
+/// Every file beneath `root` is one whole version put since the last acknowledged (`acked`),
+/// what that version holds is there (or a later one's), and what it deleted stays deleted
+/// unless a later, unacknowledged version brought it back.
+pub fn same_or_newer(
+    root: &Path,
+    versions: &[BTreeMap<String, Vec<u8>>],
+    acked: Option<usize>,
+) -> Result<(), String> {
+    let have = if root.exists() {
+        files(root)?
+    } else {
+        BTreeMap::new()
+    };
+    for (name, data) in &have {
+        let from = acked.unwrap_or(0);
+        if !versions[from..].iter().any(|t| t.get(name) == Some(data)) {
+            return Err(format!(
+                "{name} is not a version put since the last acknowledged"
+            ));
         }
-        let Some(acked) = acked else { return Ok(()) };
-        // What the last acknowledged version holds is there (or a later version's), and what it
-        // deleted stays deleted unless a later, unacknowledged put brought it back.
-        for name in versions[acked].keys() {
-            if !have.contains_key(name) && versions[acked..].iter().all(|t| t.contains_key(name)) {
-                return Err(format!("{name} was acknowledged and is gone"));
-            }
+    }
+    let Some(acked) = acked else { return Ok(()) };
+    for name in versions[acked].keys() {
+        if !have.contains_key(name) && versions[acked..].iter().all(|t| t.contains_key(name)) {
+            return Err(format!("{name} was acknowledged and is gone"));
         }
-        for name in have.keys() {
-            if !versions[acked..].iter().any(|t| t.contains_key(name)) {
-                return Err(format!(
-                    "{name} was deleted by an acknowledged put and is back"
-                ));
-            }
+    }
+    for name in have.keys() {
+        if !versions[acked..].iter().any(|t| t.contains_key(name)) {
+            return Err(format!(
+                "{name} was deleted by an acknowledged version and is back"
+            ));
         }
-        Ok(())
-    });
+    }
+    Ok(())
 }

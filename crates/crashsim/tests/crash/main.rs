@@ -3,6 +3,8 @@
 //! random mixes (the full run); `FERRY_CRASH_SEED=N` changes the mixes.
 
 mod commit;
+mod get;
+mod objects;
 mod store;
 mod vault;
 
@@ -21,6 +23,30 @@ pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
 /// Mounts a recorder (the tests need root and /dev/fuse, as the mount's do).
 pub fn recorder() -> Recorder {
     Recorder::mount().expect("mounting the crash simulator (root and /dev/fuse are needed)")
+}
+
+/// Runs a scenario once (in CI) or over many rounds of varied sizes and edits (`FERRY_LONG=1`:
+/// `FERRY_CRASH_ROUNDS`, 25 by default), and prints the totals.
+pub fn rounds(name: &str, round: impl Fn(u64) -> Report) {
+    let long = std::env::var_os("FERRY_LONG").is_some_and(|v| v != "0");
+    let n = match std::env::var("FERRY_CRASH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        Some(n) => n,
+        None if long => 25,
+        None => 1,
+    };
+    let mut total = Report::default();
+    for r in 0..n {
+        let rep = round(r);
+        total.crash_points += rep.crash_points;
+        total.states += rep.states;
+    }
+    eprintln!(
+        "{name} total: {n} rounds, {} crash points, {} states checked",
+        total.crash_points, total.states
+    );
 }
 
 /// Checks every crash state and prints what was tried.
@@ -43,4 +69,54 @@ pub fn crash_all(
         }
         Err(f) => panic!("{name}: {f}"),
     }
+}
+
+/// Writes `data` to `path` as a careful program does (or, with `sync` false, as a careless one
+/// does: no fsync before the rename).
+fn commit_file(path: &std::path::Path, data: &[u8], sync: bool) {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp).unwrap();
+    f.write_all(data).unwrap();
+    if sync {
+        f.sync_all().unwrap();
+    }
+    std::fs::rename(&tmp, path).unwrap();
+    std::fs::File::open(path.parent().unwrap())
+        .unwrap()
+        .sync_all()
+        .unwrap();
+}
+
+fn careful_or_not(sync: bool) -> Result<Report, ferry_crashsim::Failure> {
+    let rec = recorder();
+    let f = rec.path().join("f");
+    for (i, data) in [&b"old version"[..], b"new version"].iter().enumerate() {
+        commit_file(&f, data, sync || i == 0);
+        rec.mark(format!("{i}"));
+    }
+    let trace = rec.finish();
+    let plan = Plan {
+        random: 4,
+        max_points: 0,
+        seed: 1,
+    };
+    trace.check(plan, |c| {
+        let got = std::fs::read(c.dir.join("f")).unwrap_or_default();
+        match c.acked.len() {
+            2 if got != b"new version" => Err(format!("f holds {got:?} after the new one")),
+            1 if got != b"old version" && got != b"new version" => Err(format!("f holds {got:?}")),
+            _ => Ok(()),
+        }
+    })
+}
+
+/// The checks can fail: a commit that renames before its data is synced is caught (the file
+/// the rename made durable is empty), and the same commit with its fsync passes.
+#[test]
+fn a_commit_that_skips_its_fsync_is_caught() {
+    let f = careful_or_not(false).expect_err("the lost data must be found");
+    assert!(f.message.contains("f holds []"), "{f}");
+    let r = careful_or_not(true).unwrap();
+    assert!(r.crash_points >= 8, "{r:?}");
 }

@@ -5,7 +5,9 @@ use ferry_chunk::ChunkerSpec;
 use ferry_format::Oid;
 use ferry_store::{read_object, store_object, ChunkStore, LocalStore, Options};
 
-use crate::{bytes, crash_all, recorder};
+use ferry_crashsim::Report;
+
+use crate::{bytes, crash_all, recorder, rounds};
 
 fn opts() -> Options {
     Options {
@@ -16,10 +18,12 @@ fn opts() -> Options {
     }
 }
 
-/// Object `i`: half shared with object `i - 1` (dedup across puts), half new.
-fn object(i: u64) -> Vec<u8> {
-    let mut d = bytes(i.saturating_sub(1) * 2 + 1, 24_000);
-    d.extend(bytes(i * 2, 24_000));
+/// Object `i` of round `r`: half shared with object `i - 1` (dedup across puts), half new;
+/// sizes vary with the round.
+fn object(r: u64, i: u64) -> Vec<u8> {
+    let half = 8_000 + (r * 7_919 + i * 104_729) as usize % 24_000;
+    let mut d = bytes(r << 32 | (i.saturating_sub(1) * 2 + 1), half);
+    d.extend(bytes(r << 32 | (i * 2), half));
     d
 }
 
@@ -32,13 +36,17 @@ fn read(s: &LocalStore, oid: &Oid) -> Result<Option<Vec<u8>>, String> {
 
 #[test]
 fn the_store_loses_nothing_flushed_at_any_crash() {
+    rounds("store", round);
+}
+
+fn round(r: u64) -> Report {
     let rec = recorder();
     let spec = ChunkerSpec::default();
     let mut oids = vec![];
     {
         let s = LocalStore::open_or_create(rec.path().join("store"), opts()).unwrap();
         for i in 0..8u64 {
-            let (oid, _, _) = store_object(&s, &object(i)[..], &spec, |_| {}).unwrap();
+            let (oid, _, _) = store_object(&s, &object(r, i)[..], &spec, |_| {}).unwrap();
             oids.push(oid);
             rec.mark(format!("put {i}"));
             if i % 3 == 2 {
@@ -64,7 +72,7 @@ fn the_store_loses_nothing_flushed_at_any_crash() {
                 Ok(Some(_)) if removed => {
                     return Err(format!("object {i} was removed (acknowledged) and is back"))
                 }
-                Ok(Some(d)) if d == object(i as u64) => {}
+                Ok(Some(d)) if d == object(r, i as u64) => {}
                 Ok(Some(_)) => return Err(format!("object {i} read back wrong")),
                 Ok(None) if !acked || removing => {}
                 Ok(None) => return Err(format!("object {i} was acknowledged and is gone")),
@@ -81,5 +89,5 @@ fn the_store_loses_nothing_flushed_at_any_crash() {
             ));
         }
         Ok(())
-    });
+    })
 }

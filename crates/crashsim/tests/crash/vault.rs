@@ -4,7 +4,9 @@
 
 use ferry_vault::{Config, DirBackend, Edit, KdfParams, Kind, Source, Vault};
 
-use crate::{bytes, crash_all, recorder};
+use ferry_crashsim::Report;
+
+use crate::{bytes, crash_all, recorder, rounds};
 
 const FAST: KdfParams = KdfParams {
     memory_kib: 64,
@@ -14,11 +16,11 @@ const FAST: KdfParams = KdfParams {
 const PASS: &[u8] = b"crash";
 
 /// The content of file `a` in version `v` (1-based): an edit in the middle of the last one.
-fn content(v: u64) -> Vec<u8> {
-    let mut d = bytes(100, 60_000);
+fn content(r: u64, v: u64) -> Vec<u8> {
+    let mut d = bytes(r << 32 | 100, 20_000 + (r * 7_919) as usize % 60_000);
     for i in 1..=v {
-        let at = (i as usize * 7919) % 50_000;
-        d.splice(at..at + 100, bytes(200 + i, 300));
+        let at = ((r + i) as usize * 7_919) % (d.len() - 200);
+        d.splice(at..at + 100, bytes(r << 32 | (200 + i), 300));
     }
     d
 }
@@ -53,6 +55,10 @@ fn read(v: &Vault, seq: u64, name: &str) -> Result<Vec<u8>, String> {
 
 #[test]
 fn the_vault_keeps_every_acknowledged_version_at_any_crash() {
+    rounds("vault", round);
+}
+
+fn round(r: u64) -> Report {
     const VERSIONS: u64 = 4;
     let rec = recorder();
     let root = rec.path().join("vault");
@@ -62,7 +68,7 @@ fn the_vault_keeps_every_acknowledged_version_at_any_crash() {
         rec.mark("init");
         for seq in 1..=VERSIONS {
             let mut edits = vec![
-                put("a", content(seq)),
+                put("a", content(r, seq)),
                 put(&format!("f{seq}"), bytes(seq, 900)),
             ];
             if seq == 3 {
@@ -100,7 +106,7 @@ fn the_vault_keeps_every_acknowledged_version_at_any_crash() {
             ));
         }
         for seq in 1..=latest.seq {
-            if read(&v, seq, "a")? != content(seq) {
+            if read(&v, seq, "a")? != content(r, seq) {
                 return Err(format!("version {seq} of a reads back wrong"));
             }
         }
@@ -109,5 +115,5 @@ fn the_vault_keeps_every_acknowledged_version_at_any_crash() {
             return Err(format!("check: {:?}", r.problems));
         }
         Ok(())
-    });
+    })
 }

@@ -71,11 +71,15 @@ pub(crate) fn parent_dir(local: &Path) -> &Path {
         .unwrap_or(Path::new("."))
 }
 
-/// A temporary file beside `local`, to be renamed over it once whole.
+/// A temporary file beside `local`, to be renamed over it once whole: `.ferry-tmp-` and six
+/// random characters, so that what a crash (or kill -9) leaves is plainly Ferry's.
 pub(crate) fn temp_beside(local: &Path) -> Result<tempfile::NamedTempFile, GetError> {
     let dir = parent_dir(local);
     fs::create_dir_all(dir).map_err(GetError::local("create directory", dir))?;
-    tempfile::NamedTempFile::new_in(dir).map_err(GetError::local("create a temporary file in", dir))
+    tempfile::Builder::new()
+        .prefix(".ferry-tmp-")
+        .tempfile_in(dir)
+        .map_err(GetError::local("create a temporary file in", dir))
 }
 
 /// Gives a file written in full to `tmp` its mode and mtime, and renames it over its

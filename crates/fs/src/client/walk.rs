@@ -64,8 +64,16 @@ pub fn get<R: io::Read + Send, W: Write>(
     if !batch.is_empty() {
         fetch_files(conn, batch, src, stats, true)?;
     }
+    let mut emptied = std::collections::BTreeSet::new();
     for p in plan.deletes {
         remove_local(&p).map_err(GetError::local("delete", &p))?;
+        emptied.insert(super::install::parent_dir(&p).to_path_buf());
+    }
+    // Deletions made durable before the get says it is done, as installs are.
+    for dir in emptied {
+        File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(GetError::local("fsync", &dir))?;
     }
     fetch_links(conn, plan.links, stats)?;
     // Children before parents: a directory's mtime is set after its contents changed, and a
