@@ -13,6 +13,7 @@
 //! LazyFS (VLDB '24) and ALICE (OSDI '14) do the same below real programs; this one is small and
 //! in-process so that the checks are ordinary Rust tests. Mounting needs root and /dev/fuse.
 
+pub mod corrupt;
 pub mod model;
 
 mod fs;

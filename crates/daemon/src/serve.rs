@@ -287,6 +287,7 @@ fn peer_side(
         max_sessions: 16,
         guests: 64,
         hello_timeout: ferry_net::HELLO_TIMEOUT,
+        handshake_timeout: ferry_net::HANDSHAKE_TIMEOUT,
     };
     std::thread::Builder::new()
         .name("ferry-peers".into())

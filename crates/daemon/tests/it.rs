@@ -698,6 +698,7 @@ fn liar(dir: &Path, shelf: Liar) -> ferry_daemon::Hint {
         max_sessions: 4,
         guests: 4,
         hello_timeout: ferry_net::HELLO_TIMEOUT,
+        handshake_timeout: ferry_net::HANDSHAKE_TIMEOUT,
     };
     std::thread::spawn(move || daemon.run(handler));
     ferry_daemon::Hint::new(format!("ferry://{addr}?key={key}"), 0, 0)

@@ -20,6 +20,11 @@ struct Setup {
 /// A daemon on a thread of its own serving an empty export, one session at a time, hanging
 /// up on a client that has not said Hello after `hello`.
 fn daemon(hello: Duration) -> Setup {
+    daemon_with(hello, HANDSHAKE_TIMEOUT)
+}
+
+/// Likewise, dropping connections whose TLS handshake is not done after `handshake`.
+fn daemon_with(hello: Duration, handshake: Duration) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let (server, _) = Identity::load_or_create(&dir.path().join("server")).unwrap();
     let (allowed, _) = Identity::load_or_create(&dir.path().join("allowed")).unwrap();
@@ -47,6 +52,7 @@ fn daemon(hello: Duration) -> Setup {
         max_sessions: 1,
         guests: 0,
         hello_timeout: hello,
+        handshake_timeout: handshake,
     };
     std::thread::spawn(move || d.run(handler));
     Setup {
@@ -127,4 +133,157 @@ fn strangers_take_no_session_slots_and_a_silent_client_is_dropped() {
         "the silent client is hung up on"
     );
     drop(strangers);
+}
+
+/// Threads, descriptors and resident bytes of this process.
+fn usage() -> (usize, usize, u64) {
+    let count = |d: &str| std::fs::read_dir(d).map(|r| r.count()).unwrap_or(0);
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let rss_kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    (
+        count("/proc/self/task"),
+        count("/proc/self/fd"),
+        rss_kb << 10,
+    )
+}
+
+/// What each hostile connection does.
+#[derive(Clone, Copy)]
+enum Hostile {
+    /// Not TLS at all: 64 KiB of garbage.
+    Garbage,
+    /// Connects and says nothing, not even a TLS hello.
+    Mute,
+    /// Finishes the handshake as a stranger and says nothing.
+    Silent,
+    /// Finishes the handshake as a stranger and starts a 4 MiB frame it never finishes.
+    Partial,
+}
+
+/// One hostile connection: opens, misbehaves as `kind` says, and waits to be hung up on.
+async fn hostile(
+    port: u16,
+    kind: Hostile,
+    connector: tokio_rustls::TlsConnector,
+    opened: Arc<std::sync::atomic::AtomicUsize>,
+    dropped: Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::Ordering;
+    use tokio::io::AsyncWriteExt;
+    let mut buf = vec![0u8; 4096];
+    let Ok(mut tcp) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        panic!("cannot connect");
+    };
+    match kind {
+        Hostile::Garbage | Hostile::Mute => {
+            if let Hostile::Garbage = kind {
+                let _ = tcp.write_all(&[0x55; 64 << 10]).await;
+            }
+            opened.fetch_add(1, Ordering::SeqCst);
+            while let Ok(1..) = tcp.read(&mut buf).await {}
+        }
+        Hostile::Silent | Hostile::Partial => {
+            let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+            match connector.connect(name, tcp).await {
+                Ok(mut tls) => {
+                    if let Hostile::Partial = kind {
+                        // A frame header that claims 4 MiB, and 1 MiB of it.
+                        let mut head = vec![0u8; ferry_proto::FRAME_HEADER_LEN];
+                        head[..4].copy_from_slice(&(4u32 << 20).to_le_bytes());
+                        let _ = tls.write_all(&head).await;
+                        let _ = tls.write_all(&vec![7u8; 1 << 20]).await;
+                    }
+                    opened.fetch_add(1, Ordering::SeqCst);
+                    while let Ok(1..) = tls.read(&mut buf).await {}
+                }
+                Err(_) => {
+                    opened.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+    dropped.fetch_add(1, Ordering::SeqCst);
+}
+
+/// 1,000 hostile connections at once (garbage, mute, silent strangers, strangers stalled in a
+/// 4 MiB frame) while an authorized client keeps working: no thread per connection, memory
+/// bounded, and every one of them hung up on by the daemon within its timeouts.
+#[test]
+fn a_thousand_hostile_connections_leave_authorized_clients_working() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const N: usize = 1000;
+    let d = daemon_with(Duration::from_secs(2), Duration::from_secs(2));
+    d.ask(&d.allowed).unwrap();
+    let before = usage();
+    let (stranger, _) = tls::client_config(&d.stranger, None).unwrap();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(stranger));
+    let opened = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let port = d.port;
+    // The hostile side: one thread, one runtime, every connection a task.
+    let hostile = {
+        let (opened, dropped) = (opened.clone(), dropped.clone());
+        std::thread::spawn(move || {
+            runtime().unwrap().block_on(async move {
+                let tasks: Vec<_> = (0..N)
+                    .map(|i| {
+                        let kind = [
+                            Hostile::Garbage,
+                            Hostile::Mute,
+                            Hostile::Silent,
+                            Hostile::Partial,
+                        ][i % 4];
+                        let (c, o, d) = (connector.clone(), opened.clone(), dropped.clone());
+                        tokio::spawn(hostile(port, kind, c, o, d))
+                    })
+                    .collect();
+                for t in tasks {
+                    let _ = t.await;
+                }
+            })
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while opened.load(Ordering::SeqCst) < N {
+        assert!(
+            Instant::now() < deadline,
+            "the hostile connections did not all open"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let held = usage();
+    // The authorized client works while they are held (one session slot, and it is free).
+    for _ in 0..5 {
+        d.ask(&d.allowed).unwrap();
+    }
+    // Bounds: threads do not grow with connections (the daemon's runtime and one thread per
+    // session: here one); memory stays under 256 KiB a connection, all sides of it counted.
+    let threads = held.0.saturating_sub(before.0);
+    assert!(threads < 64, "{threads} more threads for {N} connections");
+    let rss = held.2.saturating_sub(before.2);
+    assert!(
+        rss < (N as u64) << 18,
+        "{} MiB more for {N} connections",
+        rss >> 20
+    );
+    eprintln!(
+        "{N} hostile connections held: +{threads} threads, +{} descriptors (both ends), +{} MiB",
+        held.1.saturating_sub(before.1),
+        rss >> 20
+    );
+    // Every one is hung up on (handshake, refusal and Hello timeouts).
+    while dropped.load(Ordering::SeqCst) < N {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {N} hostile connections still held",
+            N - dropped.load(Ordering::SeqCst)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    hostile.join().unwrap();
+    d.ask(&d.allowed).unwrap();
 }

@@ -29,8 +29,9 @@ pub use keys::{
 
 /// The daemon's port when a `ferry://` address names none.
 pub const DEFAULT_PORT: u16 = 7330;
-/// A TCP connection or a TLS handshake that takes longer than this is given up.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(20);
+/// A TCP connection or a TLS handshake that takes longer than this is given up (by default:
+/// [`Daemon::handshake_timeout`]).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(20);
 /// A client the daemon turns away gets this long to say Hello and read why, in a first frame
 /// of at most [`REFUSAL_FRAME`] bytes: a refused connection costs the daemon a task, a few KB
 /// and a descriptor for this long, never a thread or a session slot.
@@ -322,6 +323,9 @@ pub struct Daemon {
     /// A session whose client has not said Hello this long after its handshake ends, and its
     /// slot is free again ([`HELLO_TIMEOUT`]).
     pub hello_timeout: Duration,
+    /// A connection that has not finished its TLS handshake this long after it was accepted is
+    /// dropped ([`HANDSHAKE_TIMEOUT`]).
+    pub handshake_timeout: Duration,
 }
 
 impl Daemon {
@@ -334,6 +338,7 @@ impl Daemon {
         let guest_slots = Arc::new(tokio::sync::Semaphore::new(self.guests));
         let admit_guests = self.guests > 0;
         let hello = self.hello_timeout;
+        let handshake = self.handshake_timeout;
         let listener = self.listener;
         rt.block_on(async move {
             listener
@@ -358,7 +363,7 @@ impl Daemon {
                     tcp,
                     addr,
                     keys.clone(),
-                    (handler.clone(), hello),
+                    (handler.clone(), hello, handshake),
                     (slots.clone(), admit_guests.then(|| guest_slots.clone())),
                 ));
             }
@@ -371,13 +376,13 @@ async fn session(
     tcp: tokio::net::TcpStream,
     addr: SocketAddr,
     keys: Arc<PathBuf>,
-    (handler, hello): (Handler, Duration),
+    (handler, hello, handshake): (Handler, Duration, Duration),
     (slots, guests): (
         Arc<tokio::sync::Semaphore>,
         Option<Arc<tokio::sync::Semaphore>>,
     ),
 ) {
-    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+    let tls = match tokio::time::timeout(handshake, acceptor.accept(tcp)).await {
         Ok(Ok(t)) => t,
         Ok(Err(e)) => return tracing::info!("{addr}: handshake failed: {e}"),
         Err(_) => return tracing::info!("{addr}: handshake timed out"),

@@ -457,6 +457,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         max_sessions: a.max_sessions.max(1),
         guests: 0,
         hello_timeout: ferry_net::HELLO_TIMEOUT,
+        handshake_timeout: ferry_net::HANDSHAKE_TIMEOUT,
     }
     .run(handler)?;
     Ok(ExitCode::SUCCESS)
