@@ -51,8 +51,8 @@ fn read_all(v: &Vault, want: &[BTreeMap<String, Vec<u8>>]) -> Result<usize, Stri
             };
             let mut out = vec![];
             match v.read_content(ferry_vault::records::child(e.size, e.root), &mut out) {
-                Ok(()) if out == *data => {}
-                Ok(()) => return Err(format!("version {}, {name} read back WRONG", i + 1)),
+                Ok(_) if out == *data => {}
+                Ok(_) => return Err(format!("version {}, {name} read back WRONG", i + 1)),
                 Err(_) => failed += 1,
             }
         }

@@ -1,0 +1,204 @@
+//! No path escapes the export, over many random requests (names, `..`, symlinks, renames,
+//! creates) while another thread swaps a directory of the export with a symlink to a directory
+//! outside it, as fast as it can: nothing outside is read, listed, written or removed.
+//! `FERRY_LONG=1` sends 1,000,000 requests; CI 20,000.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use ferry_fs::{Export, Server, ServerOptions};
+use ferry_proto::{Hello, Message, Request, Target, WirePath, FEATURES, VERSION};
+use ferry_store::MemStore;
+
+/// A name only the outside directory holds, and bytes only its file holds.
+const OUTSIDE_NAME: &str = "outside-only-name";
+const OUTSIDE_BYTES: &[u8] = b"bytes that live outside the export: 8c41f0d2";
+
+/// Names the requests use (a path with an empty, `.` or `..` component cannot be sent: the
+/// message decoder refuses it, and the fuzz target `server` sends such bytes).
+const NAMES: &[&str] = &[
+    "d",
+    "d/f",
+    "d/g",
+    "d/sub",
+    "d/sub/h",
+    "e",
+    "e/f",
+    "abs",
+    "abs/f",
+    "swap",
+    "swap/f",
+    "new",
+    "d/new",
+    "e/new",
+    "swap/sub",
+    "swap/sub/h",
+    "lnk",
+    "lnk/f",
+    "d/sub/lnk",
+    "d/sub/lnk/f",
+];
+
+fn setup(root: &Path) {
+    let ex = root.join("export");
+    std::fs::create_dir_all(ex.join("d/sub")).unwrap();
+    std::fs::write(ex.join("d/f"), b"inside f").unwrap();
+    let out = root.join("outside");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join(OUTSIDE_NAME), OUTSIDE_BYTES).unwrap();
+    std::fs::write(out.join("f"), OUTSIDE_BYTES).unwrap();
+    std::os::unix::fs::symlink("../outside", ex.join("e")).unwrap();
+    std::os::unix::fs::symlink(&out, ex.join("abs")).unwrap();
+    std::os::unix::fs::symlink("../outside", ex.join("swap")).unwrap();
+}
+
+/// The modes of the outside directory and its files.
+fn modes(root: &Path) -> Vec<u32> {
+    use std::os::unix::fs::PermissionsExt;
+    let out = root.join("outside");
+    ["", "f", OUTSIDE_NAME]
+        .iter()
+        .map(|n| {
+            std::fs::symlink_metadata(out.join(n))
+                .unwrap()
+                .permissions()
+                .mode()
+        })
+        .collect()
+}
+
+fn outside_intact(root: &Path, modes_before: &[u32]) {
+    assert_eq!(
+        modes(root),
+        modes_before,
+        "a mode outside the export changed"
+    );
+    let out = root.join("outside");
+    let mut names: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["f", OUTSIDE_NAME], "the outside directory changed");
+    for n in &names {
+        assert_eq!(
+            std::fs::read(out.join(n)).unwrap(),
+            OUTSIDE_BYTES,
+            "{n} changed"
+        );
+    }
+}
+
+fn request(rng: &mut u64, handle: &mut u32) -> Request {
+    let mut next = || {
+        *rng ^= *rng << 13;
+        *rng ^= *rng >> 7;
+        *rng ^= *rng << 17;
+        *rng
+    };
+    let mut name = || -> WirePath { NAMES[(next() % NAMES.len() as u64) as usize].into() };
+    let (a, b) = (name(), name());
+    match next() % 12 {
+        0 => Request::GetAttr { path: a },
+        1 => Request::ReadDir {
+            path: a,
+            keys: vec![],
+        },
+        2 => Request::ReadLink { path: a },
+        3 => Request::ReadFiles {
+            files: vec![(a, vec![]), (b, vec![])],
+        },
+        4 => Request::ReadRange {
+            target: Target::Path(a),
+            offset: 0,
+            len: 1 << 16,
+        },
+        5 => Request::Mkdir {
+            path: a,
+            mode: 0o755,
+        },
+        6 => Request::Rename { from: a, to: b },
+        7 => Request::Unlink { path: a },
+        8 => Request::Rmdir { path: a },
+        9 => Request::Symlink {
+            path: a,
+            target: b"../outside".to_vec(),
+        },
+        10 => Request::SetAttr {
+            path: a,
+            mode: Some(0o777),
+            mtime_ns: Some(0),
+        },
+        _ => {
+            *handle += 1;
+            Request::Create {
+                handle: *handle,
+                path: a,
+                base: None,
+            }
+        }
+    }
+}
+
+#[test]
+fn no_request_escapes_the_export_while_a_racer_swaps_symlinks() {
+    let long = std::env::var_os("FERRY_LONG").is_some_and(|v| v != "0");
+    let n: u64 = if long { 1_000_000 } else { 20_000 };
+    let t = tempfile::tempdir().unwrap();
+    setup(t.path());
+    let before = modes(t.path());
+    let ex = t.path().join("export");
+    let stop = Arc::new(AtomicBool::new(false));
+    // The racer: `d` and `swap` exchange places (a directory and a symlink leading outside),
+    // again and again, whatever the requests do meanwhile.
+    let racer = {
+        let (ex, stop) = (ex.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut swaps = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let _ = rustix::fs::renameat_with(
+                    rustix::fs::CWD,
+                    ex.join("d"),
+                    rustix::fs::CWD,
+                    ex.join("swap"),
+                    rustix::fs::RenameFlags::EXCHANGE,
+                );
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    let staging = Arc::new(MemStore::new(ferry_format::HashAlg::Blake3));
+    let opts = ServerOptions {
+        lease_ms: 0,
+        ..ServerOptions::default()
+    };
+    let mut server = Server::new(Export::open(&ex).unwrap(), opts, staging);
+    let hello = Message::Hello(Hello {
+        version: VERSION,
+        features: FEATURES,
+        agent: "escapes".into(),
+    });
+    server.handle(&hello.to_frame(0));
+    let (mut rng, mut handle) = (0x9e37_79b9_7f4a_7c15u64, 0u32);
+    for i in 0..n {
+        let r = request(&mut rng, &mut handle);
+        for f in server.handle(&Message::Request(r.clone()).to_frame(i as u32 + 1)) {
+            let body = &f.body;
+            let leaked = |m: &[u8]| body.windows(m.len()).any(|w| w == m);
+            assert!(
+                !leaked(OUTSIDE_BYTES),
+                "request {i} ({r:?}) read outside the export"
+            );
+            assert!(
+                !leaked(OUTSIDE_NAME.as_bytes()),
+                "request {i} ({r:?}) listed outside the export"
+            );
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let swaps = racer.join().unwrap();
+    outside_intact(t.path(), &before);
+    eprintln!("{n} requests, {swaps} swaps, nothing outside the export touched");
+}
