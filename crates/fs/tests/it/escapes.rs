@@ -202,3 +202,67 @@ fn no_request_escapes_the_export_while_a_racer_swaps_symlinks() {
     outside_intact(t.path(), &before);
     eprintln!("{n} requests, {swaps} swaps, nothing outside the export touched");
 }
+
+/// The client's side: gets (mirroring, with deletes) into a destination where a racer
+/// exchanges a directory with a symlink leading outside, again and again. A get may fail; it
+/// never writes, removes or chmods anything outside the destination.
+#[test]
+fn no_get_escapes_the_destination_while_a_racer_swaps_symlinks() {
+    let long = std::env::var_os("FERRY_LONG").is_some_and(|v| v != "0");
+    let gets = if long { 1_000 } else { 40 };
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(src.join("d/sub")).unwrap();
+    for (name, len) in [
+        ("d/f", 100),
+        ("d/sub/h", 20_000),
+        ("d/sub/i", 5_000),
+        ("x", 10),
+    ] {
+        std::fs::write(src.join(name), crate::bytes(len as u64, len)).unwrap();
+    }
+    // The destination is beside the outside directory, as `export` is in `setup`.
+    setup(t.path());
+    let before = modes(t.path());
+    let dst = t.path().join("export");
+    let stop = Arc::new(AtomicBool::new(false));
+    let racer = {
+        let (dst, stop) = (dst.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut swaps = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let r = rustix::fs::renameat_with(
+                    rustix::fs::CWD,
+                    dst.join("d"),
+                    rustix::fs::CWD,
+                    dst.join("swap"),
+                    rustix::fs::RenameFlags::EXCHANGE,
+                );
+                if r.is_err() {
+                    // The get removed or replaced one: a symlink leading outside again.
+                    let _ = std::os::unix::fs::symlink("../outside", dst.join("swap"));
+                    let _ = std::os::unix::fs::symlink("../outside", dst.join("d"));
+                }
+                swaps += 1;
+                // A pause now and then, so that some gets also run whole between swaps.
+                if swaps % 64 == 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+            }
+            swaps
+        })
+    };
+    let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+    let mut ok = 0;
+    for i in 0..gets {
+        match crate::get_deleting(&mut crate::connect(&src), "", &dst, &cache, i % 2 == 0) {
+            Ok(_) => ok += 1,
+            Err(e) if i < 3 => eprintln!("get {i}: {e}"),
+            Err(_) => {}
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let swaps = racer.join().unwrap();
+    outside_intact(t.path(), &before);
+    eprintln!("{gets} gets ({ok} whole), {swaps} swaps, nothing outside the destination touched");
+}
