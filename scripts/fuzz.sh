@@ -14,7 +14,7 @@ targets=("$@")
 if ((${#targets[@]} == 0)); then
   mapfile -t targets < <(cargo +nightly fuzz list)
 fi
-cargo +nightly fuzz build -O "${targets[@]}" >/dev/null 2>&1 || cargo +nightly fuzz build -O
+cargo +nightly fuzz build -O >/dev/null || exit 1
 status=0
 for t in "${targets[@]}"; do
   mkdir -p "corpus/$t"

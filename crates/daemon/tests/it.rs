@@ -1272,3 +1272,228 @@ fn objects_over_the_wire() {
     assert_eq!(del(&mut g, &cap).unwrap(), [Reply::Ok]);
     assert!(read(&mut s, &cap, 0, 5).is_err());
 }
+
+/// One of every request the protocol has, with `cap` where a capability goes. The match in
+/// `kind` has no wildcard: a new request type does not compile until it is in this table.
+fn every_request(oid: ferry_format::Id, cap: &[u8], ticket: &[u8]) -> Vec<ferry_proto::Request> {
+    use ferry_proto::{GetChunks, Ids, KeyOlds, Request, Target, VaultOp, WritePart};
+    let p = || ferry_proto::WirePath::from("f");
+    vec![
+        Request::GetAttr { path: p() },
+        Request::ReadDir {
+            path: p(),
+            keys: vec![],
+        },
+        Request::ReadLink { path: p() },
+        Request::Mkdir {
+            path: p(),
+            mode: 0o755,
+        },
+        Request::Rename {
+            from: p(),
+            to: "g".into(),
+        },
+        Request::Unlink { path: p() },
+        Request::Rmdir { path: p() },
+        Request::Symlink {
+            path: p(),
+            target: b"x".to_vec(),
+        },
+        Request::SetAttr {
+            path: p(),
+            mode: Some(0o600),
+            mtime_ns: None,
+        },
+        Request::GetRecipe {
+            target: Target::Path(p()),
+            short: false,
+            known: vec![],
+        },
+        Request::GetChunks(GetChunks {
+            ids: Ids::Full(vec![oid]),
+            at: None,
+            against: None,
+        }),
+        Request::ReadFiles {
+            files: vec![(p(), vec![])],
+        },
+        Request::ReadRange {
+            target: Target::Path(p()),
+            offset: 0,
+            len: 10,
+        },
+        Request::Have {
+            ids: Ids::Full(vec![oid]),
+        },
+        Request::GetKeys {
+            path: p(),
+            version: None,
+            olds: KeyOlds::Indices(vec![]),
+            new_bytes: 1,
+        },
+        Request::Create {
+            handle: 1,
+            path: p(),
+            base: None,
+        },
+        Request::Write {
+            handle: 1,
+            parts: vec![WritePart::Base { start: 0, count: 1 }],
+        },
+        Request::Commit {
+            handle: 1,
+            mode: 0o644,
+            mtime_ns: 0,
+            size: 0,
+            oid,
+        },
+        Request::Abort { handle: 1 },
+        Request::ObjectRecipe {
+            oid,
+            cap: cap.to_vec(),
+            from: 0,
+        },
+        Request::ObjectChunks {
+            oid,
+            cap: cap.to_vec(),
+            ids: Ids::Full(vec![oid]),
+        },
+        Request::ObjectRead {
+            cap: cap.to_vec(),
+            offset: 0,
+            len: 10,
+        },
+        Request::ObjectCreate {
+            durability: 1,
+            size: 3,
+            data: b"abc".to_vec(),
+        },
+        Request::ObjectAppend {
+            data: b"abc".to_vec(),
+        },
+        Request::ObjectDelete { cap: cap.to_vec() },
+        Request::ObjectReplicate {
+            durability: 1,
+            ticket: ticket.to_vec(),
+        },
+        Request::Vault {
+            path: p(),
+            op: VaultOp::List,
+            name: b"heads".to_vec(),
+            data: vec![],
+        },
+    ]
+}
+
+/// What a request is the authority of: a capability's, an owner's (an authorized key's), or the
+/// export's. Exhaustive on purpose.
+fn kind(r: &ferry_proto::Request) -> &'static str {
+    use ferry_proto::Request as R;
+    match r {
+        R::ObjectRecipe { .. }
+        | R::ObjectChunks { .. }
+        | R::ObjectRead { .. }
+        | R::ObjectDelete { .. } => "capability",
+        R::GetChunks(_)
+        | R::ObjectCreate { .. }
+        | R::ObjectAppend { .. }
+        | R::ObjectReplicate { .. } => "owner",
+        R::GetAttr { .. }
+        | R::ReadDir { .. }
+        | R::ReadLink { .. }
+        | R::Mkdir { .. }
+        | R::Rename { .. }
+        | R::Unlink { .. }
+        | R::Rmdir { .. }
+        | R::Symlink { .. }
+        | R::SetAttr { .. }
+        | R::GetRecipe { .. }
+        | R::ReadFiles { .. }
+        | R::ReadRange { .. }
+        | R::Have { .. }
+        | R::GetKeys { .. }
+        | R::Create { .. }
+        | R::Write { .. }
+        | R::Commit { .. }
+        | R::Abort { .. }
+        | R::Vault { .. } => "export",
+    }
+}
+
+/// Every request type, over TLS to a transfer daemon, from a key it does not know (a guest):
+/// with no capability, a forged one, and a valid one too weak for the request. A guest gets only
+/// what a capability is the authority for, and every capability that does not allow the request
+/// gets one and the same answer ("no such object, or not with this capability"), whether the
+/// object exists or not. An authorized key gets objects and chunks, never the daemon's files.
+#[test]
+fn every_request_type_refused_without_its_authority() {
+    use ferry_proto::{ErrorCode, Reply};
+    let tmp = tempfile::tempdir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let t: Ticket = put_file(&a, "in", &data(100_000, 31))
+        .ticket
+        .parse()
+        .unwrap();
+    let read_only = t.restrict(ferry_daemon::Rights::READ).unwrap();
+    let mut forged = t.clone();
+    forged.cap.check[0] ^= 1;
+    let guest_dir = tmp.path().join("guest");
+    std::fs::create_dir_all(&guest_dir).unwrap();
+    let (me, _) = ferry_net::Identity::load_or_create(&guest_dir).unwrap();
+    let (ep, key) = ferry_daemon::fetch::parse_peer(&t.hints[0].uri).unwrap();
+    let ticket = t.to_string().into_bytes();
+    let code = |r: Result<Vec<Reply>, ferry_fs::ConnError>| match r {
+        Err(ferry_fs::ConnError::Remote { code, message }) => (code, message),
+        r => panic!("not refused: {r:?}"),
+    };
+    let caps: [(&str, Vec<u8>); 3] = [
+        ("no capability", vec![]),
+        ("a forged capability", forged.cap.to_bytes()),
+        ("a capability without the right", read_only.cap.to_bytes()),
+    ];
+    let mut tried = 0;
+    for (what, cap) in &caps {
+        // A fresh session each time: a refused request may end the session's state.
+        for r in every_request(t.oid.0, cap, &ticket) {
+            // A read-only capability does allow the reads: only the delete is too weak for it.
+            if *what == "a capability without the right"
+                && !matches!(r, ferry_proto::Request::ObjectDelete { .. })
+            {
+                continue;
+            }
+            let mut s = ferry_net::connect_pinned(&ep, &me, key).unwrap();
+            let (c, m) = code(s.conn.call(r.clone()));
+            match kind(&r) {
+                "capability" => {
+                    assert_eq!(c, ErrorCode::NotFound, "{r:?} with {what}: {m}");
+                    assert!(
+                        m.contains("no such object, or not with this capability"),
+                        "{m}"
+                    );
+                }
+                _ => assert_eq!(c, ErrorCode::Permission, "{r:?} as a guest: {m}"),
+            }
+            tried += 1;
+        }
+    }
+    // An authorized key: the daemon's files are neither listed nor written.
+    std::fs::write(
+        tmp.path().join("a/authorized_keys"),
+        format!("{} me\n", me.fingerprint()),
+    )
+    .unwrap();
+    for r in every_request(t.oid.0, &forged.cap.to_bytes(), &ticket) {
+        if kind(&r) != "export" {
+            continue;
+        }
+        let mut s = ferry_net::connect_pinned(&ep, &me, key).unwrap();
+        let (c, m) = code(s.conn.call(r.clone()));
+        assert_eq!(
+            c,
+            ErrorCode::Unsupported,
+            "{r:?} with an authorized key: {m}"
+        );
+        tried += 1;
+    }
+    assert!(tried >= 27 + 4 + 1 + 19, "{tried}");
+}
