@@ -182,28 +182,59 @@ impl Export {
         mode: Option<u32>,
         mtime_ns: Option<i64>,
     ) -> io::Result<()> {
+        // Opened for its inode only (O_PATH): neither read nor write permission is needed, so
+        // an owner who took them away can give them back (`chmod 000 f; chmod 644 f`), and a
+        // symlink is opened itself, never followed.
         let fd = openat2(
             &self.root,
             wire_to_rel(p),
-            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,
             Mode::empty(),
             beneath(),
         )?;
-        if let Some(mode) = mode {
-            rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o7777))?;
+        let link = rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode)
+            == rustix::fs::FileType::Symlink;
+        // The inode just opened, through its descriptor (no name to be swapped meanwhile).
+        let this = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+        // A symlink has no mode of its own on Linux: a mode asked for it is ignored.
+        if let (Some(mode), false) = (mode, link) {
+            rustix::fs::chmod(&this, Mode::from_raw_mode(mode & 0o7777))?;
         }
         if let Some(ns) = mtime_ns {
             let t = rustix::fs::Timespec {
                 tv_sec: ns.div_euclid(1_000_000_000),
                 tv_nsec: ns.rem_euclid(1_000_000_000) as _,
             };
-            rustix::fs::futimens(
-                &fd,
-                &rustix::fs::Timestamps {
-                    last_access: t,
-                    last_modification: t,
-                },
-            )?;
+            let times = rustix::fs::Timestamps {
+                last_access: t,
+                last_modification: t,
+            };
+            if link {
+                // A symlink's own times (`touch -h`), by its name in its parent, not followed.
+                let (dir, name) = self.parent(p)?;
+                let now =
+                    rustix::fs::statat(&dir, os(&name), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+                let same = |st: &rustix::fs::Stat| (st.st_dev, st.st_ino);
+                if same(&now) != same(&rustix::fs::fstat(&fd)?) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        "the symlink was replaced meanwhile",
+                    ));
+                }
+                rustix::fs::utimensat(
+                    &dir,
+                    os(&name),
+                    &times,
+                    rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+                )?;
+            } else {
+                rustix::fs::utimensat(
+                    rustix::fs::CWD,
+                    this.as_str(),
+                    &times,
+                    rustix::fs::AtFlags::empty(),
+                )?;
+            }
         }
         Ok(())
     }

@@ -2310,3 +2310,40 @@ fn chunks_cut_by_an_earlier_session_are_served_by_id() {
     let mut c = connect_indexed(&srv, i);
     assert!(found(&mut c, ids).is_empty());
 }
+
+/// SetAttr on a symlink sets the symlink's own times (`touch -h`, which failed with ELOOP: `cp
+/// -a` and `rsync -a` of any tree with symlinks exited with errors through the mount), never
+/// its target's; and a file's owner gives back the permissions he took away (the file is not
+/// opened for reading to change them).
+#[test]
+fn set_attr_touches_a_symlink_itself_and_needs_no_access_to_the_file() {
+    use std::os::unix::fs::MetadataExt;
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    fs::write(root.join("f"), b"x").unwrap();
+    std::os::unix::fs::symlink("f", root.join("l")).unwrap();
+    let before = fs::metadata(root.join("f")).unwrap().mtime();
+    let mut c = connect(root);
+    c.call(Request::SetAttr {
+        path: "l".into(),
+        mode: Some(0o600),
+        mtime_ns: Some(1_000_000_000_000_000_000),
+    })
+    .unwrap();
+    assert_eq!(
+        fs::symlink_metadata(root.join("l")).unwrap().mtime(),
+        1_000_000_000
+    );
+    let f = fs::metadata(root.join("f")).unwrap();
+    assert_eq!((f.mtime(), f.mode() & 0o777), (before, 0o644));
+    for mode in [0, 0o200, 0o644] {
+        c.call(Request::SetAttr {
+            path: "f".into(),
+            mode: Some(mode),
+            mtime_ns: Some(2_000_000_000_000_000_000),
+        })
+        .unwrap();
+        let f = fs::metadata(root.join("f")).unwrap();
+        assert_eq!((f.mode() & 0o777, f.mtime()), (mode, 2_000_000_000));
+    }
+}

@@ -454,3 +454,30 @@ fn a_large_listing_costs_one_round_trip() {
     assert_eq!(c.lookup(dir.ino, b"nope").unwrap_err(), Errno::ENOENT);
     assert_eq!(c.traffic().unwrap().round_trips - r0, 1);
 }
+
+/// `touch -h` on a symlink in the mount sets the symlink's own time (it failed with EIO), and
+/// leaves its target alone.
+#[test]
+fn a_symlink_takes_its_own_times() {
+    use std::os::unix::fs::MetadataExt;
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    let remote = Remote::new(&root, 60_000);
+    let v = client(&remote, &t.path().join("c"), Duration::from_secs(5));
+    write(&v, "target", b"x").unwrap();
+    let target_mtime = std::fs::metadata(root.join("target")).unwrap().mtime();
+    let l = v.symlink(ROOT, b"l", b"target").unwrap();
+    let s = v
+        .setattr(l.ino, None, None, Some(1_500_000_000_000_000_000))
+        .unwrap();
+    assert_eq!(s.mtime_ns, 1_500_000_000_000_000_000);
+    assert_eq!(
+        std::fs::symlink_metadata(root.join("l")).unwrap().mtime(),
+        1_500_000_000
+    );
+    assert_eq!(
+        std::fs::metadata(root.join("target")).unwrap().mtime(),
+        target_mtime
+    );
+}
