@@ -2,27 +2,4 @@
 //! no unbounded allocation, and whatever decodes re-encodes to a frame that decodes the same.
 #![no_main]
 
-use ferry_proto::{FrameDecoder, Message};
-use libfuzzer_sys::fuzz_target;
-
-fuzz_target!(|data: &[u8]| {
-    let mut dec = FrameDecoder::new();
-    // Feed in two pieces so partial frames are exercised too.
-    let (a, b) = data.split_at(data.len() / 2);
-    dec.feed(a);
-    let mut frames = vec![];
-    while let Ok(Some(f)) = dec.next_frame() {
-        frames.push(f);
-    }
-    dec.feed(b);
-    while let Ok(Some(f)) = dec.next_frame() {
-        frames.push(f);
-    }
-    for f in frames {
-        if let Ok(m) = Message::decode(&f) {
-            let again =
-                Message::decode(&m.to_frame(f.request_id)).expect("re-encoded message decodes");
-            assert_eq!(again, m);
-        }
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ferry_fuzz::frames::run(data));

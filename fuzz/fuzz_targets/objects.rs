@@ -3,20 +3,4 @@
 //! bytes (all three are canonical).
 #![no_main]
 
-use ferry_objects::inode::Inode;
-use ferry_objects::{Capability, Listing};
-use libfuzzer_sys::fuzz_target;
-
-fuzz_target!(|data: &[u8]| {
-    if let Ok(c) = Capability::from_bytes(data) {
-        assert_eq!(c.to_bytes(), data);
-        assert_eq!(c.to_string().parse::<Capability>().unwrap(), c);
-    }
-    let _ = String::from_utf8_lossy(data).parse::<Capability>();
-    if let Ok(l) = Listing::decode(data) {
-        assert_eq!(l.encode(), data);
-    }
-    if let Ok(i) = Inode::decode(data) {
-        assert_eq!(i.encode(), data);
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ferry_fuzz::objects::run(data));

@@ -2,20 +2,4 @@
 //! panic, and the plain bytes held stay bounded by a frame plus one decompression step.
 #![no_main]
 
-use ferry_proto::{Inflow, MAX_FRAME};
-use libfuzzer_sys::fuzz_target;
-
-fuzz_target!(|data: &[u8]| {
-    let mut inflow = Inflow::new();
-    inflow.start_zstd().expect("decoder");
-    for piece in data.chunks(97) {
-        inflow.feed(piece);
-        loop {
-            match inflow.next_frame() {
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => break,
-            }
-            assert!(inflow.buffered() <= MAX_FRAME + 4 + (256 << 10));
-        }
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ferry_fuzz::stream::run(data));

@@ -1,0 +1,96 @@
+//! Arbitrary request sequences into the file server's handler (`Server::handle`, in-process, no
+//! sockets), on a small export beside a directory it must never touch: no panic, every frame
+//! it answers decodes, replies stay bounded, and nothing outside the export changes or
+//! appears. The input is a run of frames: type, flags, a 16-bit length, the body.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ferry_fs::{Export, Server, ServerOptions};
+use ferry_proto::{Frame, Hello, Message, FEATURES, FLAG_MORE, VERSION};
+use ferry_store::MemStore;
+
+fn setup(root: &Path) {
+    let ex = root.join("export");
+    std::fs::create_dir_all(ex.join("d/e")).unwrap();
+    std::fs::write(ex.join("a"), vec![7u8; 5000]).unwrap();
+    std::fs::write(ex.join("d/b"), b"bee").unwrap();
+    std::fs::write(
+        ex.join("d/e/c"),
+        (0..20_000u32)
+            .map(|i| (i * 31 % 251) as u8)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("a", ex.join("link")).unwrap();
+    std::os::unix::fs::symlink("../outside", ex.join("escape")).unwrap();
+    std::os::unix::fs::symlink("/etc", ex.join("abs")).unwrap();
+    std::fs::create_dir_all(root.join("outside")).unwrap();
+    std::fs::write(root.join("outside/secret"), b"secret").unwrap();
+}
+
+fn outside_intact(root: &Path) {
+    let mut names: Vec<_> = std::fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["export", "outside"],
+        "something appeared beside the export"
+    );
+    let inside: Vec<_> = std::fs::read_dir(root.join("outside"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(inside, ["secret"], "something appeared outside the export");
+    assert_eq!(
+        std::fs::read(root.join("outside/secret")).unwrap(),
+        b"secret"
+    );
+}
+
+/// One input.
+pub fn run(data: &[u8]) {
+    let t = tempfile::tempdir().unwrap();
+    setup(t.path());
+    let export = Export::open(&t.path().join("export")).unwrap();
+    let opts = ServerOptions {
+        lease_ms: 0,
+        ..ServerOptions::default()
+    };
+    let staging = Arc::new(MemStore::new(ferry_format::HashAlg::Blake3));
+    let mut server = Server::new(export, opts, staging);
+    // Greeted first, so that every handler can be reached; every feature the server has.
+    let hello = Message::Hello(Hello {
+        version: VERSION,
+        features: FEATURES,
+        agent: "fuzz".into(),
+    });
+    server.handle(&hello.to_frame(0));
+    let mut rest = data;
+    let mut id = 1u32;
+    let mut answered = 0usize;
+    while rest.len() >= 4 {
+        let (msg_type, flags) = (rest[0], rest[1] & FLAG_MORE);
+        let len = (u16::from_le_bytes([rest[2], rest[3]]) as usize).min(rest.len() - 4);
+        let body = rest[4..4 + len].to_vec();
+        rest = &rest[4 + len..];
+        let frame = Frame {
+            msg_type,
+            flags,
+            request_id: id,
+            body,
+        };
+        id += 1;
+        for f in server.handle(&frame) {
+            answered += f.body.len();
+            Message::decode(&f).expect("the server's own frames decode");
+        }
+        // A few kilobytes of requests never make gigabytes of answers.
+        assert!(answered < 256 << 20, "{answered} bytes answered");
+    }
+    drop(server);
+    outside_intact(t.path());
+}

@@ -1,0 +1,20 @@
+//! Any byte stream into a session's compressed inflow (the zstd stream after the Hellos): no
+//! panic, and the plain bytes held stay bounded by a frame plus one decompression step.
+
+use ferry_proto::{Inflow, MAX_FRAME};
+
+/// One input.
+pub fn run(data: &[u8]) {
+    let mut inflow = Inflow::new();
+    inflow.start_zstd().expect("decoder");
+    for piece in data.chunks(97) {
+        inflow.feed(piece);
+        loop {
+            match inflow.next_frame() {
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+            assert!(inflow.buffered() <= MAX_FRAME + 4 + (256 << 10));
+        }
+    }
+}
