@@ -230,7 +230,7 @@ mod tests {
         let p = t.path().join("f");
         let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8 + 1).collect();
         let mut rng = Rng(7);
-        let mut kinds = std::collections::BTreeSet::new();
+        let mut kinds = std::collections::HashSet::new();
         for _ in 0..500 {
             fs::write(&p, &data).unwrap();
             let d = Damage::pick(&mut rng, data.len() as u64).unwrap();

@@ -38,6 +38,9 @@ pub struct ServerOptions {
     pub lease_ms: u32,
     /// Bytes of replaced file versions kept in the trash as chunk sources (0: no trash).
     pub trash_bytes: u64,
+    /// Entries the trash keeps at most (16,384 by default), whatever their bytes: many small
+    /// files replaced must not make every later scan of it long.
+    pub trash_entries: usize,
     /// zstd level of the session stream this side sends, when the client speaks it.
     pub zstd_level: ferry_proto::Level,
     /// Hello feature bits this server offers (all it knows by default; fewer to answer as a
@@ -55,6 +58,7 @@ impl Default for ServerOptions {
             hash: HashAlg::Blake3,
             lease_ms: 60_000,
             trash_bytes: 256 << 20,
+            trash_entries: 16_384,
             zstd_level: crate::conn::DEFAULT_ZSTD_LEVEL,
             features: FEATURES,
             hello_timeout: None,
@@ -385,11 +389,22 @@ impl Server {
                 Err(e) => io_error(&path, &e),
             }),
             Request::Mkdir { path, mode } => one(self.at(&path, |dir, name| {
-                rustix::fs::mkdirat(
+                let mode = rustix::fs::Mode::from_raw_mode(mode & 0o7777);
+                rustix::fs::mkdirat(dir, os(name), mode)?;
+                // The mode asked for, not the server's umask of it (the client applied its own),
+                // and the sticky and set-group-id bits, which mkdir may drop.
+                let made = rustix::fs::openat(
                     dir,
                     os(name),
-                    rustix::fs::Mode::from_raw_mode(mode & 0o7777),
+                    rustix::fs::OFlags::DIRECTORY
+                        | rustix::fs::OFlags::NOFOLLOW
+                        | rustix::fs::OFlags::RDONLY
+                        | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
                 )?;
+                if rustix::fs::fstat(&made)?.st_mode & 0o7777 != mode.bits() {
+                    rustix::fs::fchmod(&made, mode)?;
+                }
                 Ok(())
             })),
             Request::Unlink { path } => one(self.at(&path, |dir, name| {

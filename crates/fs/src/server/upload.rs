@@ -39,6 +39,9 @@ pub(crate) struct Uploads {
     /// Makes this session's temporary names its own (sessions of one daemon share a pid).
     tag: u64,
     counter: u64,
+    /// Bytes and entries this session put in the trash since it last trimmed it; `None` until
+    /// its first trim.
+    trashed: Option<(u64, usize)>,
 }
 
 impl Default for Uploads {
@@ -49,6 +52,7 @@ impl Default for Uploads {
             kept_pieces: 0,
             tag: rand::random(),
             counter: 0,
+            trashed: None,
         }
     }
 }
@@ -649,9 +653,14 @@ impl Server {
             return;
         }
         let r = (|| -> io::Result<()> {
-            let Some((_, fid)) = stat_at(dir, name)? else {
+            let Some((attr, fid)) = stat_at(dir, name)? else {
                 return Ok(());
             };
+            // An empty file is not worth keeping (a create commits one before every first
+            // write-back through the mount).
+            if attr.size == 0 {
+                return Ok(());
+            }
             let trash = self.export.trash_dir()?;
             let n = self.uploads.next();
             let entry = format!(
@@ -677,7 +686,17 @@ impl Server {
                     None => self.hint_all(&path, &recipe),
                 }
             }
-            trim_trash(&trash, self.opts.trash_bytes)
+            // Trimmed at a session's first entry, then only once it has added a sixteenth of
+            // either bound: a commit costs a scan of the trash once in many, not each time.
+            let (limit, max) = (self.opts.trash_bytes, self.opts.trash_entries);
+            let (bytes, entries) = self.uploads.trashed.get_or_insert((limit, max));
+            *bytes += attr.size;
+            *entries += 1;
+            if *bytes >= limit / 16 || *entries >= max / 16 {
+                self.uploads.trashed = Some((0, 0));
+                trim_trash(&trash, limit, max)?;
+            }
+            Ok(())
         })();
         if let Err(e) = r {
             tracing::warn!("keeping the replaced version in the trash: {e}");
@@ -716,8 +735,8 @@ impl Drop for DirLock<'_> {
     }
 }
 
-/// Deletes the oldest trash entries until the rest fit in `limit` bytes.
-fn trim_trash(trash: &OwnedFd, limit: u64) -> io::Result<()> {
+/// Deletes the oldest trash entries until the rest fit in `limit` bytes and `max` entries.
+fn trim_trash(trash: &OwnedFd, limit: u64, max: usize) -> io::Result<()> {
     let mut entries = vec![];
     for e in rustix::fs::Dir::read_from(trash)? {
         let e = e?;
@@ -730,12 +749,14 @@ fn trim_trash(trash: &OwnedFd, limit: u64) -> io::Result<()> {
     }
     entries.sort();
     let mut total: u64 = entries.iter().map(|e| e.1).sum();
+    let mut left = entries.len();
     for (_, size, name) in entries {
-        if total <= limit {
+        if total <= limit && left <= max {
             break;
         }
         rustix::fs::unlinkat(trash, &*name, rustix::fs::AtFlags::empty())?;
         total -= size;
+        left -= 1;
     }
     Ok(())
 }

@@ -2347,3 +2347,61 @@ fn set_attr_touches_a_symlink_itself_and_needs_no_access_to_the_file() {
         assert_eq!((f.mode() & 0o777, f.mtime()), (mode, 2_000_000_000));
     }
 }
+
+/// Mkdir makes the mode asked for: not the server's umask of it, and with the sticky bit
+/// (`(umask 0; mkdir d)` in the mount gave 755, `mkdir -m 1777` gave 1755).
+#[test]
+fn mkdir_makes_the_mode_asked_for() {
+    use std::os::unix::fs::MetadataExt;
+    let t = tempfile::tempdir().unwrap();
+    let mut c = connect(t.path());
+    // The test process's umask (022 as a rule) strips what mkdir(2) alone would.
+    let made: Vec<u32> = [0o777, 0o1777, 0o2750, 0o700]
+        .iter()
+        .map(|&mode| {
+            let name = format!("d{mode:o}");
+            c.call(Request::Mkdir {
+                path: name.as_str().into(),
+                mode,
+            })
+            .unwrap();
+            fs::metadata(t.path().join(&name)).unwrap().mode() & 0o7777
+        })
+        .collect();
+    assert_eq!(made, [0o777, 0o1777, 0o2750, 0o700]);
+}
+
+/// The trash is bounded in entries as well as bytes, and trimmed once in many commits (each
+/// commit scanned it whole: bulk copies through the mount were quadratic); an empty version is
+/// not kept at all (every create through the mount replaces one).
+#[test]
+fn the_trash_keeps_few_entries_and_no_empty_versions() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, srv) = (t.path().join("src"), t.path().join("srv"));
+    fs::create_dir_all(&src).unwrap();
+    fs::create_dir_all(&srv).unwrap();
+    let (a, b) = UnixStream::pair().unwrap();
+    let export = Export::open(&srv).unwrap();
+    std::thread::spawn(move || {
+        let opts = ServerOptions {
+            trash_entries: 32,
+            ..ServerOptions::default()
+        };
+        let mut server = Server::new(export, opts, staging());
+        let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
+    });
+    let mut c = Connection::open(b.try_clone().unwrap(), b).unwrap();
+    for i in 0..100u64 {
+        fs::write(src.join("f"), bytes(i, 100)).unwrap();
+        fs::write(src.join("empty"), if i % 2 == 0 { vec![] } else { vec![1] }).unwrap();
+        let mut ps = ferry_fs::PutStats::default();
+        ferry_fs::put(&mut c, &src, &"".into(), &opts(false), &mut ps).unwrap();
+    }
+    let trash: Vec<_> = fs::read_dir(srv.join(".ferry-trash"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .collect();
+    // At most the bound and a sixteenth of it added since the last trim.
+    assert!(trash.len() <= 32 + 2, "{} entries", trash.len());
+    assert!(trash.iter().all(|&len| len > 0), "an empty version kept");
+}
