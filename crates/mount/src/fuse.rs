@@ -66,7 +66,7 @@ impl FerryFs {
             crtime: t,
             kind: kind(s.kind),
             perm: (s.mode & 0o7777) as u16,
-            nlink: if s.kind == FileKind::Dir { 2 } else { 1 },
+            nlink: s.nlink,
             uid: self.uid,
             gid: self.gid,
             rdev: 0,

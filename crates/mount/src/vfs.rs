@@ -112,6 +112,9 @@ pub struct Stat {
     /// Permission bits.
     pub mode: u32,
     pub mtime_ns: i64,
+    /// Links: a directory's are 2 and one for each subdirectory (as far as its listing here
+    /// says); a file removed while open has none.
+    pub nlink: u32,
 }
 
 /// An open file.
@@ -506,13 +509,25 @@ impl Vfs {
         }
     }
 
-    fn stat_of(&self, ino: Ino, a: &Attr) -> Stat {
+    fn stat_of(st: &State, ino: Ino, a: &Attr) -> Stat {
+        let n = st.inodes.get(&ino);
+        let nlink = match a.kind {
+            FileKind::Dir => {
+                let subdirs = n.and_then(|n| st.listings.get(&n.path)).map_or(0, |l| {
+                    l.value.iter().filter(|e| e.1 == FileKind::Dir).count()
+                });
+                2 + subdirs as u32
+            }
+            _ if n.is_some_and(|n| n.unlinked) => 0,
+            _ => 1,
+        };
         Stat {
             ino,
             kind: a.kind,
             size: a.size,
             mode: a.mode & 0o7777,
             mtime_ns: a.mtime_ns,
+            nlink,
         }
     }
 
@@ -536,12 +551,12 @@ impl Vfs {
             let known = st.attrs.get(&n.path).map(|l| l.value.mode);
             (
                 n.path.clone(),
-                n.writers > 0 || n.dirty || n.unlinked,
+                (n.writers > 0 || n.dirty || n.unlinked).then_some(!n.unlinked as u32),
                 n.mode.or(known).unwrap_or(0o644),
                 file,
             )
         };
-        if local {
+        if let Some(nlink) = local {
             use std::os::unix::fs::MetadataExt;
             let m = match file {
                 Some(f) => f.metadata()?,
@@ -553,10 +568,11 @@ impl Vfs {
                 size: m.len(),
                 mode: mode & 0o7777,
                 mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+                nlink,
             });
         }
         let a = self.attr(&path)?;
-        Ok(self.stat_of(ino, &a))
+        Ok(Self::stat_of(&self.lock(), ino, &a))
     }
 
     // ------------------------------------------------------------------ names
@@ -604,7 +620,7 @@ impl Vfs {
         let mut st = self.lock();
         let ino = Self::ino_for(&mut st, &path, a.kind);
         st.inodes.get_mut(&ino).expect("made").lookups += 1;
-        Ok(self.stat_of(ino, &a))
+        Ok(Self::stat_of(&st, ino, &a))
     }
 
     /// Whether a valid listing of `dir` has `name`; `None` without one.
@@ -993,7 +1009,7 @@ impl Vfs {
             ino
         };
         let opened = self.new_handle(ino, file, true, Some(a.version));
-        Ok((self.stat_of(ino, &a), opened))
+        Ok((Self::stat_of(&self.lock(), ino, &a), opened))
     }
 
     /// O_CREAT on a name that exists: open it (O_EXCL: refuse).
@@ -1270,7 +1286,7 @@ impl Vfs {
         let n = st.inodes.get_mut(&ino).expect("made");
         n.lookups += 1;
         n.unlinked = false;
-        self.stat_of(ino, a)
+        Self::stat_of(&st, ino, a)
     }
 
     pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32) -> Result<Stat, Errno> {

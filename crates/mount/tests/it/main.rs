@@ -481,3 +481,25 @@ fn a_symlink_takes_its_own_times() {
         target_mtime
     );
 }
+
+/// Link counts: a directory has 2 and one per subdirectory (`find` and `ls` rely on it); a
+/// file removed while open has none.
+#[test]
+fn link_counts_of_directories_and_of_files_removed_while_open() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    let remote = Remote::new(&root, 60_000);
+    let v = client(&remote, &t.path().join("c"), Duration::from_secs(5));
+    let d = v.mkdir(ROOT, b"d", 0o755).unwrap();
+    v.mkdir(d.ino, b"a", 0o755).unwrap();
+    v.mkdir(d.ino, b"b", 0o755).unwrap();
+    v.readdir(d.ino).unwrap();
+    assert_eq!(v.getattr(d.ino).unwrap().nlink, 4);
+    let (f, o) = v.create(ROOT, b"f", 0o644, false).unwrap();
+    assert_eq!(f.nlink, 1);
+    v.write(o.fh, 0, b"data").unwrap();
+    v.unlink(ROOT, b"f").unwrap();
+    assert_eq!(v.getattr_open(f.ino, Some(o.fh)).unwrap().nlink, 0);
+    v.release(o.fh).unwrap();
+}
