@@ -420,7 +420,15 @@ impl Vfs {
         if kind != FileKind::Dir {
             return Err(Errno::ENOTDIR);
         }
-        let p = dir.join(name).map_err(|_| Errno::EINVAL)?;
+        // Too long with the mount's own root in front (the server resolves no longer paths):
+        // ENAMETOOLONG, as a local file system says, not EINVAL.
+        let p = dir.join(name).map_err(|_| {
+            if dir.as_bytes().len() + 1 + name.len() > ferry_proto::MAX_PATH {
+                Errno::ENAMETOOLONG
+            } else {
+                Errno::EINVAL
+            }
+        })?;
         Ok((dir, p))
     }
 

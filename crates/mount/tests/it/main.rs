@@ -503,3 +503,26 @@ fn link_counts_of_directories_and_of_files_removed_while_open() {
     assert_eq!(v.getattr_open(f.ino, Some(o.fh)).unwrap().nlink, 0);
     v.release(o.fh).unwrap();
 }
+
+/// A path too long for the server is ENAMETOOLONG (as on a local file system), not EINVAL.
+#[test]
+fn a_path_too_long_is_enametoolong() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    let remote = Remote::new(&root, 60_000);
+    let v = client(&remote, &t.path().join("c"), Duration::from_secs(5));
+    let mut dir = ROOT;
+    for _ in 0..16 {
+        dir = v.mkdir(dir, &[b'd'; 250], 0o755).unwrap().ino;
+    }
+    // 16 × 251 bytes so far: one more such name passes 4,096.
+    assert_eq!(
+        v.mkdir(dir, &[b'd'; 250], 0o755).unwrap_err(),
+        Errno::ENAMETOOLONG
+    );
+    assert_eq!(
+        v.create(dir, &[b'f'; 300], 0o644, false).unwrap_err(),
+        Errno::ENAMETOOLONG
+    );
+}

@@ -24,7 +24,9 @@ pub use content::{
     MAX_CONTEXT, MAX_FILES_DATA, MAX_READ_RANGE,
 };
 pub use object::{MAX_CAP_BYTES, MAX_OBJECT_REFS};
-pub use types::{short_id, Attr, DirEntry, ErrorCode, FileKind, Hello, Ids, Target, WirePath};
+pub use types::{
+    short_id, Attr, DirEntry, ErrorCode, FileKind, Hello, Ids, Target, WirePath, MAX_PATH,
+};
 pub use upload::{KeyOlds, Keys, WritePart, MAX_WRITE_DATA};
 pub use vault::{VaultOp, MAX_VAULT_NAMES};
 

@@ -8,7 +8,8 @@ use crate::codec::{Reader, Writer};
 use crate::ProtoError;
 
 /// Longest path on the wire, in bytes.
-const MAX_PATH: usize = 4096;
+/// The longest path a message carries, in bytes (the kernel's PATH_MAX).
+pub const MAX_PATH: usize = 4096;
 
 /// A path relative to the export root: `/`-separated components, none empty, `.` or `..`, no NUL
 /// bytes, no leading `/`. The empty path is the root. Bytes, not text: Unix names need not be
