@@ -124,6 +124,6 @@ pub fn run(data: &[u8]) {
             let _ = ferry_fs::list(&mut conn, &"".into());
         }
     }
-    drop(conn);
+    let _ = conn.close();
     outside_intact(t.path());
 }

@@ -1,7 +1,8 @@
 //! Every fuzz target's body on the stable toolchain, over generated inputs: random bytes of
 //! many lengths, and for the targets that take frames, valid frames with bytes flipped (so
 //! that the handlers, not only the decoders, are reached). The short mode of the fuzzing, run
-//! in CI; `FERRY_FUZZ_SMOKE=N` sets the inputs per target (2,000 by default).
+//! in CI; `FERRY_FUZZ_SMOKE=N` sets the inputs per target (2,000 by default). Inputs that
+//! once failed are kept in `regressions/TARGET/` and run first.
 
 use ferry_proto::{
     Attr, FileKind, GetChunks, Ids, Message, Reply, Request, Target, WirePath, FEATURES,
@@ -54,6 +55,15 @@ fn mutate(rng: &mut Rng, mut v: Vec<u8>) -> Vec<u8> {
 }
 
 fn run(name: &str, target: fn(&[u8]), structured: impl Fn(&mut Rng) -> Vec<u8>) {
+    // Every input that once failed (fuzz/regressions/NAME/), first.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("regressions")
+        .join(name);
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        for e in entries {
+            target(&std::fs::read(e.unwrap().path()).unwrap());
+        }
+    }
     let mut rng = Rng(0x5eed ^ name.len() as u64 * 0x9e37_79b9);
     let n = runs();
     for i in 0..n {

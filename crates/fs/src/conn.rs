@@ -397,6 +397,19 @@ impl<R: Read, W> Connection<R, W> {
         self.writer.send(Outgoing::Frame(f))
     }
 
+    /// Sends what is queued and ends the sending side, waiting for it to finish: for a
+    /// transport that cannot stall (memory, a pipe to a child that reads to its end). Dropping
+    /// the connection instead leaves its sending thread to finish in the background.
+    pub fn close(self) -> Result<(), ConnError> {
+        let FrameWriter { tx, thread, .. } = self.writer;
+        drop(tx);
+        match thread.map(|t| t.join()) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(io::Error::other("the sending thread panicked").into()),
+            None => Ok(()),
+        }
+    }
+
     /// Bytes, requests and round trips so far.
     pub fn traffic(&self) -> Traffic {
         Traffic {
