@@ -26,7 +26,15 @@ pub(crate) struct FerryFs {
     pub(crate) gid: u32,
 }
 
-fn errno(e: Errno) -> KErrno {
+/// The errno a program gets, logged when it is one a user would want explained: an I/O error
+/// (the server refused or the link failed: the reason was logged where it was met, this says
+/// what the program saw) or a permission refused.
+fn errno(op: &str, e: Errno) -> KErrno {
+    match e {
+        Errno::EIO => tracing::warn!("{op}: EIO returned to a program"),
+        Errno::EACCES | Errno::EPERM => tracing::info!("{op}: {e:?} returned to a program"),
+        _ => {}
+    }
     KErrno::from_i32(e.0)
 }
 
@@ -75,17 +83,17 @@ impl FerryFs {
         }
     }
 
-    fn entry(&self, r: Result<Stat, Errno>, reply: ReplyEntry) {
+    fn entry(&self, op: &str, r: Result<Stat, Errno>, reply: ReplyEntry) {
         match r {
             Ok(s) => reply.entry(&TTL, &self.attr(&s), Generation(0)),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(errno(op, e)),
         }
     }
 
-    fn empty(r: Result<(), Errno>, reply: ReplyEmpty) {
+    fn empty(op: &str, r: Result<(), Errno>, reply: ReplyEmpty) {
         match r {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(errno(op, e)),
         }
     }
 }
@@ -107,7 +115,7 @@ impl Filesystem for FerryFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.entry(self.vfs.lookup(parent.0, name.as_bytes()), reply);
+        self.entry("lookup", self.vfs.lookup(parent.0, name.as_bytes()), reply);
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -117,7 +125,7 @@ impl Filesystem for FerryFs {
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.vfs.getattr_open(ino.0, fh.map(|f| f.0)) {
             Ok(s) => reply.attr(&TTL, &self.attr(&s)),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(errno("getattr", e)),
         }
     }
 
@@ -145,14 +153,14 @@ impl Filesystem for FerryFs {
         }
         match self.vfs.setattr(ino.0, mode, size, mtime.map(nanos)) {
             Ok(s) => reply.attr(&TTL, &self.attr(&s)),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(errno("setattr", e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self.vfs.readlink(ino.0) {
             Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(errno("readlink", e)),
         }
     }
 
@@ -172,7 +180,7 @@ impl Filesystem for FerryFs {
                 .vfs
                 .create(parent.0, name.as_bytes(), mode & !umask, true)
                 .and_then(|(s, o)| self.vfs.release(o.fh).map(|()| s));
-            return self.entry(r, reply);
+            return self.entry("mknod", r, reply);
         }
         reply.error(KErrno::EPERM);
     }
@@ -187,17 +195,18 @@ impl Filesystem for FerryFs {
         reply: ReplyEntry,
     ) {
         self.entry(
+            "mkdir",
             self.vfs.mkdir(parent.0, name.as_bytes(), mode & !umask),
             reply,
         );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(self.vfs.unlink(parent.0, name.as_bytes()), reply);
+        Self::empty("unlink", self.vfs.unlink(parent.0, name.as_bytes()), reply);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(self.vfs.rmdir(parent.0, name.as_bytes()), reply);
+        Self::empty("rmdir", self.vfs.rmdir(parent.0, name.as_bytes()), reply);
     }
 
     fn symlink(
@@ -213,7 +222,7 @@ impl Filesystem for FerryFs {
             link_name.as_bytes(),
             target.as_os_str().as_bytes(),
         );
-        self.entry(r, reply);
+        self.entry("symlink", r, reply);
     }
 
     fn rename(
@@ -238,7 +247,7 @@ impl Filesystem for FerryFs {
             newname.as_bytes(),
             flags.contains(RenameFlags::RENAME_NOREPLACE),
         );
-        Self::empty(r, reply);
+        Self::empty("rename", r, reply);
     }
 
     fn link(
@@ -265,7 +274,7 @@ impl Filesystem for FerryFs {
                     FopenFlags::empty()
                 },
             ),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(errno("open", e)),
         }
     }
 
@@ -282,7 +291,7 @@ impl Filesystem for FerryFs {
     ) {
         match self.vfs.read(fh.0, offset, size) {
             Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(errno("read", e)),
         }
     }
 
@@ -300,7 +309,7 @@ impl Filesystem for FerryFs {
     ) {
         match self.vfs.write(fh.0, offset, data) {
             Ok(n) => reply.written(n),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(errno("write", e)),
         }
     }
 
@@ -312,7 +321,7 @@ impl Filesystem for FerryFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        Self::empty(self.vfs.flush(fh.0), reply);
+        Self::empty("flush", self.vfs.flush(fh.0), reply);
     }
 
     fn release(
@@ -325,7 +334,7 @@ impl Filesystem for FerryFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        Self::empty(self.vfs.release(fh.0), reply);
+        Self::empty("release", self.vfs.release(fh.0), reply);
     }
 
     fn fsync(
@@ -336,7 +345,7 @@ impl Filesystem for FerryFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        Self::empty(self.vfs.fsync(fh.0), reply);
+        Self::empty("fsync", self.vfs.fsync(fh.0), reply);
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -353,7 +362,7 @@ impl Filesystem for FerryFs {
     ) {
         let entries = match self.vfs.readdir(ino.0) {
             Ok(e) => e,
-            Err(e) => return reply.error(errno(e)),
+            Err(e) => return reply.error(errno("readdir", e)),
         };
         let dots = [
             (ino.0, FileKind::Dir, b".".to_vec()),
@@ -484,7 +493,7 @@ impl Filesystem for FerryFs {
                 FileHandle(o.fh),
                 FopenFlags::empty(),
             ),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(errno("create", e)),
         }
     }
 }

@@ -126,8 +126,14 @@ pub fn serve(
                 }
             })?
     };
+    let mut after = session.unmount_callable();
     ready(Unmounter(session.unmount_callable()));
     let r = session.run();
+    // Unmounted already when `ferry umount` (or fusermount -u) ended the session: saying so at
+    // debug level here keeps fuser from warning "Failed to umount filesystem" on every exit.
+    if let Err(e) = after.unmount() {
+        tracing::debug!("unmount after the session ended: {e}");
+    }
     stop.store(true, Ordering::Release);
     let _ = keeper.join();
     r
