@@ -1091,6 +1091,31 @@ impl Vfs {
         Ok(data.len() as u32)
     }
 
+    /// After this client's own change of a file's mode: the server says the content is the
+    /// same object as before (it carries what it knows of a file over its own chmod), so the
+    /// local copy of the old version is the new version too. A later write-back is then made
+    /// against the version the chmod made, not reported as a conflict with itself
+    /// (`open(O_CREAT|O_EXCL)`, `fchmod`, write, close: every lock file rsync and git make).
+    fn follow_own_change(
+        &self,
+        path: &WirePath,
+        before: Option<Attr>,
+        after: &Attr,
+    ) -> Result<(), Errno> {
+        let Some(b) = before else {
+            return Ok(());
+        };
+        if b.oid.is_none() || b.oid != after.oid || b.version == after.version {
+            return Ok(());
+        }
+        if let Some(m) = self.files.meta(path) {
+            if !m.dirty && m.version == Some(b.version) {
+                self.files.set_meta(path, Some(after.version), false)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Marks `ino`'s copy dirty unless it is, against the version its record names.
     fn ensure_dirty(&self, ino: Ino) -> Result<(), Errno> {
         let path = {
@@ -1542,7 +1567,8 @@ impl Vfs {
                         .set_modified(time_of(t))?;
                 }
             } else {
-                self.change_and_stat(
+                let before = self.lock().attrs.get(&path).map(|l| l.value.clone());
+                let after = self.change_and_stat(
                     Request::SetAttr {
                         path: path.clone(),
                         mode: mode.map(|m| m & 0o7777),
@@ -1550,6 +1576,7 @@ impl Vfs {
                     },
                     &path,
                 )?;
+                self.follow_own_change(&path, before, &after)?;
             }
         }
         self.getattr(ino)

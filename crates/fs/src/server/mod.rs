@@ -424,10 +424,7 @@ impl Server {
                 path,
                 mode,
                 mtime_ns,
-            } => one(match self.export.set_attr(&path, mode, mtime_ns) {
-                Ok(()) => Reply::Ok,
-                Err(e) => io_error(&path, &e),
-            }),
+            } => one(self.set_attr(&path, mode, mtime_ns)),
             Request::GetRecipe {
                 target,
                 short,
@@ -583,6 +580,22 @@ impl Server {
 
     /// Records a file's recipe (keyed by its identity) and where each of its chunks lies, for
     /// this session and (if it has an index) those to come.
+    /// Sets a mode and time; what is known of a file's content follows its own change of mode
+    /// (same inode, size and mtime before and after: the new ctime alone made it unknown).
+    fn set_attr(&mut self, path: &WirePath, mode: Option<u32>, mtime_ns: Option<i64>) -> Reply {
+        let before = self.export.stat(path).ok().map(|(_, fid)| fid);
+        if let Err(e) = self.export.set_attr(path, mode, mtime_ns) {
+            return io_error(path, &e);
+        }
+        if let (Some(b), Ok((_, a)), None) = (before, self.export.stat(path), mtime_ns) {
+            let same = (b.dev, b.ino, b.size, b.mtime_ns) == (a.dev, a.ino, a.size, a.mtime_ns);
+            if let (true, Some((recipe, oid))) = (same, self.recipes.get(&b).cloned()) {
+                self.remember(path, a, recipe, oid);
+            }
+        }
+        Reply::Ok
+    }
+
     fn remember(&mut self, path: &WirePath, fid: FileId, recipe: Recipe, oid: Oid) {
         if let Some(i) = &self.index {
             let known = i.recipe(path.as_bytes(), &stamp(&fid)).ok().flatten();

@@ -526,3 +526,25 @@ fn a_path_too_long_is_enametoolong() {
         Errno::ENAMETOOLONG
     );
 }
+
+/// `open(O_CREAT|O_EXCL)`, `fchmod`, write, close (every lock file rsync and git make): the
+/// write-back is made against the version the chmod made, not a conflict with itself.
+#[test]
+fn a_chmod_before_the_first_write_is_no_conflict() {
+    use std::sync::atomic::Ordering;
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    let remote = Remote::new(&root, 60_000);
+    let v = client(&remote, &t.path().join("c"), Duration::from_secs(5));
+    for i in 0..3 {
+        let name = format!("lock{i}");
+        let (s, o) = v.create(ROOT, name.as_bytes(), 0o600, true).unwrap();
+        v.setattr(s.ino, Some(0o644), None, None).unwrap();
+        v.write(o.fh, 0, b"pid 1234\n").unwrap();
+        v.flush(o.fh).unwrap();
+        v.release(o.fh).unwrap();
+        assert_eq!(std::fs::read(root.join(&name)).unwrap(), b"pid 1234\n");
+    }
+    assert_eq!(v.counters.last_close_wins.load(Ordering::Relaxed), 0);
+}
