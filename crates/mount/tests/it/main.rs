@@ -548,3 +548,26 @@ fn a_chmod_before_the_first_write_is_no_conflict() {
     }
     assert_eq!(v.counters.last_close_wins.load(Ordering::Relaxed), 0);
 }
+
+/// A file being written while its directory is renamed is written back at its new path (its
+/// copy was looked for under the old one: the write-back failed for ever).
+#[test]
+fn a_file_open_for_writing_follows_its_directory_renamed() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    let remote = Remote::new(&root, 60_000);
+    let v = client(&remote, &t.path().join("c"), Duration::from_secs(5));
+    let d = v.mkdir(ROOT, b"d", 0o755).unwrap();
+    let (_, o) = v.create(d.ino, b"f", 0o644, false).unwrap();
+    v.write(o.fh, 0, b"written before the rename").unwrap();
+    v.rename(ROOT, b"d", ROOT, b"e", false).unwrap();
+    v.write(o.fh, 25, b", and after").unwrap();
+    v.flush(o.fh).unwrap();
+    v.release(o.fh).unwrap();
+    assert_eq!(
+        std::fs::read(root.join("e/f")).unwrap(),
+        b"written before the rename, and after"
+    );
+    assert_eq!(v.write_back_all(), 0);
+}
