@@ -245,7 +245,7 @@ fn no_get_escapes_the_destination_while_a_racer_swaps_symlinks() {
                 }
                 swaps += 1;
                 // A pause now and then, so that some gets also run whole between swaps.
-                if swaps % 64 == 0 {
+                if swaps.is_multiple_of(64) {
                     std::thread::sleep(std::time::Duration::from_millis(5));
                 }
             }
