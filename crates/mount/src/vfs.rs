@@ -1228,6 +1228,12 @@ impl Vfs {
                         "{path:?}: server unreachable; the changes are kept in the cache and written back when it is reachable again"
                     );
                 }
+                if e == Errno::ENOENT && self.files.meta(&path).is_none() {
+                    // Its copy was gone (said by `commit`): nothing is left to write back.
+                    if let Some(n) = self.lock().inodes.get_mut(&ino) {
+                        n.dirty = false;
+                    }
+                }
                 Err(e)
             }
         }
@@ -1239,6 +1245,15 @@ impl Vfs {
     fn commit(&self, path: &WirePath, mode: u32) -> Result<Attr, Errno> {
         let meta = self.files.meta(path).ok_or(Errno::EIO)?;
         let data = self.files.data(path);
+        if !data.exists() {
+            // A record whose copy is gone has nothing left to write back: it is dropped (once,
+            // said so) instead of being tried again at every retry of the others.
+            tracing::warn!(
+                "{path:?}: the local copy of a changed file is gone; nothing to write back"
+            );
+            self.files.remove(path);
+            return Err(Errno::ENOENT);
+        }
         let mut base = meta.version;
         let opts = self.put_options();
         let mut attempt = 0;

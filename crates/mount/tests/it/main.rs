@@ -571,3 +571,33 @@ fn a_file_open_for_writing_follows_its_directory_renamed() {
     );
     assert_eq!(v.write_back_all(), 0);
 }
+
+/// A changed file whose local copy is gone (removed from the cache by hand, say) is dropped
+/// from the write-back once, said so, instead of being tried again at every retry for ever.
+#[test]
+fn a_changed_file_whose_copy_is_gone_is_not_retried_for_ever() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    let remote = Remote::new(&root, 60_000);
+    let cache = t.path().join("c");
+    let v = client(&remote, &cache, Duration::from_secs(2));
+    write(&v, "f", b"first").unwrap();
+    remote.stop();
+    // The server is gone: the change stays in the cache, dirty.
+    let _ = write(&v, "f", b"second version");
+    remote.start();
+    for e in std::fs::read_dir(cache.join("files")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none() {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+    v.write_back_all();
+    assert_eq!(
+        v.write_back_all(),
+        0,
+        "the record without a copy is dropped"
+    );
+    assert_eq!(std::fs::read(root.join("f")).unwrap(), b"first");
+}
