@@ -5,7 +5,7 @@ use std::path::Path;
 use ferry_chunk::ChunkerSpec;
 use ferry_crashsim::corrupt::{campaign, Outcome};
 use ferry_format::Oid;
-use ferry_store::{read_object, store_object, LocalStore, Options};
+use ferry_store::{read_object, store_object, LocalStore, Options, StoreError};
 
 use crate::{bytes, report, seed, trials};
 
@@ -23,18 +23,21 @@ fn object(i: u64) -> Vec<u8> {
     d
 }
 
-/// Every object: right, or a failure (never wrong bytes).
-fn read_all(s: &LocalStore, oids: &[Oid]) -> Result<usize, String> {
-    let mut failed = 0;
+/// Every object: right, or a failure (never wrong bytes); how many failed, and the first why.
+fn read_all(s: &LocalStore, oids: &[Oid]) -> Result<(usize, String), String> {
+    let (mut failed, mut why) = (0, String::new());
     for (i, oid) in oids.iter().enumerate() {
         let mut out = vec![];
         match read_object(s, oid, &mut out) {
-            Ok(Some(_)) if out == object(i as u64) => {}
+            Ok(Some(_)) if out == object(i as u64) => continue,
             Ok(Some(_)) => return Err(format!("object {i} read back WRONG with success")),
-            Ok(None) | Err(_) => failed += 1,
+            Ok(None) if why.is_empty() => why = format!("object {i}: not found"),
+            Err(e) if why.is_empty() => why = format!("object {i}: {e}"),
+            _ => {}
         }
+        failed += 1;
     }
-    Ok(failed)
+    Ok((failed, why))
 }
 
 fn check(dir: &Path, rel: &Path, oids: &[Oid]) -> Result<Outcome, String> {
@@ -44,7 +47,7 @@ fn check(dir: &Path, rel: &Path, oids: &[Oid]) -> Result<Outcome, String> {
         // Refused with a reason; the user's next step is a rebuild from the packs.
         Err(_) => match LocalStore::rebuild(dir, opts()) {
             Ok((s, _)) => {
-                let failed = read_all(&s, oids)?;
+                let (failed, _) = read_all(&s, oids)?;
                 if index_hit && failed > 0 {
                     return Err(format!(
                         "{failed} objects lost to damage in the index alone"
@@ -56,17 +59,24 @@ fn check(dir: &Path, rel: &Path, oids: &[Oid]) -> Result<Outcome, String> {
             Err(_) => return Ok(Outcome::Caught),
         },
     };
-    let failed = read_all(&s, oids)?;
-    let v = s.verify(|_| {}).map_err(|e| format!("verify fails: {e}"))?;
-    let named = !v.damaged.is_empty() || !v.missing.is_empty();
+    let (failed, why) = read_all(&s, oids)?;
+    // Verify names what is damaged, or refuses with an error that names the index (and the
+    // rebuild that cures it).
+    let named = match s.verify(|_| {}) {
+        Ok(v) => !v.damaged.is_empty() || !v.missing.is_empty(),
+        Err(StoreError::Index { .. }) => true,
+        Err(e) => return Err(format!("verify fails without naming the damage: {e}")),
+    };
     if failed > 0 && !named {
-        return Err(format!("{failed} objects fail and verify names nothing"));
+        return Err(format!(
+            "{failed} objects fail ({why}) and verify names nothing"
+        ));
     }
-    if failed > 0 && index_hit {
+    if (failed > 0 || named) && index_hit {
         // An index that lies is repaired by a rebuild: the packs hold everything.
         drop(s);
         let (s, _) = LocalStore::rebuild(dir, opts()).map_err(|e| format!("rebuild: {e}"))?;
-        let again = read_all(&s, oids)?;
+        let (again, _) = read_all(&s, oids)?;
         if again > 0 {
             return Err(format!("{again} objects lost to damage in the index alone"));
         }

@@ -66,7 +66,7 @@ pub fn get<R: io::Read + Send, W: Write>(
     }
     let mut emptied = std::collections::BTreeSet::new();
     for p in plan.deletes {
-        remove_local(&p).map_err(GetError::local("delete", &p))?;
+        remove_local(local, &p).map_err(GetError::local("delete", &p))?;
         emptied.insert(super::install::parent_dir(&p).to_path_buf());
     }
     // Deletions made durable before the get says it is done, as installs are.

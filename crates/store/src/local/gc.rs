@@ -54,12 +54,24 @@ impl LocalStore {
         }
         let present: HashSet<[u8; 16]> = locs.iter().map(|(_, k)| *k).collect();
         for (oid, enc) in recipes {
-            for c in Recipe::decode(&enc)?.chunks() {
+            // A recipe the index holds damaged is named, not the end of the check.
+            let recipe = match Recipe::decode(&enc) {
+                Ok(r) => r,
+                Err(e) => {
+                    rep.damaged.push((
+                        oid.to_string(),
+                        format!("its recipe in the index is unreadable ({e}); `ferry store rebuild` restores it from the packs"),
+                    ));
+                    continue;
+                }
+            };
+            for c in recipe.chunks() {
                 if !present.contains(&ckey(&c.id)) {
                     rep.missing.push((oid, c.id));
                 }
             }
         }
+        rep.damaged.extend(self.unindexed()?);
         if !healed.is_empty() {
             let tx = self.db.begin_write().map_err(db_err(p))?;
             {
@@ -191,51 +203,55 @@ impl LocalStore {
     }
 
     /// Packs in use: number, size in bytes and last use.
-    fn live_packs(&self) -> Result<Vec<(u32, u64, std::time::SystemTime)>, StoreError> {
-        let p = &self.index_path;
-        let tx = self.db.begin_read().map_err(db_err(p))?;
-        let t = tx.open_table(PACKS).map_err(db_err(p))?;
-        let mut out = vec![];
-        for r in t.iter().map_err(db_err(p))? {
-            let (k, v) = r.map_err(db_err(p))?;
-            if v.value().1 != 0 {
-                continue; // retired
+    pub(super) fn live_packs(&self) -> Result<Vec<(u32, u64, std::time::SystemTime)>, StoreError> {
+        super::index::guard(&self.index_path, || {
+            let p = &self.index_path;
+            let tx = self.db.begin_read().map_err(db_err(p))?;
+            let t = tx.open_table(PACKS).map_err(db_err(p))?;
+            let mut out = vec![];
+            for r in t.iter().map_err(db_err(p))? {
+                let (k, v) = r.map_err(db_err(p))?;
+                if v.value().1 != 0 {
+                    continue; // retired
+                }
+                let num = k.value();
+                let meta = fs::metadata(self.packs_dir.join(pack_name(num))).ok();
+                out.push((
+                    num,
+                    meta.as_ref().map_or(0, |m| m.len()),
+                    meta.and_then(|m| m.modified().ok())
+                        .unwrap_or(std::time::UNIX_EPOCH),
+                ));
             }
-            let num = k.value();
-            let meta = fs::metadata(self.packs_dir.join(pack_name(num))).ok();
-            out.push((
-                num,
-                meta.as_ref().map_or(0, |m| m.len()),
-                meta.and_then(|m| m.modified().ok())
-                    .unwrap_or(std::time::UNIX_EPOCH),
-            ));
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     /// The object records and tombstones each pack holds.
     fn records_by_pack(&self) -> Result<HashMap<u32, PackRecords>, StoreError> {
-        let p = &self.index_path;
-        let mut out: HashMap<u32, PackRecords> = HashMap::new();
-        self.for_each_object(|oid, e| {
-            out.entry(e.pack).or_default().objects.push((oid, e));
-            Ok(())
-        })?;
-        let tx = self.db.begin_read().map_err(db_err(p))?;
-        for r in tx
-            .open_table(TOMBSTONES)
-            .map_err(db_err(p))?
-            .iter()
-            .map_err(db_err(p))?
-        {
-            let (k, v) = r.map_err(db_err(p))?;
-            let (seq, pack) = v.value();
-            out.entry(pack)
-                .or_default()
-                .tombstones
-                .push((Oid(Id::from_parts(self.alg, *k.value())), seq));
-        }
-        Ok(out)
+        super::index::guard(&self.index_path, || {
+            let p = &self.index_path;
+            let mut out: HashMap<u32, PackRecords> = HashMap::new();
+            self.for_each_object(|oid, e| {
+                out.entry(e.pack).or_default().objects.push((oid, e));
+                Ok(())
+            })?;
+            let tx = self.db.begin_read().map_err(db_err(p))?;
+            for r in tx
+                .open_table(TOMBSTONES)
+                .map_err(db_err(p))?
+                .iter()
+                .map_err(db_err(p))?
+            {
+                let (k, v) = r.map_err(db_err(p))?;
+                let (seq, pack) = v.value();
+                out.entry(pack)
+                    .or_default()
+                    .tombstones
+                    .push((Oid(Id::from_parts(self.alg, *k.value())), seq));
+            }
+            Ok(out)
+        })
     }
 
     /// Removes from the index every chunk `dead` picks; returns how many and their bytes.

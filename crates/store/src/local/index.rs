@@ -99,6 +99,25 @@ impl ObjectEntry {
 }
 
 /// Wraps any redb error with the index path.
+/// Runs a read of the index, turning a panic inside redb (damage its pages' checks do not
+/// catch: "entered unreachable code", a slice out of range) into an error that names the cure.
+pub(crate) fn guard<T>(
+    path: &Path,
+    f: impl FnOnce() -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let why = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic in the index".into());
+        Err(StoreError::Index {
+            path: path.to_path_buf(),
+            msg: format!("damaged beyond reading ({why})"),
+        })
+    })
+}
+
 pub(crate) fn db_err<E: Into<redb::Error>>(path: &Path) -> impl FnOnce(E) -> StoreError + '_ {
     move |e| StoreError::Index {
         path: path.to_path_buf(),

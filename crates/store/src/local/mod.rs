@@ -103,9 +103,9 @@ impl Default for Options {
 pub struct VerifyReport {
     pub chunks_checked: u64,
     pub bytes_checked: u64,
-    /// Chunks whose bytes are unreadable or do not match their id.
     /// Chunks whose bytes are unreadable or do not match their id: (id, or `prefix:` and the
-    /// indexed 16-byte prefix when even the record header is unreadable; what went wrong).
+    /// indexed 16-byte prefix when even the record header is unreadable; what went wrong); and
+    /// objects whose recipe in the index is unreadable (their object id; why).
     pub damaged: Vec<(String, String)>,
     /// Chunks a recipe names that the store does not have.
     pub missing: Vec<(Oid, Id)>,
@@ -529,15 +529,17 @@ impl LocalStore {
 
     /// The chunk table as of the last commit, opened once per commit.
     fn chunk_table(&self) -> Result<Arc<ChunkTable>, StoreError> {
-        let mut cached = self.chunk_table.lock().unwrap();
-        if let Some(t) = &*cached {
-            return Ok(t.clone());
-        }
-        let p = &self.index_path;
-        let tx = self.db.begin_read().map_err(db_err(p))?;
-        let t = Arc::new(tx.open_table(CHUNKS).map_err(db_err(p))?);
-        *cached = Some(t.clone());
-        Ok(t)
+        index::guard(&self.index_path, || {
+            let mut cached = self.chunk_table.lock().unwrap();
+            if let Some(t) = &*cached {
+                return Ok(t.clone());
+            }
+            let p = &self.index_path;
+            let tx = self.db.begin_read().map_err(db_err(p))?;
+            let t = Arc::new(tx.open_table(CHUNKS).map_err(db_err(p))?);
+            *cached = Some(t.clone());
+            Ok(t)
+        })
     }
 
     /// Where a record is, for messages: `PACK-PATH offset N`.
@@ -551,18 +553,20 @@ impl LocalStore {
 
     /// Calls `f` with every indexed chunk (key and location), in key order.
     fn for_each_chunk(&self, mut f: impl FnMut([u8; 16], Loc)) -> Result<(), StoreError> {
-        let p = &self.index_path;
-        let tx = self.db.begin_read().map_err(db_err(p))?;
-        for r in tx
-            .open_table(CHUNKS)
-            .map_err(db_err(p))?
-            .iter()
-            .map_err(db_err(p))?
-        {
-            let (k, v) = r.map_err(db_err(p))?;
-            f(*k.value(), Loc::decode(v.value()));
-        }
-        Ok(())
+        index::guard(&self.index_path, || {
+            let p = &self.index_path;
+            let tx = self.db.begin_read().map_err(db_err(p))?;
+            for r in tx
+                .open_table(CHUNKS)
+                .map_err(db_err(p))?
+                .iter()
+                .map_err(db_err(p))?
+            {
+                let (k, v) = r.map_err(db_err(p))?;
+                f(*k.value(), Loc::decode(v.value()));
+            }
+            Ok(())
+        })
     }
 
     /// Calls `f` with every flushed object and its index entry.
@@ -570,23 +574,25 @@ impl LocalStore {
         &self,
         mut f: impl FnMut(Oid, ObjectEntry) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        let p = &self.index_path;
-        let tx = self.db.begin_read().map_err(db_err(p))?;
-        for r in tx
-            .open_table(OBJECTS)
-            .map_err(db_err(p))?
-            .iter()
-            .map_err(db_err(p))?
-        {
-            let (k, v) = r.map_err(db_err(p))?;
-            let oid = Oid(Id::from_parts(self.alg, *k.value()));
-            let e = ObjectEntry::decode(v.value()).ok_or_else(|| StoreError::Index {
-                path: p.clone(),
-                msg: format!("object entry of {oid} is truncated"),
-            })?;
-            f(oid, e)?;
-        }
-        Ok(())
+        index::guard(&self.index_path, || {
+            let p = &self.index_path;
+            let tx = self.db.begin_read().map_err(db_err(p))?;
+            for r in tx
+                .open_table(OBJECTS)
+                .map_err(db_err(p))?
+                .iter()
+                .map_err(db_err(p))?
+            {
+                let (k, v) = r.map_err(db_err(p))?;
+                let oid = Oid(Id::from_parts(self.alg, *k.value()));
+                let e = ObjectEntry::decode(v.value()).ok_or_else(|| StoreError::Index {
+                    path: p.clone(),
+                    msg: format!("object entry of {oid} is truncated"),
+                })?;
+                f(oid, e)?;
+            }
+            Ok(())
+        })
     }
 
     /// Drops the cached read snapshot of the chunk table; call after every commit that changes it.
@@ -1039,41 +1045,45 @@ impl ChunkStore for LocalStore {
     }
 
     fn is_empty(&self) -> Result<bool, StoreError> {
-        if !self.state.lock().unwrap().pending.is_empty() {
-            return Ok(false);
-        }
-        let p = &self.index_path;
-        let tx = self.db.begin_read().map_err(db_err(p))?;
-        let chunks = tx.open_table(CHUNKS).map_err(db_err(p))?;
-        chunks.is_empty().map_err(db_err(p))
+        index::guard(&self.index_path, || {
+            if !self.state.lock().unwrap().pending.is_empty() {
+                return Ok(false);
+            }
+            let p = &self.index_path;
+            let tx = self.db.begin_read().map_err(db_err(p))?;
+            let chunks = tx.open_table(CHUNKS).map_err(db_err(p))?;
+            chunks.is_empty().map_err(db_err(p))
+        })
     }
 
     fn stats(&self) -> Result<StoreStats, StoreError> {
-        let p = &self.index_path;
-        let mut s = StoreStats::default();
-        self.for_each_chunk(|_, l| {
-            s.chunks += 1;
-            s.chunk_bytes += l.raw_len as u64;
-            s.stored_bytes += l.stored_len as u64 + RECORD_HEADER_LEN as u64;
-        })?;
-        self.for_each_object(|_, e| {
-            s.objects += 1;
-            s.object_bytes += e.total_len;
-            Ok(())
-        })?;
-        let tx = self.db.begin_read().map_err(db_err(p))?;
-        s.packs = tx
-            .open_table(PACKS)
-            .map_err(db_err(p))?
-            .len()
-            .map_err(db_err(p))?;
-        s.damaged = tx
-            .open_table(DAMAGED)
-            .map_err(db_err(p))?
-            .len()
-            .map_err(db_err(p))?;
-        s.index_bytes = fs::metadata(p).map(|m| m.len()).unwrap_or(0);
-        Ok(s)
+        index::guard(&self.index_path, || {
+            let p = &self.index_path;
+            let mut s = StoreStats::default();
+            self.for_each_chunk(|_, l| {
+                s.chunks += 1;
+                s.chunk_bytes += l.raw_len as u64;
+                s.stored_bytes += l.stored_len as u64 + RECORD_HEADER_LEN as u64;
+            })?;
+            self.for_each_object(|_, e| {
+                s.objects += 1;
+                s.object_bytes += e.total_len;
+                Ok(())
+            })?;
+            let tx = self.db.begin_read().map_err(db_err(p))?;
+            s.packs = tx
+                .open_table(PACKS)
+                .map_err(db_err(p))?
+                .len()
+                .map_err(db_err(p))?;
+            s.damaged = tx
+                .open_table(DAMAGED)
+                .map_err(db_err(p))?
+                .len()
+                .map_err(db_err(p))?;
+            s.index_bytes = fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+            Ok(s)
+        })
     }
 }
 
