@@ -32,11 +32,17 @@ impl LocalStore {
         let mut rep = VerifyReport::default();
         let mut healed = vec![];
         let was_damaged = self.state.lock().unwrap().damaged.clone();
+        // The full id each indexed chunk turned out to have (the index keys are prefixes).
+        let mut full: HashMap<[u8; 16], Id> = HashMap::with_capacity(locs.len());
         for (loc, key) in &locs {
             let location = self.describe(*loc);
             match self.read_record(key, *loc) {
-                Ok(_) if was_damaged.contains(key) => healed.push(*key),
-                Ok(_) => {}
+                Ok((id, _)) => {
+                    full.insert(*key, id);
+                    if was_damaged.contains(key) {
+                        healed.push(*key);
+                    }
+                }
                 Err((id, why)) => {
                     let why = format!("{location}: {why}");
                     self.state.lock().unwrap().damaged.insert(*key);
@@ -66,8 +72,15 @@ impl LocalStore {
                 }
             };
             for c in recipe.chunks() {
-                if !present.contains(&ckey(&c.id)) {
-                    rep.missing.push((oid, c.id));
+                match full.get(&ckey(&c.id)) {
+                    Some(id) if *id == c.id => {}
+                    // Another chunk under its prefix: the recipe names an id that was altered.
+                    Some(id) => rep.damaged.push((
+                        oid.to_string(),
+                        format!("its recipe names chunk {}, which the store does not hold ({id} shares its prefix): the recipe in the index is damaged; `ferry store rebuild` restores it from the packs", c.id),
+                    )),
+                    None if present.contains(&ckey(&c.id)) => {}
+                    None => rep.missing.push((oid, c.id)),
                 }
             }
         }

@@ -985,29 +985,31 @@ impl ChunkStore for LocalStore {
     }
 
     fn object(&self, oid: &Oid) -> Result<Option<Recipe>, StoreError> {
-        {
-            let st = self.state.lock().unwrap();
-            for po in st.pending_objects.iter().rev() {
-                match po {
-                    PendingObject::Put(o, e) if o == oid => {
-                        return Ok(Some(Recipe::decode(&e.recipe)?))
+        index::guard(&self.index_path, || {
+            {
+                let st = self.state.lock().unwrap();
+                for po in st.pending_objects.iter().rev() {
+                    match po {
+                        PendingObject::Put(o, e) if o == oid => {
+                            return Ok(Some(Recipe::decode(&e.recipe)?))
+                        }
+                        PendingObject::Remove(o, ..) if o == oid => return Ok(None),
+                        _ => {}
                     }
-                    PendingObject::Remove(o, ..) if o == oid => return Ok(None),
-                    _ => {}
                 }
             }
-        }
-        let p = &self.index_path;
-        let tx = self.db.begin_read().map_err(db_err(p))?;
-        let t = tx.open_table(OBJECTS).map_err(db_err(p))?;
-        let Some(v) = t.get(oid.id().digest()).map_err(db_err(p))? else {
-            return Ok(None);
-        };
-        let e = ObjectEntry::decode(v.value()).ok_or_else(|| StoreError::Index {
-            path: p.clone(),
-            msg: format!("object entry of {oid} is truncated"),
-        })?;
-        Ok(Some(Recipe::decode(&e.recipe)?))
+            let p = &self.index_path;
+            let tx = self.db.begin_read().map_err(db_err(p))?;
+            let t = tx.open_table(OBJECTS).map_err(db_err(p))?;
+            let Some(v) = t.get(oid.id().digest()).map_err(db_err(p))? else {
+                return Ok(None);
+            };
+            let e = ObjectEntry::decode(v.value()).ok_or_else(|| StoreError::Index {
+                path: p.clone(),
+                msg: format!("object entry of {oid} is truncated"),
+            })?;
+            Ok(Some(Recipe::decode(&e.recipe)?))
+        })
     }
 
     fn remove_object(&self, oid: &Oid) -> Result<bool, StoreError> {
