@@ -520,11 +520,13 @@ impl LocalStore {
         if let Some(l) = self.state.lock().unwrap().pending.get(id) {
             return Ok(Some(*l));
         }
-        Ok(self
-            .chunk_table()?
-            .get(&ckey(id))
-            .map_err(db_err(&self.index_path))?
-            .map(|v| Loc::decode(v.value())))
+        let table = self.chunk_table()?;
+        index::guard(&self.index_path, || {
+            Ok(table
+                .get(&ckey(id))
+                .map_err(db_err(&self.index_path))?
+                .map(|v| Loc::decode(v.value())))
+        })
     }
 
     /// The chunk table as of the last commit, opened once per commit.
@@ -889,13 +891,15 @@ impl ChunkStore for LocalStore {
         lo[..8].copy_from_slice(&prefix);
         hi[..8].copy_from_slice(&prefix);
         let table = self.chunk_table()?;
-        let first = table
-            .range::<&[u8; 16]>(&lo..=&hi)
-            .map_err(db_err(&self.index_path))?
-            .next()
-            .transpose()
-            .map_err(db_err(&self.index_path))?
-            .map(|(k, v)| (*k.value(), Loc::decode(v.value())));
+        let first = index::guard(&self.index_path, || {
+            Ok(table
+                .range::<&[u8; 16]>(&lo..=&hi)
+                .map_err(db_err(&self.index_path))?
+                .next()
+                .transpose()
+                .map_err(db_err(&self.index_path))?
+                .map(|(k, v)| (*k.value(), Loc::decode(v.value()))))
+        })?;
         // The index holds 16 bytes of the digest; the record's header holds the whole id.
         if let Some(id) = first.and_then(|(key, loc)| self.record_id(&key, loc)) {
             return Ok(Some(id));
