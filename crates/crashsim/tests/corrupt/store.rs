@@ -47,10 +47,10 @@ fn check(dir: &Path, rel: &Path, oids: &[Oid]) -> Result<Outcome, String> {
         // Refused with a reason; the user's next step is a rebuild from the packs.
         Err(_) => match LocalStore::rebuild(dir, opts()) {
             Ok((s, _)) => {
-                let (failed, _) = read_all(&s, oids)?;
+                let (failed, why) = read_all(&s, oids)?;
                 if index_hit && failed > 0 {
                     return Err(format!(
-                        "{failed} objects lost to damage in the index alone"
+                        "{failed} objects lost to damage in the index alone, after a refused open and a rebuild ({why})"
                     ));
                 }
                 return Ok(Outcome::Caught);
@@ -76,9 +76,11 @@ fn check(dir: &Path, rel: &Path, oids: &[Oid]) -> Result<Outcome, String> {
         // An index that lies is repaired by a rebuild: the packs hold everything.
         drop(s);
         let (s, _) = LocalStore::rebuild(dir, opts()).map_err(|e| format!("rebuild: {e}"))?;
-        let (again, _) = read_all(&s, oids)?;
+        let (again, why) = read_all(&s, oids)?;
         if again > 0 {
-            return Err(format!("{again} objects lost to damage in the index alone"));
+            return Err(format!(
+                "{again} objects lost to damage in the index alone, after a rebuild ({why})"
+            ));
         }
     }
     Ok(if named || failed > 0 {

@@ -316,7 +316,11 @@ impl LocalStore {
                     // A tail past a committed length is a crash's leftover: stop at the first bad
                     // record and cut it off. A pack never indexed is read whole, skipping damage.
                     let crash_tail = committed != 0;
-                    let end = scan_pack(&path, from, !crash_tail, &mut report, |off, h, raw| {
+                    // Damage is skipped either way: only unreadable bytes after the last whole
+                    // record (no valid record follows them) are a torn tail to cut. A committed
+                    // length that lies (a damaged index) must never cut whole records off.
+                    let unreadable_before = report.unreadable_bytes;
+                    let end = scan_pack(&path, from, true, &mut report, |off, h, raw| {
                         let key = h.id.digest();
                         match h.kind {
                             Kind::Chunk => {
@@ -365,6 +369,11 @@ impl LocalStore {
                     })?;
                     if let (Some(why), true) = (&end.stopped, crash_tail) {
                         let lost = file_len - end.end;
+                        // Counted as cut, not as unreadable.
+                        report.unreadable_bytes = report
+                            .unreadable_bytes
+                            .saturating_sub(lost)
+                            .max(unreadable_before);
                         tracing::warn!(
                             "{}: cutting {lost} torn bytes at offset {} ({why})",
                             path.display(),
