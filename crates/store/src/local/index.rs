@@ -124,3 +124,37 @@ pub(crate) fn db_err<E: Into<redb::Error>>(path: &Path) -> impl FnOnce(E) -> Sto
         msg: e.into().to_string(),
     }
 }
+
+/// The index's database, closed inside a guard: redb writes its allocator state when it
+/// closes, and on pages damaged where it does not look that panics; a store dropped after
+/// working on a damaged index then ends without taking the program down with it.
+pub(crate) struct Db(Option<redb::Database>);
+
+impl Db {
+    pub(crate) fn new(db: redb::Database) -> Db {
+        Db(Some(db))
+    }
+}
+
+impl std::ops::Deref for Db {
+    type Target = redb::Database;
+    fn deref(&self) -> &redb::Database {
+        self.0.as_ref().expect("open until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Db {
+    fn deref_mut(&mut self) -> &mut redb::Database {
+        self.0.as_mut().expect("open until dropped")
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        if let Some(db) = self.0.take() {
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db))).is_err() {
+                tracing::error!("the store's index could not be closed cleanly: it is damaged; run `ferry store rebuild`");
+            }
+        }
+    }
+}

@@ -41,7 +41,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 use ferry_format::{HashAlg, Id, Oid, Recipe};
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 use crate::cache::ByteLru;
 use crate::{ChunkStore, StoreError, StoreStats, VerifiedChunk};
@@ -155,7 +155,7 @@ pub struct LocalStore {
     index_path: PathBuf,
     alg: HashAlg,
     opts: Options,
-    db: Database,
+    db: index::Db,
     state: Mutex<State>,
     cache: Mutex<ByteLru>,
     readers: Mutex<HashMap<u32, Arc<File>>>,
@@ -301,7 +301,7 @@ impl LocalStore {
             alg,
             cache: Mutex::new(ByteLru::new(opts.cache_bytes)),
             opts,
-            db,
+            db: index::Db::new(db),
             state: Mutex::new(State {
                 writer: None,
                 pending: HashMap::new(),
