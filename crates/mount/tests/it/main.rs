@@ -84,6 +84,17 @@ pub fn client(remote: &Remote, cache: &Path, timeout: Duration) -> Vfs {
     Vfs::new(remote.connector(), WirePath::default(), opts).unwrap()
 }
 
+/// A fresh export, its server, and one client of it with a cache of its own: (the directory
+/// holding them, the export, the server, the client).
+fn one_client() -> (tempfile::TempDir, std::path::PathBuf, Remote, Vfs) {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    let remote = Remote::new(&root, 60_000);
+    let v = client(&remote, &t.path().join("c"), Duration::from_secs(5));
+    (t, root, remote, v)
+}
+
 fn bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0; len];
     blake3::Hasher::new_derive_key("ferry mount tests")
@@ -460,11 +471,7 @@ fn a_large_listing_costs_one_round_trip() {
 #[test]
 fn a_symlink_takes_its_own_times() {
     use std::os::unix::fs::MetadataExt;
-    let t = tempfile::tempdir().unwrap();
-    let root = t.path().join("export");
-    std::fs::create_dir(&root).unwrap();
-    let remote = Remote::new(&root, 60_000);
-    let v = client(&remote, &t.path().join("c"), Duration::from_secs(5));
+    let (_t, root, _remote, v) = one_client();
     write(&v, "target", b"x").unwrap();
     let target_mtime = std::fs::metadata(root.join("target")).unwrap().mtime();
     let l = v.symlink(ROOT, b"l", b"target").unwrap();
@@ -486,11 +493,7 @@ fn a_symlink_takes_its_own_times() {
 /// file removed while open has none.
 #[test]
 fn link_counts_of_directories_and_of_files_removed_while_open() {
-    let t = tempfile::tempdir().unwrap();
-    let root = t.path().join("export");
-    std::fs::create_dir(&root).unwrap();
-    let remote = Remote::new(&root, 60_000);
-    let v = client(&remote, &t.path().join("c"), Duration::from_secs(5));
+    let (_t, _root, _remote, v) = one_client();
     let d = v.mkdir(ROOT, b"d", 0o755).unwrap();
     v.mkdir(d.ino, b"a", 0o755).unwrap();
     v.mkdir(d.ino, b"b", 0o755).unwrap();
@@ -507,11 +510,7 @@ fn link_counts_of_directories_and_of_files_removed_while_open() {
 /// A path too long for the server is ENAMETOOLONG (as on a local file system), not EINVAL.
 #[test]
 fn a_path_too_long_is_enametoolong() {
-    let t = tempfile::tempdir().unwrap();
-    let root = t.path().join("export");
-    std::fs::create_dir(&root).unwrap();
-    let remote = Remote::new(&root, 60_000);
-    let v = client(&remote, &t.path().join("c"), Duration::from_secs(5));
+    let (_t, _root, _remote, v) = one_client();
     let mut dir = ROOT;
     for _ in 0..16 {
         dir = v.mkdir(dir, &[b'd'; 250], 0o755).unwrap().ino;
@@ -532,11 +531,7 @@ fn a_path_too_long_is_enametoolong() {
 #[test]
 fn a_chmod_before_the_first_write_is_no_conflict() {
     use std::sync::atomic::Ordering;
-    let t = tempfile::tempdir().unwrap();
-    let root = t.path().join("export");
-    std::fs::create_dir(&root).unwrap();
-    let remote = Remote::new(&root, 60_000);
-    let v = client(&remote, &t.path().join("c"), Duration::from_secs(5));
+    let (_t, root, _remote, v) = one_client();
     for i in 0..3 {
         let name = format!("lock{i}");
         let (s, o) = v.create(ROOT, name.as_bytes(), 0o600, true).unwrap();
@@ -553,11 +548,7 @@ fn a_chmod_before_the_first_write_is_no_conflict() {
 /// copy was looked for under the old one: the write-back failed for ever).
 #[test]
 fn a_file_open_for_writing_follows_its_directory_renamed() {
-    let t = tempfile::tempdir().unwrap();
-    let root = t.path().join("export");
-    std::fs::create_dir(&root).unwrap();
-    let remote = Remote::new(&root, 60_000);
-    let v = client(&remote, &t.path().join("c"), Duration::from_secs(5));
+    let (_t, root, _remote, v) = one_client();
     let d = v.mkdir(ROOT, b"d", 0o755).unwrap();
     let (_, o) = v.create(d.ino, b"f", 0o644, false).unwrap();
     v.write(o.fh, 0, b"written before the rename").unwrap();
