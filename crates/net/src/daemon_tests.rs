@@ -33,7 +33,16 @@ fn daemon_with(hello: Duration, handshake: Duration) -> Setup {
     std::fs::write(&keys, format!("{} allowed\n", allowed.fingerprint())).unwrap();
     let export = dir.path().join("export");
     std::fs::create_dir(&export).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    // A deep accept queue: a thousand connections at once on a busy machine must wait there
+    // for the daemon, not be dropped half open by the kernel (which the client never hears).
+    let listener = {
+        use rustix::net::{AddressFamily, SocketType};
+        let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+        let addr = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 0);
+        rustix::net::bind(&fd, &addr).unwrap();
+        rustix::net::listen(&fd, 4096).unwrap();
+        TcpListener::from(fd)
+    };
     let port = listener.local_addr().unwrap().port();
     let handler: Handler = Arc::new(move |_peer, stream, hello| {
         let opts = ferry_fs::ServerOptions {
