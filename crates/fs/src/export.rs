@@ -12,7 +12,8 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use ferry_proto::{Attr, FileKind, WirePath};
-use rustix::fs::{openat2, Mode, OFlags, ResolveFlags};
+use ferry_transfer::openat2_beneath as openat2;
+use rustix::fs::{Mode, OFlags, ResolveFlags};
 
 /// The exported root.
 pub struct Export {
@@ -147,7 +148,7 @@ impl Export {
         // (reads of a regular file are unaffected).
         let fd = openat2(
             &self.root,
-            wire_to_rel(p),
+            &wire_to_rel(p),
             OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK,
             Mode::empty(),
             beneath(),
@@ -166,7 +167,7 @@ impl Export {
     pub fn open_dir(&self, p: &WirePath) -> io::Result<OwnedFd> {
         Ok(openat2(
             &self.root,
-            wire_to_rel(p),
+            &wire_to_rel(p),
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
             beneath(),
@@ -187,7 +188,7 @@ impl Export {
         // symlink is opened itself, never followed.
         let fd = openat2(
             &self.root,
-            wire_to_rel(p),
+            &wire_to_rel(p),
             OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,
             Mode::empty(),
             beneath(),
@@ -243,7 +244,7 @@ impl Export {
     pub fn stat(&self, p: &WirePath) -> io::Result<(Attr, FileId)> {
         let fd = openat2(
             &self.root,
-            wire_to_rel(p),
+            &wire_to_rel(p),
             OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
             beneath(),

@@ -55,7 +55,7 @@ mod engine;
 mod local;
 
 pub use engine::{fetch, EngineError, Options, Report, SourceReport};
-pub use local::{open_beneath, ChunkLookup, FileIndex, FilesSource, StoreSource};
+pub use local::{open_beneath, openat2_beneath, ChunkLookup, FileIndex, FilesSource, StoreSource};
 
 /// A chunk a fetch wants.
 #[derive(Clone, Debug, PartialEq, Eq)]

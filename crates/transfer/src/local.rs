@@ -192,6 +192,29 @@ impl FilesSource {
 
 use std::os::unix::ffi::OsStrExt;
 
+/// `openat2(2)`, tried again while the kernel answers EAGAIN. With `RESOLVE_BENEATH` it does so
+/// for a path that goes through `..` (a symlink's relative target) whenever a rename anywhere on
+/// the machine raced the lookup, asking the caller to retry: a busy server's other sessions
+/// would otherwise fail opens at random.
+pub fn openat2_beneath(
+    dir: &std::os::fd::OwnedFd,
+    path: &Path,
+    flags: rustix::fs::OFlags,
+    mode: rustix::fs::Mode,
+    resolve: rustix::fs::ResolveFlags,
+) -> rustix::io::Result<std::os::fd::OwnedFd> {
+    let mut tries = 0;
+    loop {
+        match rustix::fs::openat2(dir, path, flags, mode, resolve) {
+            Err(rustix::io::Errno::AGAIN) if tries < 1_000 => {
+                tries += 1;
+                std::thread::yield_now();
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Opens a regular file `rel` beneath `root`, never through a symlink out of it (nor through
 /// `..`, nor a magic link): a device's files cannot lead a source anywhere else.
 pub fn open_beneath(root: &std::os::fd::OwnedFd, rel: &Path) -> std::io::Result<File> {
@@ -201,7 +224,7 @@ pub fn open_beneath(root: &std::os::fd::OwnedFd, rel: &Path) -> std::io::Result<
     } else {
         rel
     };
-    let fd = rustix::fs::openat2(
+    let fd = openat2_beneath(
         root,
         rel,
         OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK,

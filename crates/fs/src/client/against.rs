@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use ferry_format::{ChunkRef, Id, Recipe};
 use ferry_proto::{
@@ -57,7 +57,7 @@ impl AgainstOld {
     /// file's path on a server that takes one: the parts of the new version held here, in the
     /// old file or `cache`).
     pub(crate) fn new(
-        path: &Path,
+        j: &super::walk::FileJob,
         old: &LocalIndex,
         recipe: &Recipe,
         missing: &[ChunkRef],
@@ -70,10 +70,10 @@ impl AgainstOld {
             return None;
         }
         let used: std::collections::HashSet<Id> = recipe.chunks().iter().map(|c| c.id).collect();
-        let file = File::open(path).ok()?;
+        let file = j.open_old().ok().flatten()?;
         let mut a = AgainstOld {
             file,
-            path: path.to_path_buf(),
+            path: j.old().to_path_buf(),
             pieces: vec![],
             keys: vec![],
             key_bytes: *ferry_proto::KEY_BYTES.start(),

@@ -93,7 +93,7 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
     let mut cold: Vec<(Vec<usize>, u64)> = vec![];
     let mut warm: Vec<(Vec<usize>, u64)> = vec![];
     for i in 0..jobs.len() {
-        let old = match index_local(jobs[i].old(), &src.chunker, HashAlg::Blake3) {
+        let old = match index_local(jobs[i].open_old(), &src.chunker, HashAlg::Blake3) {
             Ok(old) => old,
             // A basis that cannot be read is no basis.
             Err(e) if jobs[i].basis.is_some() => {
@@ -117,7 +117,7 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
         let empty = old.order.is_empty();
         // A large file cut short by an earlier fetch goes on from its partial file.
         let resume = if empty && shortcuts && src.mirrors.is_none() && size > WHOLE_FILE {
-            partial::resume_point(&jobs[i].local, jobs[i].attr.version, size)
+            partial::resume_point(&jobs[i].root, &jobs[i].local, jobs[i].attr.version, size)
         } else {
             0
         };
@@ -228,7 +228,7 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
         let old = if recipe.alg() == HashAlg::Blake3 {
             old
         } else {
-            index_local(j.old(), &src.chunker, recipe.alg())
+            index_local(j.open_old(), &src.chunker, recipe.alg())
                 .map_err(GetError::local("read", j.old()))?
         };
         let mut file_missing = vec![];
@@ -260,7 +260,7 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
         }
         let history = history.then_some(src.cache);
         match AgainstOld::new(
-            j.old(),
+            j,
             &old,
             &recipe,
             &file_missing,
@@ -676,7 +676,9 @@ fn prefix_of(
         }
         let file = match open.entry(i) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(File::open(jobs[i].old())?),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(jobs[i].open_old()?.ok_or(io::ErrorKind::NotFound)?)
+            }
         };
         let start = prefix.len();
         prefix.resize(start + n as usize, 0);

@@ -1,12 +1,13 @@
 //! Files written whole beside their destination, then renamed over it, durably.
 
 use std::collections::{HashMap, HashSet};
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use ferry_format::{Id, Recipe};
 
+use super::dest::{self, Temp};
 use super::walk::FileJob;
 use super::{mtime, GetError, GetStats, Sources};
 
@@ -23,11 +24,11 @@ pub(crate) fn assemble(
     let existing = if here.is_empty() {
         None
     } else {
-        File::open(j.old()).ok()
+        j.open_old().ok().flatten()
     };
-    let mut tmp = temp_beside(local)?;
+    let mut tmp = temp_beside(j)?;
     {
-        let mut out = BufWriter::with_capacity(1 << 20, tmp.as_file_mut());
+        let mut out = BufWriter::with_capacity(1 << 20, tmp.file_mut());
         let mut buf = vec![];
         for c in recipe.chunks() {
             let data = match here.get(&c.id) {
@@ -71,43 +72,28 @@ pub(crate) fn parent_dir(local: &Path) -> &Path {
         .unwrap_or(Path::new("."))
 }
 
-/// A temporary file beside `local`, to be renamed over it once whole: `.ferry-tmp-` and six
-/// random characters, so that what a crash (or kill -9) leaves is plainly Ferry's.
-pub(crate) fn temp_beside(local: &Path) -> Result<tempfile::NamedTempFile, GetError> {
-    let dir = parent_dir(local);
-    fs::create_dir_all(dir).map_err(GetError::local("create directory", dir))?;
-    tempfile::Builder::new()
-        .prefix(".ferry-tmp-")
-        .tempfile_in(dir)
-        .map_err(GetError::local("create a temporary file in", dir))
+/// A temporary file beside the job's destination (its directory made if need be), to be
+/// renamed over it once whole: `.ferry-tmp-` and six random characters, so that what a crash
+/// (or kill -9) leaves is plainly Ferry's.
+pub(crate) fn temp_beside(j: &FileJob) -> Result<Temp, GetError> {
+    let dir = parent_dir(&j.local);
+    let fd = dest::make_dirs(&j.root, dir).map_err(GetError::local("create directory", dir))?;
+    Temp::new_in(fd, ".ferry-tmp-").map_err(GetError::local("create a temporary file in", dir))
 }
 
-/// Gives a file written in full to `tmp` its mode and mtime, and renames it over its
-/// destination, durably.
-pub(crate) fn install(
-    tmp: tempfile::NamedTempFile,
-    j: &FileJob,
-    stats: &mut GetStats,
-) -> Result<(), GetError> {
-    settle(tmp.as_file(), j)?;
-    tmp.persist(&j.local).map_err(|e| GetError::Local {
-        op: "rename into",
+/// Gives a file written in full to `tmp` (a temporary, or a partial file taken over) its mode
+/// and mtime, and renames it over its destination, durably.
+pub(crate) fn install(tmp: Temp, j: &FileJob, stats: &mut GetStats) -> Result<(), GetError> {
+    settle(tmp.file(), j)?;
+    let name = j.local.file_name().ok_or_else(|| GetError::Local {
+        op: "install",
         path: j.local.clone(),
-        error: e.error,
+        error: std::io::Error::other("no file name"),
     })?;
-    installed(j, stats)
-}
-
-/// Like [`install`] for a file written in full at `path` (a partial file).
-pub(crate) fn install_path(
-    f: &File,
-    path: &Path,
-    j: &FileJob,
-    stats: &mut GetStats,
-) -> Result<(), GetError> {
-    settle(f, j)?;
-    fs::rename(path, &j.local).map_err(GetError::local("rename into", &j.local))?;
-    installed(j, stats)
+    tmp.rename_to(name)
+        .map_err(GetError::local("rename into", &j.local))?;
+    stats.files += 1;
+    Ok(())
 }
 
 /// The file's mode and mtime, and its bytes on disk.
@@ -120,14 +106,4 @@ fn settle(f: &File, j: &FileJob) -> Result<(), GetError> {
     f.set_modified(mtime(&j.attr))
         .map_err(GetError::local("set mtime of", local))?;
     f.sync_all().map_err(GetError::local("fsync", local))
-}
-
-/// The rename made durable.
-fn installed(j: &FileJob, stats: &mut GetStats) -> Result<(), GetError> {
-    let dir = parent_dir(&j.local);
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(GetError::local("fsync", dir))?;
-    stats.files += 1;
-    Ok(())
 }

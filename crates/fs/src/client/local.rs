@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use ferry_chunk::{ChunkReader, ChunkerSpec};
@@ -20,25 +19,16 @@ pub(crate) struct LocalIndex {
     pub(crate) at: HashMap<Id, (u64, u32)>,
 }
 
-/// Chunks a local file as a source (nothing if it is not a regular file).
-pub(crate) fn index_local(path: &Path, spec: &ChunkerSpec, alg: HashAlg) -> io::Result<LocalIndex> {
+/// Chunks an old version (opened by `FileJob::open_old`: `None` if there is none) as a source.
+pub(crate) fn index_local(
+    f: io::Result<Option<fs::File>>,
+    spec: &ChunkerSpec,
+    alg: HashAlg,
+) -> io::Result<LocalIndex> {
     let mut map = LocalIndex::default();
-    // Only a regular file at the destination is a source: a symlink there is not followed.
-    let f = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(map),
-        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
-            return Ok(map)
-        }
-        Err(e) => return Err(e),
-    };
-    if !f.metadata()?.is_file() {
+    let Some(f) = f? else {
         return Ok(map);
-    }
+    };
     let mut r = ChunkReader::new(f, spec.build());
     while let Some(c) = r.next_chunk()? {
         let id = Id::hash(alg, c.data);

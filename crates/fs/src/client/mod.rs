@@ -6,12 +6,13 @@
 //! - `fetch`: a batch of files: recipes, whole small files, ranges, then the chunks not found
 //!   here; `against`: chunks compressed against the old version held here.
 //! - `recipes`: recipes put together from pages and short ids, checked.
-//! - `install`: files assembled beside their destination and renamed over it.
+//! - `install`: files assembled beside their destination and renamed over it; `dest`: every
+//!   write, rename and removal at the destination made beneath its root, never through a
+//!   symlink.
 //! - `upload`: the same exchange pointed the other way.
 //! - `local`: files and trees here as the protocol sees them (chunk indexes, tree digests).
 
 use std::io::{self, Write};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use ferry_chunk::ChunkerSpec;
@@ -22,6 +23,7 @@ use ferry_store::ChunkStore;
 use crate::conn::{ConnError, Connection};
 
 mod against;
+mod dest;
 mod fetch;
 mod install;
 mod local;
@@ -201,70 +203,6 @@ pub struct PutOptions<'a> {
     pub fewer_round_trips: bool,
 }
 
-/// Removes the file, symlink or whole directory `p` beneath the destination `root`, never
-/// following a symlink on the way: its parent is opened beneath `root` with no symlink allowed
-/// (openat2), and a directory is emptied through descriptors. A directory of the destination
-/// swapped for a symlink leading elsewhere meanwhile (by another process) makes the removal
-/// fail; it never removes what the symlink leads to.
-pub(crate) fn remove_local(root: &Path, p: &Path) -> io::Result<()> {
-    use rustix::fs::{Mode, OFlags, ResolveFlags};
-    let rel = p
-        .strip_prefix(root)
-        .map_err(|_| io::Error::other("not beneath the destination"))?;
-    let name = rel
-        .file_name()
-        .ok_or_else(|| io::Error::other("the destination itself"))?;
-    let top = rustix::fs::open(
-        root,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    let parent = rel.parent().filter(|d| !d.as_os_str().is_empty());
-    let dir = match parent {
-        None => rustix::fs::openat(
-            &top,
-            ".",
-            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?,
-        Some(d) => rustix::fs::openat2(
-            &top,
-            d,
-            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
-        )?,
-    };
-    remove_at(&dir, name)
-}
-
-/// Removes `name` in `dir`: a file or symlink itself, or a directory and all it holds.
-fn remove_at(dir: &std::os::fd::OwnedFd, name: &std::ffi::OsStr) -> io::Result<()> {
-    use rustix::fs::{AtFlags, Mode, OFlags};
-    match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
-        Err(rustix::io::Errno::ISDIR) => {}
-        r => return Ok(r?),
-    }
-    let sub = rustix::fs::openat(
-        dir,
-        name,
-        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    let mut names = vec![];
-    for e in rustix::fs::Dir::read_from(&sub)? {
-        let e = e?;
-        let n = e.file_name().to_bytes();
-        if n != b"." && n != b".." {
-            names.push(std::ffi::OsStr::from_bytes(n).to_owned());
-        }
-    }
-    for n in names {
-        remove_at(&sub, &n)?;
-    }
-    Ok(rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)?)
-}
-
 pub(crate) fn mtime(attr: &Attr) -> std::time::SystemTime {
     if attr.mtime_ns >= 0 {
         std::time::UNIX_EPOCH + std::time::Duration::from_nanos(attr.mtime_ns as u64)
@@ -272,8 +210,6 @@ pub(crate) fn mtime(attr: &Attr) -> std::time::SystemTime {
         std::time::UNIX_EPOCH - std::time::Duration::from_nanos(attr.mtime_ns.unsigned_abs())
     }
 }
-
-/// Recreates symlinks as they are on the server, all targets asked for at once. A target is
 
 #[derive(Debug, thiserror::Error)]
 pub enum GetError {
@@ -324,34 +260,4 @@ pub struct PutStats {
     /// Chunks the server lacked, and their bytes: what had to travel.
     pub chunks_sent: u64,
     pub chunk_bytes_sent: u64,
-}
-
-#[cfg(test)]
-mod remove_tests {
-    use super::remove_local;
-
-    /// A directory of the destination swapped for a symlink leading outside: removing what
-    /// was planned beneath it fails, and removes nothing outside (the long escape test found
-    /// a mirroring get deleting through such a swap).
-    #[test]
-    fn a_removal_never_follows_a_symlink_out_of_the_destination() {
-        let t = tempfile::tempdir().unwrap();
-        let (dst, out) = (t.path().join("dst"), t.path().join("outside"));
-        std::fs::create_dir_all(dst.join("real/sub")).unwrap();
-        std::fs::create_dir_all(&out).unwrap();
-        std::fs::write(out.join("x"), b"keep").unwrap();
-        std::fs::write(dst.join("real/sub/y"), b"y").unwrap();
-        std::os::unix::fs::symlink("../outside", dst.join("d")).unwrap();
-        assert!(remove_local(&dst, &dst.join("d/x")).is_err());
-        assert_eq!(std::fs::read(out.join("x")).unwrap(), b"keep");
-        // The symlink itself goes, not what it leads to; a real directory goes whole.
-        remove_local(&dst, &dst.join("d")).unwrap();
-        assert!(out.join("x").exists() && !dst.join("d").exists());
-        remove_local(&dst, &dst.join("real")).unwrap();
-        assert!(!dst.join("real").exists());
-        assert!(
-            remove_local(&dst, &out.join("x")).is_err(),
-            "not beneath the destination"
-        );
-    }
 }

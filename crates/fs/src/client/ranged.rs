@@ -2,16 +2,16 @@
 //! destinations: no recipe and no chunk ids travel, only the files' bytes.
 
 use std::collections::{HashSet, VecDeque};
-use std::fs::{self, File};
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ferry_format::{HashAlg, Id};
 use ferry_proto::{Reply, Request, Target};
 use ferry_store::VerifiedChunk;
 
+use super::dest::{self, Temp};
 use super::fetch::FlushClock;
-use super::install::{install_path, parent_dir};
+use super::install::{install, parent_dir};
 use super::partial;
 use super::walk::FileJob;
 use super::{GetError, GetStats, Sources};
@@ -128,7 +128,7 @@ impl Ranges {
             let other = |f: &RangeFile| f.oid.is_some_and(|o| oid.is_some_and(|n| n != o));
             let listed = *version == jobs[job].attr.version;
             let Some(f) = f.filter(|f| listed && !other(f) && data.len() <= len as usize) else {
-                partial::remove(&jobs[job].local, jobs[job].attr.version);
+                partial::remove(&jobs[job].root, &jobs[job].local, jobs[job].attr.version);
                 file = None;
                 self.stopped.insert(job);
                 done.insert(job);
@@ -149,7 +149,7 @@ impl Ranges {
                 let f = file.take().expect("a file");
                 done.insert(job);
                 if !f.finish(&jobs[job], src, stats)? {
-                    partial::remove(&jobs[job].local, jobs[job].attr.version);
+                    partial::remove(&jobs[job].root, &jobs[job].local, jobs[job].attr.version);
                     changed.push(job);
                 }
             }
@@ -164,8 +164,8 @@ struct RangeFile {
     job: usize,
     /// The object id once the server named it (on the last range at the latest).
     oid: Option<Id>,
-    path: PathBuf,
-    file: File,
+    /// The partial file, renamed over the destination once whole.
+    file: Temp,
     intake: Intake,
 }
 
@@ -180,18 +180,19 @@ impl RangeFile {
         stats: &mut GetStats,
     ) -> Result<Option<Self>, GetError> {
         let local = &j.local;
-        let dir = parent_dir(local);
-        fs::create_dir_all(dir).map_err(GetError::local("create directory", dir))?;
+        let parent = parent_dir(local);
+        let dir = dest::make_dirs(&j.root, parent)
+            .map_err(GetError::local("create directory", parent))?;
         let mut intake = Intake::new(j, src)?;
-        let path = partial::path_for(local, j.attr.version);
+        let name = partial::name_for(local, j.attr.version);
         // What arrived before is hashed (and cut) again: the object id covers it too.
         let mut failed = None;
-        let opened = partial::open(&path, start, |b| {
+        let opened = partial::open(&dir, &name, start, |b| {
             if failed.is_none() {
                 failed = intake.take(b, src, stats, false).err();
             }
         })
-        .map_err(GetError::local("open", &path))?;
+        .map_err(GetError::local("open", &parent.join(&name)))?;
         if let Some(e) = failed {
             return Err(e);
         }
@@ -204,8 +205,7 @@ impl RangeFile {
         Ok(Some(RangeFile {
             job,
             oid: None,
-            path,
-            file,
+            file: Temp::existing(dir, name, file),
             intake,
         }))
     }
@@ -218,6 +218,7 @@ impl RangeFile {
         stats: &mut GetStats,
     ) -> Result<(), GetError> {
         self.file
+            .file_mut()
             .write_all(data)
             .map_err(GetError::local("write", local))?;
         self.intake.take(data, src, stats, true)
@@ -233,7 +234,7 @@ impl RangeFile {
         if Some(self.intake.finish(src, stats)?) != self.oid {
             return Ok(false);
         }
-        install_path(&self.file, &self.path, j, stats)?;
+        install(self.file, j, stats)?;
         Ok(true)
     }
 }

@@ -10,9 +10,10 @@ use std::path::{Path, PathBuf};
 
 use ferry_proto::{Attr, DirEntry, FileKind, Reply, Request, TreeItem, WirePath};
 
+use super::dest;
 use super::fetch::fetch_files;
 use super::local::{local_items, local_tree, remote_item, same_tree, unchanged, Items, LocalTrees};
-use super::{get_attr, mtime, remove_local, GetError, GetStats, Sources};
+use super::{get_attr, GetError, GetStats, Sources};
 use crate::conn::{ConnError, Connection};
 
 /// Files fetched together: their recipes are asked for at once, then all their missing chunks,
@@ -47,7 +48,23 @@ pub fn get<R: io::Read + Send, W: Write>(
         stats.unchanged += files;
         return Ok(());
     }
-    let mut plan = Plan::default();
+    // What is written goes beneath `root`: the destination directory, or a file's own.
+    let root: std::sync::Arc<Path> = match attr.kind {
+        FileKind::Dir => local.into(),
+        _ => super::install::parent_dir(local).into(),
+    };
+    if !src.dry_run {
+        // The root is the user's to name: made by path, followed if a symlink.
+        fs::create_dir_all(&root).map_err(GetError::local("create directory", &root))?;
+    }
+    let mut plan = Plan {
+        root: root.clone(),
+        files: vec![],
+        links: vec![],
+        dirs: vec![],
+        gone: vec![],
+        deletes: vec![],
+    };
     walk(conn, remote, &attr, local, src, &trees, stats, &mut plan)?;
     choose_bases(&mut plan.files, &plan.gone, local);
     let mut batch = vec![];
@@ -66,26 +83,21 @@ pub fn get<R: io::Read + Send, W: Write>(
     }
     let mut emptied = std::collections::BTreeSet::new();
     for p in plan.deletes {
-        remove_local(local, &p).map_err(GetError::local("delete", &p))?;
+        dest::remove(&root, &p).map_err(GetError::local("delete", &p))?;
         emptied.insert(super::install::parent_dir(&p).to_path_buf());
     }
     // Deletions made durable before the get says it is done, as installs are.
     for dir in emptied {
-        File::open(&dir)
-            .and_then(|d| d.sync_all())
+        dest::open_dir(&root, &dir)
+            .and_then(|d| Ok(rustix::fs::fsync(&d)?))
             .map_err(GetError::local("fsync", &dir))?;
     }
-    fetch_links(conn, plan.links, stats)?;
+    fetch_links(conn, &root, plan.links, stats)?;
     // Children before parents: a directory's mtime is set after its contents changed, and a
     // read-only mode only once nothing more is written into it.
     for (dir, attr) in plan.dirs.iter().rev() {
-        let d = File::open(dir).map_err(GetError::local("open", dir))?;
-        d.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
-            attr.mode & 0o7777,
-        ))
-        .map_err(GetError::local("chmod", dir))?;
-        d.set_modified(mtime(attr))
-            .map_err(GetError::local("set mtime of", dir))?;
+        dest::set_dir_attr(&root, dir, attr.mode, attr.mtime_ns)
+            .map_err(GetError::local("set the mode and mtime of", dir))?;
     }
     Ok(())
 }
@@ -102,10 +114,13 @@ pub fn fetch_file<R: io::Read + Send, W: Write>(
     src: &Sources<'_>,
     stats: &mut GetStats,
 ) -> Result<(), GetError> {
+    let root = super::install::parent_dir(local);
+    fs::create_dir_all(root).map_err(GetError::local("create directory", root))?;
     let job = FileJob {
         remote: remote.clone(),
         attr: attr.clone(),
         local: local.to_path_buf(),
+        root: root.into(),
         basis: None,
     };
     fetch_files(conn, vec![job], src, stats, true)
@@ -117,6 +132,8 @@ pub(crate) struct FileJob {
     pub(crate) remote: WirePath,
     pub(crate) attr: Attr,
     pub(crate) local: PathBuf,
+    /// What the fetch writes beneath (see `dest`): `local` is below it.
+    pub(crate) root: std::sync::Arc<Path>,
     /// For a file new here: a local file that left the tree and looks like its old version
     /// (the same name elsewhere, `wasi.rs` for `wasi/mod.rs`), read in its place.
     pub(crate) basis: Option<PathBuf>,
@@ -127,11 +144,18 @@ impl FileJob {
     pub(crate) fn old(&self) -> &Path {
         self.basis.as_deref().unwrap_or(&self.local)
     }
+
+    /// The old version (see [`old`](Self::old)), opened beneath the root; `None` if it is no
+    /// regular file.
+    pub(crate) fn open_old(&self) -> io::Result<Option<File>> {
+        dest::open_file(&self.root, self.old())
+    }
 }
 
 /// What the walk leaves to fetch.
-#[derive(Default)]
 struct Plan {
+    /// What the fetch writes beneath (see `dest`).
+    root: std::sync::Arc<Path>,
     files: Vec<FileJob>,
     links: Vec<(WirePath, PathBuf)>,
     /// Directories, parents first, whose mode and mtime are set at the end.
@@ -171,7 +195,7 @@ fn walk<R: io::Read + Send, W: Write>(
         first,
     )]);
     while let Some((remote, attr, local, asked)) = queue.pop_front() {
-        make_dir(&local, src, stats)?;
+        make_dir(&plan.root, &local, src, stats)?;
         conn.flush()?;
         let (entries, known) = take_listing(conn, &remote, &attr, asked)?;
         let mut keep = std::collections::HashSet::new();
@@ -432,6 +456,7 @@ fn note(
             remote: remote.clone(),
             attr: attr.clone(),
             local: local.to_path_buf(),
+            root: plan.root.clone(),
             basis: None,
         }),
         FileKind::Symlink if src.dry_run => stats.planned.push(format!("link {}", local.display())),
@@ -449,30 +474,29 @@ fn note(
 /// Makes sure `local` is a directory of ours to write into. Never through a symlink at the
 /// destination, whoever made it (a hostile server can list a name twice: first as a symlink
 /// to /etc, then as a directory).
-fn make_dir(local: &Path, src: &Sources<'_>, stats: &mut GetStats) -> Result<(), GetError> {
-    match fs::symlink_metadata(local) {
-        Ok(m) if m.file_type().is_symlink() => Err(GetError::Local {
-            op: "refusing to write through the symlink",
-            path: local.to_path_buf(),
-            error: io::Error::from(io::ErrorKind::AlreadyExists),
-        }),
-        Ok(m) if !m.is_dir() => Err(GetError::Local {
-            op: "a file is in the way of directory",
-            path: local.to_path_buf(),
-            error: io::Error::from(io::ErrorKind::AlreadyExists),
-        }),
-        Ok(_) => Ok(()),
-        Err(_) if src.dry_run => {
+fn make_dir(
+    root: &Path,
+    local: &Path,
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+) -> Result<(), GetError> {
+    if src.dry_run {
+        if fs::symlink_metadata(local).is_err() {
             stats.planned.push(format!("mkdir {}", local.display()));
-            Ok(())
         }
-        Err(_) => fs::create_dir(local).map_err(GetError::local("create directory", local)),
+        return Ok(());
     }
+    if local == root {
+        return Ok(());
+    }
+    dest::make_dir(root, local).map_err(GetError::local("create directory", local))
 }
 
+/// Recreates symlinks as they are on the server, all targets asked for at once. A target is
 /// stored, never followed.
 fn fetch_links<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
+    root: &Path,
     links: Vec<(WirePath, PathBuf)>,
     stats: &mut GetStats,
 ) -> Result<(), GetError> {
@@ -489,38 +513,10 @@ fn fetch_links<R: io::Read, W: Write>(
                 Some(Reply::Link(t)) => t,
                 other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
             };
-            make_symlink(std::ffi::OsStr::from_bytes(&target), local)?;
+            dest::make_symlink(root, local, std::ffi::OsStr::from_bytes(&target))
+                .map_err(GetError::local("create symlink", local))?;
             stats.files += 1;
         }
     }
-    Ok(())
-}
-
-fn make_symlink(target: &std::ffi::OsStr, local: &Path) -> Result<(), GetError> {
-    match fs::symlink_metadata(local) {
-        Ok(m)
-            if m.file_type().is_symlink()
-                && fs::read_link(local).is_ok_and(|t| t == Path::new(target)) =>
-        {
-            return Ok(())
-        }
-        Ok(m) if m.is_dir() => {
-            return Err(GetError::Local {
-                op: "a directory is in the way of symlink",
-                path: local.to_path_buf(),
-                error: io::Error::from(io::ErrorKind::AlreadyExists),
-            })
-        }
-        _ => {}
-    }
-    // Create beside it and rename over, so the name is never missing.
-    let dir = local
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".ferry-link-{}", std::process::id()));
-    let _ = fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(target, &tmp).map_err(GetError::local("create symlink", &tmp))?;
-    fs::rename(&tmp, local).map_err(GetError::local("rename into", local))?;
     Ok(())
 }
