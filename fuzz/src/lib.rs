@@ -12,3 +12,4 @@ pub mod stream;
 pub mod tickets;
 pub mod vault;
 pub mod vault_ring;
+pub mod vfs;

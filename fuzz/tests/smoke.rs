@@ -55,6 +55,10 @@ fn mutate(rng: &mut Rng, mut v: Vec<u8>) -> Vec<u8> {
 }
 
 fn run(name: &str, target: fn(&[u8]), structured: impl Fn(&mut Rng) -> Vec<u8>) {
+    run_n(name, target, structured, runs())
+}
+
+fn run_n(name: &str, target: fn(&[u8]), structured: impl Fn(&mut Rng) -> Vec<u8>, n: usize) {
     // Every input that once failed (fuzz/regressions/NAME/), first.
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("regressions")
@@ -65,7 +69,6 @@ fn run(name: &str, target: fn(&[u8]), structured: impl Fn(&mut Rng) -> Vec<u8>) 
         }
     }
     let mut rng = Rng(0x5eed ^ name.len() as u64 * 0x9e37_79b9);
-    let n = runs();
     for i in 0..n {
         let input = match i % 3 {
             0 => {
@@ -253,4 +256,13 @@ fn server() {
 #[test]
 fn client() {
     run("client", ferry_fuzz::client::run, client_input);
+}
+/// Every input a run of whole operations (each costs round trips to a server): a tenth as many.
+#[test]
+fn vfs() {
+    let ops = |rng: &mut Rng| {
+        let n = 5 * (1 + rng.below(32) as usize);
+        rng.bytes(n)
+    };
+    run_n("vfs", ferry_fuzz::vfs::run, ops, runs() / 10);
 }
