@@ -98,6 +98,19 @@ impl FileCache {
         fs::rename(&tmp, &target)
     }
 
+    /// Makes `path`'s record durable (it, and its name in the directory).
+    pub(crate) fn sync_meta(&self, path: &WirePath) -> io::Result<()> {
+        File::open(self.meta_path(path))?.sync_all()?;
+        File::open(&self.dir)?.sync_all()
+    }
+
+    /// Makes `path`'s copy and record durable: local changes kept for a later write-back
+    /// survive a crash whole.
+    pub(crate) fn keep(&self, path: &WirePath) -> io::Result<()> {
+        File::open(self.data(path))?.sync_all()?;
+        self.sync_meta(path)
+    }
+
     /// Notes that `path`'s copy was used now (eviction takes the least recently used first).
     pub(crate) fn touch(&self, path: &WirePath) {
         if let Ok(f) = File::options().write(true).open(self.meta_path(path)) {

@@ -928,8 +928,16 @@ impl Vfs {
             let st = self.lock();
             st.inodes.get(&ino).is_some_and(|n| !n.dirty)
         };
-        if first && !self.files.meta(path).is_some_and(|m| m.dirty) {
-            self.files.set_meta(path, version, true)?;
+        if first {
+            let had = self.files.meta(path);
+            if !had.as_ref().is_some_and(|m| m.dirty) {
+                self.files.set_meta(path, version, true)?;
+                // A copy labelled as a server version is about to change: its new label must
+                // be on disk before any changed byte can be.
+                if had.is_some_and(|m| m.version.is_some()) {
+                    self.files.sync_meta(path)?;
+                }
+            }
         }
         let mut st = self.lock();
         if let Some(n) = st.inodes.get_mut(&ino) {
@@ -1224,6 +1232,10 @@ impl Vfs {
             Err(e) => {
                 if e == Errno::EHOSTDOWN {
                     self.retry_dirty.store(true, Ordering::Release);
+                    // Kept: whole on disk before the close returns, whatever happens next.
+                    if let Err(e) = self.files.keep(&path) {
+                        tracing::warn!("{path:?}: cannot make the kept changes durable: {e}");
+                    }
                     tracing::warn!(
                         "{path:?}: server unreachable; the changes are kept in the cache and written back when it is reachable again"
                     );

@@ -4,6 +4,7 @@
 
 mod commit;
 mod get;
+mod mount;
 mod objects;
 mod store;
 mod vault;
