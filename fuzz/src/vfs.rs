@@ -52,10 +52,14 @@ fn bytes(seed: u8, len: usize) -> Vec<u8> {
     v
 }
 
+/// The threads serving sessions: joined once the clients are gone (so that nothing of an
+/// input outlives it: libFuzzer's leak check).
+type Servers = Arc<std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>>;
+
 /// Serves `root` to a new session per connection, each on a thread (no leases: every open
 /// asks the server, so two clients see each other's closes at once).
-fn connector(root: &Path) -> ferry_mount::Connector {
-    let root = root.to_path_buf();
+fn connector(root: &Path, servers: &Servers) -> ferry_mount::Connector {
+    let (root, servers) = (root.to_path_buf(), servers.clone());
     Box::new(move || {
         let (a, b) = UnixStream::pair()?;
         let export = Export::open(&root)?;
@@ -63,11 +67,12 @@ fn connector(root: &Path) -> ferry_mount::Connector {
             lease_ms: 0,
             ..ServerOptions::default()
         };
-        std::thread::spawn(move || {
+        let server = std::thread::spawn(move || {
             let staging = Arc::new(ferry_store::MemStore::new(ferry_format::HashAlg::Blake3));
             let mut server = Server::new(export, opts, staging);
             let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
         });
+        servers.lock().unwrap().push(server);
         Session::over(b.try_clone()?, Box::new(b), Box::new(|| Ok(())))
     })
 }
@@ -176,6 +181,7 @@ pub fn run(data: &[u8]) {
     let t = tempfile::tempdir().unwrap();
     let root = t.path().join("export");
     std::fs::create_dir(&root).unwrap();
+    let servers = Servers::default();
     let client = |name: &str| {
         let opts = Options {
             cache_dir: t.path().join(name),
@@ -185,13 +191,17 @@ pub fn run(data: &[u8]) {
             lookaside: None,
             providers: Default::default(),
         };
-        Vfs::new(connector(&root), WirePath::default(), opts).unwrap()
+        Vfs::new(connector(&root, &servers), WirePath::default(), opts).unwrap()
     };
     let clients = [client("a"), client("b")];
     let mut model = Model::new();
     for op in data.chunks_exact(5).take(48) {
         step(&clients, &mut model, op);
         assert_eq!(on_disk(&root), model, "the export after {op:?}");
+    }
+    drop(clients);
+    for s in std::mem::take(&mut *servers.lock().unwrap()) {
+        s.join().unwrap();
     }
 }
 
