@@ -2,6 +2,7 @@
 //! (`cargo +nightly fuzz run NAME`, `scripts/fuzz.sh`), and `tests/smoke.rs` runs each over
 //! generated inputs on the stable toolchain (in CI).
 
+pub mod api;
 pub mod client;
 pub mod formats;
 pub mod frames;

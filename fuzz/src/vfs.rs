@@ -104,10 +104,7 @@ fn resolve(v: &Vfs, p: &[String]) -> Result<Ino, Errno> {
 
 /// The parent directory of `p`, looked up, and `p`'s last name.
 fn resolve_parent<'a>(v: &Vfs, p: &'a [String]) -> Result<(Ino, &'a [u8]), Errno> {
-    Ok((
-        resolve(v, &p[..p.len() - 1])?,
-        p[p.len() - 1].as_bytes(),
-    ))
+    Ok((resolve(v, &p[..p.len() - 1])?, p[p.len() - 1].as_bytes()))
 }
 
 /// Opens (creating if need be), writes `data` at `offset`, closes.
@@ -119,7 +116,10 @@ fn write(v: &Vfs, p: &[String], offset: u64, data: &[u8]) -> Result<(), Errno> {
         Err(Errno::ENOENT) => v.create(dir, name, 0o644, false)?.1.fh,
         Err(e) => return Err(e),
     };
-    let r = v.write(fh, offset, data).map(drop).and_then(|_| v.flush(fh));
+    let r = v
+        .write(fh, offset, data)
+        .map(drop)
+        .and_then(|_| v.flush(fh));
     v.release(fh)?;
     r
 }

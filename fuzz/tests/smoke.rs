@@ -266,3 +266,35 @@ fn vfs() {
     };
     run_n("vfs", ferry_fuzz::vfs::run, ops, runs() / 10);
 }
+/// Requests on every route, JSON bodies the handlers take (with the target's `@obj` and
+/// `@dir` tickets), and raw bytes.
+#[test]
+fn api() {
+    let requests = |rng: &mut Rng| {
+        let bodies = [
+            r#"{"path":"f","durability":1}"#,
+            r#"{"ticket":"@obj","path":"out"}"#,
+            r#"{"ticket":"@obj"}"#,
+            r#"{"path":"dev","push":true}"#,
+            r#"{"path":"dev"}"#,
+            r#"{"uri":"ferry://10.0.0.1:9"}"#,
+            r#"{"uri":"s3://bucket/prefix"}"#,
+            r#"{"base":0,"changes":[{"name":"a","ticket":"@obj"}]}"#,
+            r#"{"base":1,"changes":[{"name":"a","ticket":null}]}"#,
+            "{}",
+        ];
+        let sel = [0x10, 0x50, 0x85][rng.below(3) as usize];
+        let mut out = vec![rng.next() as u8, rng.next() as u8, sel];
+        if sel == 0x85 {
+            out.extend(rng.bytes(5));
+        }
+        let q = rng.below(3) as u8;
+        out.push(q * 4);
+        out.extend(&b"after=3&end=9"[..(q * 4) as usize]);
+        // Mostly JSON.
+        out.push([0, 0, 0, 1, 2][rng.below(5) as usize]);
+        out.extend(bodies[rng.below(bodies.len() as u64) as usize].as_bytes());
+        out
+    };
+    run_n("api", ferry_fuzz::api::run, requests, runs() / 4);
+}

@@ -647,4 +647,46 @@ pub(crate) fn router(d: Arc<Daemon>) -> Router {
         .route("/v1/replicas", get(replicas).post(add_replica))
         .route("/v1/replicas/remove", post(remove_replica))
         .with_state(d)
+        .layer(axum::middleware::map_response(json_errors))
+}
+
+/// Every error as the API's JSON error (`ApiError`), including those the HTTP layer makes
+/// itself: an unknown route (404), a method a route does not take (405, its `Allow` header
+/// kept), a path segment that is not UTF-8 (400). Their text becomes `error`.
+async fn json_errors(r: Response) -> Response {
+    let status = r.status();
+    let json = r
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || json {
+        return r;
+    }
+    let (mut parts, body) = r.into_parts();
+    let text = axum::body::to_bytes(body, 64 << 10)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let kind = match status {
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        s if s.is_server_error() => "internal",
+        _ => "bad_request",
+    };
+    let error = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_string()
+    } else {
+        text
+    };
+    let body = serde_json::to_vec(&ApiError {
+        kind: kind.into(),
+        error,
+    })
+    .unwrap_or_default();
+    parts.headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(body))
 }
