@@ -35,33 +35,6 @@ fn stream(data: &[u8]) -> Vec<u8> {
     out
 }
 
-fn outside_intact(root: &Path) {
-    let mut names: Vec<_> = std::fs::read_dir(root)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    names.sort();
-    assert!(
-        names
-            .iter()
-            .all(|n| n == "dst" || n == "outside" || n == "src"),
-        "something appeared beside the destination: {names:?}"
-    );
-    let inside: Vec<_> = std::fs::read_dir(root.join("outside"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(
-        inside,
-        ["secret"],
-        "something appeared outside the destination"
-    );
-    assert_eq!(
-        std::fs::read(root.join("outside/secret")).unwrap(),
-        b"secret"
-    );
-}
-
 /// One input.
 pub fn run(data: &[u8]) {
     let Some((&op, data)) = data.split_first() else {
@@ -125,5 +98,5 @@ pub fn run(data: &[u8]) {
         }
     }
     let _ = conn.close();
-    outside_intact(t.path());
+    crate::outside_intact(t.path(), &["dst", "outside", "src"], "the destination");
 }

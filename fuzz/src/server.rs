@@ -29,28 +29,6 @@ fn setup(root: &Path) {
     std::fs::write(root.join("outside/secret"), b"secret").unwrap();
 }
 
-fn outside_intact(root: &Path) {
-    let mut names: Vec<_> = std::fs::read_dir(root)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    names.sort();
-    assert_eq!(
-        names,
-        ["export", "outside"],
-        "something appeared beside the export"
-    );
-    let inside: Vec<_> = std::fs::read_dir(root.join("outside"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(inside, ["secret"], "something appeared outside the export");
-    assert_eq!(
-        std::fs::read(root.join("outside/secret")).unwrap(),
-        b"secret"
-    );
-}
-
 /// One input.
 pub fn run(data: &[u8]) {
     let t = tempfile::tempdir().unwrap();
@@ -92,5 +70,5 @@ pub fn run(data: &[u8]) {
         assert!(answered < 256 << 20, "{answered} bytes answered");
     }
     drop(server);
-    outside_intact(t.path());
+    crate::outside_intact(t.path(), &["export", "outside"], "the export");
 }

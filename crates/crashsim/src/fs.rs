@@ -133,6 +133,23 @@ impl Recording {
         }
     }
 
+    /// unlink (`dir` false) or rmdir (`dir` true) of `name`, which must be of that kind.
+    fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool, reply: ReplyEmpty) {
+        let mut live = self.live();
+        let r = match live.tree.lookup(parent.0, name.as_bytes()) {
+            Ok(ino) if live.tree.entries(ino).is_ok() != dir => Err(match dir {
+                true => Errno::ENOTDIR,
+                false => Errno::EISDIR,
+            }),
+            Ok(_) => live.change(Op::Remove {
+                parent: parent.0,
+                name: name.as_bytes().to_vec(),
+            }),
+            Err(e) => Err(errno(e)),
+        };
+        Self::empty(r, reply);
+    }
+
     fn empty(r: Result<(), Errno>, reply: ReplyEmpty) {
         match r {
             Ok(()) => reply.ok(),
@@ -249,29 +266,11 @@ impl Filesystem for Recording {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let mut live = self.live();
-        let r = match live.tree.lookup(parent.0, name.as_bytes()) {
-            Ok(ino) if live.tree.entries(ino).is_ok() => Err(Errno::EISDIR),
-            Ok(_) => live.change(Op::Remove {
-                parent: parent.0,
-                name: name.as_bytes().to_vec(),
-            }),
-            Err(e) => Err(errno(e)),
-        };
-        Self::empty(r, reply);
+        self.remove(parent, name, false, reply);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let mut live = self.live();
-        let r = match live.tree.lookup(parent.0, name.as_bytes()) {
-            Ok(ino) if live.tree.entries(ino).is_err() => Err(Errno::ENOTDIR),
-            Ok(_) => live.change(Op::Remove {
-                parent: parent.0,
-                name: name.as_bytes().to_vec(),
-            }),
-            Err(e) => Err(errno(e)),
-        };
-        Self::empty(r, reply);
+        self.remove(parent, name, true, reply);
     }
 
     fn symlink(
