@@ -283,14 +283,15 @@ impl Jobs {
         let mut rx = live.changed.subscribe();
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            let ev: Vec<Event> = live
-                .events
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-                .filter(|e| e.id > after)
-                .cloned()
-                .collect();
+            let ev: Vec<Event> = {
+                let all = live.events.lock().unwrap_or_else(|e| e.into_inner());
+                let after_it: Vec<Event> = all.iter().filter(|e| e.id > after).cloned().collect();
+                match all.last() {
+                    // Asked after the end: nothing more will come; the end again says so.
+                    Some(end) if after_it.is_empty() && end.what.is_end() => vec![end.clone()],
+                    _ => after_it,
+                }
+            };
             if !ev.is_empty() {
                 return Some(ev);
             }

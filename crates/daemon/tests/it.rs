@@ -496,6 +496,16 @@ fn a_restarted_daemon_takes_up_the_fetches_it_had_accepted() {
     assert_eq!(again.state, State::Done);
     assert_eq!(later.len(), 1, "{later:?}");
     assert!(later[0].what.is_end());
+    // From the end itself (a client that saw it, then lost its answer): the end again, and
+    // the stream ends (it never did: empty chunks forever).
+    let mut after_end = vec![];
+    b.client
+        .follow("0123456789abcdef", last, PATIENCE, |e| {
+            after_end.push(e.clone())
+        })
+        .unwrap();
+    assert_eq!(after_end.len(), 1, "{after_end:?}");
+    assert_eq!(after_end[0].id, last);
     // The record says it is done: a third start leaves it be.
     let saved: Job =
         serde_json::from_slice(&std::fs::read(jobs.join("0123456789abcdef.json")).unwrap())
