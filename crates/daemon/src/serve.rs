@@ -204,7 +204,8 @@ fn registered(paths: &crate::Paths) -> Vec<PathBuf> {
 fn lookaside(paths: &crate::Paths) -> Option<ferry_lookaside::Lookaside> {
     let roots: Vec<PathBuf> = registered(paths)
         .into_iter()
-        .filter(|p| !p.to_string_lossy().starts_with("ferry://"))
+        // Devices are absolute paths; providers (`ferry://…`, `HOST:PATH`) are not.
+        .filter(|p| p.is_absolute())
         .collect();
     if roots.is_empty() {
         return None;

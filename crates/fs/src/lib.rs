@@ -32,5 +32,7 @@ pub use client::{
 };
 pub use conn::{serve, ConnError, Connection, Traffic, DEFAULT_ZSTD_LEVEL};
 pub use export::Export;
-pub use server::{ObjectShelf, Server, ServerOptions, ShelfError, Staging, MAX_OBJECT_READ};
+pub use server::{
+    IndexStats, ObjectShelf, Server, ServerOptions, ShelfError, Staging, MAX_OBJECT_READ,
+};
 pub use session::{LinkReader, LinkWriter, Session};

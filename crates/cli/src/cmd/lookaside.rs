@@ -12,7 +12,9 @@ use ferry_format::HashAlg;
 use ferry_lookaside::{DeviceIndex, Kept, Lookaside, Matching, Registry, Supplied, Unusable};
 use serde_json::json;
 
-use super::remote::{cache_root, Chunking};
+use ferry_fs::RemoteSpec;
+
+use super::remote::{cache_root, Chunking, Rsh};
 use crate::util::{human, Ui};
 
 #[derive(clap::Args)]
@@ -24,13 +26,16 @@ pub struct Args {
 #[derive(clap::Subcommand)]
 enum Cmd {
     /// Search DIR for chunks on every fetch, after the devices added before it. Without an
-    /// index, DIR is indexed in the background. `ferry://HOST[:PORT]` adds a provider instead:
-    /// a daemon of yours on the LAN (`ferry daemon`, this machine's key authorized there),
-    /// asked for chunks by id before the server.
+    /// index, DIR is indexed in the background. A provider instead: `ferry://HOST[:PORT]`, a
+    /// daemon of yours on the LAN (`ferry daemon`, this machine's key authorized there), or
+    /// `HOST:PATH`, a tree on a machine with ferry, reached with the remote shell (indexed
+    /// there now, and brought up to date by each fetch); both asked for chunks by id beside the
+    /// server.
     Add {
         dir: PathBuf,
+        /// How a `HOST:PATH` provider is reached (fetches reach it with their own `-e`).
         #[command(flatten)]
-        chunking: Chunking,
+        rsh: Rsh,
     },
     /// Stop searching DIR.
     Remove { dir: PathBuf },
@@ -86,20 +91,28 @@ pub struct UseArgs {
 }
 
 /// The devices a fetch uses, and which of them are registered (their supplies are counted);
-/// and the registered providers (`ferry://HOST:PORT`).
+/// and the registered providers (`ferry://HOST:PORT`, `HOST:PATH`).
 pub struct InUse {
     pub lookaside: std::sync::Arc<Lookaside>,
     registered: Vec<PathBuf>,
     pub providers: Vec<String>,
 }
 
-/// `ferry://HOST[:PORT]` as the registry names a provider, if `s` is one.
+/// A provider as the registry names it, if `s` is one: `ferry://HOST[:PORT]` (a daemon) or
+/// `HOST:PATH` (ferry over the remote shell).
 fn provider(s: &str) -> Option<Result<String>> {
-    let ep = ferry_net::Endpoint::parse(s)?;
+    let Some(ep) = ferry_net::Endpoint::parse(s) else {
+        let spec = RemoteSpec::parse(s)?;
+        let path = match spec.path.trim_end_matches('/') {
+            "" => "/",
+            p => p,
+        };
+        return Some(Ok(format!("{}:{path}", spec.host)));
+    };
     Some(match ep {
         Ok(ep) if ep.path.is_empty() => Ok(format!("ferry://{}", ep.host_port())),
         Ok(_) => Err(anyhow::anyhow!(
-            "{s}: a provider is a daemon, named without a path (ferry://HOST[:PORT])"
+            "{s}: a daemon provider is named without a path (ferry://HOST[:PORT]); a tree served over ssh is HOST:PATH"
         )),
         Err(e) => Err(e.into()),
     })
@@ -108,12 +121,15 @@ fn provider(s: &str) -> Option<Result<String>> {
 impl InUse {
     /// A session with each provider, as sources asked for chunks by id (one that cannot be
     /// reached is said so and left out).
-    pub fn provider_sessions(&self) -> Vec<ferry_fs::Mirror> {
+    pub fn provider_sessions(&self, rsh: &Rsh) -> Vec<ferry_fs::Mirror> {
         self.providers
             .iter()
             .filter_map(|p| {
-                let ep = ferry_net::Endpoint::parse(p)?.ok()?;
-                super::remote::tls_session(&ep)
+                let session = match ferry_net::Endpoint::parse(p) {
+                    Some(ep) => super::remote::tls_session(&ep.ok()?),
+                    None => rsh.provider_session(&RemoteSpec::parse(p)?),
+                };
+                session
                     .map_err(|e| {
                         eprintln!("ferry: lookaside provider {p}: {e:#}; going on without it")
                     })
@@ -145,9 +161,9 @@ impl UseArgs {
             true => vec![],
             false => registry().list()?.into_iter().map(|e| e.path).collect(),
         };
-        let (providers, registered): (Vec<PathBuf>, Vec<PathBuf>) = all
-            .into_iter()
-            .partition(|p| p.to_string_lossy().starts_with("ferry://"));
+        // Devices are absolute paths; providers (`ferry://…`, `HOST:PATH`) are not.
+        let (registered, providers): (Vec<PathBuf>, Vec<PathBuf>) =
+            all.into_iter().partition(|p| p.is_absolute());
         let providers = providers
             .into_iter()
             .map(|p| p.to_string_lossy().into_owned())
@@ -302,15 +318,29 @@ fn index(
 pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     match a.command {
-        Cmd::Add { dir, chunking } => {
+        Cmd::Add { dir, rsh } => {
             if let Some(p) = provider(&dir.to_string_lossy()) {
                 let p = p?;
+                if let Some(spec) = RemoteSpec::parse(&p).filter(|_| !p.starts_with("ferry://")) {
+                    // Indexed there now, so the first fetch finds its chunks.
+                    if !ui.quiet {
+                        eprintln!(
+                            "ferry: indexing {p} there (files indexed before are not read again)"
+                        );
+                    }
+                    drop(rsh.provider_session(&spec)?);
+                }
                 if !registry().add(Path::new(&p))? {
                     writeln!(out, "{p} is already a lookaside provider")?;
-                } else {
+                } else if p.starts_with("ferry://") {
                     writeln!(
                         out,
                         "added {p}, a provider: its daemon must authorize this machine's key (`ferry key authorize` there)"
+                    )?;
+                } else {
+                    writeln!(
+                        out,
+                        "added {p}, a provider over the remote shell (indexed there; each fetch brings its index up to date)"
                     )?;
                 }
                 return Ok(ExitCode::SUCCESS);
@@ -320,7 +350,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
                 writeln!(out, "{} is already a lookaside device", root.display())?;
                 return Ok(ExitCode::SUCCESS);
             }
-            let spec = chunking.spec();
+            let spec = rsh.chunker();
             if indexed(&root, &spec) {
                 writeln!(out, "added {}", root.display())?;
             } else {
@@ -433,9 +463,13 @@ fn list(out: &mut impl Write, json: bool) -> Result<()> {
         )?;
     }
     for (n, e) in entries.iter().enumerate() {
-        let is_provider = e.path.to_string_lossy().starts_with("ferry://");
+        let daemon = e.path.to_string_lossy().starts_with("ferry://");
         let (state, index) = match ferry_lookaside::load(&e.path, &index_cache()) {
-            _ if is_provider => ("provider (a daemon, asked by chunk id)".to_string(), None),
+            _ if daemon => ("provider (a daemon, asked by chunk id)".to_string(), None),
+            _ if !e.path.is_absolute() => (
+                "provider (ferry over the remote shell, asked by chunk id)".to_string(),
+                None,
+            ),
             Ok(Some((i, kept))) => (
                 "ready".to_string(),
                 Some((i.files.len(), i.chunks(), i.bytes(), kept)),

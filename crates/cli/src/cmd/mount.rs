@@ -102,7 +102,7 @@ pub fn mount(a: MountArgs) -> Result<ExitCode> {
 fn run(a: &MountArgs, cache: &Path, daemon: bool) -> Result<()> {
     let (connect, root) = connector(&a.remote, &a.rsh)?;
     let devices = a.lookaside.load(&a.rsh.chunker())?;
-    let providers = ferry_mount::Providers::new(devices.provider_sessions());
+    let providers = ferry_mount::Providers::new(devices.provider_sessions(&a.rsh));
     let opts = ferry_mount::Options {
         cache_dir: cache.to_path_buf(),
         cache_size: a.cache_size as u64,

@@ -50,6 +50,11 @@ pub struct ServeArgs {
     /// for again. Without it, each client's uploads wait in a local staging store of its own.
     #[arg(long, value_name = "s3://BUCKET/PREFIX")]
     store: Option<String>,
+    /// Before serving, record every file of DIR in the export's chunk index (only files new or
+    /// changed since are read), so that any of their chunks can be asked for by id: how a
+    /// lookaside provider over ssh serves (`ferry lookaside add HOST:PATH`).
+    #[arg(long, requires = "stdio")]
+    index: bool,
     /// The directory to export.
     dir: PathBuf,
 }
@@ -179,6 +184,16 @@ impl Rsh {
     /// How files are cut into chunks here (and, told by `serve_args`, there).
     pub fn chunker(&self) -> ChunkerSpec {
         self.chunking.spec()
+    }
+
+    /// A session with `ferry serve --stdio --index` on `spec` (a lookaside provider over the
+    /// remote shell: its export indexed first, then asked for chunks by id).
+    pub fn provider_session(&self, spec: &RemoteSpec) -> Result<Session> {
+        let mut args = vec!["--index".to_string()];
+        args.extend(self.serve_args());
+        let level = self.zstd_level.unwrap_or(ferry_fs::DEFAULT_ZSTD_LEVEL);
+        Session::spawn(&self.rsh, &self.remote_ferry, spec, &args, level)
+            .with_context(|| format!("cannot start a session with {}", spec.host))
     }
 
     /// What the far side's `serve` is told, so both sides work alike.
@@ -392,8 +407,25 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         if let Some(h) = &kept {
             server = server.with_history(h.clone(), history.bytes);
         }
-        if let Some(i) = export_index(&a.dir) {
-            server = server.with_index(i);
+        match export_index(&a.dir) {
+            Some(i) => server = server.with_index(i),
+            None if a.index => {
+                eprintln!("ferry: no chunk index for {} now (another session holds it): its chunks are not found by id this time", a.dir.display());
+            }
+            None => {}
+        }
+        if a.index {
+            let s = server
+                .index_export()
+                .with_context(|| format!("cannot index {}", a.dir.display()))?;
+            tracing::info!(
+                "indexed {}: {} files, {} read ({} bytes), {} unreadable",
+                a.dir.display(),
+                s.files,
+                s.cut,
+                s.bytes,
+                s.unreadable
+            );
         }
         let stdin = io::stdin().lock();
         let stdout = BufWriter::with_capacity(256 * 1024, io::stdout().lock());
@@ -773,7 +805,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
         let cold = ferry_store::ChunkStore::is_empty(&cache)?;
         let (mut s, wire) = connect(&a.remote, &a.rsh)?;
         // A mirror that cannot be reached is gone without: the first server has it all.
-        let mut others = devices.provider_sessions();
+        let mut others = devices.provider_sessions(&a.rsh);
         others.extend(a.mirror.iter().filter_map(|m| {
             mirror(m, &a.rsh, &wire)
                 .map_err(|e| eprintln!("ferry: {e:#}; going on without it"))

@@ -375,6 +375,74 @@ fn a_daemon_on_the_lan_is_a_lookaside_provider() {
     assert_eq!(entry["supplied"]["bytes"], from_provider, "{listed}");
 }
 
+/// `ferry lookaside add HOST:PATH`: a tree on a machine with ferry but no daemon, reached with
+/// the remote shell, holding an older version of what is fetched. It is indexed there when
+/// added; `ferry get` asks it for chunks by id beside the server (its session brings the index
+/// up to date first), and `list` shows it and counts what it supplied.
+#[test]
+fn a_tree_over_the_remote_shell_is_a_lookaside_provider() {
+    let t = tempfile::tempdir().unwrap();
+    let me = t.path().join("me");
+    let export = t.path().join("export");
+    let old_tree = t.path().join("old-tree");
+    std::fs::create_dir_all(&export).unwrap();
+    std::fs::create_dir_all(old_tree.join("deep")).unwrap();
+    let old = super::data(2_000_000, 9);
+    let mut new = old.clone();
+    new[1_000_000..1_000_100].copy_from_slice(&[7u8; 100]);
+    std::fs::write(export.join("big"), &new).unwrap();
+    std::fs::write(old_tree.join("deep/big.old"), &old).unwrap();
+    let rsh = ssh_here(t.path());
+    let ferry = env!("CARGO_BIN_EXE_ferry");
+    let provider = format!("lan:{}/", old_tree.display());
+    let added = ok_in(
+        &me,
+        &[
+            "lookaside",
+            "add",
+            "-e",
+            rsh.to_str().unwrap(),
+            "--remote-ferry",
+            ferry,
+            &provider,
+        ],
+    );
+    let name = format!("lan:{}", old_tree.display());
+    assert!(added.contains(&format!("added {name}")), "{added}");
+    let listed = ok_in(&me, &["lookaside", "list"]);
+    assert!(listed.contains("remote shell"), "{listed}");
+    let out = ok_in(
+        &me,
+        &[
+            "get",
+            "--json",
+            "-e",
+            rsh.to_str().unwrap(),
+            "--remote-ferry",
+            ferry,
+            &format!("host:{}", export.join("big").display()),
+            t.path().join("got").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(std::fs::read(t.path().join("got")).unwrap(), new);
+    let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let source = v["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name.as_str())
+        .unwrap_or_else(|| panic!("the provider was not used: {v}"))
+        .clone();
+    // Both are kept busy, each by its measured rate (two local pipes here): that it was asked,
+    // and that what it brought is counted, is what holds on any machine.
+    assert!(source["requests"].as_u64().unwrap() > 0, "{source}");
+    let listed = ok_in(&me, &["lookaside", "list", "--json"]);
+    let entry: serde_json::Value = serde_json::from_str(listed.lines().next().unwrap()).unwrap();
+    assert_eq!(entry["supplied"]["bytes"], source["bytes"], "{listed}");
+    ok_in(&me, &["lookaside", "remove", &name]);
+    assert!(!ok_in(&me, &["lookaside", "list"]).contains("lan:"));
+}
+
 /// The mount's opens ask a provider too, and what it supplied is counted when the mount ends.
 /// Needs root and /dev/fuse (CI has both).
 #[test]

@@ -110,9 +110,19 @@ fn the_mount_cache_keeps_changes_and_never_mislabels_a_copy() {
     rounds("mount", round);
 }
 
-/// The files of round `r`: (name, server's bytes, the change made offline, and the bytes
-/// after it).
-fn files(r: u64) -> Vec<(String, Vec<u8>, (bool, u64, Vec<u8>), Vec<u8>)> {
+/// A file of a round: the server's bytes, the change made offline (cut to nothing first or
+/// not, where, what), and the bytes after it.
+struct File {
+    name: String,
+    old: Vec<u8>,
+    truncate: bool,
+    offset: u64,
+    data: Vec<u8>,
+    new: Vec<u8>,
+}
+
+/// The files of round `r`.
+fn files(r: u64) -> Vec<File> {
     let s = r << 32;
     let mut out = vec![];
     for i in 0..3u64 {
@@ -132,7 +142,14 @@ fn files(r: u64) -> Vec<(String, Vec<u8>, (bool, u64, Vec<u8>), Vec<u8>)> {
             new.resize(end, 0);
         }
         new[offset as usize..end].copy_from_slice(&data);
-        out.push((format!("f{i}"), old, (truncate, offset, data), new));
+        out.push(File {
+            name: format!("f{i}"),
+            old,
+            truncate,
+            offset,
+            data,
+            new,
+        });
     }
     out
 }
@@ -143,25 +160,22 @@ fn round(r: u64) -> Report {
     let export = server.path().join("export");
     std::fs::create_dir(&export).unwrap();
     let files = files(r);
-    for (name, old, _, _) in &files {
-        std::fs::write(export.join(name), old).unwrap();
+    for f in &files {
+        std::fs::write(export.join(&f.name), &f.old).unwrap();
     }
     let remote = Remote::new(&export);
     let cache = rec.path().join("cache");
     {
         let v = remote.client(&cache);
-        for (name, old, _, _) in &files {
-            assert_eq!(&read(&v, name).unwrap(), old);
+        for f in &files {
+            assert_eq!(read(&v, &f.name).unwrap(), f.old);
         }
         rec.mark("read");
         remote.stop();
-        for (i, (name, _, (truncate, offset, data), _)) in files.iter().enumerate() {
-            let r = change(&v, name, *truncate, *offset, data);
-            assert_eq!(
-                r,
-                Err(Errno::EHOSTDOWN),
-                "{name}: kept here, not written back"
-            );
+        for (i, f) in files.iter().enumerate() {
+            let r = change(&v, &f.name, f.truncate, f.offset, &f.data);
+            let kept = "kept here, not written back";
+            assert_eq!(r, Err(Errno::EHOSTDOWN), "{}: {kept}", f.name);
             rec.mark(format!("{i}"));
         }
     }
@@ -175,7 +189,7 @@ fn round(r: u64) -> Report {
         }
         labels_are_true(&cache, &export)?;
         let v = checker.client(&cache);
-        for (i, (name, old, _, new)) in files.iter().enumerate() {
+        for (i, File { name, old, new, .. }) in files.iter().enumerate() {
             let got = read(&v, name).map_err(|e| format!("{name}: {e:?}"))?;
             let under_way = !done.contains(&i) && (i == 0 || done.contains(&(i - 1)));
             let ok = if done.contains(&i) {

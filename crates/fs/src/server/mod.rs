@@ -21,12 +21,14 @@ use ferry_store::{ChunkStore, VerifiedChunk};
 use crate::export::{os, Export, FileId};
 
 mod content;
+mod indexing;
 mod listing;
 mod objects;
 mod ranges;
 mod upload;
 mod vault;
 
+pub use indexing::IndexStats;
 pub use objects::{ObjectShelf, ShelfError, MAX_OBJECT_READ};
 
 /// How the server behaves.

@@ -11,6 +11,7 @@ use ferry_proto::{ErrorCode, Frame, FrameDecoder, Hello, Message, Reply, Request
 use ferry_store::{LocalStore, MemStore, Options};
 
 mod escapes;
+mod indexing;
 mod ranges;
 
 fn bytes(seed: u64, len: usize) -> Vec<u8> {
@@ -2197,7 +2198,7 @@ fn a_stale_mirror_costs_time_never_wrong_bytes() {
 }
 
 /// A server session with the chunk index `index` (shared by sessions over one export).
-fn connect_indexed(
+pub(crate) fn connect_indexed(
     root: &Path,
     index: std::sync::Arc<ferry_store::PathIndex>,
 ) -> Connection<UnixStream, UnixStream> {
@@ -2211,7 +2212,10 @@ fn connect_indexed(
 }
 
 /// The chunks a GetChunks by full id found (their places in the request).
-fn found(c: &mut Connection<UnixStream, UnixStream>, ids: Vec<ferry_format::Id>) -> Vec<u32> {
+pub(crate) fn found(
+    c: &mut Connection<UnixStream, UnixStream>,
+    ids: Vec<ferry_format::Id>,
+) -> Vec<u32> {
     let r = c
         .call(Request::GetChunks(ferry_proto::GetChunks {
             ids: ferry_proto::Ids::Full(ids),
