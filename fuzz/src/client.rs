@@ -5,7 +5,6 @@
 //! destination: a hostile server can fail the command, never reach beyond it.
 
 use std::io::Cursor;
-use std::path::Path;
 
 use ferry_fs::{Connection, GetStats, PutOptions, PutStats, Sources};
 use ferry_proto::{Frame, Hello, Message, VERSION};

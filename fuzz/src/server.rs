@@ -33,7 +33,7 @@ fn setup(root: &Path) {
 pub fn run(data: &[u8]) {
     let t = tempfile::tempdir().unwrap();
     setup(t.path());
-    let export = Export::open(&t.path().join("export")).unwrap();
+    let export = Export::open(t.path().join("export")).unwrap();
     let opts = ServerOptions {
         lease_ms: 0,
         ..ServerOptions::default()

@@ -9,11 +9,7 @@ pub fn run(data: &[u8]) {
     inflow.start_zstd().expect("decoder");
     for piece in data.chunks(97) {
         inflow.feed(piece);
-        loop {
-            match inflow.next_frame() {
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => break,
-            }
+        while let Ok(Some(_)) = inflow.next_frame() {
             assert!(inflow.buffered() <= MAX_FRAME + 4 + (256 << 10));
         }
     }

@@ -68,7 +68,7 @@ fn run_n(name: &str, target: fn(&[u8]), structured: impl Fn(&mut Rng) -> Vec<u8>
             target(&std::fs::read(e.unwrap().path()).unwrap());
         }
     }
-    let mut rng = Rng(0x5eed ^ name.len() as u64 * 0x9e37_79b9);
+    let mut rng = Rng(0x5eed ^ (name.len() as u64 * 0x9e37_79b9));
     for i in 0..n {
         let input = match i % 3 {
             0 => {
