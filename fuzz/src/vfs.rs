@@ -8,7 +8,10 @@
 //! what a client reads is the model's, and the export on the server's disk holds exactly the
 //! model. No panic, no hang.
 //!
-//! The input is a run of operations, five bytes each: code, client and path (one byte: which
+//! The first byte of the input chooses two clients without leases, or one with leases alone
+//! (its cached listings and attributes must follow its own changes: the server breaks none of
+//! its leases for them). The rest is a run of operations, five bytes each: code, client and
+//! path (one byte: which
 //! client, and one of 12 paths of at most two levels over the names `a`, `b`, `c`), and three
 //! bytes of arguments.
 
@@ -56,15 +59,15 @@ fn bytes(seed: u8, len: usize) -> Vec<u8> {
 /// input outlives it: libFuzzer's leak check).
 type Servers = Arc<std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>>;
 
-/// Serves `root` to a new session per connection, each on a thread (no leases: every open
-/// asks the server, so two clients see each other's closes at once).
-fn connector(root: &Path, servers: &Servers) -> ferry_mount::Connector {
+/// Serves `root` to a new session per connection, each on a thread, granting leases of
+/// `lease_ms`.
+fn connector(root: &Path, servers: &Servers, lease_ms: u32) -> ferry_mount::Connector {
     let (root, servers) = (root.to_path_buf(), servers.clone());
     Box::new(move || {
         let (a, b) = UnixStream::pair()?;
         let export = Export::open(&root)?;
         let opts = ServerOptions {
-            lease_ms: 0,
+            lease_ms,
             ..ServerOptions::default()
         };
         let server = std::thread::spawn(move || {
@@ -181,8 +184,11 @@ pub fn run(data: &[u8]) {
     let t = tempfile::tempdir().unwrap();
     let root = t.path().join("export");
     std::fs::create_dir(&root).unwrap();
+    let Some((&mode, data)) = data.split_first() else {
+        return;
+    };
     let servers = Servers::default();
-    let client = |name: &str| {
+    let client = |name: &str, lease_ms: u32| {
         let opts = Options {
             cache_dir: t.path().join(name),
             cache_size: 1 << 30,
@@ -191,12 +197,24 @@ pub fn run(data: &[u8]) {
             lookaside: None,
             providers: Default::default(),
         };
-        Vfs::new(connector(&root, &servers), WirePath::default(), opts).unwrap()
+        Vfs::new(
+            connector(&root, &servers, lease_ms),
+            WirePath::default(),
+            opts,
+        )
+        .unwrap()
     };
-    let clients = [client("a"), client("b")];
+    // Two clients without leases (every open asks the server, so each sees the other's
+    // closes at once); or one with leases, alone (its cached listings and attributes must
+    // follow its own changes: the server breaks none of its leases for them).
+    let clients = match mode & 1 {
+        0 => vec![client("a", 0), client("b", 0)],
+        _ => vec![client("a", 60_000)],
+    };
+    let views = [&clients[0], &clients[clients.len() - 1]];
     let mut model = Model::new();
     for op in data.chunks_exact(5).take(48) {
-        step(&clients, &mut model, op);
+        step(&views, &mut model, op);
         assert_eq!(on_disk(&root), model, "the export after {op:?}");
     }
     drop(clients);
@@ -206,8 +224,8 @@ pub fn run(data: &[u8]) {
 }
 
 /// One operation: applied through a client and to the model, the answers compared.
-fn step(clients: &[Vfs; 2], model: &mut Model, op: &[u8]) {
-    let v = &clients[(op[1] >> 7) as usize];
+fn step(clients: &[&Vfs; 2], model: &mut Model, op: &[u8]) {
+    let v = clients[(op[1] >> 7) as usize];
     let p = path(op[1] & 0x7f);
     let (x, y) = (op[3] as u64, op[4] as u64);
     let what = format!("{:?} {}", op, p.join("/"));

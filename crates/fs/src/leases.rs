@@ -102,7 +102,13 @@ impl Leases {
     /// once; expired leases are forgotten). A queue that overflowed (events were lost) breaks
     /// every lease; a watched directory that went (removed, moved, unmounted) is forgotten, so
     /// a new one at its path is watched afresh.
-    pub(crate) fn broken(&mut self) -> Vec<WirePath> {
+    ///
+    /// Events on `own` entries (directory, name: what the session's own request just changed,
+    /// read right after it) break nothing: the client changed them itself and knows what it
+    /// did (a mount updates its listing; an invalidation would make it list the directory again
+    /// at its next lookup, and every file a `cp -a` makes would cost a listing). Nor do events
+    /// on the server's own entries (commit temporaries, the trash), which no listing shows.
+    pub(crate) fn broken(&mut self, own: &[(WirePath, Vec<u8>)]) -> Vec<WirePath> {
         use inotify::ReadFlags;
         let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
         let mut hit = vec![];
@@ -119,15 +125,21 @@ impl Leases {
             let Some(dir) = self.watched.get(&ev.wd()) else {
                 continue;
             };
-            hit.push(dir.clone());
-            if let Some(name) = ev.file_name() {
-                if let Ok(p) = dir.join(name.to_bytes()) {
-                    hit.push(p);
-                }
-            }
             if flags.intersects(ReadFlags::IGNORED | ReadFlags::DELETE_SELF | ReadFlags::MOVE_SELF)
             {
                 gone.push(ev.wd());
+            }
+            let name = ev.file_name().map(|n| n.to_bytes());
+            let unseen =
+                |n: &[u8]| crate::export::is_commit_temp(n) || n == crate::export::TRASH.as_bytes();
+            if name.is_some_and(|n| unseen(n) || own.iter().any(|(d, o)| d == dir && o == n)) {
+                continue;
+            }
+            hit.push(dir.clone());
+            if let Some(name) = name {
+                if let Ok(p) = dir.join(name) {
+                    hit.push(p);
+                }
             }
         }
         for wd in gone {
@@ -187,7 +199,7 @@ mod tests {
             std::fs::write(t.path().join("d/other"), b"x").unwrap();
         }
         std::fs::write(t.path().join("d/f"), b"2").unwrap();
-        assert_eq!(l.broken(), vec![WirePath::from("d/f")]);
+        assert_eq!(l.broken(&[]), vec![WirePath::from("d/f")]);
     }
 
     #[test]
@@ -199,11 +211,34 @@ mod tests {
         let mut l = Leases::new().unwrap();
         lease(&mut l, &e, "d/f");
         std::fs::remove_dir_all(t.path().join("d")).unwrap();
-        assert!(l.broken().contains(&WirePath::from("d/f")));
+        assert!(l.broken(&[]).contains(&WirePath::from("d/f")));
         std::fs::create_dir(t.path().join("d")).unwrap();
         std::fs::write(t.path().join("d/g"), b"1").unwrap();
         lease(&mut l, &e, "d/g");
         std::fs::write(t.path().join("d/g"), b"2").unwrap();
-        assert_eq!(l.broken(), vec![WirePath::from("d/g")]);
+        assert_eq!(l.broken(&[]), vec![WirePath::from("d/g")]);
+    }
+
+    #[test]
+    fn a_sessions_own_changes_break_none_of_its_leases_and_others_do() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("d")).unwrap();
+        std::fs::write(t.path().join("d/f"), b"1").unwrap();
+        let e = Export::open(t.path()).unwrap();
+        let mut l = Leases::new().unwrap();
+        assert!(l.grant(&e, &"d".into(), true, 60_000) > 0);
+        lease(&mut l, &e, "d/f");
+        // Its own: a file made and removed, a commit temporary, the trash.
+        std::fs::write(t.path().join("d/g"), b"x").unwrap();
+        std::fs::remove_file(t.path().join("d/g")).unwrap();
+        std::fs::write(t.path().join("d/.ferry-1-0123456789abcdef-1.tmp"), b"x").unwrap();
+        let own = [(WirePath::from("d"), b"g".to_vec())];
+        assert_eq!(l.broken(&own), Vec::<WirePath>::new());
+        // Another name changed at the same time is no one's own.
+        std::fs::write(t.path().join("d/h"), b"x").unwrap();
+        std::fs::write(t.path().join("d/f"), b"2").unwrap();
+        let mut b = l.broken(&own);
+        b.sort();
+        assert_eq!(b, vec![WirePath::from("d"), WirePath::from("d/f")]);
     }
 }

@@ -592,3 +592,53 @@ fn a_changed_file_whose_copy_is_gone_is_not_retried_for_ever() {
     );
     assert_eq!(std::fs::read(root.join("f")).unwrap(), b"first");
 }
+
+/// The server breaks none of a client's leases for the client's own changes, and the client
+/// keeps its listing up to date itself: making files in a listed directory costs no listing
+/// per file (each lookup of a new name was answered by listing the whole directory again, so
+/// a `cp -a` into it grew with the square of its size), and what it lists is exact.
+#[test]
+fn own_changes_keep_the_listing_and_cost_no_listing_each() {
+    let (_t, root, _remote, v) = one_client();
+    let names = |v: &Vfs| {
+        let mut n: Vec<String> = v
+            .readdir(ROOT)
+            .unwrap()
+            .into_iter()
+            .map(|(_, _, n)| String::from_utf8(n).unwrap())
+            .collect();
+        n.sort();
+        n
+    };
+    write(&v, "a", b"x").unwrap();
+    assert_eq!(names(&v), ["a"]);
+    let cost = |f: &dyn Fn(usize)| {
+        let before = v.traffic().unwrap().round_trips;
+        for i in 0..10 {
+            f(i);
+        }
+        (v.traffic().unwrap().round_trips - before) as f64 / 10.0
+    };
+    let make = cost(&|i| write(&v, &format!("f{i}"), b"y").unwrap());
+    let remove = cost(&|i| v.unlink(ROOT, format!("f{i}").as_bytes()).unwrap());
+    let again = cost(&|i| write(&v, &format!("g{i}"), b"z").unwrap());
+    // A lookup of a new name answered by the listing held; create and commit: two round
+    // trips, no listing.
+    // (3 each before: a listing too.)
+    assert_eq!((make, again), (2.0, 2.0), "round trips a file");
+    assert_eq!(remove, 1.0, "one round trip an unlink");
+    let mut want: Vec<String> = ["a"]
+        .into_iter()
+        .map(String::from)
+        .chain((0..10).map(|i| format!("g{i}")))
+        .collect();
+    want.sort();
+    assert_eq!(names(&v), want);
+    let mut on_server: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with(".ferry"))
+        .collect();
+    on_server.sort();
+    assert_eq!(on_server, want);
+}
