@@ -42,6 +42,10 @@ pub(crate) struct Uploads {
     /// Bytes and entries this session put in the trash since it last trimmed it; `None` until
     /// its first trim.
     trashed: Option<(u64, usize)>,
+    /// Directories (device, inode) this session cleared of stale temporaries: once each, not at
+    /// every upload (a scan of the directory each time made a `cp -a` into a large one grow
+    /// with the square of its size).
+    swept: std::collections::HashSet<(u64, u64)>,
 }
 
 impl Default for Uploads {
@@ -53,6 +57,7 @@ impl Default for Uploads {
             tag: rand::random(),
             counter: 0,
             trashed: None,
+            swept: Default::default(),
         }
     }
 }
@@ -327,7 +332,10 @@ impl Server {
                 Some(Base::new(v, file, recipe))
             }
         };
-        crate::export::remove_stale_temps(&dir);
+        let id = rustix::fs::fstat(&dir).map(|st| (st.st_dev, st.st_ino));
+        if id.is_ok_and(|id| self.uploads.swept.insert(id)) {
+            crate::export::remove_stale_temps(&dir);
+        }
         let n = self.uploads.next();
         let tmp = crate::export::commit_temp_name(self.uploads.tag, n);
         let fd = rustix::fs::openat(
