@@ -103,12 +103,9 @@ impl Leases {
     /// every lease; a watched directory that went (removed, moved, unmounted) is forgotten, so
     /// a new one at its path is watched afresh.
     ///
-    /// Events on `own` entries (directory, name: what the session's own request just changed,
-    /// read right after it) break nothing: the client changed them itself and knows what it
-    /// did (a mount updates its listing; an invalidation would make it list the directory again
-    /// at its next lookup, and every file a `cp -a` makes would cost a listing). Nor do events
-    /// on the server's own entries (commit temporaries, the trash), which no listing shows.
-    pub(crate) fn broken(&mut self, own: &[(WirePath, Vec<u8>)]) -> Vec<WirePath> {
+    /// Events on the server's own entries (commit temporaries, the trash), which no listing
+    /// shows, break nothing.
+    pub(crate) fn broken(&mut self) -> Vec<WirePath> {
         use inotify::ReadFlags;
         let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
         let mut hit = vec![];
@@ -132,7 +129,7 @@ impl Leases {
             let name = ev.file_name().map(|n| n.to_bytes());
             let unseen =
                 |n: &[u8]| crate::export::is_commit_temp(n) || n == crate::export::TRASH.as_bytes();
-            if name.is_some_and(|n| unseen(n) || own.iter().any(|(d, o)| d == dir && o == n)) {
+            if name.is_some_and(unseen) {
                 continue;
             }
             hit.push(dir.clone());
@@ -199,7 +196,7 @@ mod tests {
             std::fs::write(t.path().join("d/other"), b"x").unwrap();
         }
         std::fs::write(t.path().join("d/f"), b"2").unwrap();
-        assert_eq!(l.broken(&[]), vec![WirePath::from("d/f")]);
+        assert_eq!(l.broken(), vec![WirePath::from("d/f")]);
     }
 
     #[test]
@@ -211,16 +208,16 @@ mod tests {
         let mut l = Leases::new().unwrap();
         lease(&mut l, &e, "d/f");
         std::fs::remove_dir_all(t.path().join("d")).unwrap();
-        assert!(l.broken(&[]).contains(&WirePath::from("d/f")));
+        assert!(l.broken().contains(&WirePath::from("d/f")));
         std::fs::create_dir(t.path().join("d")).unwrap();
         std::fs::write(t.path().join("d/g"), b"1").unwrap();
         lease(&mut l, &e, "d/g");
         std::fs::write(t.path().join("d/g"), b"2").unwrap();
-        assert_eq!(l.broken(&[]), vec![WirePath::from("d/g")]);
+        assert_eq!(l.broken(), vec![WirePath::from("d/g")]);
     }
 
     #[test]
-    fn a_sessions_own_changes_break_none_of_its_leases_and_others_do() {
+    fn the_servers_own_entries_break_nothing_and_users_do() {
         let t = tempfile::tempdir().unwrap();
         std::fs::create_dir(t.path().join("d")).unwrap();
         std::fs::write(t.path().join("d/f"), b"1").unwrap();
@@ -228,16 +225,14 @@ mod tests {
         let mut l = Leases::new().unwrap();
         assert!(l.grant(&e, &"d".into(), true, 60_000) > 0);
         lease(&mut l, &e, "d/f");
-        // Its own: a file made and removed, a commit temporary, the trash.
-        std::fs::write(t.path().join("d/g"), b"x").unwrap();
-        std::fs::remove_file(t.path().join("d/g")).unwrap();
-        std::fs::write(t.path().join("d/.ferry-1-0123456789abcdef-1.tmp"), b"x").unwrap();
-        let own = [(WirePath::from("d"), b"g".to_vec())];
-        assert_eq!(l.broken(&own), Vec::<WirePath>::new());
-        // Another name changed at the same time is no one's own.
-        std::fs::write(t.path().join("d/h"), b"x").unwrap();
+        // A commit temporary, made and removed; a user's file named like one is no temporary.
+        let tmp = t.path().join("d/.ferry-1-0123456789abcdef-1.tmp");
+        std::fs::write(&tmp, b"x").unwrap();
+        std::fs::remove_file(&tmp).unwrap();
+        assert_eq!(l.broken(), Vec::<WirePath>::new());
+        std::fs::write(t.path().join("d/.ferry-notes.tmp"), b"x").unwrap();
         std::fs::write(t.path().join("d/f"), b"2").unwrap();
-        let mut b = l.broken(&own);
+        let mut b = l.broken();
         b.sort();
         assert_eq!(b, vec![WirePath::from("d"), WirePath::from("d/f")]);
     }

@@ -757,10 +757,7 @@ impl Vfs {
             .collect())
     }
 
-    /// Adds or removes a name in a cached listing after a change made here (the server breaks
-    /// none of this session's leases for its own changes). The directory's cached attributes
-    /// are kept: asking for them again would cost a round trip each time, and a directory's
-    /// attributes carry its tree digest, which the server computes over the whole subtree.
+    /// Adds or removes a name in a cached listing after a change made here.
     fn relist(st: &mut State, dir: &WirePath, name: &[u8], kind: Option<FileKind>) {
         if let Some(l) = st.listings.get_mut(dir) {
             match (l.value.binary_search_by(|e| e.0.as_slice().cmp(name)), kind) {

@@ -246,7 +246,7 @@ impl Server {
 
     /// Invalidate frames for every lease that changes broke.
     pub fn invalidations(&mut self) -> Vec<Frame> {
-        self.take_broken(&[]);
+        self.take_broken();
         self.broken
             .drain(..)
             .map(|p| Message::Invalidate(p).to_frame(0))
@@ -314,13 +314,8 @@ impl Server {
     fn request(&mut self, id: u32, r: Request) -> Vec<Frame> {
         // Changes made before this request break the leases they break now, before anything
         // is read for the reply: a lease granted below is broken only by later changes.
-        self.take_broken(&[]);
-        let own = self.own_entries(&r);
+        self.take_broken();
         let mut out = self.dispatch(id, r);
-        if !own.is_empty() {
-            // What this request itself changed breaks none of this session's leases.
-            self.take_broken(&own);
-        }
         if !self.broken.is_empty() {
             let breaks = self
                 .broken
@@ -331,31 +326,10 @@ impl Server {
         out
     }
 
-    /// The entries (directory, name) request `r` changes, if it changes any.
-    fn own_entries(&self, r: &Request) -> Vec<(WirePath, Vec<u8>)> {
-        let split = |p: &WirePath| p.split_last().map(|(d, n)| (d, n.to_vec()));
-        match r {
-            Request::Mkdir { path, .. }
-            | Request::Unlink { path }
-            | Request::Rmdir { path }
-            | Request::Symlink { path, .. }
-            | Request::SetAttr { path, .. } => split(path).into_iter().collect(),
-            Request::Rename { from, to } => split(from).into_iter().chain(split(to)).collect(),
-            Request::Commit { handle, .. } => self
-                .uploads
-                .path(*handle)
-                .and_then(split)
-                .into_iter()
-                .collect(),
-            _ => vec![],
-        }
-    }
-
-    /// Notes the leases that changes so far broke (to be sent with the next reply), but for
-    /// changes to `own` entries (see `Leases::broken`).
-    fn take_broken(&mut self, own: &[(WirePath, Vec<u8>)]) {
+    /// Notes the leases that changes so far broke (to be sent with the next reply).
+    fn take_broken(&mut self) {
         if let Some(l) = self.leases.as_mut() {
-            let b = l.broken(own);
+            let b = l.broken();
             if !b.is_empty() {
                 self.trees.clear();
                 self.broken.extend(b);

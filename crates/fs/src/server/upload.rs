@@ -98,13 +98,6 @@ struct Keyed {
     pieces: Vec<(u64, u32)>,
 }
 
-impl Uploads {
-    /// The path upload `handle` commits to, if it is open.
-    pub(super) fn path(&self, handle: u32) -> Option<&WirePath> {
-        self.open.get(&handle).map(|u| &u.path)
-    }
-}
-
 /// A new version being written.
 struct Upload {
     path: WirePath,
@@ -601,9 +594,9 @@ impl Server {
             discard(u);
             return Err(r);
         }
-        // Changes before this commit's own break the leases granted before them (sent ahead of
-        // the reply); the lease the reply carries is granted only if the name still holds what
-        // was written.
+        // This commit's own change breaks the leases granted before it (sent ahead of the
+        // reply), not the one the reply carries; and that one is granted only if the name
+        // still holds what was written.
         let st = rustix::fs::fstat(u.out.get_ref()).map_err(|e| ioe(e.into()))?;
         let Upload {
             dir,
@@ -613,15 +606,9 @@ impl Server {
             ..
         } = u;
         // Closing it is a change too (IN_CLOSE_WRITE under the new name), seen before the
-        // lease below is granted; like the rename, it is this session's own and breaks none of
-        // its leases.
+        // lease below is granted.
         drop(out);
-        let own: Vec<_> = path
-            .split_last()
-            .map(|(d, n)| (d, n.to_vec()))
-            .into_iter()
-            .collect();
-        self.take_broken(&own);
+        self.take_broken();
         let (mut attr, fid) = crate::export::attr_of(&st);
         let recipe = Recipe::from_chunks(self.opts.hash, chunks)
             .map_err(|e| error(ErrorCode::Io, format!("{path:?}: {e}")))?;
