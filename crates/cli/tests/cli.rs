@@ -212,6 +212,40 @@ fn store_round_trip_damage_and_repair() {
     );
 }
 
+/// `ferry get HOST:FILE out`: a file fetched to a bare relative name, in the current directory
+/// (the destination's writes are made beneath `.`; they once refused such a name as "not
+/// beneath the destination").
+#[test]
+fn a_file_is_fetched_to_a_bare_relative_name() {
+    let t = tempfile::tempdir().unwrap();
+    let rsh = t.path().join("fake-ssh");
+    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
+    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let srv = t.path().join("srv");
+    std::fs::create_dir_all(&srv).unwrap();
+    std::fs::write(srv.join("f"), b"hello\n").unwrap();
+    let here = t.path().join("here");
+    std::fs::create_dir_all(&here).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args([
+            "get",
+            "-e",
+            s(&rsh),
+            "--remote-ferry",
+            env!("CARGO_BIN_EXE_ferry"),
+        ])
+        .args(["--cache", s(&t.path().join("cache"))])
+        .arg(format!("somehost:{}", srv.join("f").display()))
+        .arg("out")
+        .current_dir(&here)
+        .env("XDG_CACHE_HOME", test_cache())
+        .env("XDG_DATA_HOME", test_cache().join("data"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read(here.join("out")).unwrap(), b"hello\n");
+}
+
 /// `ferry get` through a real child process, the way ssh would run the far side: the "remote
 /// shell" here drops the host name and runs the rest locally.
 #[test]

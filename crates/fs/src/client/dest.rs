@@ -22,10 +22,17 @@ fn no_symlinks() -> ResolveFlags {
     ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS
 }
 
-/// `p` relative to `root`: an error if it is not beneath it.
+/// `p` relative to `root`: an error if it is not beneath it. A bare relative name (`out`) is
+/// beneath `.`, the directory `install::parent_dir` gives it.
 fn relative<'a>(root: &Path, p: &'a Path) -> io::Result<&'a Path> {
-    p.strip_prefix(root)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "not beneath the destination"))
+    match p.strip_prefix(root) {
+        Ok(rel) => Ok(rel),
+        Err(_) if root == Path::new(".") && p.is_relative() => Ok(p),
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not beneath the destination",
+        )),
+    }
 }
 
 /// The directory `dir` at or beneath `root`, opened for reading (and fsync, fchmod, futimens).
@@ -378,6 +385,19 @@ mod tests {
             (before.mode(), before.mtime(), before.len()),
             (after.mode(), after.mtime(), after.len())
         );
+    }
+
+    #[test]
+    fn a_bare_relative_name_is_beneath_the_current_directory() {
+        let dot = Path::new(".");
+        assert_eq!(relative(dot, Path::new("out")).unwrap(), Path::new("out"));
+        assert_eq!(relative(dot, Path::new("./out")).unwrap(), Path::new("out"));
+        assert_eq!(
+            relative(dot, Path::new("d/out")).unwrap(),
+            Path::new("d/out")
+        );
+        assert!(relative(dot, Path::new("/etc/passwd")).is_err());
+        assert!(relative(Path::new("dst"), Path::new("out")).is_err());
     }
 
     #[test]
