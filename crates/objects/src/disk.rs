@@ -78,12 +78,31 @@ impl Disk for Dir {
     }
 
     fn backend(&self, name: &str) -> io::Result<Box<dyn redb::StorageBackend>> {
+        let path = self.0.join(name);
+        if !path.exists() {
+            // Made whole beside, then renamed: a crash while redb writes a new index's first
+            // pages must not leave one that is "not a redb database" (the store would never
+            // open again).
+            let tmp = self.0.join(format!("{name}.tmp"));
+            match std::fs::remove_file(&tmp) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            drop(
+                redb::Database::builder()
+                    .create(&tmp)
+                    .map_err(io::Error::other)?,
+            );
+            File::open(&tmp)?.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            File::open(&self.0)?.sync_all()?;
+        }
         let f = File::options()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .open(self.0.join(name))?;
+            .open(&path)?;
         let b = redb::backends::FileBackend::new(f).map_err(|e| io::Error::other(e.to_string()))?;
         Ok(Box::new(b))
     }

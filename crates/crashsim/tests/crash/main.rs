@@ -6,6 +6,7 @@ mod commit;
 mod get;
 mod mount;
 mod objects;
+mod shelf;
 mod store;
 mod vault;
 
@@ -70,7 +71,17 @@ pub fn crash_all(
     trace: &Trace,
     check: impl FnMut(&ferry_crashsim::Crash<'_>) -> Result<(), String>,
 ) -> Report {
-    let plan = Plan::from_env();
+    crash_some(name, trace, Plan::from_env(), check)
+}
+
+/// Like [`crash_all`] with the given plan (a scenario whose checks are slow caps its crash
+/// points outside the long mode).
+pub fn crash_some(
+    name: &str,
+    trace: &Trace,
+    plan: Plan,
+    check: impl FnMut(&ferry_crashsim::Crash<'_>) -> Result<(), String>,
+) -> Report {
     match trace.check(plan, check) {
         Ok(r) => {
             eprintln!(
