@@ -178,6 +178,34 @@ fn ssh_here(dir: &Path) -> std::path::PathBuf {
     rsh
 }
 
+/// `ferry get --json` of `remote` into `dst` over `rsh`, as the user whose home is `home`: its
+/// summary.
+fn get_json(home: &Path, rsh: &Path, remote: &str, dst: &Path) -> serde_json::Value {
+    let out = ok_in(
+        home,
+        &[
+            "get",
+            "--json",
+            "-e",
+            rsh.to_str().unwrap(),
+            "--remote-ferry",
+            env!("CARGO_BIN_EXE_ferry"),
+            remote,
+            dst.to_str().unwrap(),
+        ],
+    );
+    serde_json::from_str(out.lines().last().unwrap()).unwrap()
+}
+
+/// What the source named `name` did in a `get --json` summary, if it took part.
+fn source(summary: &serde_json::Value, name: &str) -> Option<serde_json::Value> {
+    summary["sources"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == name)
+        .cloned()
+}
+
 /// A remote shell that runs the command here, as the user whose home is `home`.
 fn fake_ssh(dir: &Path, home: &Path) -> std::path::PathBuf {
     let rsh = dir.join(format!(
@@ -329,34 +357,16 @@ fn a_daemon_on_the_lan_is_a_lookaside_provider() {
     let listed = ok_in(&me, &["lookaside", "list", "--json"]);
     assert!(listed.contains("provider"), "{listed}");
     let rsh = ssh_here(t.path());
-    let ferry = env!("CARGO_BIN_EXE_ferry");
+    let remote = format!("host:{}", export.join("big").display());
     let get = |dst: &Path| {
-        let out = ok_in(
-            &me,
-            &[
-                "get",
-                "--json",
-                "-e",
-                rsh.to_str().unwrap(),
-                "--remote-ferry",
-                ferry,
-                &format!("host:{}", export.join("big").display()),
-                dst.to_str().unwrap(),
-            ],
-        );
+        let v = get_json(&me, &rsh, &remote, dst);
         assert_eq!(std::fs::read(dst).unwrap(), bytes);
-        let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
-        v["sources"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["name"] == provider.as_str())
-            .map(|s| {
-                (
-                    s["requests"].as_u64().unwrap(),
-                    s["bytes"].as_u64().unwrap(),
-                )
-            })
+        source(&v, &provider).map(|s| {
+            (
+                s["requests"].as_u64().unwrap(),
+                s["bytes"].as_u64().unwrap(),
+            )
+        })
     };
     // Not authorized there yet: the fetch goes on without it.
     assert_eq!(get(&t.path().join("first")).map_or(0, |(_, b)| b), 0);
@@ -411,28 +421,15 @@ fn a_tree_over_the_remote_shell_is_a_lookaside_provider() {
     assert!(added.contains(&format!("added {name}")), "{added}");
     let listed = ok_in(&me, &["lookaside", "list"]);
     assert!(listed.contains("remote shell"), "{listed}");
-    let out = ok_in(
+    let got = t.path().join("got");
+    let v = get_json(
         &me,
-        &[
-            "get",
-            "--json",
-            "-e",
-            rsh.to_str().unwrap(),
-            "--remote-ferry",
-            ferry,
-            &format!("host:{}", export.join("big").display()),
-            t.path().join("got").to_str().unwrap(),
-        ],
+        &rsh,
+        &format!("host:{}", export.join("big").display()),
+        &got,
     );
-    assert_eq!(std::fs::read(t.path().join("got")).unwrap(), new);
-    let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
-    let source = v["sources"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == name.as_str())
-        .unwrap_or_else(|| panic!("the provider was not used: {v}"))
-        .clone();
+    assert_eq!(std::fs::read(&got).unwrap(), new);
+    let source = source(&v, &name).unwrap_or_else(|| panic!("the provider was not used: {v}"));
     // Both are kept busy, each by its measured rate (two local pipes here): that it was asked,
     // and that what it brought is counted, is what holds on any machine.
     assert!(source["requests"].as_u64().unwrap() > 0, "{source}");

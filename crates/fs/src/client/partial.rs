@@ -89,10 +89,11 @@ pub(crate) fn open(
         OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::from_raw_mode(0o600),
     )?);
-    if !f.metadata()?.is_file() {
+    let meta = f.metadata()?;
+    if !meta.is_file() {
         return Err(io::Error::other("not a regular file"));
     }
-    if f.metadata()?.len() < start {
+    if meta.len() < start {
         return Ok(None);
     }
     f.set_len(start)?;
