@@ -143,6 +143,13 @@ pub trait ChunkStore: Send + Sync {
     /// The chunk's bytes, verified against `id`; `None` if absent.
     fn get(&self, id: &Id) -> Result<Option<Vec<u8>>, StoreError>;
 
+    /// Like [`get`](Self::get), for a bulk read that will not come back soon (a large file
+    /// assembled once): a store that keeps chunks in RAM does not keep this one (a copy of
+    /// every chunk of a 1 GiB file, each pushing out another, cost 10 % of its assembly).
+    fn get_passing(&self, id: &Id) -> Result<Option<Vec<u8>>, StoreError> {
+        self.get(id)
+    }
+
     /// The id of a chunk the store holds whose digest begins with the 8 bytes `prefix`
     /// (little-endian, as a protocol's short id), if any: any one of them when several do. A
     /// hint like [`contains`](Self::contains); the chunk itself comes from [`get`](Self::get),

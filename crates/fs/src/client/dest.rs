@@ -18,6 +18,8 @@ use std::path::Path;
 
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 
+use super::writeback::Writeback;
+
 fn no_symlinks() -> ResolveFlags {
     ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS
 }
@@ -174,6 +176,8 @@ pub(crate) struct Temp {
     name: OsString,
     file: File,
     kept: bool,
+    /// Bytes written through [`Write`] go to the disk early.
+    writeback: Writeback,
 }
 
 impl Temp {
@@ -194,6 +198,7 @@ impl Temp {
                         name,
                         file: File::from(fd),
                         kept: false,
+                        writeback: Writeback::default(),
                     })
                 }
                 Err(rustix::io::Errno::EXIST) => continue,
@@ -210,6 +215,7 @@ impl Temp {
             name,
             file,
             kept: true,
+            writeback: Writeback::default(),
         }
     }
 
@@ -217,8 +223,9 @@ impl Temp {
         &self.file
     }
 
-    pub(crate) fn file_mut(&mut self) -> &mut File {
-        &mut self.file
+    /// Waits for the early syncs of what was written (see [`Writeback`]); the first error.
+    pub(crate) fn synced_early(&mut self) -> io::Result<()> {
+        self.writeback.finish()
     }
 
     /// Renames the file over `name` in its directory and makes the rename durable (the
@@ -227,6 +234,19 @@ impl Temp {
         rustix::fs::renameat(&self.dir, &self.name, &self.dir, name)?;
         self.kept = true;
         rustix::fs::fsync(&self.dir)?;
+        Ok(())
+    }
+}
+
+/// Writes to the file, its bytes synced early (the file's own position, as `File` writes).
+impl io::Write for Temp {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.writeback.wrote(&self.file, n);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
 }
@@ -405,7 +425,7 @@ mod tests {
         let (_t, dst, _out) = setup();
         let dir = make_dirs(&dst, &dst.join("a/b/c")).unwrap();
         let mut t = Temp::new_in(dir, ".ferry-tmp-").unwrap();
-        std::io::Write::write_all(t.file_mut(), b"hello").unwrap();
+        std::io::Write::write_all(&mut t, b"hello").unwrap();
         t.rename_to(OsStr::new("f")).unwrap();
         assert_eq!(std::fs::read(dst.join("a/b/c/f")).unwrap(), b"hello");
         assert_eq!(

@@ -200,10 +200,16 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
             true => old.order.iter().map(|c| (short_id(&c.id), c.id)).collect(),
             false => HashMap::new(),
         };
+        // Chunks the cache was found to hold while the recipe was read: not looked up again.
+        let cached = std::cell::RefCell::new(HashSet::new());
         let find = |s: u64| -> Result<Option<Id>, GetError> {
             match by_short.get(&s) {
                 Some(&id) => Ok(Some(id)),
-                None => Ok(src.cache.find_prefix(s)?),
+                None => {
+                    let id = src.cache.find_prefix(s)?;
+                    cached.borrow_mut().extend(id);
+                    Ok(id)
+                }
             }
         };
         let pages = ferry_format::pages(&old.order);
@@ -237,7 +243,9 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
         for (offset, c) in recipe.with_offsets() {
             // Held here or not, each chunk once (one file's old version holding it says
             // nothing of another's).
-            if !old.at.contains_key(&c.id) && !src.cache.contains(&c.id)? && seen.insert(c.id) {
+            let held =
+                |id| Ok::<_, GetError>(cached.borrow().contains(id) || src.cache.contains(id)?);
+            if !old.at.contains_key(&c.id) && !held(&c.id)? && seen.insert(c.id) {
                 let want = Want {
                     id: c.id,
                     len: c.len,

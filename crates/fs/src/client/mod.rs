@@ -34,6 +34,7 @@ mod recipes;
 mod source;
 mod upload;
 mod walk;
+mod writeback;
 
 pub use source::{Mirror, SessionSource};
 pub use upload::{put, put_file};

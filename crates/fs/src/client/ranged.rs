@@ -222,7 +222,6 @@ impl RangeFile {
         stats: &mut GetStats,
     ) -> Result<(), GetError> {
         self.file
-            .file_mut()
             .write_all(data)
             .map_err(GetError::local("write", local))?;
         self.intake.take(data, src, stats, true)

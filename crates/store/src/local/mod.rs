@@ -848,16 +848,9 @@ fn read_marker(dir: &Path) -> Result<HashAlg, StoreError> {
     Ok(alg.parse()?)
 }
 
-impl ChunkStore for LocalStore {
-    fn hash_alg(&self) -> HashAlg {
-        self.alg
-    }
-
-    fn contains(&self, id: &Id) -> Result<bool, StoreError> {
-        Ok(id.alg() == self.alg && self.location(id)?.is_some())
-    }
-
-    fn get(&self, id: &Id) -> Result<Option<Vec<u8>>, StoreError> {
+impl LocalStore {
+    /// A chunk, verified; kept in the RAM cache with `keep`.
+    fn get_kept(&self, id: &Id, keep: bool) -> Result<Option<Vec<u8>>, StoreError> {
         if id.alg() != self.alg {
             return Ok(None);
         }
@@ -870,7 +863,9 @@ impl ChunkStore for LocalStore {
         match self.read_chunk(id, loc) {
             Ok(data) => {
                 self.touch(loc.pack);
-                self.cache.lock().unwrap().insert(*id, data.clone());
+                if keep {
+                    self.cache.lock().unwrap().insert(*id, data.clone());
+                }
                 Ok(Some(data))
             }
             Err(why) => {
@@ -883,6 +878,24 @@ impl ChunkStore for LocalStore {
                 })
             }
         }
+    }
+}
+
+impl ChunkStore for LocalStore {
+    fn hash_alg(&self) -> HashAlg {
+        self.alg
+    }
+
+    fn contains(&self, id: &Id) -> Result<bool, StoreError> {
+        Ok(id.alg() == self.alg && self.location(id)?.is_some())
+    }
+
+    fn get(&self, id: &Id) -> Result<Option<Vec<u8>>, StoreError> {
+        self.get_kept(id, true)
+    }
+
+    fn get_passing(&self, id: &Id) -> Result<Option<Vec<u8>>, StoreError> {
+        self.get_kept(id, false)
     }
 
     fn find_prefix(&self, prefix: u64) -> Result<Option<Id>, StoreError> {
