@@ -49,6 +49,9 @@ const ONE_ASK_CHUNKS: usize = 64;
 /// memory stays bounded however large the files, and the link stays full.
 const WRITE_REFS: usize = 4096;
 const IN_FLIGHT_BYTES: usize = 16 << 20;
+/// Bytes of new data per Write when it goes plainly (a new file's): a buffer of 2 MiB is a fresh
+/// allocation at glibc's mmap threshold on both ends, faulted in and copied cold each time.
+const PLAIN_DATA: usize = 256 << 10;
 /// Chunks the server holds, at most, that a run of new data takes in between new ones.
 const BRIDGE: usize = 4;
 /// Bytes of old data named whole as a frame's prefix (the old chunks held here) at most.
@@ -643,8 +646,13 @@ fn write_file<R: io::Read, W: Write>(
                     // the prefix, which holds them), so one frame's window spans the run.
                     let start = k;
                     let mut bytes = 0usize;
+                    // Data with no base to compress against goes plainly, in smaller runs.
+                    let max = match c.base {
+                        Some(_) => crate::delta::MAX_DATA,
+                        None => PLAIN_DATA,
+                    };
                     let fits = |k: usize, bytes: usize| {
-                        k == start || bytes + chunks[k].len as usize <= crate::delta::MAX_DATA
+                        k == start || bytes + chunks[k].len as usize <= max
                     };
                     while k < chunks.len() && fits(k, bytes) {
                         if c.how[k] != How::Data {
