@@ -142,8 +142,10 @@ pub(crate) fn put_files<R: io::Read, W: Write>(
         }
     }
     conn.flush()?;
-    let mut sent: HashSet<Id> = HashSet::new();
-    for c in &mut files {
+    // By short id, as Have asks (8 bytes a chunk: a 10 GiB file has over a million).
+    let mut sent: HashSet<u64> = HashSet::new();
+    let last = files.len().saturating_sub(1);
+    for (n, c) in files.iter_mut().enumerate() {
         take_haves(conn, c, &sent)?;
         if let Some(id) = c.keys_ask.take() {
             c.keys = match conn.replies(id)?.pop() {
@@ -152,10 +154,17 @@ pub(crate) fn put_files<R: io::Read, W: Write>(
             };
         }
         // A chunk sent for an earlier file of the batch is held by the time this one's write
-        // arrives.
+        // arrives. (A short id shared by two chunks makes the server miss one: the file is
+        // then sent again whole, below.)
         for (k, ch) in c.recipe.chunks().iter().enumerate() {
-            if c.how[k] == How::Data && !sent.insert(ch.id) {
+            if c.how[k] != How::Data {
+                continue;
+            }
+            let short = short_id(&ch.id);
+            if sent.contains(&short) {
                 c.how[k] = How::Held;
+            } else if n < last {
+                sent.insert(short);
             }
         }
     }
@@ -300,8 +309,9 @@ fn ask_have<R: io::Read, W: Write>(
     let mut seen = HashSet::new();
     let which: Vec<usize> = which
         .into_iter()
-        .filter(|&k| seen.insert(c.recipe.chunks()[k].id))
+        .filter(|&k| seen.insert(short_id(&c.recipe.chunks()[k].id)))
         .collect();
+    drop(seen);
     for page in which.chunks(HAVE_IDS) {
         let ids = page.iter().map(|&k| short_id(&c.recipe.chunks()[k].id));
         let id = conn.send(Request::Have {
@@ -316,7 +326,7 @@ fn ask_have<R: io::Read, W: Write>(
 fn take_haves<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     c: &mut Chunked,
-    sent: &HashSet<Id>,
+    sent: &HashSet<u64>,
 ) -> Result<(), GetError> {
     let mut held = HashSet::new();
     for (id, asked) in std::mem::take(&mut c.have_asks) {
@@ -324,7 +334,7 @@ fn take_haves<R: io::Read, W: Write>(
             Some(Reply::Have(flags)) if flags.len() == asked.len() => {
                 for (k, have) in asked.into_iter().zip(flags) {
                     if have {
-                        held.insert(c.recipe.chunks()[k].id);
+                        held.insert(short_id(&c.recipe.chunks()[k].id));
                     }
                 }
             }
@@ -332,7 +342,8 @@ fn take_haves<R: io::Read, W: Write>(
         }
     }
     for (k, ch) in c.recipe.chunks().iter().enumerate() {
-        if c.how[k] == How::Data && (held.contains(&ch.id) || sent.contains(&ch.id)) {
+        let short = short_id(&ch.id);
+        if c.how[k] == How::Data && (held.contains(&short) || sent.contains(&short)) {
             c.how[k] = How::Held;
         }
     }
