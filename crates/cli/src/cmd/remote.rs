@@ -396,6 +396,12 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         Some(s) => bail!("--store {s}: a shared store is an S3 store (s3://BUCKET/PREFIX)"),
         None => None,
     };
+    // A shared store serves what one server's clients sent to the others: every write goes
+    // there. A local staging store only waits for cut uploads to resume.
+    let opts = ServerOptions {
+        stage_writes: shared.is_some(),
+        ..opts
+    };
     let Some(listen) = a.listen else {
         let history = History {
             dir: cache_root().join("server-history"),
@@ -429,8 +435,11 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         }
         let stdin = io::stdin().lock();
         let stdout = BufWriter::with_capacity(256 * 1024, io::stdout().lock());
-        ferry_fs::serve(&mut server, stdin, stdout)?;
+        let served = ferry_fs::serve(&mut server, stdin, stdout);
+        // Uploads the session left open (a cut link) are staged as the server goes.
+        drop(server);
         staging.trim()?;
+        served?;
         history.trim(kept)?;
         return Ok(ExitCode::SUCCESS);
     };
@@ -522,8 +531,10 @@ fn daemon_session(
     }
     let input = stream.try_clone()?;
     let output = BufWriter::with_capacity(256 * 1024, stream);
-    ferry_fs::serve(&mut server, input, output)?;
+    let served = ferry_fs::serve(&mut server, input, output);
+    drop(server);
     staging.trim()?;
+    served?;
     history.trim(kept)?;
     Ok(())
 }

@@ -51,6 +51,12 @@ pub struct ServerOptions {
     /// A client that has not said Hello this long after the session began is hung up on
     /// (the daemon's; a remote shell's sessions wait as long as it takes).
     pub hello_timeout: Option<std::time::Duration>,
+    /// Every chunk a client sends goes into the staging store as it arrives (a store other
+    /// servers serve from, or the transfer daemon's). Off, only the chunks of an upload cut
+    /// short are staged, when its session ends or the client aborts it (read back from its
+    /// temporary file): a committed file's chunks are found in it through the index, and a
+    /// second copy of every byte uploaded cost a quarter of an upload's time.
+    pub stage_writes: bool,
 }
 
 impl Default for ServerOptions {
@@ -64,6 +70,7 @@ impl Default for ServerOptions {
             zstd_level: crate::conn::DEFAULT_ZSTD_LEVEL,
             features: FEATURES,
             hello_timeout: None,
+            stage_writes: true,
         }
     }
 }
@@ -690,6 +697,7 @@ impl Drop for Server {
     /// abandoned.
     fn drop(&mut self) {
         self.abandon_create();
+        self.abandon_uploads();
         if let Some(i) = &self.index {
             if let Err(e) = i.sync() {
                 tracing::debug!("index: {e}");

@@ -109,6 +109,8 @@ struct Upload {
     size: u64,
     /// The new version's recipe so far.
     chunks: Vec<ChunkRef>,
+    /// Which of them came as data (not yet staged, unless every write is).
+    sent: Vec<bool>,
     base: Option<Base>,
 }
 
@@ -336,7 +338,7 @@ impl Server {
             os(tmp.as_bytes()),
             rustix::fs::OFlags::CREATE
                 | rustix::fs::OFlags::EXCL
-                | rustix::fs::OFlags::WRONLY
+                | rustix::fs::OFlags::RDWR
                 | rustix::fs::OFlags::CLOEXEC
                 | rustix::fs::OFlags::NOFOLLOW,
             rustix::fs::Mode::from_raw_mode(0o600),
@@ -351,6 +353,7 @@ impl Server {
             whole: IdHasher::new(self.opts.hash),
             size: 0,
             chunks: vec![],
+            sent: vec![],
             base,
         })
     }
@@ -399,14 +402,14 @@ impl Server {
                     }
                     let data = base.read(at, n)?;
                     let chunks = base.recipe.chunks()[at..at + n].to_vec();
-                    u.append(&data, &chunks)?;
+                    u.append(&data, &chunks, false)?;
                     at += n;
                 }
             }
             WritePart::Chunks(refs) => {
                 for c in refs {
                     let bytes = self.find(u, &c)?;
-                    u.append(&bytes, &[c])?;
+                    u.append(&bytes, &[c], false)?;
                 }
             }
             WritePart::Data { lens, payload } => {
@@ -435,14 +438,17 @@ impl Server {
                     let chunk = &bytes[at..at + len as usize];
                     at += len as usize;
                     let v = VerifiedChunk::hash(self.opts.hash, chunk);
-                    // Staged too: a cut upload finds it again (Have) when it resumes.
-                    if let Err(e) = self.staging.put(&v) {
-                        if e.is_disk_full() {
-                            return Err(WriteError::Io(io::ErrorKind::StorageFull.into()));
+                    // Staged too (or, if the upload is cut, at the end of the session): a cut
+                    // upload finds it again (Have) when it resumes.
+                    if self.opts.stage_writes {
+                        if let Err(e) = self.staging.put(&v) {
+                            if e.is_disk_full() {
+                                return Err(WriteError::Io(io::ErrorKind::StorageFull.into()));
+                            }
+                            tracing::debug!("staging: {e}");
                         }
-                        tracing::debug!("staging: {e}");
                     }
-                    u.append(chunk, &[ChunkRef { id: *v.id(), len }])?;
+                    u.append(chunk, &[ChunkRef { id: *v.id(), len }], true)?;
                 }
             }
         }
@@ -649,9 +655,51 @@ impl Server {
 
     pub(super) fn abort(&mut self, handle: u32) -> Reply {
         if let Some(u) = self.uploads.open.remove(&handle) {
-            discard(u);
+            self.stage_cut(u);
         }
         Reply::Ok
+    }
+
+    /// The uploads still open when the session ends (its link was cut): their chunks staged,
+    /// their temporaries removed.
+    pub(super) fn abandon_uploads(&mut self) {
+        let open: Vec<Upload> = self.uploads.open.drain().map(|(_, u)| u).collect();
+        for u in open {
+            self.stage_cut(u);
+        }
+    }
+
+    /// Drops an upload cut short, staging the chunks it received as data (unless every write
+    /// was staged as it came): read back from its temporary file and checked against their ids,
+    /// so a resumed upload finds them (Have) without sending them again.
+    fn stage_cut(&mut self, mut u: Upload) {
+        if !self.opts.stage_writes && u.out.flush().is_ok() {
+            let file = u.out.get_ref();
+            let mut at = 0u64;
+            for (c, &sent) in u.chunks.iter().zip(&u.sent) {
+                let offset = at;
+                at += c.len as u64;
+                if !sent {
+                    continue;
+                }
+                let mut buf = vec![0u8; c.len as usize];
+                if file.read_exact_at(&mut buf, offset).is_err() {
+                    break;
+                }
+                let v = VerifiedChunk::hash(self.opts.hash, &buf);
+                if v.id() != &c.id {
+                    break;
+                }
+                if let Err(e) = self.staging.put(&v) {
+                    tracing::debug!("staging a cut upload: {e}");
+                    break;
+                }
+            }
+            if let Err(e) = self.staging.flush() {
+                tracing::debug!("staging a cut upload: {e}");
+            }
+        }
+        discard(u);
     }
 
     /// Hard-links `name` in `dir` into the trash and points the hints of its chunks there, then
@@ -713,11 +761,13 @@ impl Server {
 }
 
 impl Upload {
-    fn append(&mut self, bytes: &[u8], chunks: &[ChunkRef]) -> io::Result<()> {
+    /// Appends `bytes`, made of `chunks`; `sent`: they came as data.
+    fn append(&mut self, bytes: &[u8], chunks: &[ChunkRef], sent: bool) -> io::Result<()> {
         self.out.write_all(bytes)?;
         self.whole.update(bytes);
         self.size += bytes.len() as u64;
         self.chunks.extend_from_slice(chunks);
+        self.sent.resize(self.chunks.len(), sent);
         Ok(())
     }
 }

@@ -1608,6 +1608,88 @@ fn a_damaged_partial_file_is_never_installed() {
     assert!(!partial.exists());
 }
 
+/// An upload cut after `cut` bytes of the client's requests, to a server on a thread staging in
+/// `staging` (every write as it comes, or only what a cut upload received): the connection and
+/// the server's thread, which ends with the session.
+fn cut_upload(
+    srv: &Path,
+    staging: ferry_fs::Staging,
+    stage_writes: bool,
+    cut: usize,
+) -> (
+    Connection<UnixStream, UnixStream>,
+    std::thread::JoinHandle<()>,
+) {
+    use std::io::{Read, Write};
+    let (a, b) = UnixStream::pair().unwrap();
+    let export = Export::open(srv).unwrap();
+    let server = std::thread::spawn(move || {
+        let opts = ServerOptions {
+            stage_writes,
+            ..ServerOptions::default()
+        };
+        let mut server = Server::new(export, opts, staging);
+        let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
+    });
+    let (c, d) = UnixStream::pair().unwrap();
+    let (mut d_read, mut b_write) = (d.try_clone().unwrap(), b.try_clone().unwrap());
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 65536];
+        let mut total = 0;
+        while total < cut {
+            let Ok(n) = d_read.read(&mut buf) else { break };
+            if n == 0 || b_write.write_all(&buf[..n]).is_err() {
+                break;
+            }
+            total += n;
+        }
+        let _ = b_write.shutdown(std::net::Shutdown::Both);
+        let _ = d_read.shutdown(std::net::Shutdown::Both);
+    });
+    let (mut b_read, mut d_write) = (b, d);
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut b_read, &mut d_write);
+    });
+    (Connection::open(c.try_clone().unwrap(), c).unwrap(), server)
+}
+
+#[test]
+fn a_cut_upload_resumes_from_what_arrived() {
+    // Staged as every write came, or only when the session ended with the upload cut (read
+    // back from its temporary file): either way the next put sends only the rest.
+    for stage_writes in [true, false] {
+        let t = tempfile::tempdir().unwrap();
+        let (src, srv) = (t.path().join("src"), t.path().join("srv"));
+        fs::create_dir_all(&src).unwrap();
+        fs::create_dir_all(&srv).unwrap();
+        let big = bytes(79, 24 << 20);
+        fs::write(src.join("big"), &big).unwrap();
+        let staging = staging();
+        let (mut c, server) = cut_upload(&srv, staging.clone(), stage_writes, 12 << 20);
+        assert!(
+            put(&mut c, &src.join("big"), "big").is_err(),
+            "the cut is noticed"
+        );
+        drop(c);
+        server.join().unwrap();
+        assert!(!srv.join("big").exists(), "nothing committed");
+        let (mut c, _) = cut_upload(&srv, staging.clone(), stage_writes, usize::MAX);
+        let s = put(&mut c, &src.join("big"), "big").unwrap();
+        assert_eq!(fs::read(srv.join("big")).unwrap(), big);
+        assert!(
+            s.chunk_bytes_sent < 16 << 20,
+            "stage_writes {stage_writes}: sent {} bytes again",
+            s.chunk_bytes_sent
+        );
+        let left: Vec<_> = fs::read_dir(&srv)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(left, ["big"], "no temporary left behind");
+    }
+}
+
 #[test]
 fn delete_mirrors_both_ways_without_following_symlinks() {
     let t = tempfile::tempdir().unwrap();
