@@ -240,11 +240,10 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
         let mut file_missing = vec![];
         let path: std::sync::Arc<[u8]> = std::sync::Arc::from(j.remote.as_bytes());
         let file_recipe = src.devices().map(|_| recipe.check());
+        let held = |id| Ok::<_, GetError>(cached.borrow().contains(id) || src.cache.contains(id)?);
         for (offset, c) in recipe.with_offsets() {
             // Held here or not, each chunk once (one file's old version holding it says
             // nothing of another's).
-            let held =
-                |id| Ok::<_, GetError>(cached.borrow().contains(id) || src.cache.contains(id)?);
             if !old.at.contains_key(&c.id) && !held(&c.id)? && seen.insert(c.id) {
                 let want = Want {
                     id: c.id,

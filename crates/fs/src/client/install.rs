@@ -5,7 +5,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use ferry_format::{ChunkRef, Id, Recipe};
+use ferry_format::{Id, Recipe};
 
 use super::dest::{self, Temp};
 use super::walk::FileJob;
@@ -22,51 +22,50 @@ pub(crate) fn assemble(
     src: &Sources<'_>,
     stats: &mut GetStats,
 ) -> Result<(), GetError> {
-    let local_path = &j.local;
+    let local = &j.local;
     let existing = if here.is_empty() {
         None
     } else {
         j.open_old().ok().flatten()
     };
     let mut tmp = temp_beside(j)?;
-    // A chunk's bytes: from the old version here if they are still there, else the cache.
-    let read = |c: &ChunkRef| -> Result<(Vec<u8>, bool), GetError> {
-        if let Some(&(off, len)) = here.get(&c.id) {
-            let mut buf = vec![0u8; len as usize];
-            let ok = existing.as_ref().is_some_and(|f| {
-                std::os::unix::fs::FileExt::read_exact_at(f, &mut buf, off).is_ok()
-            });
-            if ok && c.id.matches(&buf) {
-                return Ok((buf, true));
-            }
-        }
-        let data = src
-            .cache
-            .get_passing(&c.id)?
-            .ok_or(GetError::BadData(c.id))?;
-        Ok((data, false))
-    };
     {
         let mut out = BufWriter::with_capacity(1 << 20, &mut tmp);
-        let mut take = |c: &ChunkRef, (data, local): (Vec<u8>, bool)| -> Result<(), GetError> {
-            if local {
-                stats.from_local += 1;
-            } else if !fetched.contains(&c.id) {
-                stats.from_cache += 1;
-            }
+        let mut buf = vec![];
+        for c in recipe.chunks() {
+            let data = match here.get(&c.id) {
+                Some(&(off, len)) => {
+                    buf.resize(len as usize, 0);
+                    let ok = existing.as_ref().is_some_and(|f| {
+                        std::os::unix::fs::FileExt::read_exact_at(f, &mut buf, off).is_ok()
+                    });
+                    if ok && c.id.matches(&buf) {
+                        stats.from_local += 1;
+                        buf.clone()
+                    } else {
+                        src.cache
+                            .get_passing(&c.id)?
+                            .ok_or(GetError::BadData(c.id))?
+                    }
+                }
+                None => {
+                    if !fetched.contains(&c.id) {
+                        stats.from_cache += 1;
+                    }
+                    src.cache
+                        .get_passing(&c.id)?
+                        .ok_or(GetError::BadData(c.id))?
+                }
+            };
             if let Some(p) = src.progress {
                 p(data.len() as u64);
             }
             out.write_all(&data)
-                .map_err(GetError::local("write", local_path))?;
+                .map_err(GetError::local("write", local))?;
             stats.chunks += 1;
             stats.bytes += data.len() as u64;
-            Ok(())
-        };
-        for c in recipe.chunks() {
-            take(c, read(c)?)?;
         }
-        out.flush().map_err(GetError::local("write", local_path))?;
+        out.flush().map_err(GetError::local("write", local))?;
     }
     install(tmp, j, stats)
 }
