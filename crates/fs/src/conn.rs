@@ -311,6 +311,9 @@ pub struct Connection<R, W> {
     traffic: Traffic,
     /// Frames queued since the last flush.
     unflushed: bool,
+    /// The newest request queued, and the newest at the last flush with when that was.
+    newest: u32,
+    flushed: Option<(u32, std::time::Instant)>,
     /// How fast replies arrive, for the server's choice of levels.
     rate: crate::rate::RateMeter,
     pub server: Option<Hello>,
@@ -339,6 +342,8 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             outstanding: HashMap::from([(0, 0)]),
             traffic: Traffic::default(),
             unflushed: false,
+            newest: 0,
+            flushed: None,
             rate: Default::default(),
             server: None,
             invalidated: vec![],
@@ -447,14 +452,28 @@ impl<R: Read, W> Connection<R, W> {
             _ => false,
         };
         if against_old && self.offers(FEATURE_RATE) {
-            if let Some((rate, sample)) = self.rate.news() {
-                tracing::debug!("the link brings at least {rate} bytes/s ({sample} bytes at once)");
-                self.write(Message::Rate { rate, sample }.to_frame(0))?;
+            if let Some(m) = self.rate.news() {
+                tracing::debug!(
+                    "the link brings at least {} bytes/s ({} bytes at once), replies after {:?}",
+                    m.rate,
+                    m.sample,
+                    m.round_trip
+                );
+                let round_trip = m.round_trip.map_or(0, |r| (r.as_micros() as u64).max(1));
+                self.write(
+                    Message::Rate {
+                        rate: m.rate,
+                        sample: m.sample,
+                        round_trip,
+                    }
+                    .to_frame(0),
+                )?;
             }
         }
         let f = Message::Request(r).to_frame(id);
         tracing::trace!(target: "ferry::sizes", "request {:#04x} {}", f.msg_type, f.body.len());
         self.write(f)?;
+        self.newest = id;
         self.traffic.requests += 1;
         self.outstanding.insert(id, self.traffic.round_trips);
         Ok(id)
@@ -474,6 +493,7 @@ impl<R: Read, W> Connection<R, W> {
     pub fn flush(&mut self) -> Result<(), ConnError> {
         if std::mem::take(&mut self.unflushed) {
             self.writer.send(Outgoing::Flush)?;
+            self.flushed = Some((self.newest, std::time::Instant::now()));
         }
         Ok(())
     }
@@ -489,7 +509,10 @@ impl<R: Read, W> Connection<R, W> {
                 return Ok(q.remove(0));
             }
         }
-        let mut waited = crate::rate::Wait::start();
+        // A request that went last, and alone, times a round trip from when it went.
+        let alone = self.outstanding.len() == 1 && self.outstanding.contains_key(&id);
+        let went = self.flushed.filter(|&(n, _)| n == id && alone);
+        let mut waited = crate::rate::Wait::start(went.map(|(_, at)| at));
         loop {
             while let Some(f) = self.inflow.next_frame()? {
                 if let Some(f) = self.route(f, id)? {
@@ -502,7 +525,7 @@ impl<R: Read, W> Connection<R, W> {
             if n == 0 {
                 return Err(ConnError::Closed);
             }
-            waited.read(began, n);
+            waited.read(began, n, self.buf.len());
             self.traffic.bytes_received += n as u64;
             self.inflow.feed(&self.buf[..n]);
         }
@@ -602,6 +625,12 @@ impl<R: Read, W> Connection<R, W> {
     /// At least how many bytes a second the link has brought replies so far, if measured.
     pub fn link_rate(&self) -> Option<u64> {
         self.rate.best()
+    }
+
+    /// The quickest reply to a request that went alone, from when it went to its first bytes
+    /// (a round trip and the server's work), if timed.
+    pub fn round_trip(&self) -> Option<std::time::Duration> {
+        self.rate.round_trip()
     }
 
     /// The reply to request `id` is not wanted: what came of it already is dropped, and the

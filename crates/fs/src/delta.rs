@@ -14,6 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::ops::Range;
+use std::time::Duration;
 
 use ferry_chunk::ChunkerSpec;
 use zstd::zstd_safe::{CCtx, CParameter, DCtx, DParameter};
@@ -207,12 +208,16 @@ pub fn find<'a>(runs: impl IntoIterator<Item = &'a [u8]>, keys: &Keys) -> (Vec<u
 /// it showed thin: [`link_rate`](Self::link_rate)), and after a large frame (or small ones
 /// that took 50 ms in all) compares how long writing them out waited on the link
 /// with how long compressing them took. Waits longer than compressing: the compressor is
-/// hidden behind the link, a step up (more at once for longer waits). Waits under an eighth of
+/// hidden behind the link, up as far as compressing would still take no longer than the
+/// waits (a step at least, if it costs at most twice as much). Waits under an eighth of
 /// it: the compressor is the bottleneck (a LAN, where level 19 would take seconds a frame for a
 /// few per cent of bytes), steps down, as many as halvings of the ratio beyond that eighth, down
-/// to the session's own level. Large frames of data that hardly compresses (archives) stay at
-/// the session's level unless the link is far slower than compressing (writes waiting 8 times
-/// as long, and since at least as long).
+/// to 9, or the session's own level if higher. Below 9 only on a link the receiver measured
+/// broad or near: transport buffers can hold all of a small transfer, so writes that did not
+/// wait do not prove a link fast (a 1.5 Mbit/s link at level 3 cost crates-vendor 19 % more
+/// bytes than at 9). Large frames of data that hardly compresses (archives) go at the lowest
+/// of those levels unless the link is far slower than compressing (writes waiting 8 times as
+/// long, and since at least as long).
 #[derive(Debug)]
 pub struct FrameLevel {
     levels: Vec<i32>,
@@ -225,6 +230,9 @@ pub struct FrameLevel {
     /// The link is far slower than compressing: writes waited 8 times as long as the last
     /// large frame took (and since, at least as long).
     thin: bool,
+    /// The lowest of `levels` frames go down to: 9 (or the session's level if higher) until
+    /// the link is measured broad or near, then the session's level.
+    lowest: usize,
     /// The writes counted so far by [`saw_writes`](Self::saw_writes).
     seen: (u64, std::time::Duration),
     /// Whether a large frame was compressed yet, or a decision made (from then on, the link's
@@ -246,13 +254,21 @@ const DECIDE_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 /// with time it would idle anyway.
 const START_LEVEL: i32 = 12;
 /// Links the receiver measured at least this fast (64 Mbit/s, a LAN) start at the session's
-/// own level.
+/// own level; those at least [`BROAD_LINK`] (8 Mbit/s) at 6 at most, and those at least
+/// [`THIN_LINK`] at 9 at most. Against a prefix, level 12 takes about 5 times as long as 3
+/// (mbox-append's frame of 4 MB of work: 120 ms at 12) for 5-12 % fewer bytes (crates-vendor
+/// 125.0 → 110.3 KiB, numpy-whl-tree 1.5 → 1.4 MiB): worth it only under about 2 Mbit/s.
 const FAST_LINK: u64 = 8 << 20;
+const BROAD_LINK: u64 = 1 << 20;
 /// A link the receiver measured over a reply of [`THIN_SAMPLE`] bytes or more and found no
 /// faster than this (2 Mbit/s) is thin: its frames start at the top, where the bytes saved are
 /// worth the time (the next frames' compressing hides behind the link sending this one). A
 /// measure from smaller replies is mostly a round trip's and proves nothing slow.
 const THIN_LINK: u64 = 256 << 10;
+/// A link whose replies came this soon after their requests is a LAN's (a long link's round
+/// trip is over 10 ms): frames start as on a broad one, even where no reply was large enough
+/// to measure the rate (a single file's recipe).
+const NEAR: Duration = Duration::from_millis(2);
 const THIN_SAMPLE: u64 = 16 << 10;
 
 impl FrameLevel {
@@ -260,12 +276,13 @@ impl FrameLevel {
     pub fn new(floor: i32) -> Self {
         let mut levels = vec![floor];
         levels.extend(
-            [9, 12, 15, 17, TOP_LEVEL]
+            [6, 9, 12, 15, 17, TOP_LEVEL]
                 .into_iter()
                 .filter(|&l| l > floor),
         );
         FrameLevel {
             at: start_of(&levels),
+            lowest: at_most(&levels, 9),
             levels,
             busy: None,
             writes: 0,
@@ -278,16 +295,25 @@ impl FrameLevel {
     }
 
     /// The receiver measured the link bringing it at least `rate` bytes a second, over replies
-    /// the largest of which was `sample` bytes: on a fast link large frames start at the
-    /// session's own level, on one shown thin at the top (until the first large frame; after
-    /// it, the link's waits lead).
-    pub fn link_rate(&mut self, rate: u64, sample: u64) {
+    /// the largest of which was `sample` bytes, and replies coming `round_trip` after their
+    /// requests at the quickest: on a fast link large frames start at the session's own level,
+    /// on a broad or near one low, on one shown thin at the top (until the first large frame;
+    /// after it, the link's waits lead).
+    pub fn link_rate(&mut self, rate: u64, sample: u64, round_trip: Option<Duration>) {
         if self.started {
             return;
         }
+        let near = round_trip.is_some_and(|r| r < NEAR);
+        if rate >= BROAD_LINK || near {
+            self.lowest = 0;
+        }
         self.at = if rate >= FAST_LINK {
             0
-        } else if rate < THIN_LINK && sample >= THIN_SAMPLE {
+        } else if rate >= BROAD_LINK || near {
+            at_most(&self.levels, 6)
+        } else if rate >= THIN_LINK {
+            at_most(&self.levels, 9)
+        } else if sample >= THIN_SAMPLE {
             self.levels.len() - 1
         } else {
             start_of(&self.levels)
@@ -313,10 +339,17 @@ impl FrameLevel {
             let ratio = waited.as_secs_f64() / busy.as_secs_f64().max(1e-9);
             self.thin = ratio >= if self.thin { 1.0 } else { 8.0 };
             if ratio >= 1.0 {
-                self.at = (self.at + (ratio.log2().floor() as usize).max(1)).min(top);
+                // Up as far as compressing would still take no longer than the writes waited
+                // (a step at least, if it costs at most twice as much): waits on a receiver
+                // slower than the link (a local pipe) do not hide level 15 against a prefix
+                // of 8 MiB (770 ms for a frame of 256 KiB that took 35 ms at 6).
+                let now = cost(self.levels[self.at]);
+                while self.at < top && cost(self.levels[self.at + 1]) / now <= ratio.max(2.0) {
+                    self.at += 1;
+                }
             } else if ratio * 8.0 < 1.0 {
                 let steps = ((1.0 / (ratio * 8.0)).log2().floor() as usize).max(1);
-                self.at = self.at.saturating_sub(steps);
+                self.at = self.at.saturating_sub(steps).max(self.lowest);
             }
         }
         if bytes <= SMALL_FRAME {
@@ -327,7 +360,7 @@ impl FrameLevel {
         // level 3, 9.82 MB in 8.7 s at 19): worth it only on a link that writes wait on far
         // longer than compressing takes, where the time hides behind it.
         if !self.thin && hardly_compresses(sample) {
-            return self.levels[0];
+            return self.levels[self.lowest];
         }
         self.levels[self.at]
     }
@@ -338,7 +371,9 @@ impl FrameLevel {
         let level = self.level(bytes, data);
         let started = std::time::Instant::now();
         let out = compress(level);
-        self.compressed(bytes, started.elapsed());
+        let took = started.elapsed();
+        tracing::debug!("a frame of {bytes} bytes of work at level {level}: {took:?}");
+        self.compressed(bytes, took);
         out
     }
 
@@ -384,7 +419,41 @@ impl FrameLevel {
 /// Where in `levels` frames start: the highest at most [`START_LEVEL`] (the session's own when
 /// that is higher).
 fn start_of(levels: &[i32]) -> usize {
-    levels.iter().rposition(|&l| l <= START_LEVEL).unwrap_or(0)
+    at_most(levels, START_LEVEL)
+}
+
+/// About how long a frame against a prefix takes at `level`, relative to level 3 (django-sdist's
+/// frame of 256 KiB against 8 MiB of old data: 35 ms at 6, 109 ms at 9, 770 ms at 15;
+/// mbox-append's at 12 and 19: 120 ms and 1.4 s).
+fn cost(level: i32) -> f64 {
+    const COSTS: [(i32, f64); 7] = [
+        (3, 1.0),
+        (6, 2.0),
+        (9, 6.0),
+        (12, 12.0),
+        (15, 45.0),
+        (17, 70.0),
+        (19, 100.0),
+    ];
+    COSTS
+        .iter()
+        .find(|&&(l, _)| level <= l)
+        .map_or(150.0, |&(_, c)| c)
+}
+
+/// The highest of `levels` at most `level` (the lowest when none is).
+fn at_most(levels: &[i32], level: i32) -> usize {
+    levels.iter().rposition(|&l| l <= level).unwrap_or(0)
+}
+
+/// The lowest level of a sender's frames against old data in a session at `level`: its own
+/// when fixed; 3 when it follows the link, as a LAN wants (frames start higher unless the
+/// link was measured fast, and climb while the link is the bottleneck).
+pub fn frame_floor(level: ferry_proto::Level) -> i32 {
+    match level {
+        ferry_proto::Level::Fixed(l) => l,
+        ferry_proto::Level::Adapt => 3,
+    }
 }
 
 /// Whether `data` hardly compresses on its own (already compressed, say), judged by level 1 on
@@ -624,17 +693,25 @@ mod tests {
         assert_eq!(next(&mut f, 2000, 1), 9);
         // Waits between an eighth of the time and all of it: stay.
         assert_eq!(next(&mut f, 100, 50), 9);
-        // The link slowed: up, more steps for longer waits.
+        // The link slowed: up as far as compressing would take no longer than the waits (12
+        // to 15 costs 3.75 times as much, 17 almost 6 times).
         assert_eq!(next(&mut f, 100, 150), 12);
-        assert_eq!(next(&mut f, 100, 450), 17);
+        assert_eq!(next(&mut f, 100, 450), 15);
         // Waits are counted from the last large frame on: a frame's own write, and any after.
+        // A step that costs under twice as much goes on waits just longer than compressing.
         f.compressed(big, ms(1000));
         f.wrote(ms(600));
         f.wrote(ms(600));
-        assert_eq!(f.level(big, TEXT), 19);
-        // A session at level 19 or above stays there; one below 9 goes down to its own.
+        assert_eq!(f.level(big, TEXT), 17);
+        // A receiver slower than the link (its writes waited 20 times as long as level 3 took)
+        // does not buy level 15 against a large prefix: 12 is 12 times the work of 3.
+        let mut f = FrameLevel::new(3);
+        f.link_rate(0, 0, Some(ms(1)));
+        assert_eq!(next(&mut f, 20, 400), 12);
+        // A session at level 19 or above stays there; one below 9 goes down to 9, and to its
+        // own on a link measured broad or near.
         assert_eq!(next(&mut FrameLevel::new(22), 2000, 0), 22);
-        assert_eq!(next(&mut FrameLevel::new(3), 2000, 0), 3);
+        assert_eq!(next(&mut FrameLevel::new(3), 2000, 0), 9);
         // `timed` decides, runs the work at that level and records it.
         let mut f = FrameLevel::new(9);
         assert_eq!(f.timed(big, TEXT, |level| level), 12);
@@ -657,7 +734,11 @@ mod tests {
         assert_eq!(f.level(big, &random), 9);
         // A LAN, where the peer's work makes writes wait a little: stays.
         assert_eq!(next_for(&mut f, 100, 300, &random), 9);
-        assert_eq!(next_for(&mut f, 100, 300, TEXT), 17);
+        assert_eq!(
+            next_for(&mut f, 100, 300, TEXT),
+            12,
+            "15 costs over 3 times 12"
+        );
         let mut f = FrameLevel::new(9);
         assert_eq!(f.level(big, &random), 9);
         assert_eq!(next_for(&mut f, 100, 10_000, &random), 19);
@@ -666,18 +747,20 @@ mod tests {
     }
 
     #[test]
-    fn large_frames_start_at_12_or_on_a_fast_link_at_the_sessions_level() {
+    fn large_frames_start_at_12_or_lower_on_a_link_measured_faster() {
         let big = 2 << 20;
         let text = b"fn main() { println!(\"hello\"); }\n".repeat(4);
         let first = |floor: i32, measure: Option<(u64, u64)>| {
             let mut f = FrameLevel::new(floor);
             if let Some((rate, sample)) = measure {
-                f.link_rate(rate, sample);
+                f.link_rate(rate, sample, None);
             }
             f.level(big, &text)
         };
         assert_eq!(first(9, None), 12);
-        assert_eq!(first(9, Some((500_000, 30_000))), 12, "4 Mbit/s");
+        assert_eq!(first(9, Some((500_000, 30_000))), 9, "4 Mbit/s");
+        assert_eq!(first(3, Some((500_000, 30_000))), 9, "4 Mbit/s");
+        assert_eq!(first(3, Some((2_000_000, 30_000))), 6, "16 Mbit/s");
         assert_eq!(first(9, Some((12_500_000, 500))), 9, "100 Mbit/s");
         assert_eq!(first(9, Some((190_000, 30_000))), 19, "1.5 Mbit/s, shown");
         assert_eq!(
@@ -693,21 +776,64 @@ mod tests {
             "a session at 19 stays"
         );
         assert_eq!(first(22, None), 22);
+        // A round trip under 2 ms is a LAN's, whatever the rate measured (none large enough).
+        let near = |floor: i32, rate, round_trip| {
+            let mut f = FrameLevel::new(floor);
+            f.link_rate(rate, 500, Some(Duration::from_micros(round_trip)));
+            f.level(big, &text)
+        };
+        assert_eq!(near(3, 9000, 800), 6);
+        assert_eq!(near(9, 9000, 800), 9);
+        assert_eq!(
+            near(3, 9000, 30_000),
+            12,
+            "a long link's round trip proves nothing"
+        );
+        assert_eq!(near(3, 12_500_000, 800), 3);
+        // Large frames of data that hardly compresses go at 9 in a session that may go down to
+        // 3, until the link is shown broad or near.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let random: Vec<u8> = std::iter::repeat_with(|| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .take(200_000)
+        .collect();
+        let mut f = FrameLevel::new(3);
+        assert_eq!(f.level(big, &random), 9);
+        f.link_rate(2_000_000, 500, None);
+        assert_eq!(f.level(big, &random), 3);
+        let mut f = FrameLevel::new(3);
+        f.link_rate(9000, 500, Some(Duration::from_micros(800)));
+        assert_eq!(f.level(big, &random), 3);
+        // Writes that did not wait prove nothing: the session goes down to 9 only.
+        let mut f = FrameLevel::new(3);
+        f.compressed(big, Duration::from_millis(100));
+        f.wrote(Duration::from_millis(1));
+        assert_eq!(f.level(big, &random), 9);
+        assert_eq!(f.level(big, &text), 9);
+        let mut f = FrameLevel::new(3);
+        f.link_rate(9000, 500, Some(Duration::from_micros(800)));
+        f.compressed(big, Duration::from_millis(100));
+        f.wrote(Duration::from_millis(1));
+        assert_eq!(f.level(big, &text), 3);
         // Later measures replace earlier ones until the first large frame.
         let mut f = FrameLevel::new(9);
-        f.link_rate(190_000, 30_000);
-        f.link_rate(400_000, 60_000);
-        assert_eq!(f.level(big, &text), 12);
+        f.link_rate(190_000, 30_000, None);
+        f.link_rate(400_000, 60_000, None);
+        assert_eq!(f.level(big, &text), 9);
         // After the first large frame, the link's waits lead: a later measure changes nothing.
         let mut f = FrameLevel::new(9);
         assert_eq!(f.timed(big, &text, |l| l), 12);
-        f.link_rate(12_500_000, 500);
+        f.link_rate(12_500_000, 500, None);
         assert_eq!(f.level(big, &text), 12);
         // Small frames start there too.
         let mut f = FrameLevel::new(9);
-        f.link_rate(12_500_000, 500);
+        f.link_rate(12_500_000, 500, None);
         assert_eq!(f.level(1000, &text), 9);
-        f.link_rate(190_000, 30_000);
+        f.link_rate(190_000, 30_000, None);
         assert_eq!(f.level(1000, &text), 19);
     }
 
@@ -724,16 +850,16 @@ mod tests {
             f.compressed(1000, ms(10));
             f.wrote(ms(40));
         }
-        assert_eq!(f.level(1000, &text), 17);
+        assert_eq!(f.level(1000, &text), 15);
         // A fast link: the writes hardly wait; down once 50 ms add up again.
         for _ in 0..5 {
-            assert_eq!(f.level(1000, &text), 17);
+            assert_eq!(f.level(1000, &text), 15);
             f.compressed(1000, ms(10));
             f.wrote(ms(0));
         }
         assert_eq!(f.level(1000, &text), 9);
         // The measure of the link counts only until the first decision.
-        f.link_rate(190_000, 30_000);
+        f.link_rate(190_000, 30_000, None);
         assert_eq!(f.level(1000, &text), 9);
     }
 }

@@ -170,7 +170,9 @@ pub(crate) fn put_files<R: io::Read, W: Write>(
     }
     // Step 3: the writes and commits.
     let mut stream = Stream::default();
-    let mut level = FrameLevel::new(9);
+    let mut level = FrameLevel::new(crate::delta::frame_floor(crate::conn::DEFAULT_ZSTD_LEVEL));
+    // Only whether the link is near says anything of the way up: the rate measured is down.
+    level.link_rate(0, 0, conn.round_trip());
     for (n, (j, c)) in jobs.iter().zip(&files).enumerate() {
         write_file(conn, &mut stream, n, j, c, &mut level, opts, stats)?;
     }

@@ -64,18 +64,18 @@ impl Server {
             // what clients may hold old versions of).
             let history = self.history_for(attr.size);
             if let Some((r, oid)) = self.indexed(path, &fid) {
-                let kept = |h: &super::Staging| {
+                let kept = |h: &super::history::History| {
                     r.chunks()
                         .first()
-                        .is_none_or(|c| h.contains(&c.id).unwrap_or(false))
+                        .is_none_or(|c| h.settled().contains(&c.id).unwrap_or(false))
                 };
-                if history.as_ref().is_none_or(kept) {
+                if history.is_none_or(kept) {
                     self.remember(path, fid, r.clone(), oid);
                     return Ok((r, attr.version, oid));
                 }
             }
             let (recipe, oid) = chunk_object(&file, &self.opts.chunker, self.opts.hash, |c, d| {
-                keep(&history, c.id, d);
+                keep(history, c.id, d);
                 Ok::<_, io::Error>(())
             })?;
             // A file that changed while it was read gives a recipe of neither version: again.
@@ -266,7 +266,7 @@ impl Server {
     /// and whether that is every one of them.
     fn olds_in_history(&self, olds: &[Option<Id>]) -> (Vec<u32>, Vec<u8>, bool) {
         let (mut used, mut prefix) = (vec![], vec![]);
-        let Some(h) = &self.history else {
+        let Some(h) = self.history.as_ref().map(|h| h.settled()) else {
             return (used, prefix, false);
         };
         let mut every = !olds.is_empty();
@@ -295,7 +295,7 @@ impl Server {
     /// more than a prefix can hold (a client names at most 8 MiB of old chunks, of 2 KiB at
     /// least); the rest are `None`.
     fn find_olds(&self, short: &[u64], budget: &mut usize) -> Vec<Option<Id>> {
-        let Some(h) = &self.history else {
+        let Some(h) = self.history.as_ref().map(|h| h.settled()) else {
             return vec![None; short.len()];
         };
         short
@@ -340,7 +340,7 @@ impl Server {
             };
             let history = self.history_for(bytes.len() as u64);
             let (_, oid) = chunk_object(&bytes[..], &self.opts.chunker, self.opts.hash, |c, d| {
-                keep(&history, c.id, d);
+                keep(history, c.id, d);
                 Ok::<_, io::Error>(())
             })?;
             sent.push(Some((bytes.len() as u64, Some(oid.id()))));

@@ -16,11 +16,12 @@ use ferry_proto::{
     ErrorCode, Frame, Hello, Message, Reply, Request, WirePath, FEATURES, FEATURE_HISTORY,
     FEATURE_RATE, VERSION,
 };
-use ferry_store::{ChunkStore, VerifiedChunk};
+use ferry_store::ChunkStore;
 
 use crate::export::{os, Export, FileId};
 
 mod content;
+mod history;
 mod indexing;
 mod listing;
 mod objects;
@@ -120,7 +121,7 @@ pub struct Server {
     against: content::AgainstState,
     /// Every chunk this server has cut, kept (bounded) as what clients may hold old versions
     /// of: the whole old version becomes the prefix of a delta.
-    history: Option<Staging>,
+    history: Option<history::History>,
     /// Files larger than this are not kept in the history (one would push out most of it).
     history_file_max: u64,
     /// Object ids of files read by ranges, hashed as the ranges go by.
@@ -170,7 +171,7 @@ pub(crate) fn io_error(path: &WirePath, e: &io::Error) -> Reply {
 impl Server {
     pub fn new(export: Export, opts: ServerOptions, staging: Staging) -> Self {
         Server {
-            against: content::AgainstState::new(opts.zstd_level.start()),
+            against: content::AgainstState::new(crate::delta::frame_floor(opts.zstd_level)),
             export,
             opts,
             staging,
@@ -209,7 +210,7 @@ impl Server {
     /// (a changed version of it still travels as the chunks not found, only without a delta
     /// against the old ones).
     pub fn with_history(mut self, history: Staging, bytes: u64) -> Self {
-        self.history = Some(history);
+        self.history = Some(history::History::new(history));
         self.history_file_max = bytes / HISTORY_SHARE;
         self
     }
@@ -305,10 +306,19 @@ impl Server {
             _ if !self.greeted => one(error(ErrorCode::BadRequest, "hello first")),
             Message::Request(r) => self.request(id, r),
             // A measure, not a request: nothing is answered, even when it is not taken.
-            Message::Rate { rate, sample } => {
+            Message::Rate {
+                rate,
+                sample,
+                round_trip,
+            } => {
                 if self.features & FEATURE_RATE != 0 {
-                    tracing::debug!("the client measures the link at {rate} bytes/s or more");
-                    self.against.level.link_rate(rate, sample);
+                    tracing::debug!(
+                        "the client measures the link at {rate} bytes/s or more, replies after \
+                         {round_trip} µs"
+                    );
+                    let round_trip =
+                        (round_trip > 0).then(|| std::time::Duration::from_micros(round_trip));
+                    self.against.level.link_rate(rate, sample, round_trip);
                 }
                 vec![]
             }
@@ -708,19 +718,16 @@ impl Drop for Server {
 
 impl Server {
     /// The history, if it keeps files of `size` bytes.
-    fn history_for(&self, size: u64) -> Option<Staging> {
+    fn history_for(&self, size: u64) -> Option<&history::History> {
         self.history
-            .clone()
+            .as_ref()
             .filter(|_| size <= self.history_file_max)
     }
 }
 
-/// Puts a chunk just cut (and hashed) into the history, if there is one. A history that cannot
-/// grow costs deltas later, not the answer now.
-fn keep(history: &Option<Staging>, id: Id, data: &[u8]) {
+/// Puts a chunk just cut (and hashed) into the history, if there is one.
+fn keep(history: Option<&history::History>, id: Id, data: &[u8]) {
     if let Some(h) = history {
-        if let Err(e) = h.put(&VerifiedChunk::assume_verified(id, data)) {
-            tracing::debug!("history: {e}");
-        }
+        h.keep(id, data);
     }
 }

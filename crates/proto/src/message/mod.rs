@@ -252,10 +252,13 @@ pub enum Message {
     Invalidate(WirePath),
     /// How fast the link brings the client the server's bytes (client → server, request id 0,
     /// no reply; only to a server offering [`FEATURE_RATE`]): at least `rate` bytes per second,
-    /// measured over waits for replies the largest of which brought `sample` bytes.
+    /// measured over waits for replies the largest of which brought `sample` bytes; the first
+    /// bytes of a reply came `round_trip` microseconds after its request at the quickest (0:
+    /// not timed).
     Rate {
         rate: u64,
         sample: u64,
+        round_trip: u64,
     },
 }
 
@@ -396,9 +399,14 @@ impl Message {
                 types::put_path(&mut w, p);
                 code::INVALIDATE
             }
-            Message::Rate { rate, sample } => {
+            Message::Rate {
+                rate,
+                sample,
+                round_trip,
+            } => {
                 w.varint(*rate);
                 w.varint(*sample);
+                w.varint(*round_trip);
                 code::RATE
             }
             Message::Request(q) => q.encode(&mut w),
@@ -439,6 +447,7 @@ impl Message {
             code::RATE => Message::Rate {
                 rate: r.varint()?,
                 sample: r.varint()?,
+                round_trip: r.varint()?,
             },
             t @ 0x10..=0x3f => match Request::decode(t, &mut r)? {
                 Some(q) => Message::Request(q),

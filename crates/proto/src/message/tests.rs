@@ -46,10 +46,15 @@ pub(crate) fn samples() -> Vec<Message> {
             agent: "ferry test".into(),
         }),
         Message::Invalidate("a/b".into()),
-        Message::Rate { rate: 0, sample: 0 },
+        Message::Rate {
+            rate: 0,
+            sample: 0,
+            round_trip: 0,
+        },
         Message::Rate {
             rate: u64::MAX,
             sample: u64::MAX,
+            round_trip: u64::MAX,
         },
         q(Request::GetAttr { path: "".into() }),
         q(Request::ReadDir {
@@ -406,8 +411,9 @@ fn exact_bytes_of_every_message() {
             Message::Rate {
                 rate: 300_000,
                 sample: 20_000,
+                round_trip: 1500,
             },
-            "0c000000 61 00 00000000 | e0a712 a09c01".into(),
+            "0e000000 61 00 00000000 | e0a712 a09c01 dc0b".into(),
         ),
         (
             Message::Request(Request::GetAttr { path: "ab".into() }),

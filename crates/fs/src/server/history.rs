@@ -1,0 +1,120 @@
+//! The history of served data, written by a thread of its own. Every chunk the server cuts
+//! goes into it (compressed, at some 200 MB/s): on the session's thread that was half of a
+//! first fetch's server time (an 11 MB file over a LAN). Reads of the history wait until what
+//! was kept before them is in, so a session sees what it kept.
+
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use ferry_format::Id;
+use ferry_store::VerifiedChunk;
+
+use super::Staging;
+
+/// Chunks waiting for the thread at most (a few MiB: chunks are 64 KiB at most, 8 KiB on
+/// average); keeping more waits.
+const QUEUED: usize = 256;
+
+pub(crate) struct History {
+    store: Staging,
+    tx: Option<SyncSender<(Id, Vec<u8>)>>,
+    /// Chunks sent to the thread and not yet put, and a signal when that falls to none.
+    pending: Arc<(Mutex<usize>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl History {
+    pub(crate) fn new(store: Staging) -> Self {
+        let (tx, rx) = sync_channel::<(Id, Vec<u8>)>(QUEUED);
+        let pending = Arc::new((Mutex::new(0usize), Condvar::new()));
+        let (s, p) = (store.clone(), pending.clone());
+        let put = move || {
+            for (id, data) in rx {
+                // A history that cannot grow costs deltas later, not the answer now.
+                if let Err(e) = s.put(&VerifiedChunk::assume_verified(id, &data)) {
+                    tracing::debug!("history: {e}");
+                }
+                let mut n = p.0.lock().unwrap();
+                *n -= 1;
+                if *n == 0 {
+                    p.1.notify_all();
+                }
+            }
+        };
+        let thread = std::thread::Builder::new()
+            .name("ferry-history".into())
+            .spawn(put)
+            .map_err(|e| tracing::warn!("history: no thread ({e}): chunks are kept as cut"))
+            .ok();
+        History {
+            store,
+            tx: thread.is_some().then_some(tx),
+            pending,
+            thread,
+        }
+    }
+
+    /// Puts a chunk just cut (and hashed) into the history, soon.
+    pub(crate) fn keep(&self, id: Id, data: &[u8]) {
+        if let Some(tx) = &self.tx {
+            *self.pending.0.lock().unwrap() += 1;
+            if tx.send((id, data.to_vec())).is_ok() {
+                return;
+            }
+            *self.pending.0.lock().unwrap() -= 1;
+        }
+        if let Err(e) = self.store.put(&VerifiedChunk::assume_verified(id, data)) {
+            tracing::debug!("history: {e}");
+        }
+    }
+
+    /// The store, once every chunk kept so far is in it.
+    pub(crate) fn settled(&self) -> &Staging {
+        let (n, done) = &*self.pending;
+        let mut n = n.lock().unwrap();
+        while *n > 0 {
+            n = done.wait(n).unwrap();
+        }
+        &self.store
+    }
+}
+
+impl Drop for History {
+    /// Every chunk kept is in the store when the session ends.
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_format::HashAlg;
+    use ferry_store::MemStore;
+
+    #[test]
+    fn what_was_kept_is_there_for_the_next_read_and_at_the_end() {
+        let store: Staging = Arc::new(MemStore::new(HashAlg::Blake3));
+        let h = History::new(store.clone());
+        let chunks: Vec<Vec<u8>> = (0..1000u32).map(|i| i.to_le_bytes().repeat(50)).collect();
+        let ids: Vec<Id> = chunks
+            .iter()
+            .map(|c| Id::hash(HashAlg::Blake3, c))
+            .collect();
+        for (id, c) in ids.iter().zip(&chunks).take(500) {
+            h.keep(*id, c);
+        }
+        let s = h.settled();
+        assert!(ids[..500].iter().all(|id| s.contains(id).unwrap()));
+        for (id, c) in ids.iter().zip(&chunks).skip(500) {
+            h.keep(*id, c);
+        }
+        drop(h);
+        assert!(ids.iter().all(|id| store.contains(id).unwrap()));
+        assert_eq!(store.get(&ids[999]).unwrap().unwrap(), chunks[999]);
+    }
+}
