@@ -1,9 +1,10 @@
 //! The history of served data, written by a thread of its own. Every chunk the server cuts
-//! goes into it (compressed, at some 200 MB/s): on the session's thread that was half of a
-//! first fetch's server time (an 11 MB file over a LAN). Reads of the history wait until what
-//! was kept before them is in, so a session sees what it kept.
+//! goes into it (compressed, at some 200 MB/s, a quarter of the speed of cutting): on the
+//! session's thread that was half of a first fetch's server time (an 11 MB file over a LAN).
+//! Reads of the history wait until what was kept before them is in, so a session sees what it
+//! kept.
 
-use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -12,22 +13,23 @@ use ferry_store::VerifiedChunk;
 
 use super::Staging;
 
-/// Chunks waiting for the thread at most (a few MiB: chunks are 64 KiB at most, 8 KiB on
-/// average); keeping more waits.
-const QUEUED: usize = 256;
+/// Bytes waiting for the thread at most; keeping more waits. Room for a whole file of a few
+/// tens of MB, so its recipe goes out at the speed of cutting while the thread catches up.
+const QUEUED: usize = 32 << 20;
 
 pub(crate) struct History {
     store: Staging,
-    tx: Option<SyncSender<(Id, Vec<u8>)>>,
-    /// Chunks sent to the thread and not yet put, and a signal when that falls to none.
-    pending: Arc<(Mutex<usize>, Condvar)>,
+    tx: Option<Sender<(Id, Vec<u8>)>>,
+    /// Chunks sent to the thread and not yet put (how many, how many bytes), and a signal
+    /// whenever some are.
+    pending: Arc<(Mutex<(usize, usize)>, Condvar)>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl History {
     pub(crate) fn new(store: Staging) -> Self {
-        let (tx, rx) = sync_channel::<(Id, Vec<u8>)>(QUEUED);
-        let pending = Arc::new((Mutex::new(0usize), Condvar::new()));
+        let (tx, rx) = channel::<(Id, Vec<u8>)>();
+        let pending = Arc::new((Mutex::new((0, 0)), Condvar::new()));
         let (s, p) = (store.clone(), pending.clone());
         let put = move || {
             for (id, data) in rx {
@@ -36,10 +38,9 @@ impl History {
                     tracing::debug!("history: {e}");
                 }
                 let mut n = p.0.lock().unwrap();
-                *n -= 1;
-                if *n == 0 {
-                    p.1.notify_all();
-                }
+                n.0 -= 1;
+                n.1 -= data.len();
+                p.1.notify_all();
             }
         };
         let thread = std::thread::Builder::new()
@@ -58,11 +59,16 @@ impl History {
     /// Puts a chunk just cut (and hashed) into the history, soon.
     pub(crate) fn keep(&self, id: Id, data: &[u8]) {
         if let Some(tx) = &self.tx {
-            *self.pending.0.lock().unwrap() += 1;
+            let (n, done) = &*self.pending;
+            let mut n = n.lock().unwrap();
+            while n.1 >= QUEUED {
+                n = done.wait(n).unwrap();
+            }
             if tx.send((id, data.to_vec())).is_ok() {
+                n.0 += 1;
+                n.1 += data.len();
                 return;
             }
-            *self.pending.0.lock().unwrap() -= 1;
         }
         if let Err(e) = self.store.put(&VerifiedChunk::assume_verified(id, data)) {
             tracing::debug!("history: {e}");
@@ -73,7 +79,7 @@ impl History {
     pub(crate) fn settled(&self) -> &Staging {
         let (n, done) = &*self.pending;
         let mut n = n.lock().unwrap();
-        while *n > 0 {
+        while n.0 > 0 {
             n = done.wait(n).unwrap();
         }
         &self.store
