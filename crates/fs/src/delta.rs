@@ -537,6 +537,18 @@ pub fn decode(frame: &[u8], prefix: &[u8], len: usize) -> io::Result<Vec<u8>> {
 mod tests {
     use super::*;
 
+    /// `n` bytes that do not compress (xorshift from `seed`).
+    fn random_bytes(mut x: u64, n: usize) -> Vec<u8> {
+        std::iter::repeat_with(|| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .take(n)
+        .collect()
+    }
+
     fn text(seed: u64, n: usize) -> Vec<u8> {
         let words = [
             "ferry ", "chunk ", "link ", "slow ", "byte ", "delta\n", "store ",
@@ -719,15 +731,7 @@ mod tests {
         // Large frames of data that hardly compresses go at the session's level, the first
         // too, until writes wait 8 times as long as compressing took; then they follow the
         // link like the rest, until writes wait less than compressing.
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let random: Vec<u8> = std::iter::repeat_with(|| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .take(200_000)
-        .collect();
+        let random = random_bytes(0x9e37_79b9_7f4a_7c15, 200_000);
         assert!(hardly_compresses(&random) && !hardly_compresses(TEXT));
         let mut f = FrameLevel::new(9);
         assert_eq!(f.level(1000, &random), 12, "small frames follow the level");
@@ -792,15 +796,7 @@ mod tests {
         assert_eq!(near(3, 12_500_000, 800), 3);
         // Large frames of data that hardly compresses go at 9 in a session that may go down to
         // 3, until the link is shown broad or near.
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let random: Vec<u8> = std::iter::repeat_with(|| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .take(200_000)
-        .collect();
+        let random = random_bytes(0x2545_f491_4f6c_dd1d, 200_000);
         let mut f = FrameLevel::new(3);
         assert_eq!(f.level(big, &random), 9);
         f.link_rate(2_000_000, 500, None);
