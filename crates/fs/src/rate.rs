@@ -9,7 +9,7 @@
 //!   and the server's work, so on a fast link it says far too little (1.5 MB/s on a 100 Mbit/s
 //!   one). A wait for a request sent earlier says nothing: its reply may have been on its way
 //!   long before (a few hundred bytes read 70 µs into a wait once "measured" a 4 Mbit/s link at
-//!   10).
+//!   10 Mbit/s).
 //! - The dispersion of any reply: the bytes after the first read, over the time from that read
 //!   to the last. A reply the server wrote at once spreads over the link at the link's rate,
 //!   with neither the round trip nor the server's work in it (one written piecemeal spreads
