@@ -22,7 +22,7 @@ pub(crate) struct History {
     tx: Option<Sender<(Id, Vec<u8>)>>,
     /// Chunks sent to the thread and not yet put (how many, how many bytes), and a signal
     /// whenever some are.
-    pending: Arc<(Mutex<(usize, usize)>, Condvar)>,
+    pending: Pending,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -32,12 +32,15 @@ impl History {
         let pending = Arc::new((Mutex::new((0, 0)), Condvar::new()));
         let (s, p) = (store.clone(), pending.clone());
         let put = move || {
+            // However the thread ends (a panic in the store too), nothing is left waiting on
+            // it: what it did not put is lost, and later chunks are put as they are cut.
+            let _gone = Gone(p.clone());
             for (id, data) in rx {
                 // A history that cannot grow costs deltas later, not the answer now.
                 if let Err(e) = s.put(&VerifiedChunk::assume_verified(id, &data)) {
                     tracing::debug!("history: {e}");
                 }
-                let mut n = p.0.lock().unwrap();
+                let mut n = lock(&p.0);
                 n.0 -= 1;
                 n.1 -= data.len();
                 p.1.notify_all();
@@ -60,9 +63,9 @@ impl History {
     pub(crate) fn keep(&self, id: Id, data: &[u8]) {
         if let Some(tx) = &self.tx {
             let (n, done) = &*self.pending;
-            let mut n = n.lock().unwrap();
+            let mut n = lock(n);
             while n.1 >= QUEUED {
-                n = done.wait(n).unwrap();
+                n = done.wait(n).unwrap_or_else(|e| e.into_inner());
             }
             if tx.send((id, data.to_vec())).is_ok() {
                 n.0 += 1;
@@ -78,11 +81,27 @@ impl History {
     /// The store, once every chunk kept so far is in it.
     pub(crate) fn settled(&self) -> &Staging {
         let (n, done) = &*self.pending;
-        let mut n = n.lock().unwrap();
+        let mut n = lock(n);
         while n.0 > 0 {
-            n = done.wait(n).unwrap();
+            n = done.wait(n).unwrap_or_else(|e| e.into_inner());
         }
         &self.store
+    }
+}
+
+type Pending = Arc<(Mutex<(usize, usize)>, Condvar)>;
+
+fn lock(m: &Mutex<(usize, usize)>) -> std::sync::MutexGuard<'_, (usize, usize)> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Ends the thread's part: nothing pending any more.
+struct Gone(Pending);
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        *lock(&self.0 .0) = (0, 0);
+        self.0 .1.notify_all();
     }
 }
 
@@ -99,8 +118,65 @@ impl Drop for History {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_format::HashAlg;
-    use ferry_store::MemStore;
+    use ferry_format::{HashAlg, Oid, Recipe};
+    use ferry_store::{ChunkStore, MemStore, StoreError, StoreStats};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A store whose first put panics.
+    struct Breaks(MemStore, AtomicBool);
+
+    impl ChunkStore for Breaks {
+        fn hash_alg(&self) -> HashAlg {
+            self.0.hash_alg()
+        }
+        fn contains(&self, id: &Id) -> Result<bool, StoreError> {
+            self.0.contains(id)
+        }
+        fn get(&self, id: &Id) -> Result<Option<Vec<u8>>, StoreError> {
+            self.0.get(id)
+        }
+        fn put(&self, chunk: &VerifiedChunk<'_>) -> Result<bool, StoreError> {
+            assert!(self.1.swap(true, Ordering::SeqCst), "the store broke");
+            self.0.put(chunk)
+        }
+        fn flush(&self) -> Result<(), StoreError> {
+            self.0.flush()
+        }
+        fn put_object(&self, oid: &Oid, recipe: &Recipe) -> Result<(), StoreError> {
+            self.0.put_object(oid, recipe)
+        }
+        fn object(&self, oid: &Oid) -> Result<Option<Recipe>, StoreError> {
+            self.0.object(oid)
+        }
+        fn remove_object(&self, oid: &Oid) -> Result<bool, StoreError> {
+            self.0.remove_object(oid)
+        }
+        fn objects(&self) -> Result<Vec<(Oid, u64)>, StoreError> {
+            self.0.objects()
+        }
+        fn stats(&self) -> Result<StoreStats, StoreError> {
+            self.0.stats()
+        }
+    }
+
+    #[test]
+    fn a_thread_that_died_leaves_nothing_waiting() {
+        let store: Staging = Arc::new(Breaks(MemStore::new(HashAlg::Blake3), false.into()));
+        let h = History::new(store.clone());
+        let chunks: Vec<Vec<u8>> = (0..100u32).map(|i| i.to_le_bytes().repeat(50)).collect();
+        let ids: Vec<Id> = chunks
+            .iter()
+            .map(|c| Id::hash(HashAlg::Blake3, c))
+            .collect();
+        for (id, c) in ids.iter().zip(&chunks) {
+            h.keep(*id, c);
+        }
+        // The first chunk's put panicked on the thread: what it held is lost, nothing hangs.
+        h.settled();
+        h.keep(ids[0], &chunks[0]);
+        assert!(h.settled().contains(&ids[0]).unwrap(), "kept as cut");
+        drop(h);
+    }
 
     #[test]
     fn what_was_kept_is_there_for_the_next_read_and_at_the_end() {
