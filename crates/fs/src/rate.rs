@@ -87,7 +87,7 @@ impl Wait {
     pub(crate) fn read(&mut self, began: Instant, n: usize, room: usize) {
         let now = Instant::now();
         if self.reads == 0 {
-            self.void = now - began < ALREADY_THERE;
+            self.void = now.saturating_duration_since(began) < ALREADY_THERE;
             self.first = Some((now, n as u64, n >= room));
         }
         self.last = Some(now);

@@ -159,15 +159,21 @@ mod tests {
         }
     }
 
+    /// `n` distinct chunks of 200 bytes, and their ids.
+    fn chunks(n: u32) -> (Vec<Vec<u8>>, Vec<Id>) {
+        let chunks: Vec<Vec<u8>> = (0..n).map(|i| i.to_le_bytes().repeat(50)).collect();
+        let ids = chunks
+            .iter()
+            .map(|c| Id::hash(HashAlg::Blake3, c))
+            .collect();
+        (chunks, ids)
+    }
+
     #[test]
     fn a_thread_that_died_leaves_nothing_waiting() {
         let store: Staging = Arc::new(Breaks(MemStore::new(HashAlg::Blake3), false.into()));
         let h = History::new(store.clone());
-        let chunks: Vec<Vec<u8>> = (0..100u32).map(|i| i.to_le_bytes().repeat(50)).collect();
-        let ids: Vec<Id> = chunks
-            .iter()
-            .map(|c| Id::hash(HashAlg::Blake3, c))
-            .collect();
+        let (chunks, ids) = chunks(100);
         for (id, c) in ids.iter().zip(&chunks) {
             h.keep(*id, c);
         }
@@ -182,11 +188,7 @@ mod tests {
     fn what_was_kept_is_there_for_the_next_read_and_at_the_end() {
         let store: Staging = Arc::new(MemStore::new(HashAlg::Blake3));
         let h = History::new(store.clone());
-        let chunks: Vec<Vec<u8>> = (0..1000u32).map(|i| i.to_le_bytes().repeat(50)).collect();
-        let ids: Vec<Id> = chunks
-            .iter()
-            .map(|c| Id::hash(HashAlg::Blake3, c))
-            .collect();
+        let (chunks, ids) = chunks(1000);
         for (id, c) in ids.iter().zip(&chunks).take(500) {
             h.keep(*id, c);
         }
