@@ -126,6 +126,14 @@ impl VaultKeys {
         self.derive("ferry vault v1 chunker")
     }
 
+    /// The keys of the fine summaries: the sub-block chunker's, and the fingerprints'.
+    pub(crate) fn fine_keys(&self) -> ([u8; 32], [u8; 32]) {
+        (
+            self.derive("ferry vault v1 fine chunker"),
+            self.derive("ferry vault v1 fine fingerprint"),
+        )
+    }
+
     /// `plaintext` sealed (a fresh random nonce each time), bound to `aad`.
     pub fn seal(&self, plaintext: &[u8], aad: &[u8]) -> Vec<u8> {
         seal_with(

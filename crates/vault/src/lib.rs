@@ -18,6 +18,7 @@ mod read;
 pub mod records;
 pub mod ring;
 pub mod seen;
+mod summary;
 pub mod tree;
 mod update;
 mod vault;

@@ -7,8 +7,8 @@
 //! never merged blindly.
 
 use std::collections::HashSet;
-use std::io::Read;
-use std::path::PathBuf;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use ferry_chunk::{ChunkReader, ChunkerSpec, Key};
@@ -18,6 +18,7 @@ use crate::backend::Backend;
 use crate::nodes::{block_name, Nodes, Traffic};
 use crate::records::{child, Catalog, Change, Commit, Entry, Kind};
 use crate::ring::{self, Action};
+use crate::summary::{self, Checked, FineOp, Fingerprinter, Summary};
 use crate::tree::{Child, NodeId, Piece};
 use crate::vault::{head_name, Vault};
 use crate::VaultError;
@@ -137,7 +138,18 @@ impl Vault {
                 spec: self.catalog_chunker(),
                 cache_blocks: true,
             };
-            let catalog_root = self.update_content(&mut w, old_catalog, &bytes[..])?;
+            // The old catalog's bytes are at hand: its fine summary costs nothing to make.
+            let (chunk_key, fp_key) = self.keys.fine_keys();
+            let old_summary =
+                Fingerprinter::new(chunk_key, fp_key).read_all(&snap.catalog_bytes[..])?;
+            let catalog_root = self
+                .update_content(
+                    &mut w,
+                    old_catalog,
+                    Some(old_summary),
+                    Content::Bytes(&bytes),
+                )?
+                .root;
             self.settle_nodes(&mut nodes, &batch, &mut report)?;
             self.store.flush()?;
             let commit = Commit {
@@ -153,6 +165,16 @@ impl Vault {
             if self.store.create(&head_name(commit.seq), &sealed)? {
                 self.remember(commit.seq, *blake3::hash(&sealed).as_bytes())?;
                 self.cache_head_bytes(commit.seq, &sealed);
+                if let Some(s) = self.summaries() {
+                    s.prune(
+                        &report
+                            .catalog
+                            .entries
+                            .values()
+                            .filter_map(|e| e.root)
+                            .collect(),
+                    );
+                }
                 report.seq = commit.seq;
                 report.traffic = self.traffic();
                 return Ok(report);
@@ -238,16 +260,21 @@ impl Vault {
                     at = parent;
                 }
                 let old_root = old.as_ref().and_then(|o| child(o.size, o.root));
-                let (root, size) = match source {
-                    Source::Bytes(b) => (self.update_content(w, old_root, &b[..])?, b.len() as u64),
-                    Source::File(p) => {
-                        let f = std::fs::File::open(p)
-                            .map_err(|e| VaultError::Local(format!("{}: {e}", p.display())))?;
-                        let mut counted = Counted { inner: f, n: 0 };
-                        let root = self.update_content(w, old_root, &mut counted)?;
-                        (root, counted.n)
-                    }
+                let summaries = self.summaries();
+                let old_summary = old_root
+                    .zip(summaries.as_ref())
+                    .and_then(|(r, s)| s.load(&r.node, r.bytes));
+                let content = match source {
+                    Source::Bytes(b) => Content::Bytes(b),
+                    Source::File(p) => Content::File(p),
                 };
+                let written = self.update_content(w, old_root, old_summary, content)?;
+                if let (Some(s), Some(root), Some(summary)) =
+                    (&summaries, written.root, &written.summary)
+                {
+                    s.save(&root, summary);
+                }
+                let (root, size) = (written.root, written.size);
                 let entry = Entry {
                     name: name.clone(),
                     kind: *kind,
@@ -270,41 +297,108 @@ impl Vault {
         Ok(())
     }
 
-    /// Cuts `src`, sends its blocks the old version lacks, and turns the old tree into the
-    /// new one by the diff of their block sequences; returns the new root.
+    /// Turns the old tree into one of `src`, sending the blocks that takes. With a summary of
+    /// the old version (`old_summary`), the diff is fine: only the sub-blocks that changed are
+    /// read again and sent, as new blocks placed between ranges of the old ones. Without, the
+    /// new content's blocks are diffed against the old version's.
     pub(crate) fn update_content(
         &self,
         w: &mut Work<'_, '_>,
         old: Option<Child>,
-        src: impl Read,
-    ) -> Result<Option<NodeId>, VaultError> {
+        old_summary: Option<Summary>,
+        src: Content<'_>,
+    ) -> Result<Written, VaultError> {
         let old_pieces = match old {
             Some(r) => self.tree(w.nodes).read(Some(r), 0, r.bytes)?,
             None => vec![],
         };
-        let new_pieces = self.send_blocks(&old_pieces, src, w)?;
-        let actions = diff_actions(&old_pieces, &new_pieces)?;
+        let have: HashSet<[u8; 32]> = old_pieces.iter().map(|p| p.block).collect();
+        let (chunk_key, fp_key) = self.keys.fine_keys();
+        // A vault of fixed blocks is the paper's Block scheme: whole blocks only.
+        let fixed = self.config.min == self.config.max;
+        let fine =
+            old_summary.filter(|s| !fixed && old.is_some() && s.bytes() <= summary::MAX_FINE);
+        let (actions, summary, size) = match fine {
+            Some(old_summary) => {
+                let mut counted = Counted {
+                    inner: src.open_at(0)?,
+                    n: 0,
+                    progress: w.progress,
+                };
+                let new = Fingerprinter::new(chunk_key, fp_key).read_all(&mut counted)?;
+                w.report.bytes_cut += counted.n;
+                let ops = summary::diff(&old_summary, &new)?;
+                let mut segments: Vec<Box<dyn Read + '_>> = vec![];
+                for op in &ops {
+                    if let FineOp::Insert { from, subs, .. } = op {
+                        let subs = &new.subs[subs.clone()];
+                        let len = subs.iter().map(|s| s.len as u64).sum();
+                        segments.push(Box::new(Checked {
+                            inner: src.open_at(*from)?.take(len),
+                            subs,
+                            fp_key,
+                            buf: vec![],
+                        }));
+                    }
+                }
+                let mut pieces = self.send_blocks(have, segments, w, None)?.into_iter();
+                let actions = ops
+                    .iter()
+                    .map(|op| match op {
+                        FineOp::Delete { at, len } => Action::Delete { at: *at, len: *len },
+                        FineOp::Insert { at, .. } => Action::Insert {
+                            at: *at,
+                            pieces: pieces.next().unwrap_or_default(),
+                        },
+                    })
+                    .collect();
+                let size = new.bytes();
+                (actions, Some(new), size)
+            }
+            None => {
+                let mut fp = Fingerprinter::new(chunk_key, fp_key);
+                let segment: Box<dyn Read + '_> = src.open_at(0)?;
+                let pieces = self.send_blocks(have, vec![segment], w, Some(&mut fp))?;
+                let new_pieces = pieces.into_iter().next().unwrap_or_default();
+                let size = new_pieces.iter().map(|p| p.len as u64).sum();
+                let summary = Some(fp.finish()).filter(|s| s.bytes() <= summary::MAX_FINE);
+                (diff_actions(&old_pieces, &new_pieces)?, summary, size)
+            }
+        };
         if actions.is_empty() {
-            return Ok(old.map(|c| c.node));
+            let root = old.map(|c| c.node);
+            return Ok(Written {
+                root,
+                size,
+                summary,
+            });
         }
         let f = ring::FileActions { old, actions };
         let root = ring::apply_one(&mut self.tree(w.nodes), &f)?;
         w.batch.files.push(f);
         w.batch.expect.push(root);
-        Ok(root.map(|c| c.node))
+        let root = root.map(|c| c.node);
+        Ok(Written {
+            root,
+            size,
+            summary,
+        })
     }
 
-    /// Cuts `src` into blocks and sends those not among `old` (sealed on four threads).
-    fn send_blocks(
+    /// Cuts each of `segments` into blocks and sends those not in `have` (sealed on four
+    /// threads); the pieces of each segment. `fp`, if given, is fed everything read.
+    fn send_blocks<'r>(
         &self,
-        old: &[Piece],
-        src: impl Read,
+        mut have: HashSet<[u8; 32]>,
+        segments: Vec<Box<dyn Read + 'r>>,
         w: &mut Work<'_, '_>,
-    ) -> Result<Vec<Piece>, VaultError> {
+        mut fp: Option<&mut Fingerprinter>,
+    ) -> Result<Vec<Vec<Piece>>, VaultError> {
+        // Bytes of a fine diff's segments were counted when the file was summarised.
+        let counting = fp.is_some();
         let (report, progress) = (&mut *w.report, w.progress);
         let cache = w.cache_blocks;
-        let mut have: HashSet<[u8; 32]> = old.iter().map(|p| p.block).collect();
-        let mut pieces = vec![];
+        let mut out = vec![];
         let failed: Mutex<Option<VaultError>> = Mutex::new(None);
         let sent = Mutex::new((0u64, 0u64));
         let (tx, rx) = std::sync::mpsc::sync_channel::<([u8; 32], Vec<u8>)>(16);
@@ -354,28 +448,42 @@ impl Vault {
                     }
                 });
             }
-            let mut reader = ChunkReader::new(src, w.spec.build());
-            let result = loop {
-                match reader.next_chunk() {
-                    Ok(Some(c)) => {
-                        report.bytes_cut += c.data.len() as u64;
-                        progress(c.data.len() as u64);
-                        let id = self.keys.block_id(c.data);
-                        pieces.push(Piece {
-                            block: id,
-                            offset: 0,
-                            len: c.data.len() as u32,
-                        });
-                        if have.insert(id) && tx.send((id, c.data.to_vec())).is_err() {
-                            break Ok(());
-                        }
-                        if failed.lock().unwrap().is_some() {
-                            break Ok(());
+            let result = 'segments: {
+                for segment in segments {
+                    let mut pieces = vec![];
+                    let mut reader = ChunkReader::new(segment, w.spec.build());
+                    loop {
+                        match reader.next_chunk() {
+                            Ok(Some(c)) => {
+                                if counting {
+                                    report.bytes_cut += c.data.len() as u64;
+                                    progress(c.data.len() as u64);
+                                }
+                                if let Some(fp) = fp.as_deref_mut() {
+                                    fp.feed(c.data);
+                                }
+                                let id = self.keys.block_id(c.data);
+                                pieces.push(Piece {
+                                    block: id,
+                                    offset: 0,
+                                    len: c.data.len() as u32,
+                                });
+                                if have.insert(id) && tx.send((id, c.data.to_vec())).is_err() {
+                                    break 'segments Ok(());
+                                }
+                                if failed.lock().unwrap().is_some() {
+                                    break 'segments Ok(());
+                                }
+                            }
+                            Ok(None) => break,
+                            Err(e) => {
+                                break 'segments Err(VaultError::Local(format!("reading: {e}")))
+                            }
                         }
                     }
-                    Ok(None) => break Ok(()),
-                    Err(e) => break Err(VaultError::Local(format!("reading: {e}"))),
+                    out.push(pieces);
                 }
+                Ok(())
             };
             drop(tx);
             result
@@ -386,7 +494,7 @@ impl Vault {
         let (n, bytes) = sent.into_inner().unwrap();
         report.blocks_sent += n;
         report.block_bytes += bytes;
-        Ok(pieces)
+        Ok(out)
     }
 }
 
@@ -507,15 +615,50 @@ const PUT_BATCH_BYTES: usize = 1 << 20;
 /// The largest batch of actions sent as one request; larger ones are sent as nodes.
 const MAX_APPLY: usize = 2 << 20;
 
-struct Counted<R> {
-    inner: R,
-    n: u64,
+/// What [`Vault::update_content`] made: the new root, its size, and (where it is small enough
+/// to keep) its fine summary.
+pub(crate) struct Written {
+    pub root: Option<NodeId>,
+    pub size: u64,
+    pub summary: Option<Summary>,
 }
 
-impl<R: Read> Read for Counted<R> {
+/// New content: a file (read twice when diffed finely: once whole to summarise it, then the
+/// ranges that changed) or bytes in memory.
+#[derive(Clone, Copy)]
+pub(crate) enum Content<'a> {
+    File(&'a Path),
+    Bytes(&'a [u8]),
+}
+
+impl Content<'_> {
+    fn open_at(&self, at: u64) -> Result<Box<dyn Read + '_>, VaultError> {
+        match self {
+            Content::Bytes(b) => Ok(Box::new(b.get(at as usize..).unwrap_or_default())),
+            Content::File(p) => {
+                let fail = |e: std::io::Error| VaultError::Local(format!("{}: {e}", p.display()));
+                let mut f = std::fs::File::open(p).map_err(fail)?;
+                if at > 0 {
+                    f.seek(SeekFrom::Start(at)).map_err(fail)?;
+                }
+                Ok(Box::new(f))
+            }
+        }
+    }
+}
+
+/// A reader that tells `progress` the bytes it read.
+struct Counted<'p, R> {
+    inner: R,
+    n: u64,
+    progress: &'p dyn Fn(u64),
+}
+
+impl<R: Read> Read for Counted<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.n += n as u64;
+        (self.progress)(n as u64);
         Ok(n)
     }
 }

@@ -30,6 +30,8 @@ pub struct Snapshot {
     pub hash: [u8; 32],
     pub commit: Option<Commit>,
     pub catalog: Catalog,
+    /// The catalog's bytes as stored.
+    pub(crate) catalog_bytes: Vec<u8>,
 }
 
 /// A key slot, as `ferry vault key list` shows it.
@@ -108,6 +110,12 @@ impl Vault {
     pub fn with_node_cache(mut self, dir: PathBuf) -> Vault {
         self.node_cache = Some(dir);
         self
+    }
+
+    /// The fine summaries this client keeps (beside the node cache), if it keeps any.
+    pub(crate) fn summaries(&self) -> Option<crate::summary::Summaries> {
+        let dir = self.node_cache.as_ref()?.parent()?.join("summaries");
+        Some(crate::summary::Summaries { dir })
     }
 
     /// Where the catalog's sealed block `id` is cached.
@@ -323,6 +331,7 @@ impl Vault {
                 hash: [0; 32],
                 commit: None,
                 catalog: Catalog::default(),
+                catalog_bytes: vec![],
             });
         }
         let (commit, hash) = self.read_head_cached(seq)?;
@@ -334,6 +343,7 @@ impl Vault {
             hash,
             commit: Some(commit),
             catalog,
+            catalog_bytes: bytes,
         })
     }
 

@@ -630,3 +630,156 @@ fn a_client_lists_only_the_versions_since_the_newest_it_saw() {
     assert_eq!(cost_of_latest(&v), at_5);
     assert_eq!(v.heads().unwrap().len(), 40);
 }
+
+/// Text-like bytes (compressible, as documents are), from a seed.
+fn prose(seed: u64, n: usize) -> Vec<u8> {
+    noise(seed, n)
+        .iter()
+        .map(|b| b"etaoin shrdlu\n"[(*b % 14) as usize])
+        .collect()
+}
+
+/// Inserts, deletes and replaces `n` short ranges at places drawn from `seed`.
+fn scatter_edits(data: &mut Vec<u8>, seed: u64, n: usize) {
+    let r = noise(seed, n * 8);
+    for e in r.chunks(8).take(n) {
+        let at = u32::from_le_bytes([e[0], e[1], e[2], e[3]]) as usize % (data.len() + 1);
+        let len = e[4] as usize % 40;
+        match e[5] % 3 {
+            0 => {
+                data.splice(at..at, prose(e[6] as u64, len + 1));
+            }
+            1 => {
+                data.drain(at..(at + len).min(data.len()));
+            }
+            _ => {
+                let end = (at + len).min(data.len());
+                data.splice(at..end, prose(e[7] as u64, len));
+            }
+        }
+    }
+}
+
+#[test]
+fn the_writers_fine_summary_sends_little_more_than_the_edits() {
+    let t = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let v = Vault::init(dir(t.path()), PASS, FAST, Config::new())
+        .unwrap()
+        .with_node_cache(cache.path().join("nodes"));
+    // A client with no summary (no cache): whole blocks.
+    let blocky = || Vault::open(dir(t.path()), PASS).unwrap();
+    let a = noise(21, 2 << 20);
+    v.update(&[put("big", &a), put("small", b"tiny")]).unwrap();
+    let mut b = a.clone();
+    b.splice(500_000..500_000, b"twenty bytes of news".iter().copied());
+    b.drain(1_500_000..1_500_100);
+    b.extend_from_slice(b"and an appended line\n");
+    let fine = v.update(&[put("big", &b)]).unwrap();
+    assert_eq!(read(&v, "big").unwrap(), b);
+    // The same edits made by a client without the summary.
+    let mut c = b.clone();
+    c.splice(700_000..700_000, b"twenty bytes of news".iter().copied());
+    let r = blocky().update(&[put("big", &c)]).unwrap();
+    assert!(
+        fine.block_bytes * 4 < r.block_bytes,
+        "fine {} bytes of blocks, whole blocks {} for fewer edits",
+        fine.block_bytes,
+        r.block_bytes
+    );
+    assert_eq!(read(&blocky(), "big").unwrap(), c);
+    // The writer's summary is of a version another client replaced: it diffs whole blocks,
+    // correctly, and keeps a summary of what it wrote for next time.
+    let mut d = c.clone();
+    d.splice(10..10, b"X".iter().copied());
+    v.update(&[put("big", &d)]).unwrap();
+    let mut e = d.clone();
+    e.splice(1_000_000..1_000_000, b"Y".iter().copied());
+    let again = v.update(&[put("big", &e)]).unwrap();
+    assert!(again.block_bytes < 6_000, "{again:?}");
+    assert_eq!(read(&blocky(), "big").unwrap(), e);
+    assert_eq!(read(&blocky(), "small").unwrap(), b"tiny");
+    let c = blocky().check(true, &|_| {}).unwrap();
+    assert!(c.problems.is_empty(), "{:?}", c.problems);
+}
+
+#[test]
+fn scattered_edits_over_many_versions_read_back_exactly() {
+    let t = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let v = Vault::init(dir(t.path()), PASS, FAST, Config::new())
+        .unwrap()
+        .with_node_cache(cache.path().join("nodes"));
+    let mut files: Vec<Vec<u8>> = (0..3).map(|i| prose(30 + i, 150_000)).collect();
+    let names = ["a.txt", "dir/b.txt", "dir/c.txt"];
+    for round in 0..12u64 {
+        if round > 0 {
+            for (i, f) in files.iter_mut().enumerate() {
+                scatter_edits(f, round * 10 + i as u64, 1 + (round as usize % 5));
+            }
+        }
+        let edits: Vec<Edit> = names
+            .iter()
+            .zip(&files)
+            .map(|(n, data)| put(n, data))
+            .collect();
+        v.update(&edits).unwrap();
+        for (n, data) in names.iter().zip(&files) {
+            assert_eq!(&read(&v, n).unwrap(), data, "{n} after round {round}");
+        }
+    }
+    // Another client, reading what the trees hold: the same bytes, every node and block sound.
+    let fresh = Vault::open(dir(t.path()), PASS).unwrap();
+    for (n, data) in names.iter().zip(&files) {
+        assert_eq!(&read(&fresh, n).unwrap(), data);
+    }
+    let c = fresh.check(true, &|_| {}).unwrap();
+    assert!(c.problems.is_empty(), "{:?}", c.problems);
+    assert_eq!(c.versions, 12);
+}
+
+#[test]
+fn a_damaged_or_lost_summary_only_costs_bytes() {
+    let t = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let v = Vault::init(dir(t.path()), PASS, FAST, Config::new())
+        .unwrap()
+        .with_node_cache(cache.path().join("nodes"));
+    let mut data = prose(40, 400_000);
+    v.update(&[put("f", &data)]).unwrap();
+    let summaries = cache.path().join("summaries");
+    let files: Vec<_> = walk(&summaries);
+    assert_eq!(files.len(), 1, "one summary for the one file");
+    // Damaged: one bit flipped in it.
+    let mut b = std::fs::read(&files[0]).unwrap();
+    let mid = b.len() / 2;
+    b[mid] ^= 0x40;
+    std::fs::write(&files[0], b).unwrap();
+    scatter_edits(&mut data, 41, 3);
+    let r = v.update(&[put("f", &data)]).unwrap();
+    assert_eq!(read(&v, "f").unwrap(), data);
+    assert!(r.block_bytes > 4_000, "a whole-block diff: {r:?}");
+    // The new summary replaced the damaged one's root; then it is lost outright.
+    assert_eq!(walk(&summaries).len(), 1);
+    std::fs::remove_dir_all(&summaries).unwrap();
+    scatter_edits(&mut data, 42, 3);
+    v.update(&[put("f", &data)]).unwrap();
+    assert_eq!(read(&v, "f").unwrap(), data);
+    // And with it back, the next edit is fine again.
+    scatter_edits(&mut data, 43, 1);
+    let r = v.update(&[put("f", &data)]).unwrap();
+    assert!(r.block_bytes < 3_000, "{r:?}");
+    assert_eq!(read(&v, "f").unwrap(), data);
+}
+
+fn walk(d: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+        if e.path().is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
+}
