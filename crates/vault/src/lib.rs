@@ -21,6 +21,7 @@ pub mod seen;
 mod summary;
 pub mod tree;
 mod update;
+mod upload;
 mod vault;
 
 pub use backend::{Backend, DirBackend, S3Backend};

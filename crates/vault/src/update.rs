@@ -15,12 +15,13 @@ use ferry_chunk::{ChunkReader, ChunkerSpec, Key};
 use ferry_format::{ChunkRef, DiffOp, HashAlg, Id, Recipe, RecipeDiff};
 
 use crate::backend::Backend;
-use crate::nodes::{block_name, Nodes, Traffic};
+use crate::nodes::{Nodes, Traffic};
 use crate::records::{child, Catalog, Change, Commit, Entry, Kind};
 use crate::ring::{self, Action};
 use crate::summary::{self, Checked, FineOp, Fingerprinter, Summary};
 use crate::tree::{Child, NodeId, Piece};
-use crate::vault::{head_name, Vault};
+use crate::upload::{Sent, Uploader};
+use crate::vault::{head_name, Snapshot, Vault};
 use crate::VaultError;
 
 /// Where a file's new content comes from.
@@ -103,10 +104,10 @@ impl Vault {
             report.retries = attempt;
             let snap = self.latest()?;
             let mut nodes = self.nodes();
-            let mut catalog = snap.catalog.clone();
-            let mut changes = vec![];
             let mut batch = Batch::default();
-            for e in edits {
+            let sent = Mutex::new(Sent::default());
+            let staged = std::thread::scope(|s| {
+                let mut up = Uploader::start(s, self, &sent);
                 let mut w = Work {
                     nodes: &mut nodes,
                     batch: &mut batch,
@@ -114,52 +115,25 @@ impl Vault {
                     progress,
                     spec: self.chunker(),
                     cache_blocks: false,
+                    up: &mut up,
                 };
-                self.apply_edit(&mut w, &mut catalog, e, &mut changes)?;
-            }
-            report.changed = changes.len();
-            if changes.is_empty() {
+                let staged = self.stage(&snap, edits, &mut w);
+                // Every block is stored (or the first failure known) before anything names it.
+                let finished = up.finish();
+                let staged = staged?;
+                finished.map(|()| staged)
+            })?;
+            let sent = sent.into_inner().unwrap();
+            report.blocks_sent += sent.blocks;
+            report.block_bytes += sent.bytes;
+            let Some((catalog, commit)) = staged else {
                 report.seq = snap.seq;
-                report.catalog = catalog;
+                report.catalog = snap.catalog;
                 report.traffic = self.traffic();
                 return Ok(report);
-            }
-            let old_catalog = snap
-                .commit
-                .as_ref()
-                .and_then(|c| child(c.catalog_size, c.catalog_root));
-            let bytes = catalog.encode();
-            let catalog_size = bytes.len() as u64;
-            let mut w = Work {
-                nodes: &mut nodes,
-                batch: &mut batch,
-                report: &mut report,
-                progress: &|_| {},
-                spec: self.catalog_chunker(),
-                cache_blocks: true,
             };
-            // The old catalog's bytes are at hand: its fine summary costs nothing to make.
-            let (chunk_key, fp_key) = self.keys.fine_keys();
-            let old_summary =
-                Fingerprinter::new(chunk_key, fp_key).read_all(&snap.catalog_bytes[..])?;
-            let catalog_root = self
-                .update_content(
-                    &mut w,
-                    old_catalog,
-                    Some(old_summary),
-                    Content::Bytes(&bytes),
-                )?
-                .root;
             self.settle_nodes(&mut nodes, &batch, &mut report)?;
             self.store.flush()?;
-            let commit = Commit {
-                seq: snap.seq + 1,
-                parent: snap.hash,
-                time_ns: now_ns(),
-                catalog_size,
-                catalog_root,
-                changes,
-            };
             report.catalog = catalog;
             let sealed = self.seal_head(&commit);
             if self.store.create(&head_name(commit.seq), &sealed)? {
@@ -188,6 +162,61 @@ impl Vault {
         Err(VaultError::Refused(format!(
             "the vault changed under this update {ATTEMPTS} times in a row; try again"
         )))
+    }
+
+    /// Applies `edits` to the files of `snap` and then to its catalog: their blocks queued, the
+    /// actions in the batch, the next commit made (not yet published). None when nothing
+    /// changed.
+    fn stage(
+        &self,
+        snap: &Snapshot,
+        edits: &[Edit],
+        w: &mut Work<'_, '_, '_>,
+    ) -> Result<Option<(Catalog, Commit)>, VaultError> {
+        let mut catalog = snap.catalog.clone();
+        let mut changes = vec![];
+        for e in edits {
+            self.apply_edit(w, &mut catalog, e, &mut changes)?;
+        }
+        w.report.changed = changes.len();
+        if changes.is_empty() {
+            return Ok(None);
+        }
+        let old_catalog = snap
+            .commit
+            .as_ref()
+            .and_then(|c| child(c.catalog_size, c.catalog_root));
+        let bytes = catalog.encode();
+        // The old catalog's bytes are at hand: its fine summary costs nothing to make.
+        let (chunk_key, fp_key) = self.keys.fine_keys();
+        let old_summary =
+            Fingerprinter::new(chunk_key, fp_key).read_all(&snap.catalog_bytes[..])?;
+        let mut w = Work {
+            nodes: &mut *w.nodes,
+            batch: &mut *w.batch,
+            report: &mut *w.report,
+            progress: &|_| {},
+            spec: self.catalog_chunker(),
+            cache_blocks: true,
+            up: &mut *w.up,
+        };
+        let catalog_root = self
+            .update_content(
+                &mut w,
+                old_catalog,
+                Some(old_summary),
+                Content::Bytes(&bytes),
+            )?
+            .root;
+        let commit = Commit {
+            seq: snap.seq + 1,
+            parent: snap.hash,
+            time_ns: now_ns(),
+            catalog_size: bytes.len() as u64,
+            catalog_root,
+            changes,
+        };
+        Ok(Some((catalog, commit)))
     }
 
     /// Puts the new nodes where the next head can name them: the server applies the batch's
@@ -223,7 +252,7 @@ impl Vault {
 
     fn apply_edit(
         &self,
-        w: &mut Work<'_, '_>,
+        w: &mut Work<'_, '_, '_>,
         catalog: &mut Catalog,
         edit: &Edit,
         changes: &mut Vec<Change>,
@@ -303,7 +332,7 @@ impl Vault {
     /// new content's blocks are diffed against the old version's.
     pub(crate) fn update_content(
         &self,
-        w: &mut Work<'_, '_>,
+        w: &mut Work<'_, '_, '_>,
         old: Option<Child>,
         old_summary: Option<Summary>,
         src: Content<'_>,
@@ -385,115 +414,47 @@ impl Vault {
         })
     }
 
-    /// Cuts each of `segments` into blocks and sends those not in `have` (sealed on four
-    /// threads); the pieces of each segment. `fp`, if given, is fed everything read.
+    /// Cuts each of `segments` into blocks and queues those not in `have`; the pieces of each
+    /// segment. `fp`, if given, is fed everything read.
     fn send_blocks<'r>(
         &self,
         mut have: HashSet<[u8; 32]>,
         segments: Vec<Box<dyn Read + 'r>>,
-        w: &mut Work<'_, '_>,
+        w: &mut Work<'_, '_, '_>,
         mut fp: Option<&mut Fingerprinter>,
     ) -> Result<Vec<Vec<Piece>>, VaultError> {
         // Bytes of a fine diff's segments were counted when the file was summarised.
         let counting = fp.is_some();
-        let (report, progress) = (&mut *w.report, w.progress);
-        let cache = w.cache_blocks;
         let mut out = vec![];
-        let failed: Mutex<Option<VaultError>> = Mutex::new(None);
-        let sent = Mutex::new((0u64, 0u64));
-        let (tx, rx) = std::sync::mpsc::sync_channel::<([u8; 32], Vec<u8>)>(16);
-        let rx = Mutex::new(rx);
-        std::thread::scope(|s| -> Result<(), VaultError> {
-            for _ in 0..4 {
-                s.spawn(|| loop {
-                    // One block, and as many more as wait (up to a batch): one request each
-                    // batch where the storage takes several.
-                    let batch: Vec<([u8; 32], Vec<u8>)> = {
-                        let rx = rx.lock().unwrap();
-                        let Ok(first) = rx.recv() else {
-                            return;
-                        };
-                        let mut batch = vec![first];
-                        let mut bytes = batch[0].1.len();
-                        while batch.len() < PUT_BATCH && bytes < PUT_BATCH_BYTES {
-                            match rx.try_recv() {
-                                Ok(b) => {
-                                    bytes += b.1.len();
-                                    batch.push(b);
-                                }
-                                Err(_) => break,
-                            }
-                        }
-                        batch
-                    };
-                    let sealed: Vec<(String, Vec<u8>)> = batch
-                        .iter()
-                        .map(|(id, plain)| {
-                            let sealed = self.seal_block(id, plain);
-                            if cache {
-                                self.cache_block(id, &sealed);
-                            }
-                            (block_name(id), sealed)
-                        })
-                        .collect();
-                    match self.store.put_many(&sealed) {
-                        Ok(()) => {
-                            let mut t = sent.lock().unwrap();
-                            t.0 += sealed.len() as u64;
-                            t.1 += sealed.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
-                        }
-                        Err(e) => {
-                            failed.lock().unwrap().get_or_insert(e);
-                        }
-                    }
-                });
-            }
-            let result = 'segments: {
-                for segment in segments {
-                    let mut pieces = vec![];
-                    let mut reader = ChunkReader::new(segment, w.spec.build());
-                    loop {
-                        match reader.next_chunk() {
-                            Ok(Some(c)) => {
-                                if counting {
-                                    report.bytes_cut += c.data.len() as u64;
-                                    progress(c.data.len() as u64);
-                                }
-                                if let Some(fp) = fp.as_deref_mut() {
-                                    fp.feed(c.data);
-                                }
-                                let id = self.keys.block_id(c.data);
-                                pieces.push(Piece {
-                                    block: id,
-                                    offset: 0,
-                                    len: c.data.len() as u32,
-                                });
-                                if have.insert(id) && tx.send((id, c.data.to_vec())).is_err() {
-                                    break 'segments Ok(());
-                                }
-                                if failed.lock().unwrap().is_some() {
-                                    break 'segments Ok(());
-                                }
-                            }
-                            Ok(None) => break,
-                            Err(e) => {
-                                break 'segments Err(VaultError::Local(format!("reading: {e}")))
-                            }
-                        }
-                    }
-                    out.push(pieces);
+        for segment in segments {
+            let mut pieces = vec![];
+            let mut reader = ChunkReader::new(segment, w.spec.build());
+            loop {
+                let c = match reader.next_chunk() {
+                    Ok(Some(c)) => c,
+                    Ok(None) => break,
+                    Err(e) => return Err(VaultError::Local(format!("reading: {e}"))),
+                };
+                if counting {
+                    w.report.bytes_cut += c.data.len() as u64;
+                    (w.progress)(c.data.len() as u64);
                 }
-                Ok(())
-            };
-            drop(tx);
-            result
-        })?;
-        if let Some(e) = failed.into_inner().unwrap() {
-            return Err(e);
+                if let Some(fp) = fp.as_deref_mut() {
+                    fp.feed(c.data);
+                }
+                let id = self.keys.block_id(c.data);
+                pieces.push(Piece {
+                    block: id,
+                    offset: 0,
+                    len: c.data.len() as u32,
+                });
+                if have.insert(id) && !w.up.send(id, c.data.to_vec(), w.cache_blocks) {
+                    // A put failed: the update's end reports it.
+                    return Ok(out);
+                }
+            }
+            out.push(pieces);
         }
-        let (n, bytes) = sent.into_inner().unwrap();
-        report.blocks_sent += n;
-        report.block_bytes += bytes;
         Ok(out)
     }
 }
@@ -589,7 +550,7 @@ fn diff_actions(old: &[Piece], new: &[Piece]) -> Result<Vec<Action>, VaultError>
 }
 
 /// What one update carries between its edits.
-pub(crate) struct Work<'n, 's> {
+pub(crate) struct Work<'n, 's, 'u> {
     nodes: &'n mut Nodes<'s>,
     batch: &'n mut Batch,
     report: &'n mut UpdateReport,
@@ -598,6 +559,7 @@ pub(crate) struct Work<'n, 's> {
     spec: ChunkerSpec,
     /// Keep its sealed blocks in the local cache (the catalog's).
     cache_blocks: bool,
+    up: &'n mut Uploader<'u>,
 }
 
 /// The actions of an update, and the roots the client computed from them.
@@ -606,11 +568,6 @@ pub(crate) struct Batch {
     files: Vec<ring::FileActions>,
     expect: Vec<Option<Child>>,
 }
-
-/// Blocks sent in one request at most (where the storage takes several), and about how many
-/// bytes.
-const PUT_BATCH: usize = 32;
-const PUT_BATCH_BYTES: usize = 1 << 20;
 
 /// The largest batch of actions sent as one request; larger ones are sent as nodes.
 const MAX_APPLY: usize = 2 << 20;

@@ -520,6 +520,8 @@ fn on_s3() {
 struct Ring {
     inner: DirBackend,
     lie: bool,
+    /// put_many requests made.
+    batches: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Backend for Ring {
@@ -541,6 +543,10 @@ impl Backend for Ring {
     fn flush(&self) -> Result<(), VaultError> {
         self.inner.flush()
     }
+    fn put_many(&self, blobs: &[(String, Vec<u8>)]) -> Result<(), VaultError> {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        blobs.iter().try_for_each(|(n, b)| self.inner.put(n, b))
+    }
     fn apply(&self, actions: &[u8]) -> Result<Option<Vec<u8>>, VaultError> {
         let mut roots = ferry_vault::ring::serve_apply(&self.inner, actions)?;
         if self.lie {
@@ -561,6 +567,7 @@ fn a_server_applies_the_actions_and_the_client_checks_its_roots() {
         Box::new(Ring {
             inner: DirBackend::open(t.path(), true).unwrap(),
             lie,
+            batches: Default::default(),
         })
     };
     let v = Vault::init(ring(false), PASS, FAST, Config::new()).unwrap();
@@ -782,4 +789,42 @@ fn walk(d: &Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
+}
+
+#[test]
+fn a_small_update_sends_all_its_blocks_in_one_request() {
+    let t = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let batches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ring = Ring {
+        inner: DirBackend::open(t.path(), true).unwrap(),
+        lie: false,
+        batches: batches.clone(),
+    };
+    let v = Vault::init(Box::new(ring), PASS, FAST, Config::new())
+        .unwrap()
+        .with_node_cache(cache.path().join("nodes"));
+    let files: Vec<Vec<u8>> = (0..5).map(|i| prose(50 + i, 100_000)).collect();
+    let puts = |files: &[Vec<u8>]| -> Vec<Edit> {
+        files
+            .iter()
+            .enumerate()
+            .map(|(i, f)| put(&format!("f{i}"), f))
+            .collect()
+    };
+    v.update(&puts(&files)).unwrap();
+    // 500 KB of new blocks: a batch is 1 MiB or 32 blocks, so a few.
+    let first = batches.swap(0, Ordering::Relaxed);
+    assert!(first >= 2, "{first} requests for about 60 blocks");
+    let mut edited = files.clone();
+    for (i, f) in edited.iter_mut().enumerate() {
+        scatter_edits(f, 60 + i as u64, 2);
+    }
+    let r = v.update(&puts(&edited)).unwrap();
+    // Five files' new blocks and the catalog's: one request.
+    assert_eq!(batches.load(Ordering::Relaxed), 1, "{r:?}");
+    assert!(r.blocks_sent >= 6, "{r:?}");
+    for (i, f) in edited.iter().enumerate() {
+        assert_eq!(&read(&v, &format!("f{i}")).unwrap(), f);
+    }
 }
