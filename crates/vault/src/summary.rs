@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use ferry_chunk::{ChunkerSpec, Cutter, Key};
 
 use crate::nodes::{cache_file, hex};
-use crate::tree::NodeId;
+use crate::tree::{NodeId, Piece};
 use crate::VaultError;
 
 /// One sub-block: its length and keyed fingerprint (BLAKE3 keyed by a key of the vault, cut
@@ -256,6 +256,87 @@ pub(crate) fn diff(old: &Summary, new: &Summary) -> Result<Vec<FineOp>, VaultErr
     Ok(out)
 }
 
+/// Part of what an insert puts in: bytes of the old version (found by fingerprint, anywhere
+/// in it: moved content, or the middle of a diff too large for Myers), or new bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Part {
+    /// `len` bytes at `at` in the old content.
+    Old { at: u64, len: u64 },
+    /// The new content's sub-blocks `subs`, starting at byte `from` of it.
+    New {
+        from: u64,
+        subs: std::ops::Range<usize>,
+    },
+}
+
+/// Where the old version's sub-blocks are, by fingerprint, and which pieces hold its bytes.
+pub(crate) struct Reuse<'a> {
+    at: std::collections::HashMap<[u8; 16], u64>,
+    pieces: &'a [Piece],
+    /// Where each piece begins in the old content.
+    starts: Vec<u64>,
+}
+
+impl<'a> Reuse<'a> {
+    pub fn new(old: &Summary, pieces: &'a [Piece]) -> Reuse<'a> {
+        let mut at = std::collections::HashMap::with_capacity(old.subs.len());
+        let mut off = 0;
+        for s in &old.subs {
+            at.entry(s.fp).or_insert(off);
+            off += s.len as u64;
+        }
+        let mut starts = Vec::with_capacity(pieces.len());
+        let mut off = 0;
+        for p in pieces {
+            starts.push(off);
+            off += p.len as u64;
+        }
+        Reuse { at, pieces, starts }
+    }
+
+    /// The parts of an insert of the new sub-blocks `subs` (`first` is the index of the
+    /// first, `from` its byte offset): runs found in the old content, and runs of new bytes.
+    pub fn parts(&self, subs: &[Sub], first: usize, from: u64) -> Vec<Part> {
+        let mut out: Vec<Part> = vec![];
+        let mut off = from;
+        for (i, s) in subs.iter().enumerate() {
+            let len = s.len as u64;
+            match (self.at.get(&s.fp), out.last_mut()) {
+                (Some(&at), Some(Part::Old { at: a, len: l })) if *a + *l == at => *l += len,
+                (Some(&at), _) => out.push(Part::Old { at, len }),
+                (None, Some(Part::New { subs: r, .. })) => r.end = first + i + 1,
+                (None, _) => out.push(Part::New {
+                    from: off,
+                    subs: first + i..first + i + 1,
+                }),
+            }
+            off += len;
+        }
+        out
+    }
+
+    /// The pieces holding old bytes `at..at + len`.
+    pub fn pieces(&self, at: u64, len: u64) -> Vec<Piece> {
+        let mut out = vec![];
+        let end = at + len;
+        let mut i = self.starts.partition_point(|&s| s <= at).saturating_sub(1);
+        while i < self.pieces.len() && self.starts[i] < end {
+            let (p, s) = (self.pieces[i], self.starts[i]);
+            let lo = at.max(s) - s;
+            let hi = end.min(s + p.len as u64) - s;
+            if hi > lo {
+                out.push(Piece {
+                    block: p.block,
+                    offset: p.offset + lo as u32,
+                    len: (hi - lo) as u32,
+                });
+            }
+            i += 1;
+        }
+        out
+    }
+}
+
 /// The summaries a client keeps, one file per root.
 pub(crate) struct Summaries {
     pub dir: PathBuf,
@@ -469,6 +550,108 @@ mod tests {
         let none = Summary::default();
         assert_eq!(apply(&old, &new, &diff(&a, &none).unwrap(), &[]), b"");
         assert_eq!(apply(b"", &new, &diff(&none, &b).unwrap(), &b.subs), new);
+    }
+
+    #[test]
+    fn reuse_finds_moved_bytes_and_slices_the_old_pieces() {
+        let old = text(40_000, 12);
+        let a = fp(&old);
+        // The old content as three pieces of two blocks, the way a tree may hold it.
+        let pieces = [
+            Piece {
+                block: [1; 32],
+                offset: 100,
+                len: 15_000,
+            },
+            Piece {
+                block: [2; 32],
+                offset: 0,
+                len: 5_000,
+            },
+            Piece {
+                block: [1; 32],
+                offset: 20_000,
+                len: 20_000,
+            },
+        ];
+        let r = Reuse::new(&a, &pieces);
+        // New content: old bytes 30,000.. moved to the front, then new bytes, then the rest.
+        let cut: usize = a
+            .subs
+            .iter()
+            .take_while({
+                let mut n = 0;
+                move |s| {
+                    n += s.len as usize;
+                    n <= 30_000
+                }
+            })
+            .map(|s| s.len as usize)
+            .sum();
+        let mut new = old[cut..].to_vec();
+        new.extend_from_slice(&text(3_000, 99));
+        new.extend_from_slice(&old[..cut]);
+        let b = fp(&new);
+        let parts = r.parts(&b.subs, 0, 0);
+        let rebuilt: Vec<u8> = parts
+            .iter()
+            .flat_map(|p| match p {
+                Part::Old { at, len } => old[*at as usize..(*at + *len) as usize].to_vec(),
+                Part::New { from, subs } => {
+                    let n: u64 = b.subs[subs.clone()].iter().map(|s| s.len as u64).sum();
+                    new[*from as usize..(*from + n) as usize].to_vec()
+                }
+            })
+            .collect();
+        assert_eq!(rebuilt, new);
+        let fresh: u64 = parts
+            .iter()
+            .map(|p| match p {
+                Part::New { subs, .. } => b.subs[subs.clone()].iter().map(|s| s.len as u64).sum(),
+                Part::Old { .. } => 0,
+            })
+            .sum();
+        assert!(
+            fresh < 3_000 + 8_000,
+            "{fresh} new bytes for 3,000 inserted"
+        );
+        // Slicing: a range across all three pieces.
+        assert_eq!(
+            r.pieces(14_000, 7_000),
+            vec![
+                Piece {
+                    block: [1; 32],
+                    offset: 14_100,
+                    len: 1_000
+                },
+                Piece {
+                    block: [2; 32],
+                    offset: 0,
+                    len: 5_000
+                },
+                Piece {
+                    block: [1; 32],
+                    offset: 20_000,
+                    len: 1_000
+                },
+            ]
+        );
+        assert_eq!(
+            r.pieces(0, 10),
+            vec![Piece {
+                block: [1; 32],
+                offset: 100,
+                len: 10
+            }]
+        );
+        assert_eq!(
+            r.pieces(39_990, 10),
+            vec![Piece {
+                block: [1; 32],
+                offset: 39_990,
+                len: 10
+            }]
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::backend::Backend;
 use crate::nodes::{Nodes, Traffic};
 use crate::records::{child, Catalog, Change, Commit, Entry, Kind};
 use crate::ring::{self, Action};
-use crate::summary::{self, Checked, FineOp, Fingerprinter, Summary};
+use crate::summary::{self, Checked, FineOp, Fingerprinter, Part, Reuse, Summary};
 use crate::tree::{Child, NodeId, Piece};
 use crate::upload::{Sent, Uploader};
 use crate::vault::{head_name, Snapshot, Vault};
@@ -357,9 +357,20 @@ impl Vault {
                 let new = Fingerprinter::new(chunk_key, fp_key).read_all(&mut counted)?;
                 w.report.bytes_cut += counted.n;
                 let ops = summary::diff(&old_summary, &new)?;
+                // What each insert puts in: old bytes found anywhere, or new bytes to send.
+                let reuse = Reuse::new(&old_summary, &old_pieces);
+                let parts: Vec<Vec<Part>> = ops
+                    .iter()
+                    .map(|op| match op {
+                        FineOp::Insert { from, subs, .. } => {
+                            reuse.parts(&new.subs[subs.clone()], subs.start, *from)
+                        }
+                        FineOp::Delete { .. } => vec![],
+                    })
+                    .collect();
                 let mut segments: Vec<Box<dyn Read + '_>> = vec![];
-                for op in &ops {
-                    if let FineOp::Insert { from, subs, .. } = op {
+                for part in parts.iter().flatten() {
+                    if let Part::New { from, subs } = part {
                         let subs = &new.subs[subs.clone()];
                         let len = subs.iter().map(|s| s.len as u64).sum();
                         segments.push(Box::new(Checked {
@@ -370,14 +381,21 @@ impl Vault {
                         }));
                     }
                 }
-                let mut pieces = self.send_blocks(have, segments, w, None)?.into_iter();
+                let mut sent = self.send_blocks(have, segments, w, None)?.into_iter();
                 let actions = ops
                     .iter()
-                    .map(|op| match op {
+                    .zip(&parts)
+                    .map(|(op, parts)| match op {
                         FineOp::Delete { at, len } => Action::Delete { at: *at, len: *len },
                         FineOp::Insert { at, .. } => Action::Insert {
                             at: *at,
-                            pieces: pieces.next().unwrap_or_default(),
+                            pieces: parts
+                                .iter()
+                                .flat_map(|p| match p {
+                                    Part::Old { at, len } => reuse.pieces(*at, *len),
+                                    Part::New { .. } => sent.next().unwrap_or_default(),
+                                })
+                                .collect(),
                         },
                     })
                     .collect();

@@ -828,3 +828,38 @@ fn a_small_update_sends_all_its_blocks_in_one_request() {
         assert_eq!(&read(&v, &format!("f{i}")).unwrap(), f);
     }
 }
+
+#[test]
+fn moved_bytes_and_edits_past_the_diffs_limit_are_not_sent_again() {
+    let t = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let v = Vault::init(dir(t.path()), PASS, FAST, Config::new())
+        .unwrap()
+        .with_node_cache(cache.path().join("nodes"));
+    // Incompressible, so the bytes of the blocks sent are the bytes of content sent.
+    let a = noise(70, 8 << 20);
+    v.update(&[put("f", &a)]).unwrap();
+    // A megabyte moved from the front to the end.
+    let mut b = a[1 << 20..].to_vec();
+    b.extend_from_slice(&a[..1 << 20]);
+    let r = v.update(&[put("f", &b)]).unwrap();
+    assert!(r.block_bytes < 20_000, "{r:?}");
+    assert_eq!(read(&v, "f").unwrap(), b);
+    // 3,000 scattered edits: more than Myers' diff follows (it gives up past 2,048), so
+    // everything between the first and the last edit is an insert, found again in the old
+    // version but for the sub-blocks the edits touched.
+    let mut c = b.clone();
+    for i in 0..3_000usize {
+        let at = i * (c.len() / 3_001) + 17;
+        c[at] ^= 0x5a;
+    }
+    let r = v.update(&[put("f", &c)]).unwrap();
+    assert!(
+        r.block_bytes < 4 << 20,
+        "{} bytes of blocks for 3,000 one-byte edits in 8 MiB",
+        r.block_bytes
+    );
+    assert_eq!(read(&v, "f").unwrap(), c);
+    let check = v.check(true, &|_| {}).unwrap();
+    assert!(check.problems.is_empty(), "{:?}", check.problems);
+}
