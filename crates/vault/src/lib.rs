@@ -8,7 +8,9 @@
 //! entries name a range of a block), inserts and deletes at any byte offset; [`backend`]: a
 //! directory or an S3 bucket as named blobs with one atomic create-if-absent; [`records`]:
 //! config, commits (the heads) and the catalog; the [`Vault`] itself: open, update by
-//! file-summary diffs predicated on the head they were made against, read, log and check.
+//! file-summary diffs predicated on the head they were made against (fine ones, at ~512-byte
+//! sub-blocks, where the client kept the old version's summary: `summary`; the new blocks
+//! sealed and sent in batches: `upload`), read, log and check.
 
 pub mod backend;
 pub mod keys;
