@@ -252,6 +252,28 @@ impl Export {
         Ok(attr_of(&rustix::fs::fstat(&fd)?))
     }
 
+    /// The size and free space of the file system holding `p`.
+    pub fn statfs(&self, p: &WirePath) -> io::Result<ferry_proto::FsStats> {
+        let fd = openat2(
+            &self.root,
+            &wire_to_rel(p),
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            beneath(),
+        )?;
+        let v = rustix::fs::fstatvfs(&fd)?;
+        // statvfs counts blocks in fragments (f_frsize), which is what df multiplies by.
+        Ok(ferry_proto::FsStats {
+            block_size: v.f_frsize.min(u32::MAX as u64) as u32,
+            blocks: v.f_blocks,
+            blocks_free: v.f_bfree,
+            blocks_avail: v.f_bavail,
+            files: v.f_files,
+            files_free: v.f_ffree,
+            name_max: v.f_namemax.min(u32::MAX as u64) as u32,
+        })
+    }
+
     /// The target of symlink `p` (not followed).
     pub fn read_link(&self, p: &WirePath) -> io::Result<Vec<u8>> {
         let (dir, name) = self.parent(p)?;

@@ -466,9 +466,18 @@ impl Filesystem for FerryFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        // The server's free space is not known here: plenty is reported, and a full disk on
-        // the server fails the commit with ENOSPC.
-        reply.statfs(1 << 32, 1 << 31, 1 << 31, 1 << 24, 1 << 23, 4096, 255, 4096);
+        let f = self.vfs.statfs();
+        let bsize = f.block_size.max(1);
+        reply.statfs(
+            f.blocks,
+            f.blocks_free,
+            f.blocks_avail,
+            f.files,
+            f.files_free,
+            bsize,
+            f.name_max,
+            bsize,
+        );
     }
 
     fn create(

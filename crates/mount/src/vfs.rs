@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use ferry_chunk::ChunkerSpec;
 use ferry_fs::{ConnError, GetError, GetStats, PutOptions, PutStats, Sources};
-use ferry_proto::{Attr, ErrorCode, FileKind, Reply, Request, WirePath};
+use ferry_proto::{Attr, ErrorCode, FileKind, FsStats, Reply, Request, WirePath};
 use ferry_store::LocalStore;
 
 use crate::cache::FileCache;
@@ -342,6 +342,8 @@ pub struct Vfs {
     retry_dirty: AtomicBool,
     /// Fetches so far: the cache is trimmed every so many (each trim lists the cache).
     fetches: AtomicU64,
+    /// The server's file system as last asked (what statfs answers while it is unreachable).
+    fs_stats: Mutex<Option<FsStats>>,
     pub counters: Counters,
 }
 
@@ -380,6 +382,7 @@ impl Vfs {
             seen_epoch: AtomicU64::new(0),
             retry_dirty: AtomicBool::new(true),
             fetches: AtomicU64::new(0),
+            fs_stats: Mutex::new(None),
             counters: Counters::default(),
         };
         let attr = vfs
@@ -1155,6 +1158,31 @@ impl Vfs {
         self.flush(fh)
     }
 
+    /// The size and free space of the server's file system under the mount (the last answer
+    /// while the server is unreachable).
+    pub fn statfs(&self) -> FsStats {
+        let root = match self.path_of(ROOT) {
+            Ok((p, _)) => p,
+            Err(_) => return UNKNOWN_FS,
+        };
+        let asked = self.link.run(|c| {
+            if !c.offers(ferry_proto::FEATURE_STATFS) {
+                return Ok(None);
+            }
+            match c.call(Request::StatFs { path: root })?.pop() {
+                Some(Reply::FsStats(f)) => Ok(Some(f)),
+                other => Err(ConnError::Unexpected(format!("{other:?}")).into()),
+            }
+        });
+        let mut last = self.fs_stats.lock().unwrap_or_else(|e| e.into_inner());
+        match asked {
+            Ok(Some(f)) => *last = Some(f),
+            Ok(None) => {}
+            Err(f) => tracing::debug!("statfs: {f}"),
+        }
+        last.unwrap_or(UNKNOWN_FS)
+    }
+
     /// The last reference to `fh` is gone.
     pub fn release(&self, fh: u64) -> Result<(), Errno> {
         let h = self.lock().handles.remove(&fh).ok_or(Errno::EBADF)?;
@@ -1756,6 +1784,18 @@ fn empty_copy(data: &std::path::Path) -> io::Result<()> {
         .open(data)
         .map(drop)
 }
+
+/// What statfs answers when the server does not say (an older server, or none reachable and
+/// none asked before): plenty, so programs go on; a full disk fails the commit with ENOSPC.
+const UNKNOWN_FS: FsStats = FsStats {
+    block_size: 4096,
+    blocks: 1 << 32,
+    blocks_free: 1 << 31,
+    blocks_avail: 1 << 31,
+    files: 1 << 24,
+    files_free: 1 << 23,
+    name_max: 255,
+};
 
 fn get_attr(c: &mut Conn, path: &WirePath) -> Result<Attr, GetError> {
     match c.call(Request::GetAttr { path: path.clone() })?.pop() {

@@ -403,6 +403,10 @@ impl Server {
         match r {
             Request::GetAttr { path } => one(self.get_attr(&path)),
             Request::ReadDir { path, keys } => self.read_dir(id, &path, &keys),
+            Request::StatFs { path } => one(match self.export.statfs(&path) {
+                Ok(f) => Reply::FsStats(f),
+                Err(e) => io_error(&path, &e),
+            }),
             Request::ReadLink { path } => one(match self.export.read_link(&path) {
                 Ok(target) => Reply::Link(target),
                 Err(e) => io_error(&path, &e),

@@ -741,6 +741,22 @@ fn no_path_leaves_the_export() {
             other => panic!("{bad}: {other:?}"),
         }
     }
+    // Nor is a file system reached through a symlink out described (a symlink as the last
+    // component is not followed: it is the export's own).
+    match c.call(Request::StatFs {
+        path: "etc/passwd".into(),
+    }) {
+        Err(ferry_fs::ConnError::Remote { code, .. }) => assert_eq!(code, ErrorCode::Escape),
+        other => panic!("statfs: {other:?}"),
+    }
+    match c
+        .call(Request::StatFs { path: "sub".into() })
+        .unwrap()
+        .pop()
+    {
+        Some(Reply::FsStats(f)) => assert!(f.blocks > 0 && f.block_size > 0, "{f:?}"),
+        other => panic!("{other:?}"),
+    }
     // Paths with `..` do not even decode.
     let mut w = vec![];
     w.push(5u8);

@@ -592,3 +592,21 @@ fn a_changed_file_whose_copy_is_gone_is_not_retried_for_ever() {
     );
     assert_eq!(std::fs::read(root.join("f")).unwrap(), b"first");
 }
+
+#[test]
+fn statfs_is_the_servers_file_system_and_its_last_answer_offline() {
+    let (_t, root, remote, v) = one_client();
+    let want = rustix::fs::statvfs(&root).unwrap();
+    let f = v.statfs();
+    assert_eq!(
+        (f.block_size as u64, f.blocks, f.files, f.name_max as u64),
+        (want.f_frsize, want.f_blocks, want.f_files, want.f_namemax)
+    );
+    assert!(
+        f.blocks_avail <= f.blocks_free && f.blocks_free <= f.blocks,
+        "{f:?}"
+    );
+    remote.stop();
+    settle(&[&v]);
+    assert_eq!(v.statfs(), f);
+}

@@ -25,7 +25,7 @@ pub use content::{
 };
 pub use object::{MAX_CAP_BYTES, MAX_OBJECT_REFS};
 pub use types::{
-    short_id, Attr, DirEntry, ErrorCode, FileKind, Hello, Ids, Target, WirePath, MAX_PATH,
+    short_id, Attr, DirEntry, ErrorCode, FileKind, FsStats, Hello, Ids, Target, WirePath, MAX_PATH,
 };
 pub use upload::{KeyOlds, Keys, WritePart, MAX_WRITE_DATA};
 pub use vault::{VaultOp, MAX_VAULT_NAMES};
@@ -43,9 +43,13 @@ pub const FEATURE_HISTORY: u64 = 2;
 /// link brings it the server's bytes (the server picks the level of its frames against old data
 /// by it). A client sends it only to a server that offers it.
 pub const FEATURE_RATE: u64 = 4;
-/// Feature bits this build understands: [`crate::FEATURE_ZSTD_STREAM`], [`FEATURE_HISTORY`]
-/// and [`FEATURE_RATE`]. Everything else of version 2 is always there.
-pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM | FEATURE_HISTORY | FEATURE_RATE;
+/// Hello feature bit: the server answers [`Request::StatFs`] (the size and free space of the
+/// file system holding the export). A client asks only a server that offers it.
+pub const FEATURE_STATFS: u64 = 8;
+/// Feature bits this build understands: [`crate::FEATURE_ZSTD_STREAM`], [`FEATURE_HISTORY`],
+/// [`FEATURE_RATE`] and [`FEATURE_STATFS`]. Everything else of version 2 is always there.
+pub const FEATURES: u64 =
+    crate::FEATURE_ZSTD_STREAM | FEATURE_HISTORY | FEATURE_RATE | FEATURE_STATFS;
 /// Largest file a client reads whole with no old version (ReadFiles with no olds) rather than
 /// by recipe.
 pub const MAX_READ_FILE: usize = 64 << 10;
@@ -87,6 +91,11 @@ pub enum Request {
         path: WirePath,
         mode: Option<u32>,
         mtime_ns: Option<i64>,
+    },
+    /// The size and free space of the file system holding `path` (only with
+    /// [`FEATURE_STATFS`]).
+    StatFs {
+        path: WirePath,
     },
     /// A recipe, sent against the pages (content-defined runs of chunks) whose keys `known`
     /// lists; with `short`, chunks outside them by length and short id.
@@ -202,6 +211,7 @@ pub enum Reply {
         entries: Vec<DirEntry>,
     },
     Link(Vec<u8>),
+    FsStats(FsStats),
     Recipe(RecipeDelta),
     Chunks(Chunks),
     /// One per file asked for: its length, and its object id when the payload is a frame
@@ -274,6 +284,7 @@ pub(crate) mod code {
     pub const RMDIR: u8 = 0x16;
     pub const SYMLINK: u8 = 0x17;
     pub const SET_ATTR: u8 = 0x18;
+    pub const STAT_FS: u8 = 0x19;
     pub const GET_RECIPE: u8 = 0x20;
     pub const GET_CHUNKS: u8 = 0x21;
     pub const READ_FILES: u8 = 0x22;
@@ -307,6 +318,7 @@ pub(crate) mod code {
     pub const R_OBJECT: u8 = 0x4b;
     pub const R_CREATED: u8 = 0x4c;
     pub const R_VAULT: u8 = 0x4d;
+    pub const R_FS_STATS: u8 = 0x4e;
     pub const INVALIDATE: u8 = 0x60;
     pub const RATE: u8 = 0x61;
 }

@@ -12,9 +12,10 @@
 //! | 0x16 | Rmdir | path | Ok |
 //! | 0x17 | Symlink | path · target *bytes* | Ok |
 //! | 0x18 | SetAttr | path · mode *option* u32 · mtime_ns *option* i64 | Ok |
+//! | 0x19 | StatFs | path | FsStats |
 
 use super::types::{get_attr, get_bits, get_path, put_attr, put_bits, put_opt, put_path};
-use super::types::{get_opt, DirEntry};
+use super::types::{get_opt, DirEntry, FsStats};
 use super::{code, Reply, Request};
 use crate::codec::{Reader, Writer};
 use crate::ProtoError;
@@ -71,6 +72,10 @@ pub(super) fn put_request(q: &Request, w: &mut Writer) -> Option<u8> {
             put_opt(w, *mtime_ns, |w, v| w.i64(v));
             code::SET_ATTR
         }
+        Request::StatFs { path } => {
+            put_path(w, path);
+            code::STAT_FS
+        }
         _ => return None,
     })
 }
@@ -110,11 +115,12 @@ pub(super) fn get_request(t: u8, r: &mut Reader<'_>) -> Result<Option<Request>, 
             mode: get_opt(r, |r| r.u32())?,
             mtime_ns: get_opt(r, |r| r.i64())?,
         },
+        code::STAT_FS => Request::StatFs { path: path(r)? },
         _ => return Ok(None),
     }))
 }
 
-/// Encodes a namespace reply (Attr, Entries, Link); `None` for another family's.
+/// Encodes a namespace reply (Attr, Entries, Link, FsStats); `None` for another family's.
 pub(super) fn put_reply(reply: &Reply, w: &mut Writer) -> Option<u8> {
     Some(match reply {
         Reply::Attr(a) => {
@@ -130,6 +136,20 @@ pub(super) fn put_reply(reply: &Reply, w: &mut Writer) -> Option<u8> {
             w.bytes(target);
             code::R_LINK
         }
+        Reply::FsStats(f) => {
+            w.u32(f.block_size);
+            for n in [
+                f.blocks,
+                f.blocks_free,
+                f.blocks_avail,
+                f.files,
+                f.files_free,
+            ] {
+                w.u64(n);
+            }
+            w.u32(f.name_max);
+            code::R_FS_STATS
+        }
         _ => return None,
     })
 }
@@ -142,6 +162,15 @@ pub(super) fn get_reply(t: u8, r: &mut Reader<'_>) -> Result<Option<Reply>, Prot
             entries: get_entries(r)?,
         },
         code::R_LINK => Reply::Link(r.bytes()?.to_vec()),
+        code::R_FS_STATS => Reply::FsStats(FsStats {
+            block_size: r.u32()?,
+            blocks: r.u64()?,
+            blocks_free: r.u64()?,
+            blocks_avail: r.u64()?,
+            files: r.u64()?,
+            files_free: r.u64()?,
+            name_max: r.u32()?,
+        }),
         _ => return Ok(None),
     }))
 }

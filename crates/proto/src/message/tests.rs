@@ -220,6 +220,16 @@ pub(crate) fn samples() -> Vec<Message> {
             entries: vec![],
         }),
         r(Reply::Link(b"../target".to_vec())),
+        r(Reply::FsStats(FsStats {
+            block_size: 4096,
+            blocks: 1 << 40,
+            blocks_free: 7,
+            blocks_avail: 6,
+            files: u64::MAX,
+            files_free: 0,
+            name_max: 255,
+        })),
+        q(Request::StatFs { path: "a/b".into() }),
         r(Reply::Recipe(RecipeDelta {
             version: 9,
             total_chunks: 40,
@@ -683,6 +693,24 @@ fn exact_bytes_of_every_message() {
         (
             Message::Reply(Reply::Attr(attr())),
             format!("49000000 40 00 05000000 | {attr_hex}"),
+        ),
+        (
+            Message::Request(Request::StatFs { path: "ab".into() }),
+            "09000000 19 00 05000000 | 02 6162".into(),
+        ),
+        (
+            Message::Reply(Reply::FsStats(FsStats {
+                block_size: 4096,
+                blocks: 2,
+                blocks_free: 1,
+                blocks_avail: 1,
+                files: 3,
+                files_free: 2,
+                name_max: 255,
+            })),
+            "36000000 4e 00 05000000 | 00100000 | 0200000000000000 0100000000000000 \
+             0100000000000000 0300000000000000 0200000000000000 | ff000000"
+                .into(),
         ),
         (
             Message::Reply(Reply::Entries {

@@ -146,6 +146,20 @@ pub struct Attr {
     pub lease_ms: u32,
 }
 
+/// The size and use of the file system holding the export, as statvfs(3) gives them (block
+/// counts in units of `block_size`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FsStats {
+    pub block_size: u32,
+    pub blocks: u64,
+    pub blocks_free: u64,
+    /// Free blocks an unprivileged user may use.
+    pub blocks_avail: u64,
+    pub files: u64,
+    pub files_free: u64,
+    pub name_max: u32,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntry {
     pub name: Vec<u8>,
