@@ -1,0 +1,471 @@
+//! The level of a sender's frames against old data: where it starts, given the receiver's
+//! measure of the link, and how it follows the link as frames go (docs/protocol.md, "The level
+//! of a frame against old data").
+
+use std::time::Duration;
+
+use super::{SMALL_FRAME, TOP_LEVEL};
+
+/// The level of a sender's frames against old data, following the link: it starts at
+/// level 12 (or the session's own on a link the receiver measured fast, the top on one
+/// it showed thin: [`link_rate`](Self::link_rate)), and after a large frame (or small ones
+/// that took 50 ms in all) compares how long writing them out waited on the link
+/// with how long compressing them took. Waits longer than compressing: the compressor is
+/// hidden behind the link, up as far as compressing would still take no longer than the
+/// waits (a step at least, if it costs at most twice as much). Waits under an eighth of
+/// it: the compressor is the bottleneck (a LAN, where level 19 would take seconds a frame for a
+/// few per cent of bytes), steps down, as many as halvings of the ratio beyond that eighth, down
+/// to 9, or the session's own level if higher. Below 9 only on a link the receiver measured
+/// broad or near: transport buffers can hold all of a small transfer, so writes that did not
+/// wait do not prove a link fast (a 1.5 Mbit/s link at level 3 cost crates-vendor 19 % more
+/// bytes than at 9). Large frames of data that hardly compresses (archives) go at the lowest
+/// of those levels unless the link is far slower than compressing (writes waiting 8 times as
+/// long, and since at least as long).
+#[derive(Debug)]
+pub struct FrameLevel {
+    levels: Vec<i32>,
+    at: usize,
+    /// How long the frames since the last decision took to compress (`None`: no frame since),
+    /// and the writes since the first of them (how many, and how long they waited).
+    busy: Option<std::time::Duration>,
+    writes: u32,
+    waited: std::time::Duration,
+    /// The link is far slower than compressing: writes waited 8 times as long as the last
+    /// large frame took (and since, at least as long).
+    thin: bool,
+    /// The lowest of `levels` frames go down to: 9 (or the session's level if higher) until
+    /// the link is measured broad or near, then the session's level.
+    lowest: usize,
+    /// The writes counted so far by [`saw_writes`](Self::saw_writes).
+    seen: (u64, std::time::Duration),
+    /// Whether a large frame was compressed yet, or a decision made (from then on, the link's
+    /// waits lead).
+    started: bool,
+    /// A large frame is among those since the last decision.
+    large: bool,
+}
+
+/// Small frames since the last decision must have taken this long in all for the next: a few
+/// milliseconds of compressing and a write that waited as long say little.
+const DECIDE_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The level large frames start at: a frame alone, its time not hidden behind the link's
+/// sending of others, goes quicker at 12 than at 19 on any link over 40 kbit/s. mbox-append's
+/// one frame (320 KB of new mail against 4 MiB of the mailbox): 47.6 KB in 0.2 s at 12, 42.1 KB
+/// in 1.4 s at 19 (its binary trees index the whole prefix; the levels from 13 up take as long).
+/// Once a frame is out, the link's waits lead: a link the sender waits on buys level 19's bytes
+/// with time it would idle anyway.
+const START_LEVEL: i32 = 12;
+/// Links the receiver measured at least this fast (64 Mbit/s, a LAN) start at the session's
+/// own level; those at least [`BROAD_LINK`] (8 Mbit/s) at 6 at most, and those at least
+/// [`THIN_LINK`] at 9 at most. Against a prefix, level 12 takes about 5 times as long as 3
+/// (mbox-append's frame of 4 MB of work: 120 ms at 12) for 5-12 % fewer bytes (crates-vendor
+/// 125.0 → 110.3 KiB, numpy-whl-tree 1.5 → 1.4 MiB): worth it only under about 2 Mbit/s.
+const FAST_LINK: u64 = 8 << 20;
+const BROAD_LINK: u64 = 1 << 20;
+/// A link the receiver measured over a reply of [`THIN_SAMPLE`] bytes or more and found no
+/// faster than this (2 Mbit/s) is thin: its frames start at the top, where the bytes saved are
+/// worth the time (the next frames' compressing hides behind the link sending this one). A
+/// measure from smaller replies is mostly a round trip's and proves nothing slow.
+const THIN_LINK: u64 = 256 << 10;
+/// A link whose replies came this soon after their requests is a LAN's (a long link's round
+/// trip is over 10 ms): frames start as on a broad one, even where no reply was large enough
+/// to measure the rate (a single file's recipe).
+const NEAR: Duration = Duration::from_millis(2);
+const THIN_SAMPLE: u64 = 16 << 10;
+
+impl FrameLevel {
+    /// Levels from `floor` (the session's level) up to [`TOP_LEVEL`].
+    pub fn new(floor: i32) -> Self {
+        let mut levels = vec![floor];
+        levels.extend(
+            [6, 9, 12, 15, 17, TOP_LEVEL]
+                .into_iter()
+                .filter(|&l| l > floor),
+        );
+        FrameLevel {
+            at: start_of(&levels),
+            lowest: at_most(&levels, 9),
+            levels,
+            busy: None,
+            writes: 0,
+            waited: Default::default(),
+            thin: false,
+            seen: Default::default(),
+            started: false,
+            large: false,
+        }
+    }
+
+    /// The receiver measured the link bringing it at least `rate` bytes a second, over replies
+    /// the largest of which was `sample` bytes, and replies coming `round_trip` after their
+    /// requests at the quickest: on a fast link large frames start at the session's own level,
+    /// on a broad or near one low, on one shown thin at the top (until the first large frame;
+    /// after it, the link's waits lead).
+    pub fn link_rate(&mut self, rate: u64, sample: u64, round_trip: Option<Duration>) {
+        if self.started {
+            return;
+        }
+        let near = round_trip.is_some_and(|r| r < NEAR);
+        if rate >= BROAD_LINK || near {
+            self.lowest = 0;
+        }
+        self.at = if rate >= FAST_LINK {
+            0
+        } else if rate >= BROAD_LINK || near {
+            at_most(&self.levels, 6)
+        } else if rate >= THIN_LINK {
+            at_most(&self.levels, 9)
+        } else if sample >= THIN_SAMPLE {
+            self.levels.len() - 1
+        } else {
+            start_of(&self.levels)
+        };
+    }
+
+    /// The session's own level, the lowest.
+    pub fn floor(&self) -> i32 {
+        self.levels[0]
+    }
+
+    /// The level for a frame of `bytes` of work, its data starting with `sample`.
+    fn level(&mut self, bytes: usize, sample: &[u8]) -> i32 {
+        let top = self.levels.len() - 1;
+        // A decision once the frames since the last took long enough to say something (a large
+        // one, or small ones adding up) and were written: nothing written says nothing about
+        // the link.
+        let enough = self.large || self.busy.is_some_and(|b| b >= DECIDE_AFTER);
+        if let Some(busy) = self.busy.take_if(|_| enough && self.writes > 0) {
+            self.large = false;
+            self.started = true;
+            let waited = std::mem::take(&mut self.waited);
+            let ratio = waited.as_secs_f64() / busy.as_secs_f64().max(1e-9);
+            self.thin = ratio >= if self.thin { 1.0 } else { 8.0 };
+            if ratio >= 1.0 {
+                // Up as far as compressing would still take no longer than the writes waited
+                // (a step at least, if it costs at most twice as much): waits on a receiver
+                // slower than the link (a local pipe) do not hide level 15 against a prefix
+                // of 8 MiB (770 ms for a frame of 256 KiB that took 35 ms at 6).
+                let now = cost(self.levels[self.at]);
+                while self.at < top && cost(self.levels[self.at + 1]) / now <= ratio.max(2.0) {
+                    self.at += 1;
+                }
+            } else if ratio * 8.0 < 1.0 {
+                let steps = ((1.0 / (ratio * 8.0)).log2().floor() as usize).max(1);
+                self.at = self.at.saturating_sub(steps).max(self.lowest);
+            }
+        }
+        if bytes <= SMALL_FRAME {
+            return self.levels[self.at];
+        }
+        // Data that hardly compresses gains a few per cent from the higher levels for ten
+        // times the time and more (`zstd --patch-from` on django-sdist: 10.09 MB in 0.16 s at
+        // level 3, 9.82 MB in 8.7 s at 19): worth it only on a link that writes wait on far
+        // longer than compressing takes, where the time hides behind it.
+        if !self.thin && hardly_compresses(sample) {
+            return self.levels[self.lowest];
+        }
+        self.levels[self.at]
+    }
+
+    /// Runs `compress` (a frame of `bytes` of work: `data`, and whatever goes with it) at the
+    /// level for it, timed for the next decision.
+    pub fn timed<T>(&mut self, bytes: usize, data: &[u8], compress: impl FnOnce(i32) -> T) -> T {
+        let level = self.level(bytes, data);
+        let started = std::time::Instant::now();
+        let out = compress(level);
+        let took = started.elapsed();
+        tracing::debug!("a frame of {bytes} bytes of work at level {level}: {took:?}");
+        self.compressed(bytes, took);
+        out
+    }
+
+    /// A frame of `bytes` of work was compressed in `busy`: it joins the frames since the last
+    /// decision (the first of them starts counting the writes).
+    fn compressed(&mut self, bytes: usize, busy: std::time::Duration) {
+        if self.busy.is_none() {
+            self.writes = 0;
+            self.waited = Default::default();
+        }
+        self.busy = Some(self.busy.unwrap_or_default() + busy);
+        if bytes > SMALL_FRAME {
+            self.started = true;
+            self.large = true;
+        }
+    }
+
+    /// Whether frames were compressed since the last decision and nothing written since: the
+    /// sender should write them out now, so the next decision knows how fast the link took them.
+    pub fn unwritten(&self) -> bool {
+        self.busy.is_some() && self.writes == 0
+    }
+
+    /// A write to the transport waited `waited`.
+    pub fn wrote(&mut self, waited: std::time::Duration) {
+        self.writes += 1;
+        self.waited += waited;
+    }
+
+    /// The transport's writes so far (how many, how long they waited in all), as a sender
+    /// whose writes happen elsewhere (the client's sending thread) counts them: those since the
+    /// last call count as [`wrote`](Self::wrote) would.
+    pub fn saw_writes(&mut self, writes: u64, waited: std::time::Duration) {
+        let (n, w) = self.seen;
+        if writes > n {
+            self.writes += (writes - n).min(u32::MAX as u64) as u32;
+            self.waited += waited.saturating_sub(w);
+            self.seen = (writes, waited);
+        }
+    }
+}
+
+/// Where in `levels` frames start: the highest at most [`START_LEVEL`] (the session's own when
+/// that is higher).
+fn start_of(levels: &[i32]) -> usize {
+    at_most(levels, START_LEVEL)
+}
+
+/// About how long a frame against a prefix takes at `level`, relative to level 3 (django-sdist's
+/// frame of 256 KiB against 8 MiB of old data: 35 ms at 6, 109 ms at 9, 770 ms at 15;
+/// mbox-append's at 12 and 19: 120 ms and 1.4 s).
+fn cost(level: i32) -> f64 {
+    const COSTS: [(i32, f64); 7] = [
+        (3, 1.0),
+        (6, 2.0),
+        (9, 6.0),
+        (12, 12.0),
+        (15, 45.0),
+        (17, 70.0),
+        (19, 100.0),
+    ];
+    COSTS
+        .iter()
+        .find(|&&(l, _)| level <= l)
+        .map_or(150.0, |&(_, c)| c)
+}
+
+/// The highest of `levels` at most `level` (the lowest when none is).
+fn at_most(levels: &[i32], level: i32) -> usize {
+    levels.iter().rposition(|&l| l <= level).unwrap_or(0)
+}
+
+/// The lowest level of a sender's frames against old data in a session at `level`: its own
+/// when fixed; 3 when it follows the link, as a LAN wants (frames start higher unless the
+/// link was measured fast, and climb while the link is the bottleneck).
+pub fn frame_floor(level: ferry_proto::Level) -> i32 {
+    match level {
+        ferry_proto::Level::Fixed(l) => l,
+        ferry_proto::Level::Adapt => 3,
+    }
+}
+
+/// Whether `data` hardly compresses on its own (already compressed, say), judged by level 1 on
+/// its first 128 KiB (well under a millisecond).
+fn hardly_compresses(data: &[u8]) -> bool {
+    let sample = &data[..data.len().min(128 << 10)];
+    zstd::bulk::compress(sample, 1).is_ok_and(|c| c.len() * 10 >= sample.len() * 9)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` bytes that do not compress (xorshift from `seed`).
+    fn random_bytes(mut x: u64, n: usize) -> Vec<u8> {
+        std::iter::repeat_with(|| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .take(n)
+        .collect()
+    }
+
+    #[test]
+    fn large_frames_follow_the_link() {
+        use std::time::Duration;
+        let ms = Duration::from_millis;
+        let big = 2 << 20;
+        const TEXT: &[u8] =
+            b"fn main() { println!(\"hello\"); }\nfn main() { println!(\"hello\"); }\n";
+        // A large frame compressed in `busy` ms, its write waiting `waited` ms: the next level.
+        let next_for = |f: &mut FrameLevel, busy: u64, waited: u64, data: &[u8]| {
+            f.compressed(big, ms(busy));
+            f.wrote(ms(waited));
+            f.level(big, data)
+        };
+        let next = |f: &mut FrameLevel, busy: u64, waited: u64| next_for(f, busy, waited, TEXT);
+        let mut f = FrameLevel::new(9);
+        // Frames start at 12, small and large.
+        assert_eq!(f.level(1000, TEXT), 12);
+        assert_eq!(f.level(big, TEXT), 12);
+        // A thin link: writing waited 20 times as long as compressing took; up to the top.
+        assert_eq!(next(&mut f, 2000, 40_000), 19);
+        // A LAN: the write hardly waited. Down, several steps at once, to the session's level.
+        assert_eq!(next(&mut f, 2000, 1), 9);
+        assert_eq!(f.level(1000, TEXT), 9, "small frames follow");
+        // No write between two large frames (replies gather before they go out): no decision.
+        f.compressed(big, ms(2000));
+        assert!(f.unwritten());
+        assert_eq!(f.level(big, TEXT), 9);
+        f.wrote(ms(30_000));
+        assert!(!f.unwritten());
+        assert_eq!(f.level(big, TEXT), 17);
+        assert_eq!(next(&mut f, 2000, 1), 9);
+        // Waits between an eighth of the time and all of it: stay.
+        assert_eq!(next(&mut f, 100, 50), 9);
+        // The link slowed: up as far as compressing would take no longer than the waits (12
+        // to 15 costs 3.75 times as much, 17 almost 6 times).
+        assert_eq!(next(&mut f, 100, 150), 12);
+        assert_eq!(next(&mut f, 100, 450), 15);
+        // Waits are counted from the last large frame on: a frame's own write, and any after.
+        // A step that costs under twice as much goes on waits just longer than compressing.
+        f.compressed(big, ms(1000));
+        f.wrote(ms(600));
+        f.wrote(ms(600));
+        assert_eq!(f.level(big, TEXT), 17);
+        // A receiver slower than the link (its writes waited 20 times as long as level 3 took)
+        // does not buy level 15 against a large prefix: 12 is 12 times the work of 3.
+        let mut f = FrameLevel::new(3);
+        f.link_rate(0, 0, Some(ms(1)));
+        assert_eq!(next(&mut f, 20, 400), 12);
+        // A session at level 19 or above stays there; one below 9 goes down to 9, and to its
+        // own on a link measured broad or near.
+        assert_eq!(next(&mut FrameLevel::new(22), 2000, 0), 22);
+        assert_eq!(next(&mut FrameLevel::new(3), 2000, 0), 9);
+        // `timed` decides, runs the work at that level and records it.
+        let mut f = FrameLevel::new(9);
+        assert_eq!(f.timed(big, TEXT, |level| level), 12);
+        assert!(f.unwritten());
+        // Large frames of data that hardly compresses go at the session's level, the first
+        // too, until writes wait 8 times as long as compressing took; then they follow the
+        // link like the rest, until writes wait less than compressing.
+        let random = random_bytes(0x9e37_79b9_7f4a_7c15, 200_000);
+        assert!(hardly_compresses(&random) && !hardly_compresses(TEXT));
+        let mut f = FrameLevel::new(9);
+        assert_eq!(f.level(1000, &random), 12, "small frames follow the level");
+        assert_eq!(f.level(big, &random), 9);
+        // A LAN, where the peer's work makes writes wait a little: stays.
+        assert_eq!(next_for(&mut f, 100, 300, &random), 9);
+        assert_eq!(
+            next_for(&mut f, 100, 300, TEXT),
+            12,
+            "15 costs over 3 times 12"
+        );
+        let mut f = FrameLevel::new(9);
+        assert_eq!(f.level(big, &random), 9);
+        assert_eq!(next_for(&mut f, 100, 10_000, &random), 19);
+        assert_eq!(next_for(&mut f, 3000, 5000, &random), 19);
+        assert_eq!(next_for(&mut f, 3000, 1000, &random), 9);
+    }
+
+    #[test]
+    fn large_frames_start_at_12_or_lower_on_a_link_measured_faster() {
+        let big = 2 << 20;
+        let text = b"fn main() { println!(\"hello\"); }\n".repeat(4);
+        let first = |floor: i32, measure: Option<(u64, u64)>| {
+            let mut f = FrameLevel::new(floor);
+            if let Some((rate, sample)) = measure {
+                f.link_rate(rate, sample, None);
+            }
+            f.level(big, &text)
+        };
+        assert_eq!(first(9, None), 12);
+        assert_eq!(first(9, Some((500_000, 30_000))), 9, "4 Mbit/s");
+        assert_eq!(first(3, Some((500_000, 30_000))), 9, "4 Mbit/s");
+        assert_eq!(first(3, Some((2_000_000, 30_000))), 6, "16 Mbit/s");
+        assert_eq!(first(9, Some((12_500_000, 500))), 9, "100 Mbit/s");
+        assert_eq!(first(9, Some((190_000, 30_000))), 19, "1.5 Mbit/s, shown");
+        assert_eq!(
+            first(9, Some((16_000, 500))),
+            12,
+            "a round trip proves nothing"
+        );
+        assert_eq!(first(3, None), 12);
+        assert_eq!(first(3, Some((12_500_000, 500))), 3);
+        assert_eq!(
+            first(19, Some((12_500_000, 500))),
+            19,
+            "a session at 19 stays"
+        );
+        assert_eq!(first(22, None), 22);
+        // A round trip under 2 ms is a LAN's, whatever the rate measured (none large enough).
+        let near = |floor: i32, rate, round_trip| {
+            let mut f = FrameLevel::new(floor);
+            f.link_rate(rate, 500, Some(Duration::from_micros(round_trip)));
+            f.level(big, &text)
+        };
+        assert_eq!(near(3, 9000, 800), 6);
+        assert_eq!(near(9, 9000, 800), 9);
+        assert_eq!(
+            near(3, 9000, 30_000),
+            12,
+            "a long link's round trip proves nothing"
+        );
+        assert_eq!(near(3, 12_500_000, 800), 3);
+        // Large frames of data that hardly compresses go at 9 in a session that may go down to
+        // 3, until the link is shown broad or near.
+        let random = random_bytes(0x2545_f491_4f6c_dd1d, 200_000);
+        let mut f = FrameLevel::new(3);
+        assert_eq!(f.level(big, &random), 9);
+        f.link_rate(2_000_000, 500, None);
+        assert_eq!(f.level(big, &random), 3);
+        let mut f = FrameLevel::new(3);
+        f.link_rate(9000, 500, Some(Duration::from_micros(800)));
+        assert_eq!(f.level(big, &random), 3);
+        // Writes that did not wait prove nothing: the session goes down to 9 only.
+        let mut f = FrameLevel::new(3);
+        f.compressed(big, Duration::from_millis(100));
+        f.wrote(Duration::from_millis(1));
+        assert_eq!(f.level(big, &random), 9);
+        assert_eq!(f.level(big, &text), 9);
+        let mut f = FrameLevel::new(3);
+        f.link_rate(9000, 500, Some(Duration::from_micros(800)));
+        f.compressed(big, Duration::from_millis(100));
+        f.wrote(Duration::from_millis(1));
+        assert_eq!(f.level(big, &text), 3);
+        // Later measures replace earlier ones until the first large frame.
+        let mut f = FrameLevel::new(9);
+        f.link_rate(190_000, 30_000, None);
+        f.link_rate(400_000, 60_000, None);
+        assert_eq!(f.level(big, &text), 9);
+        // After the first large frame, the link's waits lead: a later measure changes nothing.
+        let mut f = FrameLevel::new(9);
+        assert_eq!(f.timed(big, &text, |l| l), 12);
+        f.link_rate(12_500_000, 500, None);
+        assert_eq!(f.level(big, &text), 12);
+        // Small frames start there too.
+        let mut f = FrameLevel::new(9);
+        f.link_rate(12_500_000, 500, None);
+        assert_eq!(f.level(1000, &text), 9);
+        f.link_rate(190_000, 30_000, None);
+        assert_eq!(f.level(1000, &text), 19);
+    }
+
+    #[test]
+    fn small_frames_decide_once_they_add_up() {
+        use std::time::Duration;
+        let ms = Duration::from_millis;
+        let text = b"fn main() { println!(\"hello\"); }\n".repeat(4);
+        let mut f = FrameLevel::new(9);
+        // Small frames of 10 ms, each written after waiting 40 ms (a thin link): no decision
+        // until 50 ms of compressing add up, then up (the waits were 4 times as long).
+        for _ in 0..5 {
+            assert_eq!(f.level(1000, &text), 12);
+            f.compressed(1000, ms(10));
+            f.wrote(ms(40));
+        }
+        assert_eq!(f.level(1000, &text), 15);
+        // A fast link: the writes hardly wait; down once 50 ms add up again.
+        for _ in 0..5 {
+            assert_eq!(f.level(1000, &text), 15);
+            f.compressed(1000, ms(10));
+            f.wrote(ms(0));
+        }
+        assert_eq!(f.level(1000, &text), 9);
+        // The measure of the link counts only until the first decision.
+        f.link_rate(190_000, 30_000, None);
+        assert_eq!(f.level(1000, &text), 9);
+    }
+}
