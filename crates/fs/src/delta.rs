@@ -229,6 +229,9 @@ pub fn worth_a_frame(
     });
     let against = against?;
     let compressible = alone * 10 < data.len() * 9;
+    if !compressible {
+        level.hard_frame(alone.saturating_sub(against.len()));
+    }
     let worth = if compressible {
         against.len() * 10 < alone * 9
     } else {

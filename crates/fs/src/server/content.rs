@@ -220,6 +220,9 @@ impl Server {
                 found.push(i);
             }
         }
+        if self.against.level.plain_is_better(&data) {
+            return Ok((found, Payload::Plain(data)));
+        }
         // The old chunks the history still holds, whole, head the prefix.
         let olds = std::mem::take(&mut self.against.olds);
         let (old_refs, mut prefix, every_old) = self.olds_in_history(&olds);
