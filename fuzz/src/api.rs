@@ -92,6 +92,11 @@ fn start() -> Option<Daemon> {
         eprintln!("skipped: the api target needs root (a network namespace of its own)");
         return None;
     }
+    // As in `ferry` itself (Rust's runtime does it before main; libFuzzer's main does not): a
+    // write to a peer that hung up is an EPIPE error, not a signal that kills the process
+    // before libFuzzer can keep the input.
+    // SAFETY: setting a signal's disposition to ignore, before any thread of ours starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
     // This thread and every thread it starts from now on (the daemon's) see no network.
     #[allow(deprecated)]
     rustix::thread::unshare(rustix::thread::UnshareFlags::NEWNET).expect("unshare");
