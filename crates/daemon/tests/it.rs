@@ -1314,6 +1314,7 @@ fn every_request(oid: ferry_format::Id, cap: &[u8], ticket: &[u8]) -> Vec<ferry_
             mode: Some(0o600),
             mtime_ns: None,
         },
+        Request::StatFs { path: p() },
         Request::GetRecipe {
             target: Target::Path(p()),
             short: false,
@@ -1417,6 +1418,7 @@ fn kind(r: &ferry_proto::Request) -> &'static str {
         | R::Rmdir { .. }
         | R::Symlink { .. }
         | R::SetAttr { .. }
+        | R::StatFs { .. }
         | R::GetRecipe { .. }
         | R::ReadFiles { .. }
         | R::ReadRange { .. }
