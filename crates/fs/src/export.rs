@@ -242,26 +242,23 @@ impl Export {
 
     /// Attributes of `p` itself (a symlink is reported as a symlink, not followed).
     pub fn stat(&self, p: &WirePath) -> io::Result<(Attr, FileId)> {
-        let fd = openat2(
+        Ok(attr_of(&rustix::fs::fstat(self.open_path(p)?)?))
+    }
+
+    /// `p` opened beneath the root as a path only (`O_PATH`; a symlink itself, not followed).
+    fn open_path(&self, p: &WirePath) -> io::Result<OwnedFd> {
+        Ok(openat2(
             &self.root,
             &wire_to_rel(p),
             OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
             beneath(),
-        )?;
-        Ok(attr_of(&rustix::fs::fstat(&fd)?))
+        )?)
     }
 
     /// The size and free space of the file system holding `p`.
     pub fn statfs(&self, p: &WirePath) -> io::Result<ferry_proto::FsStats> {
-        let fd = openat2(
-            &self.root,
-            &wire_to_rel(p),
-            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-            beneath(),
-        )?;
-        let v = rustix::fs::fstatvfs(&fd)?;
+        let v = rustix::fs::fstatvfs(self.open_path(p)?)?;
         // statvfs counts blocks in fragments (f_frsize), which is what df multiplies by.
         Ok(ferry_proto::FsStats {
             block_size: v.f_frsize.min(u32::MAX as u64) as u32,

@@ -552,28 +552,20 @@ mod tests {
         assert_eq!(apply(b"", &new, &diff(&none, &b).unwrap(), &b.subs), new);
     }
 
+    fn pc(block: u8, offset: u32, len: u32) -> Piece {
+        Piece {
+            block: [block; 32],
+            offset,
+            len,
+        }
+    }
+
     #[test]
     fn reuse_finds_moved_bytes_and_slices_the_old_pieces() {
         let old = text(40_000, 12);
         let a = fp(&old);
         // The old content as three pieces of two blocks, the way a tree may hold it.
-        let pieces = [
-            Piece {
-                block: [1; 32],
-                offset: 100,
-                len: 15_000,
-            },
-            Piece {
-                block: [2; 32],
-                offset: 0,
-                len: 5_000,
-            },
-            Piece {
-                block: [1; 32],
-                offset: 20_000,
-                len: 20_000,
-            },
-        ];
+        let pieces = [pc(1, 100, 15_000), pc(2, 0, 5_000), pc(1, 20_000, 20_000)];
         let r = Reuse::new(&a, &pieces);
         // New content: old bytes 30,000.. moved to the front, then new bytes, then the rest.
         let cut: usize = a
@@ -618,40 +610,10 @@ mod tests {
         // Slicing: a range across all three pieces.
         assert_eq!(
             r.pieces(14_000, 7_000),
-            vec![
-                Piece {
-                    block: [1; 32],
-                    offset: 14_100,
-                    len: 1_000
-                },
-                Piece {
-                    block: [2; 32],
-                    offset: 0,
-                    len: 5_000
-                },
-                Piece {
-                    block: [1; 32],
-                    offset: 20_000,
-                    len: 1_000
-                },
-            ]
+            vec![pc(1, 14_100, 1_000), pc(2, 0, 5_000), pc(1, 20_000, 1_000),]
         );
-        assert_eq!(
-            r.pieces(0, 10),
-            vec![Piece {
-                block: [1; 32],
-                offset: 100,
-                len: 10
-            }]
-        );
-        assert_eq!(
-            r.pieces(39_990, 10),
-            vec![Piece {
-                block: [1; 32],
-                offset: 39_990,
-                len: 10
-            }]
-        );
+        assert_eq!(r.pieces(0, 10), vec![pc(1, 100, 10)]);
+        assert_eq!(r.pieces(39_990, 10), vec![pc(1, 39_990, 10)]);
     }
 
     #[test]
