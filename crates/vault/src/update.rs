@@ -99,10 +99,35 @@ impl Vault {
         edits: &[Edit],
         progress: &dyn Fn(u64),
     ) -> Result<UpdateReport, VaultError> {
+        self.update_after(None, edits, progress)
+    }
+
+    /// [`update_with`](Self::update_with), made first against `snap`, a version this client
+    /// just read (from [`latest`](Self::latest), to plan the edits): one listing of the heads
+    /// fewer. If another client made a version since, the update is redone against the
+    /// newest, as any update whose head is taken.
+    pub fn update_on(
+        &self,
+        snap: Snapshot,
+        edits: &[Edit],
+        progress: &dyn Fn(u64),
+    ) -> Result<UpdateReport, VaultError> {
+        self.update_after(Some(snap), edits, progress)
+    }
+
+    fn update_after(
+        &self,
+        mut first: Option<Snapshot>,
+        edits: &[Edit],
+        progress: &dyn Fn(u64),
+    ) -> Result<UpdateReport, VaultError> {
         let mut report = UpdateReport::default();
         for attempt in 0..ATTEMPTS {
             report.retries = attempt;
-            let snap = self.latest()?;
+            let snap = match first.take() {
+                Some(s) => s,
+                None => self.latest()?,
+            };
             let mut nodes = self.nodes();
             let mut batch = Batch::default();
             let sent = Mutex::new(Sent::default());

@@ -863,3 +863,23 @@ fn moved_bytes_and_edits_past_the_diffs_limit_are_not_sent_again() {
     let check = v.check(true, &|_| {}).unwrap();
     assert!(check.problems.is_empty(), "{:?}", check.problems);
 }
+
+#[test]
+fn an_update_planned_on_a_version_another_client_passed_is_redone_on_the_newest() {
+    let t = tempfile::tempdir().unwrap();
+    let a = Vault::init(dir(t.path()), PASS, FAST, Config::new()).unwrap();
+    a.update(&[put("x", b"one")]).unwrap();
+    let planned = a.latest().unwrap();
+    let b = Vault::open(dir(t.path()), PASS).unwrap();
+    b.update(&[put("y", b"from b")]).unwrap();
+    let r = a.update_on(planned, &[put("x", b"two")], &|_| {}).unwrap();
+    assert_eq!((r.seq, r.retries), (3, 1));
+    assert_eq!(read(&a, "x").unwrap(), b"two");
+    assert_eq!(read(&a, "y").unwrap(), b"from b", "b's version kept");
+    // Planned on the newest: no retry.
+    let planned = a.latest().unwrap();
+    let r = a
+        .update_on(planned, &[put("x", b"three")], &|_| {})
+        .unwrap();
+    assert_eq!((r.seq, r.retries), (4, 0));
+}

@@ -359,7 +359,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
                 })
                 .sum();
             let bar = ui.bytes_bar(total, "put");
-            let r = v.update_with(&plan.edits, &|n| bar.inc(n))?;
+            let r = v.update_on(snap, &plan.edits, &|n| bar.inc(n))?;
             bar.finish_and_clear();
             seen.record(&plan.stats, &r.catalog);
             if let Err(e) = seen.save() {
@@ -492,7 +492,7 @@ pub fn run(a: Args, ui: &Ui) -> Result<ExitCode> {
                 .iter()
                 .map(|n| ferry_vault::Edit::Remove(n.trim_matches('/').into()))
                 .collect();
-            let r = v.update(&edits)?;
+            let r = v.update_on(snap, &edits, &|_| {})?;
             if a.json {
                 writeln!(out, "{}", json!({"version": r.seq, "removed": r.changed}))?;
             } else {
