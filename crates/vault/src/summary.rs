@@ -87,13 +87,15 @@ pub(crate) fn spec(key: [u8; 32]) -> ChunkerSpec {
     ChunkerSpec::fastcdc(128, 512, 4 << 10).keyed(Key(key))
 }
 
-/// Cuts a stream into sub-blocks and fingerprints them, as it is fed.
+/// Cuts a stream into sub-blocks and fingerprints them, as it is fed; gives up (keeping
+/// nothing) past [`MAX_FINE`] bytes.
 pub(crate) struct Fingerprinter {
     cutter: Box<dyn Cutter>,
     key: [u8; 32],
     hasher: blake3::Hasher,
     len: u32,
     subs: Vec<Sub>,
+    total: u64,
 }
 
 impl Fingerprinter {
@@ -104,10 +106,23 @@ impl Fingerprinter {
             hasher: blake3::Hasher::new_keyed(&fp_key),
             len: 0,
             subs: vec![],
+            total: 0,
         }
     }
 
+    fn gave_up(&self) -> bool {
+        self.total > MAX_FINE
+    }
+
     pub fn feed(&mut self, mut data: &[u8]) {
+        if self.gave_up() {
+            return;
+        }
+        self.total += data.len() as u64;
+        if self.gave_up() {
+            self.subs = Vec::new();
+            return;
+        }
         while !data.is_empty() {
             match self.cutter.next_cut(data) {
                 Some(n) => {
@@ -135,19 +150,24 @@ impl Fingerprinter {
         self.len = 0;
     }
 
-    pub fn finish(mut self) -> Summary {
+    /// The summary of what was fed; `None` past [`MAX_FINE`] bytes.
+    pub fn finish(mut self) -> Option<Summary> {
+        if self.gave_up() {
+            return None;
+        }
         if self.len > 0 {
             self.end_sub();
         }
-        Summary { subs: self.subs }
+        Some(Summary { subs: self.subs })
     }
 
-    /// The summary of all of `src`, and its length.
-    pub fn read_all(mut self, mut src: impl Read) -> Result<Summary, VaultError> {
+    /// The summary of all of `src`; `None` (having stopped reading) past [`MAX_FINE`] bytes.
+    pub fn read_all(mut self, mut src: impl Read) -> Result<Option<Summary>, VaultError> {
         let mut buf = vec![0u8; 256 << 10];
         loop {
             match src.read(&mut buf) {
                 Ok(0) => return Ok(self.finish()),
+                Ok(_) if self.gave_up() => return Ok(None),
                 Ok(n) => self.feed(&buf[..n]),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(VaultError::Local(format!("reading: {e}"))),
@@ -399,7 +419,7 @@ mod tests {
         for piece in data.chunks(777) {
             f.feed(piece);
         }
-        f.finish()
+        f.finish().unwrap()
     }
 
     fn text(n: usize, seed: u64) -> Vec<u8> {
@@ -415,11 +435,25 @@ mod tests {
     }
 
     #[test]
+    fn a_stream_past_the_limit_keeps_no_summary() {
+        let mut f = Fingerprinter::new([1; 32], [2; 32]);
+        let mb = vec![7u8; 1 << 20];
+        for _ in 0..(MAX_FINE >> 20) {
+            f.feed(&mb);
+        }
+        assert!(!f.subs.is_empty());
+        f.feed(b"one more byte");
+        assert!(f.subs.is_empty(), "nothing kept past the limit");
+        assert_eq!(f.finish(), None);
+    }
+
+    #[test]
     fn cuts_follow_content_not_the_feeding() {
         let data = text(100_000, 7);
         let a = fp(&data);
         let b = Fingerprinter::new([1; 32], [2; 32])
             .read_all(&data[..])
+            .unwrap()
             .unwrap();
         assert_eq!(a, b);
         assert_eq!(a.bytes(), 100_000);

@@ -229,8 +229,9 @@ impl Vault {
             .update_content(
                 &mut w,
                 old_catalog,
-                Some(old_summary),
+                old_summary,
                 Content::Bytes(&bytes),
+                false,
             )?
             .root;
         let commit = Commit {
@@ -322,7 +323,8 @@ impl Vault {
                     Source::Bytes(b) => Content::Bytes(b),
                     Source::File(p) => Content::File(p),
                 };
-                let written = self.update_content(w, old_root, old_summary, content)?;
+                let keep = summaries.is_some();
+                let written = self.update_content(w, old_root, old_summary, content, keep)?;
                 if let (Some(s), Some(root), Some(summary)) =
                     (&summaries, written.root, &written.summary)
                 {
@@ -354,122 +356,147 @@ impl Vault {
     /// Turns the old tree into one of `src`, sending the blocks that takes. With a summary of
     /// the old version (`old_summary`), the diff is fine: only the sub-blocks that changed are
     /// read again and sent, as new blocks placed between ranges of the old ones. Without, the
-    /// new content's blocks are diffed against the old version's.
+    /// new content's blocks are diffed against the old version's. With `keep`, the new
+    /// content's summary is made (to be kept) either way.
     pub(crate) fn update_content(
         &self,
         w: &mut Work<'_, '_, '_>,
         old: Option<Child>,
         old_summary: Option<Summary>,
         src: Content<'_>,
+        keep: bool,
     ) -> Result<Written, VaultError> {
         let old_pieces = match old {
             Some(r) => self.tree(w.nodes).read(Some(r), 0, r.bytes)?,
             None => vec![],
         };
-        let have: HashSet<[u8; 32]> = old_pieces.iter().map(|p| p.block).collect();
-        let (chunk_key, fp_key) = self.keys.fine_keys();
         // A vault of fixed blocks is the paper's Block scheme: whole blocks only.
         let fixed = self.config.min == self.config.max;
-        let fine =
-            old_summary.filter(|s| !fixed && old.is_some() && s.bytes() <= summary::MAX_FINE);
-        let (actions, summary, size) = match fine {
-            Some(old_summary) => {
-                let mut counted = Counted {
-                    inner: src.open_at(0)?,
-                    n: 0,
-                    progress: w.progress,
-                };
-                let new = Fingerprinter::new(chunk_key, fp_key).read_all(&mut counted)?;
-                w.report.bytes_cut += counted.n;
-                let ops = summary::diff(&old_summary, &new)?;
-                // What each insert puts in: old bytes found anywhere, or new bytes to send.
-                let reuse = Reuse::new(&old_summary, &old_pieces);
-                let parts: Vec<Vec<Part>> = ops
-                    .iter()
-                    .map(|op| match op {
-                        FineOp::Insert { from, subs, .. } => {
-                            reuse.parts(&new.subs[subs.clone()], subs.start, *from)
-                        }
-                        FineOp::Delete { .. } => vec![],
-                    })
-                    .collect();
-                let mut segments: Vec<Box<dyn Read + '_>> = vec![];
-                for part in parts.iter().flatten() {
-                    if let Part::New { from, subs } = part {
-                        let subs = &new.subs[subs.clone()];
-                        let len = subs.iter().map(|s| s.len as u64).sum();
-                        segments.push(Box::new(Checked {
-                            inner: src.open_at(*from)?.take(len),
-                            subs,
-                            fp_key,
-                            buf: vec![],
-                        }));
-                    }
-                }
-                let mut sent = self.send_blocks(have, segments, w, None)?.into_iter();
-                let actions = ops
-                    .iter()
-                    .zip(&parts)
-                    .map(|(op, parts)| match op {
-                        FineOp::Delete { at, len } => Action::Delete { at: *at, len: *len },
-                        FineOp::Insert { at, .. } => Action::Insert {
-                            at: *at,
-                            pieces: parts
-                                .iter()
-                                .flat_map(|p| match p {
-                                    Part::Old { at, len } => reuse.pieces(*at, *len),
-                                    Part::New { .. } => sent.next().unwrap_or_default(),
-                                })
-                                .collect(),
-                        },
-                    })
-                    .collect();
-                let size = new.bytes();
-                (actions, Some(new), size)
-            }
+        let fine = old_summary.filter(|_| !fixed && old.is_some());
+        let done = match fine {
+            Some(old_summary) => self.fine_actions(w, &old_summary, &old_pieces, src)?,
+            None => None,
+        };
+        let (actions, summary, size) = match done {
+            Some(d) => d,
             None => {
-                let mut fp = Fingerprinter::new(chunk_key, fp_key);
-                let segment: Box<dyn Read + '_> = src.open_at(0)?;
-                let pieces = self.send_blocks(have, vec![segment], w, Some(&mut fp))?;
+                let (chunk_key, fp_key) = self.keys.fine_keys();
+                let mut fp = (keep && !fixed).then(|| Fingerprinter::new(chunk_key, fp_key));
+                let have = old_pieces.iter().map(|p| p.block).collect();
+                let segment = std::iter::once(src.open_at(0, u64::MAX));
+                let pieces = self.send_blocks(have, segment, w, true, fp.as_mut())?;
                 let new_pieces = pieces.into_iter().next().unwrap_or_default();
                 let size = new_pieces.iter().map(|p| p.len as u64).sum();
-                let summary = Some(fp.finish()).filter(|s| s.bytes() <= summary::MAX_FINE);
+                let summary = fp.and_then(Fingerprinter::finish);
                 (diff_actions(&old_pieces, &new_pieces)?, summary, size)
             }
         };
-        if actions.is_empty() {
-            let root = old.map(|c| c.node);
-            return Ok(Written {
-                root,
-                size,
-                summary,
-            });
-        }
-        let f = ring::FileActions { old, actions };
-        let root = ring::apply_one(&mut self.tree(w.nodes), &f)?;
-        w.batch.files.push(f);
-        w.batch.expect.push(root);
-        let root = root.map(|c| c.node);
+        let root = if actions.is_empty() {
+            old
+        } else {
+            let f = ring::FileActions { old, actions };
+            let root = ring::apply_one(&mut self.tree(w.nodes), &f)?;
+            w.batch.files.push(f);
+            w.batch.expect.push(root);
+            root
+        };
         Ok(Written {
-            root,
+            root: root.map(|c| c.node),
             size,
             summary,
         })
     }
 
+    /// The fine diff of `src` against the old version (`old_summary`, held in `old_pieces`):
+    /// its actions, its summary and size, the new bytes queued; `None` when `src` is too large
+    /// to summarise ([`summary::MAX_FINE`]).
+    #[allow(clippy::type_complexity)]
+    fn fine_actions(
+        &self,
+        w: &mut Work<'_, '_, '_>,
+        old_summary: &Summary,
+        old_pieces: &[Piece],
+        src: Content<'_>,
+    ) -> Result<Option<(Vec<Action>, Option<Summary>, u64)>, VaultError> {
+        let (chunk_key, fp_key) = self.keys.fine_keys();
+        let mut counted = Counted {
+            inner: src.open_at(0, u64::MAX)?,
+            n: 0,
+            progress: w.progress,
+        };
+        let Some(new) = Fingerprinter::new(chunk_key, fp_key).read_all(&mut counted)? else {
+            return Ok(None);
+        };
+        w.report.bytes_cut += counted.n;
+        let ops = summary::diff(old_summary, &new)?;
+        // What each insert puts in: old bytes found anywhere, or new bytes to send.
+        let reuse = Reuse::new(old_summary, old_pieces);
+        let parts: Vec<Vec<Part>> = ops
+            .iter()
+            .map(|op| match op {
+                FineOp::Insert { from, subs, .. } => {
+                    reuse.parts(&new.subs[subs.clone()], subs.start, *from)
+                }
+                FineOp::Delete { .. } => vec![],
+            })
+            .collect();
+        // Each run of new bytes read again (opened only when its turn comes: there may be
+        // thousands), checked against the summary.
+        let segments = parts.iter().flatten().filter_map(|part| match part {
+            Part::New { from, subs } => {
+                let subs = &new.subs[subs.clone()];
+                let len = subs.iter().map(|s| s.len as u64).sum();
+                Some(src.open_at(*from, len).map(|inner| {
+                    Box::new(Checked {
+                        inner,
+                        subs,
+                        fp_key,
+                        buf: vec![],
+                    }) as Box<dyn Read + '_>
+                }))
+            }
+            Part::Old { .. } => None,
+        });
+        let have = old_pieces.iter().map(|p| p.block).collect();
+        let mut sent = self
+            .send_blocks(have, segments, w, false, None)?
+            .into_iter();
+        let actions = ops
+            .iter()
+            .zip(&parts)
+            .map(|(op, parts)| match op {
+                FineOp::Delete { at, len } => Action::Delete { at: *at, len: *len },
+                FineOp::Insert { at, .. } => Action::Insert {
+                    at: *at,
+                    pieces: parts
+                        .iter()
+                        .flat_map(|p| match p {
+                            Part::Old { at, len } => reuse.pieces(*at, *len),
+                            // Short only if a put failed: the update's end says so.
+                            Part::New { .. } => sent.next().unwrap_or_default(),
+                        })
+                        .collect(),
+                },
+            })
+            .collect();
+        let size = new.bytes();
+        Ok(Some((actions, Some(new), size)))
+    }
+
     /// Cuts each of `segments` into blocks and queues those not in `have`; the pieces of each
-    /// segment. `fp`, if given, is fed everything read.
+    /// segment. `counting`: the bytes read are the content's (a fine diff's were counted when
+    /// the file was summarised). `fp`, if given, is fed everything read.
     fn send_blocks<'r>(
         &self,
         mut have: HashSet<[u8; 32]>,
-        segments: Vec<Box<dyn Read + 'r>>,
+        segments: impl IntoIterator<Item = Result<Box<dyn Read + 'r>, VaultError>>,
         w: &mut Work<'_, '_, '_>,
+        counting: bool,
         mut fp: Option<&mut Fingerprinter>,
     ) -> Result<Vec<Vec<Piece>>, VaultError> {
-        // Bytes of a fine diff's segments were counted when the file was summarised.
-        let counting = fp.is_some();
         let mut out = vec![];
         for segment in segments {
+            let segment = segment?;
             let mut pieces = vec![];
             let mut reader = ChunkReader::new(segment, w.spec.build());
             loop {
@@ -631,17 +658,18 @@ pub(crate) enum Content<'a> {
     Bytes(&'a [u8]),
 }
 
-impl Content<'_> {
-    fn open_at(&self, at: u64) -> Result<Box<dyn Read + '_>, VaultError> {
-        match self {
-            Content::Bytes(b) => Ok(Box::new(b.get(at as usize..).unwrap_or_default())),
+impl<'a> Content<'a> {
+    /// At most `len` bytes from byte `at` on.
+    fn open_at(&self, at: u64, len: u64) -> Result<Box<dyn Read + 'a>, VaultError> {
+        match *self {
+            Content::Bytes(b) => Ok(Box::new(b.get(at as usize..).unwrap_or_default().take(len))),
             Content::File(p) => {
                 let fail = |e: std::io::Error| VaultError::Local(format!("{}: {e}", p.display()));
                 let mut f = std::fs::File::open(p).map_err(fail)?;
                 if at > 0 {
                     f.seek(SeekFrom::Start(at)).map_err(fail)?;
                 }
-                Ok(Box::new(f))
+                Ok(Box::new(f.take(len)))
             }
         }
     }

@@ -638,6 +638,17 @@ fn a_client_lists_only_the_versions_since_the_newest_it_saw() {
     assert_eq!(v.heads().unwrap().len(), 40);
 }
 
+/// A new vault on a directory, and a writer of it that keeps a node cache and fine summaries:
+/// (the vault's directory, the cache's, the writer).
+fn writer() -> (tempfile::TempDir, tempfile::TempDir, Vault) {
+    let t = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let v = Vault::init(dir(t.path()), PASS, FAST, Config::new())
+        .unwrap()
+        .with_node_cache(cache.path().join("nodes"));
+    (t, cache, v)
+}
+
 /// Text-like bytes (compressible, as documents are), from a seed.
 fn prose(seed: u64, n: usize) -> Vec<u8> {
     noise(seed, n)
@@ -669,11 +680,7 @@ fn scatter_edits(data: &mut Vec<u8>, seed: u64, n: usize) {
 
 #[test]
 fn the_writers_fine_summary_sends_little_more_than_the_edits() {
-    let t = tempfile::tempdir().unwrap();
-    let cache = tempfile::tempdir().unwrap();
-    let v = Vault::init(dir(t.path()), PASS, FAST, Config::new())
-        .unwrap()
-        .with_node_cache(cache.path().join("nodes"));
+    let (t, _cache, v) = writer();
     // A client with no summary (no cache): whole blocks.
     let blocky = || Vault::open(dir(t.path()), PASS).unwrap();
     let a = noise(21, 2 << 20);
@@ -712,11 +719,7 @@ fn the_writers_fine_summary_sends_little_more_than_the_edits() {
 
 #[test]
 fn scattered_edits_over_many_versions_read_back_exactly() {
-    let t = tempfile::tempdir().unwrap();
-    let cache = tempfile::tempdir().unwrap();
-    let v = Vault::init(dir(t.path()), PASS, FAST, Config::new())
-        .unwrap()
-        .with_node_cache(cache.path().join("nodes"));
+    let (t, _cache, v) = writer();
     let mut files: Vec<Vec<u8>> = (0..3).map(|i| prose(30 + i, 150_000)).collect();
     let names = ["a.txt", "dir/b.txt", "dir/c.txt"];
     for round in 0..12u64 {
@@ -747,11 +750,7 @@ fn scattered_edits_over_many_versions_read_back_exactly() {
 
 #[test]
 fn a_damaged_or_lost_summary_only_costs_bytes() {
-    let t = tempfile::tempdir().unwrap();
-    let cache = tempfile::tempdir().unwrap();
-    let v = Vault::init(dir(t.path()), PASS, FAST, Config::new())
-        .unwrap()
-        .with_node_cache(cache.path().join("nodes"));
+    let (_t, cache, v) = writer();
     let mut data = prose(40, 400_000);
     v.update(&[put("f", &data)]).unwrap();
     let summaries = cache.path().join("summaries");
@@ -831,11 +830,7 @@ fn a_small_update_sends_all_its_blocks_in_one_request() {
 
 #[test]
 fn moved_bytes_and_edits_past_the_diffs_limit_are_not_sent_again() {
-    let t = tempfile::tempdir().unwrap();
-    let cache = tempfile::tempdir().unwrap();
-    let v = Vault::init(dir(t.path()), PASS, FAST, Config::new())
-        .unwrap()
-        .with_node_cache(cache.path().join("nodes"));
+    let (_t, _cache, v) = writer();
     // Incompressible, so the bytes of the blocks sent are the bytes of content sent.
     let a = noise(70, 8 << 20);
     v.update(&[put("f", &a)]).unwrap();
