@@ -550,9 +550,29 @@ impl Vfs {
     /// Likewise, asked through the open file `fh` if given: a copy being written (or changed
     /// and not yet written back, or removed while open) has the local copy's size and time.
     pub fn getattr_open(&self, ino: Ino, fh: Option<u64>) -> Result<Stat, Errno> {
-        let (path, local, mode, file) = {
+        if let Some(s) = self.local_stat(ino, fh)? {
+            return Ok(s);
+        }
+        let path = self
+            .lock()
+            .inodes
+            .get(&ino)
+            .ok_or(Errno::ENOENT)?
+            .path
+            .clone();
+        let a = self.attr(&path)?;
+        Ok(Self::stat_of(&self.lock(), ino, &a))
+    }
+
+    /// The attributes of a file whose local copy is newer than the server's version (being
+    /// written, changed and not yet written back, or removed while open); `None` for others.
+    fn local_stat(&self, ino: Ino, fh: Option<u64>) -> Result<Option<Stat>, Errno> {
+        let (path, file, mode, nlink) = {
             let st = self.lock();
             let n = st.inodes.get(&ino).ok_or(Errno::ENOENT)?;
+            if !(n.writers > 0 || n.dirty || n.unlinked) {
+                return Ok(None);
+            }
             // The copy through an open handle: a file removed while open has no other.
             let file = fh
                 .and_then(|fh| st.handles.get(&fh))
@@ -562,28 +582,24 @@ impl Vfs {
             let known = st.attrs.get(&n.path).map(|l| l.value.mode);
             (
                 n.path.clone(),
-                (n.writers > 0 || n.dirty || n.unlinked).then_some(!n.unlinked as u32),
-                n.mode.or(known).unwrap_or(0o644),
                 file,
+                n.mode.or(known).unwrap_or(0o644),
+                !n.unlinked as u32,
             )
         };
-        if let Some(nlink) = local {
-            use std::os::unix::fs::MetadataExt;
-            let m = match file {
-                Some(f) => f.metadata()?,
-                None => std::fs::metadata(self.files.data(&path))?,
-            };
-            return Ok(Stat {
-                ino,
-                kind: FileKind::File,
-                size: m.len(),
-                mode: mode & 0o7777,
-                mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-                nlink,
-            });
-        }
-        let a = self.attr(&path)?;
-        Ok(Self::stat_of(&self.lock(), ino, &a))
+        use std::os::unix::fs::MetadataExt;
+        let m = match file {
+            Some(f) => f.metadata()?,
+            None => std::fs::metadata(self.files.data(&path))?,
+        };
+        Ok(Some(Stat {
+            ino,
+            kind: FileKind::File,
+            size: m.len(),
+            mode: mode & 0o7777,
+            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            nlink,
+        }))
     }
 
     // ------------------------------------------------------------------ names
@@ -628,10 +644,17 @@ impl Vfs {
                 }
             },
         };
-        let mut st = self.lock();
-        let ino = Self::ino_for(&mut st, &path, a.kind);
-        st.inodes.get_mut(&ino).expect("made").lookups += 1;
-        Ok(Self::stat_of(&st, ino, &a))
+        let ino = {
+            let mut st = self.lock();
+            let ino = Self::ino_for(&mut st, &path, a.kind);
+            st.inodes.get_mut(&ino).expect("made").lookups += 1;
+            ino
+        };
+        // The kernel takes a lookup's size as the file's: a copy being written has its own.
+        match self.local_stat(ino, None) {
+            Ok(Some(s)) => Ok(s),
+            _ => Ok(Self::stat_of(&self.lock(), ino, &a)),
+        }
     }
 
     /// Whether a valid listing of `dir` has `name`; `None` without one.

@@ -610,3 +610,20 @@ fn statfs_is_the_servers_file_system_and_its_last_answer_offline() {
     settle(&[&v]);
     assert_eq!(v.statfs(), f);
 }
+
+/// A file being written is looked up with its local size and time, not the server's (the
+/// empty version its create made): the kernel takes a lookup's size as the file's, and reads
+/// past it end early (`git clone` into a mount: "premature end of pack file").
+#[test]
+fn a_file_being_written_is_looked_up_with_its_local_size() {
+    let (_t, _root, _remote, v) = one_client();
+    let (f, o) = v.create(ROOT, b"pack", 0o644, false).unwrap();
+    v.write(o.fh, 0, &[7u8; 5000]).unwrap();
+    v.setattr(f.ino, None, None, Some(1_000_000_000)).unwrap();
+    let s = v.lookup(ROOT, b"pack").unwrap();
+    assert_eq!((s.ino, s.size, s.mtime_ns), (f.ino, 5000, 1_000_000_000));
+    v.forget(f.ino, 1);
+    v.release(o.fh).unwrap();
+    let s = v.lookup(ROOT, b"pack").unwrap();
+    assert_eq!((s.size, s.mtime_ns), (5000, 1_000_000_000));
+}
