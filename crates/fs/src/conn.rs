@@ -330,6 +330,17 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
     /// Like [`open`](Self::open), compressing what this side sends at `zstd_level` (when the
     /// server speaks the zstd stream; 0 asks for no stream compression at all).
     pub fn open_with(reader: R, writer: W, zstd_level: Level) -> Result<Self, ConnError> {
+        Self::open_asking(reader, writer, zstd_level, 0)
+    }
+
+    /// Like [`open_with`](Self::open_with), asking also for the features in `ask` that a
+    /// client has only when it asks ([`ferry_proto::FEATURE_NO_TREE_DIGESTS`]).
+    pub fn open_asking(
+        reader: R,
+        writer: W,
+        zstd_level: Level,
+        ask: u64,
+    ) -> Result<Self, ConnError> {
         let mut c = Connection {
             reader,
             writer: FrameWriter::new(writer)?,
@@ -353,7 +364,8 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             FEATURES & !FEATURE_ZSTD_STREAM
         } else {
             FEATURES
-        };
+        } & !ferry_proto::FEATURE_NO_TREE_DIGESTS
+            | (ask & FEATURES);
         let hello = Message::Hello(Hello {
             version: VERSION,
             features,

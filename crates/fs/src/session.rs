@@ -218,6 +218,19 @@ impl Session {
         serve_args: &[String],
         zstd_level: ferry_proto::Level,
     ) -> Result<Session, ConnError> {
+        Self::spawn_asking(rsh, remote_ferry, spec, serve_args, zstd_level, 0)
+    }
+
+    /// Like [`spawn`](Self::spawn), asking also for the features in `ask` (as
+    /// [`Connection::open_asking`]).
+    pub fn spawn_asking(
+        rsh: &str,
+        remote_ferry: &str,
+        spec: &RemoteSpec,
+        serve_args: &[String],
+        zstd_level: ferry_proto::Level,
+        ask: u64,
+    ) -> Result<Session, ConnError> {
         let mut words = rsh.split_whitespace();
         let prog = words
             .next()
@@ -229,7 +242,7 @@ impl Session {
             .args(["serve", "--stdio"])
             .args(serve_args)
             .arg(&spec.path);
-        Self::command_with(cmd, zstd_level)
+        Self::command_asking(cmd, zstd_level, ask)
     }
 
     /// Runs `cmd`, which must speak the protocol on its standard input and output (a server:
@@ -240,8 +253,16 @@ impl Session {
 
     /// Like [`command`](Self::command), sending at `zstd_level`.
     pub fn command_with(
+        cmd: Command,
+        zstd_level: ferry_proto::Level,
+    ) -> Result<Session, ConnError> {
+        Self::command_asking(cmd, zstd_level, 0)
+    }
+
+    fn command_asking(
         mut cmd: Command,
         zstd_level: ferry_proto::Level,
+        ask: u64,
     ) -> Result<Session, ConnError> {
         let prog = cmd.get_program().to_string_lossy().into_owned();
         let mut child = cmd
@@ -253,7 +274,7 @@ impl Session {
         let stdout = child.stdout.take().expect("piped");
         let reader = LinkReader::new(stdout);
         let (timeout, hang_up) = (reader.timeout.clone(), reader.dropped.clone());
-        match Connection::open_with(reader, Box::new(stdin) as LinkWriter, zstd_level) {
+        match Connection::open_asking(reader, Box::new(stdin) as LinkWriter, zstd_level, ask) {
             Ok(conn) => Ok(Session {
                 conn,
                 timeout,
@@ -281,9 +302,20 @@ impl Session {
         writer: LinkWriter,
         finish: Box<dyn FnOnce() -> io::Result<()> + Send>,
     ) -> Result<Session, ConnError> {
+        Self::over_asking(reader, writer, finish, 0)
+    }
+
+    /// Like [`over`](Self::over), asking also for the features in `ask` (as
+    /// [`Connection::open_asking`]).
+    pub fn over_asking(
+        reader: impl Read + AsFd + Send + 'static,
+        writer: LinkWriter,
+        finish: Box<dyn FnOnce() -> io::Result<()> + Send>,
+        ask: u64,
+    ) -> Result<Session, ConnError> {
         let reader = LinkReader::new(reader);
         let (timeout, hang_up) = (reader.timeout.clone(), reader.dropped.clone());
-        let conn = Connection::open(reader, writer)?;
+        let conn = Connection::open_asking(reader, writer, crate::conn::DEFAULT_ZSTD_LEVEL, ask)?;
         Ok(Session {
             conn,
             timeout,

@@ -252,6 +252,10 @@ struct Inode {
     kernel_version: Option<u64>,
     /// Permission bits set here while the copy was dirty: they go with the commit.
     mode: Option<u32>,
+    /// The record says dirty while the copy is still this server version: a create labels its
+    /// empty copy so, and its first write then needs no sync of the record. Made clean again
+    /// when the file is closed unwritten.
+    labelled_dirty: Option<u64>,
 }
 
 struct Handle {
@@ -267,6 +271,10 @@ type Listing = Vec<(Vec<u8>, FileKind)>;
 struct State {
     attrs: HashMap<WirePath, Leased<Attr>>,
     listings: HashMap<WirePath, Leased<Listing>>,
+    /// Directories whose listing a lease break dropped: a lookup there asks for its one name,
+    /// not the whole listing again (a directory being filled or emptied would be listed again
+    /// at every step, the work and bytes growing with its size). Listing it again ends this.
+    changing: std::collections::HashSet<WirePath>,
     /// Symlink targets by path, with the version they were read at.
     links: HashMap<WirePath, (u64, Vec<u8>)>,
     inodes: HashMap<Ino, Inode>,
@@ -466,6 +474,7 @@ impl Vfs {
         let mut st = self.lock();
         st.attrs.remove(path);
         st.listings.remove(path);
+        st.changing.remove(path);
         if let Some((dir, name)) = path.split_last() {
             if let Some(l) = st.listings.get_mut(&dir) {
                 if let Ok(i) = l.value.binary_search_by(|e| e.0.as_slice().cmp(name)) {
@@ -627,6 +636,7 @@ impl Vfs {
             None => match self.listed(&dir, name) {
                 Some(false) => return Err(Errno::ENOENT),
                 Some(true) => self.attr(&path)?,
+                None if self.lock().changing.contains(&dir) => self.attr(&path)?,
                 None => {
                     // A listing answers this lookup and every later one in the directory.
                     let small = self
@@ -726,6 +736,7 @@ impl Vfs {
                 self.store_attr(&mut st, &p, attr.clone(), asked);
             }
         }
+        st.changing.remove(dir);
         st.listings.insert(
             dir.clone(),
             Leased {
@@ -1036,7 +1047,10 @@ impl Vfs {
             }
             Err(f) => return Err(errno_of(&f)),
         };
-        self.files.set_meta(&path, Some(a.version), false)?;
+        // Labelled dirty at once (the copy is empty, as the version is): its first write needs
+        // no sync of the record, and a crash before the close writes back an empty file, the
+        // version's own content.
+        self.files.set_meta(&path, Some(a.version), true)?;
         let file = OpenOptions::new().read(true).write(true).open(&data)?;
         let ino = {
             let mut st = self.lock();
@@ -1048,6 +1062,7 @@ impl Vfs {
             n.open += 1;
             n.writers += 1;
             n.unlinked = false;
+            n.labelled_dirty = Some(a.version);
             ino
         };
         let opened = self.new_handle(ino, file, true, Some(a.version));
@@ -1142,9 +1157,20 @@ impl Vfs {
         if b.oid.is_none() || b.oid != after.oid || b.version == after.version {
             return Ok(());
         }
+        // The same content at a new version (the own change was of attributes only): a copy
+        // of the old one is a copy of the new one; one labelled dirty (a create's, a kept
+        // change's) keeps its label, against the new version.
         if let Some(m) = self.files.meta(path) {
-            if !m.dirty && m.version == Some(b.version) {
-                self.files.set_meta(path, Some(after.version), false)?;
+            if m.version == Some(b.version) {
+                self.files.set_meta(path, Some(after.version), m.dirty)?;
+                let mut st = self.lock();
+                if let Some(&ino) = st.ino_of.get(path) {
+                    if let Some(n) = st.inodes.get_mut(&ino) {
+                        if n.labelled_dirty == Some(b.version) {
+                            n.labelled_dirty = Some(after.version);
+                        }
+                    }
+                }
             }
         }
         Ok(())
@@ -1252,8 +1278,15 @@ impl Vfs {
                 return Ok(());
             };
             if !n.dirty {
+                if let Some(v) = n.labelled_dirty.take() {
+                    let path = n.path.clone();
+                    drop(st);
+                    // Closed unwritten: the copy is the version it was made as.
+                    self.files.set_meta(&path, Some(v), false)?;
+                }
                 return Ok(());
             }
+            n.labelled_dirty = None;
             if n.unlinked {
                 // Removed or replaced while open: there is nothing left to write it to.
                 n.dirty = false;
@@ -1454,6 +1487,7 @@ impl Vfs {
         st.attrs.retain(|p, _| !below(p));
         st.listings.retain(|p, _| !below(p));
         st.links.retain(|p, _| !below(p));
+        st.changing.retain(|p| !below(p));
     }
 
     fn unlinked(&self, st: &mut State, path: &WirePath) {
@@ -1678,6 +1712,7 @@ impl Vfs {
             }
             if let Some(l) = st.listings.get_mut(&p) {
                 l.until = past;
+                st.changing.insert(p);
             }
         }
     }
@@ -1793,6 +1828,7 @@ impl Inode {
             unlinked: false,
             kernel_version: None,
             mode: None,
+            labelled_dirty: None,
         }
     }
 }

@@ -152,6 +152,18 @@ pub fn connect(
     known_hosts: &Path,
     first_use: impl FnOnce(Fingerprint),
 ) -> Result<Session, NetError> {
+    connect_asking(ep, id, known_hosts, 0, first_use)
+}
+
+/// Like [`connect`], asking also for the Hello features in `ask`
+/// ([`ferry_fs::Connection::open_asking`]).
+pub fn connect_asking(
+    ep: &Endpoint,
+    id: &Identity,
+    known_hosts: &Path,
+    ask: u64,
+    first_use: impl FnOnce(Fingerprint),
+) -> Result<Session, NetError> {
     let host_port = ep.host_port();
     let known = known_host(known_hosts, &host_port)?;
     let record = |fp: Fingerprint| -> Result<(), NetError> {
@@ -159,14 +171,14 @@ pub fn connect(
         first_use(fp);
         Ok(())
     };
-    open(ep, id, known, Some(known_hosts), record)
+    open(ep, id, known, Some(known_hosts), ask, record)
 }
 
 /// Connects to a daemon whose key must be `key` (a transfer daemon named in a ticket's hint:
 /// the ticket pins it, no `known_hosts` is involved), proves this user's key and opens a
 /// session.
 pub fn connect_pinned(ep: &Endpoint, id: &Identity, key: Fingerprint) -> Result<Session, NetError> {
-    open(ep, id, Some(key), None, |_| Ok(()))
+    open(ep, id, Some(key), None, 0, |_| Ok(()))
 }
 
 fn open(
@@ -174,6 +186,7 @@ fn open(
     id: &Identity,
     known: Option<Fingerprint>,
     known_hosts: Option<&Path>,
+    ask: u64,
     first_use: impl FnOnce(Fingerprint) -> Result<(), NetError>,
 ) -> Result<Session, NetError> {
     let host_port = ep.host_port();
@@ -242,7 +255,7 @@ fn open(
         }
         Ok(())
     });
-    Session::over(reader, Box::new(mine), finish).map_err(NetError::Link)
+    Session::over_asking(reader, Box::new(mine), finish, ask).map_err(NetError::Link)
 }
 
 fn runtime() -> io::Result<tokio::runtime::Runtime> {

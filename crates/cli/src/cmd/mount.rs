@@ -100,7 +100,12 @@ pub fn mount(a: MountArgs) -> Result<ExitCode> {
 }
 
 fn run(a: &MountArgs, cache: &Path, daemon: bool) -> Result<()> {
-    let (connect, root) = connector(&a.remote, &a.rsh)?;
+    let (connect, root) = connector(
+        &a.remote,
+        &a.rsh,
+        // A mount never compares trees by digest.
+        ferry_proto::FEATURE_NO_TREE_DIGESTS,
+    )?;
     let devices = a.lookaside.load(&a.rsh.chunker())?;
     let providers = ferry_mount::Providers::new(devices.provider_sessions(&a.rsh));
     let opts = ferry_mount::Options {

@@ -662,11 +662,11 @@ fn connect(remote: &str, rsh: &Rsh) -> Result<(Session, WirePath)> {
         // Once: the daemon's own errors (a changed key, say) keep their exit codes.
         let (ep, wire) = endpoint(ep?)?;
         let (id, known) = identity()?;
-        let session = net_session(&ep, &id, &known)
+        let session = net_session(&ep, &id, &known, 0)
             .with_context(|| format!("cannot start a session with {}", ep.host_port()))?;
         return Ok((session, wire));
     }
-    let (connect, wire) = connector(remote, rsh)?;
+    let (connect, wire) = connector(remote, rsh, 0)?;
     Ok((connect()?, wire))
 }
 
@@ -687,15 +687,16 @@ fn identity() -> Result<(ferry_net::Identity, PathBuf)> {
 /// recorded in) `known_hosts`.
 pub fn tls_session(ep: &ferry_net::Endpoint) -> Result<Session> {
     let (id, known) = identity()?;
-    Ok(net_session(ep, &id, &known)?)
+    Ok(net_session(ep, &id, &known, 0)?)
 }
 
 fn net_session(
     ep: &ferry_net::Endpoint,
     id: &ferry_net::Identity,
     known: &Path,
+    ask: u64,
 ) -> Result<Session, ferry_net::NetError> {
-    ferry_net::connect(ep, id, known, |fp| {
+    ferry_net::connect_asking(ep, id, known, ask, |fp| {
         eprintln!(
             "ferry: first visit to {}: trusting its key {fp} from now on (recorded in {})",
             ep.host_port(),
@@ -705,13 +706,14 @@ fn net_session(
 }
 
 /// What opens a session with the server named by `remote` (as often as needed: the mount
-/// reconnects with it), and the path there.
-pub fn connector(remote: &str, rsh: &Rsh) -> Result<(ferry_mount::Connector, WirePath)> {
+/// reconnects with it), and the path there; each session asks for the Hello features in `ask`
+/// besides the usual ones.
+pub fn connector(remote: &str, rsh: &Rsh, ask: u64) -> Result<(ferry_mount::Connector, WirePath)> {
     if let Some(ep) = ferry_net::Endpoint::parse(remote) {
         let (ep, wire) = endpoint(ep?)?;
         let (id, known) = identity()?;
         let connect = move || {
-            net_session(&ep, &id, &known).map_err(|e| match e {
+            net_session(&ep, &id, &known, ask).map_err(|e| match e {
                 ferry_net::NetError::Link(e) => e,
                 e => ferry_fs::ConnError::Io(std::io::Error::other(format!(
                     "cannot start a session with {}: {e}",
@@ -728,13 +730,15 @@ pub fn connector(remote: &str, rsh: &Rsh) -> Result<(ferry_mount::Connector, Wir
     let (shell, remote_ferry, args) = (rsh.rsh.clone(), rsh.remote_ferry.clone(), rsh.serve_args());
     let level = rsh.zstd_level.unwrap_or(ferry_fs::DEFAULT_ZSTD_LEVEL);
     let connect = move || {
-        Session::spawn(&shell, &remote_ferry, &root, &args, level).map_err(|e| match e {
-            ferry_fs::ConnError::Io(io) => ferry_fs::ConnError::Io(std::io::Error::new(
-                io.kind(),
-                format!("cannot start a session with {}: {io}", root.host),
-            )),
-            e => e,
-        })
+        Session::spawn_asking(&shell, &remote_ferry, &root, &args, level, ask).map_err(
+            |e| match e {
+                ferry_fs::ConnError::Io(io) => ferry_fs::ConnError::Io(std::io::Error::new(
+                    io.kind(),
+                    format!("cannot start a session with {}: {io}", root.host),
+                )),
+                e => e,
+            },
+        )
     };
     Ok((Box::new(connect), wire))
 }

@@ -157,7 +157,7 @@ fn backend(a: &Args, target: &str, create: bool) -> Result<Box<dyn Backend>> {
     }
     if target.starts_with("ferry://") || ferry_fs::RemoteSpec::parse(target).is_some() {
         let rsh = super::remote::Rsh::shell(a.rsh.clone(), a.remote_ferry.clone());
-        let (connect, wire) = super::remote::connector(target, &rsh)?;
+        let (connect, wire) = super::remote::connector(target, &rsh, 0)?;
         let remote = ferry_fs::vault::RemoteVault::new(connect, wire, target.to_string());
         if create {
             remote.make_dir()?;

@@ -124,8 +124,11 @@ impl Server {
     }
 
     /// The tree digest of the directory at `path` as an id, when the whole subtree could be
-    /// read.
+    /// read (and the client did not ask for none: `FEATURE_NO_TREE_DIGESTS`).
     fn tree_id(&mut self, path: &WirePath) -> Option<Id> {
+        if self.features & ferry_proto::FEATURE_NO_TREE_DIGESTS != 0 {
+            return None;
+        }
         match self.tree_digest(path) {
             Ok(d) => Some(Id::from_parts(HashAlg::Blake3, d)),
             Err(e) => {

@@ -2540,3 +2540,57 @@ fn the_trash_keeps_few_entries_and_no_empty_versions() {
     assert!(trash.len() <= 32 + 2, "{} entries", trash.len());
     assert!(trash.iter().all(|&len| len > 0), "an empty version kept");
 }
+
+/// A client that asks for no tree digests (a mount) gets directories' attributes without one,
+/// in GetAttr and in listings: the server reads no subtree for them. Others get them.
+#[test]
+fn a_client_asking_for_no_tree_digests_gets_none() {
+    use ferry_proto::{Reply, Request, FEATURE_NO_TREE_DIGESTS};
+    let t = tempfile::tempdir().unwrap();
+    wide_tree(&t.path().join("up"));
+    let open = |ask: u64| {
+        let (a, b) = UnixStream::pair().unwrap();
+        let export = Export::open(t.path()).unwrap();
+        std::thread::spawn(move || {
+            let mut server = Server::new(export, ServerOptions::default(), staging());
+            let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
+        });
+        Connection::open_asking(b.try_clone().unwrap(), b, ferry_fs::DEFAULT_ZSTD_LEVEL, ask)
+            .unwrap()
+    };
+    let digests = |c: &mut Connection<UnixStream, UnixStream>| {
+        let attr = match c
+            .call(Request::GetAttr { path: "up".into() })
+            .unwrap()
+            .pop()
+        {
+            Some(Reply::Attr(a)) => a,
+            other => panic!("{other:?}"),
+        };
+        let mut listed = vec![];
+        for r in c
+            .call(Request::ReadDir {
+                path: "up".into(),
+                keys: vec![],
+            })
+            .unwrap()
+        {
+            let Reply::Entries { entries, .. } = r else {
+                panic!("{r:?}")
+            };
+            listed.extend(
+                entries
+                    .into_iter()
+                    .filter(|e| e.attr.kind == ferry_proto::FileKind::Dir)
+                    .map(|e| e.attr.oid.is_some()),
+            );
+        }
+        assert!(!listed.is_empty());
+        (attr.oid.is_some(), listed)
+    };
+    let (root, subdirs) = digests(&mut open(0));
+    assert!(root && subdirs.iter().all(|&d| d));
+    let mut lean = open(FEATURE_NO_TREE_DIGESTS);
+    let (root, subdirs) = digests(&mut lean);
+    assert!(!root && subdirs.iter().all(|&d| !d));
+}

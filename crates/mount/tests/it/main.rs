@@ -55,7 +55,13 @@ impl Remote {
                 let mut server = Server::new(export, opts, staging);
                 let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
             });
-            Session::over(b.try_clone()?, Box::new(b), Box::new(|| Ok(())))
+            // As `ferry mount` does.
+            Session::over_asking(
+                b.try_clone()?,
+                Box::new(b),
+                Box::new(|| Ok(())),
+                ferry_proto::FEATURE_NO_TREE_DIGESTS,
+            )
         })
     }
 
@@ -626,4 +632,26 @@ fn a_file_being_written_is_looked_up_with_its_local_size() {
     v.release(o.fh).unwrap();
     let s = v.lookup(ROOT, b"pack").unwrap();
     assert_eq!((s.size, s.mtime_ns), (5000, 1_000_000_000));
+}
+
+/// A create labels its empty copy dirty (its first write then syncs no record); closed
+/// unwritten, the copy is clean again: a later run does not write the empty file back over
+/// what another client wrote meanwhile.
+#[test]
+fn a_file_created_and_closed_unwritten_is_not_written_back_later() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    let remote = Remote::new(&root, 60_000);
+    let cache = t.path().join("c");
+    {
+        let v = client(&remote, &cache, Duration::from_secs(5));
+        let (_, o) = v.create(ROOT, b"f", 0o644, true).unwrap();
+        v.release(o.fh).unwrap();
+        v.shutdown();
+    }
+    std::fs::write(root.join("f"), b"another client's").unwrap();
+    let v = client(&remote, &cache, Duration::from_secs(5));
+    assert_eq!(v.write_back_all(), 0);
+    assert_eq!(std::fs::read(root.join("f")).unwrap(), b"another client's");
 }

@@ -46,10 +46,21 @@ pub const FEATURE_RATE: u64 = 4;
 /// Hello feature bit: the server answers [`Request::StatFs`] (the size and free space of the
 /// file system holding the export). A client asks only a server that offers it.
 pub const FEATURE_STATFS: u64 = 8;
+/// Hello feature bit, asked for by a client that never compares trees by digest (a mount):
+/// directories' attributes come without their tree digest (`oid` is `None`), in `Attr` and in
+/// listings. A digest costs a read of the whole subtree after any change beneath it; the
+/// kernel asks for a directory's attributes after each step of a bulk change (`cp -a`,
+/// `rm -rf`), so a mount paid a read of the directory per file. Not in a client's Hello unless
+/// asked for ([`Hello`] of [`FEATURES`] leaves it out).
+pub const FEATURE_NO_TREE_DIGESTS: u64 = 16;
 /// Feature bits this build understands: [`crate::FEATURE_ZSTD_STREAM`], [`FEATURE_HISTORY`],
-/// [`FEATURE_RATE`] and [`FEATURE_STATFS`]. Everything else of version 2 is always there.
-pub const FEATURES: u64 =
-    crate::FEATURE_ZSTD_STREAM | FEATURE_HISTORY | FEATURE_RATE | FEATURE_STATFS;
+/// [`FEATURE_RATE`], [`FEATURE_STATFS`] and [`FEATURE_NO_TREE_DIGESTS`]. Everything else of
+/// version 2 is always there.
+pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
+    | FEATURE_HISTORY
+    | FEATURE_RATE
+    | FEATURE_STATFS
+    | FEATURE_NO_TREE_DIGESTS;
 /// Largest file a client reads whole with no old version (ReadFiles with no olds) rather than
 /// by recipe.
 pub const MAX_READ_FILE: usize = 64 << 10;
