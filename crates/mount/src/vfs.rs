@@ -1247,6 +1247,15 @@ impl Vfs {
             if h.write {
                 n.writers = n.writers.saturating_sub(1);
             }
+            if n.writers == 0 && !n.dirty {
+                if let Some(v) = n.labelled_dirty.take() {
+                    // Closed unwritten: the copy is the version it was made as.
+                    let path = n.path.clone();
+                    if let Err(e) = self.files.set_meta(&path, Some(v), false) {
+                        tracing::warn!("{path:?}: cannot label the cache's copy clean: {e}");
+                    }
+                }
+            }
             if n.open == 0 && n.lookups == 0 && !n.dirty && h.ino != ROOT {
                 let (path, unlinked) = (n.path.clone(), n.unlinked);
                 st.inodes.remove(&h.ino);
@@ -1278,12 +1287,6 @@ impl Vfs {
                 return Ok(());
             };
             if !n.dirty {
-                if let Some(v) = n.labelled_dirty.take() {
-                    let path = n.path.clone();
-                    drop(st);
-                    // Closed unwritten: the copy is the version it was made as.
-                    self.files.set_meta(&path, Some(v), false)?;
-                }
                 return Ok(());
             }
             n.labelled_dirty = None;
