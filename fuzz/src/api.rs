@@ -35,12 +35,28 @@ struct Daemon {
 
 static DAEMON: OnceLock<Option<Daemon>> = OnceLock::new();
 
-/// Sends one request; the response's status, headers and body (`None`: no whole response).
+/// Sends one request; the response's status, headers and body, or which step failed and how
+/// (with the time it took, and how many descriptors this process, the daemon's, holds).
 /// With `whole` false, only until the headers (an event stream does not end).
-fn request(socket: &Path, head: &str, body: &[u8], whole: bool) -> Option<(u16, String, Vec<u8>)> {
-    let mut s = UnixStream::connect(socket).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
-    s.write_all(head.as_bytes()).ok()?;
+fn request(
+    socket: &Path,
+    head: &str,
+    body: &[u8],
+    whole: bool,
+) -> Result<(u16, String, Vec<u8>), String> {
+    let began = std::time::Instant::now();
+    let failed = |step: &str, e: &dyn std::fmt::Display| {
+        let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+        format!(
+            "{step} failed after {:.1} s: {e} ({fds} descriptors open)",
+            began.elapsed().as_secs_f64()
+        )
+    };
+    let mut s = UnixStream::connect(socket).map_err(|e| failed("connect", &e))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(|e| failed("set_read_timeout", &e))?;
+    s.write_all(head.as_bytes())
+        .map_err(|e| failed("writing the head", &e))?;
     // The daemon may answer (and close) before it read the whole body.
     let _ = s.write_all(body);
     let mut out = vec![];
@@ -50,16 +66,24 @@ fn request(socket: &Path, head: &str, body: &[u8], whole: bool) -> Option<(u16, 
             Ok(0) => break,
             Ok(n) => out.extend_from_slice(&buf[..n]),
             Err(_) if !out.is_empty() => break,
-            Err(_) => return None,
+            Err(e) => return Err(failed("reading", &e)),
         }
         if !whole && out.windows(4).any(|w| w == b"\r\n\r\n") {
             break;
         }
     }
-    let end = out.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = String::from_utf8(out[..end].to_vec()).ok()?;
-    let status: u16 = head.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
-    Some((status, head, out[end + 4..].to_vec()))
+    let shown = || String::from_utf8_lossy(&out[..out.len().min(200)]).into_owned();
+    let end = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| failed("finding the head's end", &format!("{:?}", shown())))?;
+    let head = String::from_utf8(out[..end].to_vec()).map_err(|e| failed("the head", &e))?;
+    let status: Option<u16> = head
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|h| h.get(..3))
+        .and_then(|c| c.parse().ok());
+    let status = status.ok_or_else(|| failed("the status line", &head))?;
+    Ok((status, head, out[end + 4..].to_vec()))
 }
 
 fn head(method: &str, path: &str, content_type: Option<&str>, len: usize) -> String {
@@ -77,7 +101,7 @@ fn made(socket: &Path, path: &str, body: &str, field: &str) -> String {
         body.as_bytes(),
         true,
     )
-    .expect("an answer");
+    .unwrap_or_else(|e| panic!("{path}: {e}"));
     assert!(
         status < 300,
         "{path}: {status} {}",
@@ -243,7 +267,7 @@ pub fn run(data: &[u8]) {
         &body,
         !events,
     )
-    .unwrap_or_else(|| panic!("{what}: no whole response"));
+    .unwrap_or_else(|e| panic!("{what}: no whole response: {e}"));
     if status >= 400 && !events {
         let v: serde_json::Value = serde_json::from_slice(&reply)
             .unwrap_or_else(|e| panic!("{what}: {status} with a body that is not JSON: {e}"));
@@ -253,8 +277,9 @@ pub fn run(data: &[u8]) {
         );
     }
     let alive = request(&d.socket, &head("GET", "/v1/status", None, 0), b"", true);
-    assert!(
-        alive.is_some_and(|(s, _, _)| s == 200),
-        "{what}: the daemon no longer answers"
-    );
+    match alive {
+        Ok((200, _, _)) => {}
+        Ok((s, _, _)) => panic!("{what}: then the status is {s}"),
+        Err(e) => panic!("{what}: then the daemon no longer answers: {e}"),
+    }
 }
