@@ -263,20 +263,29 @@ fn chunk_file<R: io::Read, W: Write>(
     Ok(c)
 }
 
+/// Files this large or larger are chunked on two threads (smaller ones fit in the one 1 MiB
+/// batch the reading thread hands over: the two would never overlap).
+const PARALLEL_FROM: u64 = 1 << 20;
+
 /// A file chunked, with nothing asked: everything goes as data.
 fn chunk_file_plain(j: &PutJob, opts: &PutOptions<'_>) -> Result<Chunked, GetError> {
     let file = File::open(&j.local).map_err(GetError::local("open", &j.local))?;
     let small = j.meta.len() < SMALL_FILE
         && (j.if_version.is_none() || j.meta.len() < SMALL_AGAINST || opts.fewer_round_trips);
     let mut bytes = vec![];
-    let (recipe, oid) =
-        ferry_format::chunk_object_parallel(&file, &opts.chunker, HashAlg::Blake3, |_, data| {
-            if small {
-                bytes.extend_from_slice(data);
-            }
-            Ok::<_, io::Error>(())
-        })
-        .map_err(GetError::local("read", &j.local))?;
+    let keep = |_: &ferry_format::ChunkRef, data: &[u8]| {
+        if small {
+            bytes.extend_from_slice(data);
+        }
+        Ok::<_, io::Error>(())
+    };
+    // For the small files of a bulk copy, starting a thread cost more than the chunking.
+    let (recipe, oid) = if j.meta.len() < PARALLEL_FROM {
+        ferry_format::chunk_object(&file, &opts.chunker, HashAlg::Blake3, keep)
+    } else {
+        ferry_format::chunk_object_parallel(&file, &opts.chunker, HashAlg::Blake3, keep)
+    }
+    .map_err(GetError::local("read", &j.local))?;
     let offsets = recipe.with_offsets().map(|(o, _)| o).collect();
     let mut pages = vec![];
     let mut at = 0;
