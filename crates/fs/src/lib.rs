@@ -28,7 +28,7 @@ pub mod vault;
 
 pub use client::{
     fetch_file, get, list, put, put_file, GetError, GetStats, Mirror, PutOptions, PutStats,
-    RemoteSpec, SessionSource, SourceStats, Sources,
+    RemoteSpec, Replacing, SessionSource, SourceStats, Sources,
 };
 pub use conn::{serve, ConnError, Connection, Traffic, DEFAULT_ZSTD_LEVEL};
 pub use export::Export;

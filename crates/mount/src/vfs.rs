@@ -1360,9 +1360,18 @@ impl Vfs {
             attempt += 1;
             let asked = Instant::now();
             let mut stats = PutStats::default();
+            // A version known to be empty (this client's create made it) is not asked for.
+            let replacing = base.map(|version| ferry_fs::Replacing {
+                version,
+                empty: self
+                    .lock()
+                    .attrs
+                    .get(path)
+                    .is_some_and(|l| l.value.version == version && l.value.size == 0),
+            });
             let r = self
                 .link
-                .run(|c| ferry_fs::put_file(c, &data, path, base, mode, &opts, &mut stats));
+                .run(|c| ferry_fs::put_file(c, &data, path, replacing, mode, &opts, &mut stats));
             self.apply_invalidations();
             match r {
                 Ok(a) => {

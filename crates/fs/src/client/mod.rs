@@ -37,7 +37,7 @@ mod walk;
 mod writeback;
 
 pub use source::{Mirror, SessionSource};
-pub use upload::{put, put_file};
+pub use upload::{put, put_file, Replacing};
 pub use walk::{fetch_file, get};
 
 /// `host:path`, as rsync and scp write it.

@@ -70,6 +70,9 @@ pub(crate) struct PutJob {
     pub(crate) remote: WirePath,
     /// The version of the file being replaced (`None`: there is none).
     pub(crate) if_version: Option<u64>,
+    /// That version is known to be empty: nothing of it is asked for (a file a mount's create
+    /// made, written at its close, asked for the recipe and keys of nothing).
+    pub(crate) base_empty: bool,
 }
 
 /// The version on the server that an upload replaces, as the client learns it.
@@ -233,7 +236,7 @@ fn chunk_file<R: io::Read, W: Write>(
         return Ok(c);
     }
     c.how = vec![How::Data; c.recipe.len()];
-    if j.if_version.is_some() {
+    if j.if_version.is_some() && !j.base_empty {
         // The version being replaced: its recipe, against the new version's pages.
         let known = match c.pages.len() {
             0 | 1 => vec![],

@@ -139,15 +139,23 @@ pub fn put<R: io::Read, W: Write>(
     check(conn, &mut plan.pending)
 }
 
-/// Uploads the local file `local` to `remote` as one new version, committed against
-/// `if_version` (the server refuses it with a conflict if the file is no longer at that
-/// version; `None`: if anything is there), with permission bits `mode`. Only the chunks the server lacks
-/// travel. Returns the server's attributes of the new version.
+/// The version of a file an upload replaces, as the client knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Replacing {
+    pub version: u64,
+    /// That version is empty (nothing of it is asked for).
+    pub empty: bool,
+}
+
+/// Uploads the local file `local` to `remote` as one new version, committed against the
+/// version it replaces (the server refuses it with a conflict if the file is no longer at that
+/// version; `None`: if anything is there), with permission bits `mode`. Only the chunks the
+/// server lacks travel. Returns the server's attributes of the new version.
 pub fn put_file<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     local: &Path,
     remote: &WirePath,
-    if_version: Option<u64>,
+    replacing: Option<Replacing>,
     mode: u32,
     opts: &PutOptions<'_>,
     stats: &mut PutStats,
@@ -158,7 +166,8 @@ pub fn put_file<R: io::Read, W: Write>(
         meta,
         mode: mode & 0o7777,
         remote: remote.clone(),
-        if_version,
+        if_version: replacing.map(|r| r.version),
+        base_empty: replacing.is_some_and(|r| r.empty),
     };
     let mut attrs = put_files(conn, vec![job], &mut vec![], opts, stats)?;
     attrs
@@ -352,7 +361,8 @@ fn put_note(
                 mode: meta.mode() & 0o7777,
                 meta,
                 remote: remote.clone(),
-                if_version: current.map(|a| a.version),
+                if_version: current.as_ref().map(|a| a.version),
+                base_empty: current.is_some_and(|a| a.size == 0),
             });
         }
     } else {

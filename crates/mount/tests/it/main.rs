@@ -288,6 +288,19 @@ fn round_trips_of_the_lbfs_budget() {
     assert_eq!(rt(&c) - r0, 1);
     c.release(o.fh).unwrap();
 
+    // A new file larger than that: the version it replaces is the empty one its create made,
+    // of which nothing is asked (no GetRecipe, no GetKeys): which chunks the server holds
+    // already, then the chunks and the commit.
+    let (_, o) = c.create(ROOT, b"new", 0o644, true).unwrap();
+    c.write(o.fh, 0, &bytes(5, 100_000)).unwrap();
+    let (r0, q0) = (rt(&c), c.traffic().unwrap().requests);
+    c.flush(o.fh).unwrap();
+    assert_eq!(rt(&c) - r0, 2);
+    // Have; Create, Write, Commit.
+    assert_eq!(c.traffic().unwrap().requests - q0, 4);
+    c.release(o.fh).unwrap();
+    assert_eq!(std::fs::read(root.join("new")).unwrap(), bytes(5, 100_000));
+
     // A larger one: which chunks the server lacks, then those chunks and the commit.
     let o = c.open(s.ino, true, false).unwrap();
     c.write(o.fh, 50_000, b"changed").unwrap();
