@@ -49,3 +49,11 @@ if [[ -n $unexpected ]]; then
   exit 1
 fi
 echo "every failure is an expected one ($(wc -l < "$work/failed") of them)"
+# Listed, and passing now (skipped cases neither pass nor fail): the list is out of date.
+passing=$(comm -13 "$work/failed" "$work/expected" | while read -r c; do
+  grep -aqE "^$c +(ok|passed)" "$work/log" && echo "$c"
+done)
+if [[ -n $passing ]]; then
+  echo "listed as expected failures, passing now (remove them from the list):"
+  echo "$passing"
+fi

@@ -364,7 +364,7 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             FEATURES & !FEATURE_ZSTD_STREAM
         } else {
             FEATURES
-        } & !ferry_proto::FEATURE_NO_TREE_DIGESTS
+        } & !ferry_proto::ASKED_FEATURES
             | (ask & FEATURES);
         let hello = Message::Hello(Hello {
             version: VERSION,

@@ -361,6 +361,12 @@ pub fn attr_of(st: &rustix::fs::Stat) -> (Attr, FileId) {
         version,
         oid: None,
         lease_ms: 0,
+        extra: Some(ferry_proto::StatExtra {
+            atime_ns: st.st_atime as i64 * 1_000_000_000 + st.st_atime_nsec as i64,
+            ctime_ns,
+            blocks: st.st_blocks as u64,
+            nlink: st.st_nlink as u32,
+        }),
     };
     (attr, id)
 }

@@ -67,10 +67,10 @@ impl FerryFs {
         FileAttr {
             ino: INodeNo(s.ino),
             size: s.size,
-            blocks: s.size.div_ceil(512),
-            atime: t,
+            blocks: s.blocks,
+            atime: crate::vfs::time_of(s.atime_ns),
             mtime: t,
-            ctime: t,
+            ctime: crate::vfs::time_of(s.ctime_ns),
             crtime: t,
             kind: kind(s.kind),
             perm: (s.mode & 0o7777) as u16,

@@ -112,8 +112,15 @@ pub struct Stat {
     /// Permission bits.
     pub mode: u32,
     pub mtime_ns: i64,
-    /// Links: a directory's are 2 and one for each subdirectory (as far as its listing here
-    /// says); a file removed while open has none.
+    /// Last access and last change, as the server says (or the copy being written here);
+    /// from a server that does not say, the modification time.
+    pub atime_ns: i64,
+    pub ctime_ns: i64,
+    /// Space allocated, in 512-byte units (from a server that does not say, the size's).
+    pub blocks: u64,
+    /// Links: a file's, the server's count (1 from a server that does not say; none for one
+    /// removed while open); a directory's, 2 and one for each subdirectory its listing here
+    /// names (the server's count when no listing is here).
     pub nlink: u32,
 }
 
@@ -531,15 +538,16 @@ impl Vfs {
 
     fn stat_of(st: &State, ino: Ino, a: &Attr) -> Stat {
         let n = st.inodes.get(&ino);
+        let extra = a.extra.as_ref();
         let nlink = match a.kind {
-            FileKind::Dir => {
-                let subdirs = n.and_then(|n| st.listings.get(&n.path)).map_or(0, |l| {
-                    l.value.iter().filter(|e| e.1 == FileKind::Dir).count()
-                });
-                2 + subdirs as u32
-            }
+            // Counted from the listing here, which this client's own mkdir, rmdir and rename
+            // keep up to date (the server's count, cached, may predate them).
+            FileKind::Dir => match n.and_then(|n| st.listings.get(&n.path)) {
+                Some(l) => 2 + l.value.iter().filter(|e| e.1 == FileKind::Dir).count() as u32,
+                None => extra.map_or(2, |x| x.nlink),
+            },
             _ if n.is_some_and(|n| n.unlinked) => 0,
-            _ => 1,
+            _ => extra.map_or(1, |x| x.nlink),
         };
         Stat {
             ino,
@@ -547,6 +555,9 @@ impl Vfs {
             size: a.size,
             mode: a.mode & 0o7777,
             mtime_ns: a.mtime_ns,
+            atime_ns: extra.map_or(a.mtime_ns, |x| x.atime_ns),
+            ctime_ns: extra.map_or(a.mtime_ns, |x| x.ctime_ns),
+            blocks: extra.map_or(a.size.div_ceil(512), |x| x.blocks),
             nlink,
         }
     }
@@ -607,6 +618,9 @@ impl Vfs {
             size: m.len(),
             mode: mode & 0o7777,
             mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            atime_ns: m.atime() * 1_000_000_000 + m.atime_nsec(),
+            ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+            blocks: m.blocks(),
             nlink,
         }))
     }
@@ -796,6 +810,11 @@ impl Vfs {
 
     /// Adds or removes a name in a cached listing after a change made here.
     fn relist(st: &mut State, dir: &WirePath, name: &[u8], kind: Option<FileKind>) {
+        // The directory's own times changed on the server too: asked for again when next
+        // wanted (the server's lease break comes only with a later reply).
+        if let Some(a) = st.attrs.get_mut(dir) {
+            a.until = Instant::now() - Duration::from_millis(1);
+        }
         if let Some(l) = st.listings.get_mut(dir) {
             match (l.value.binary_search_by(|e| e.0.as_slice().cmp(name)), kind) {
                 (Ok(i), Some(k)) => l.value[i].1 = k,

@@ -103,8 +103,8 @@ fn run(a: &MountArgs, cache: &Path, daemon: bool) -> Result<()> {
     let (connect, root) = connector(
         &a.remote,
         &a.rsh,
-        // A mount never compares trees by digest.
-        ferry_proto::FEATURE_NO_TREE_DIGESTS,
+        // A mount never compares trees by digest, and shows all of stat(2).
+        ferry_proto::FEATURE_NO_TREE_DIGESTS | ferry_proto::FEATURE_STAT_EXTRA,
     )?;
     let devices = a.lookaside.load(&a.rsh.chunker())?;
     let providers = ferry_mount::Providers::new(devices.provider_sessions(&a.rsh));

@@ -21,6 +21,7 @@ impl Server {
         match self.export.stat(path) {
             Ok((mut attr, fid)) => {
                 attr.lease_ms = self.lease(path, false);
+                self.keep_extra(&mut attr);
                 attr.oid = match attr.kind {
                     FileKind::Dir => self.tree_id(path),
                     _ => self.recipes.get(&fid).map(|(_, o)| o.id()),
@@ -89,14 +90,13 @@ impl Server {
                     Some(child) if attr.kind == FileKind::Dir => self.tree_id(child),
                     _ => attr.oid,
                 };
-                DirEntry {
-                    name,
-                    attr: ferry_proto::Attr {
-                        lease_ms,
-                        oid,
-                        ..attr
-                    },
-                }
+                let mut attr = ferry_proto::Attr {
+                    lease_ms,
+                    oid,
+                    ..attr
+                };
+                self.keep_extra(&mut attr);
+                DirEntry { name, attr }
             })
             .collect())
     }
@@ -121,6 +121,13 @@ impl Server {
             },
         };
         Some(ferry_proto::entry_key(&e.name, &item))
+    }
+
+    /// Drops the rest of stat(2) from `attr` unless the client asked for it.
+    pub(super) fn keep_extra(&self, attr: &mut ferry_proto::Attr) {
+        if self.features & ferry_proto::FEATURE_STAT_EXTRA == 0 {
+            attr.extra = None;
+        }
     }
 
     /// The tree digest of the directory at `path` as an id, when the whole subtree could be

@@ -620,6 +620,7 @@ impl Server {
             .map_err(|e| error(ErrorCode::Io, format!("{path:?}: {e}")))?;
         self.remember(&path, fid, recipe, Oid(oid));
         attr.oid = Some(oid);
+        self.keep_extra(&mut attr);
         let still = stat_at(&dir, &name).ok().flatten();
         if still.is_some_and(|(a, _)| a.version == attr.version) {
             attr.lease_ms = self.lease(&path, false);

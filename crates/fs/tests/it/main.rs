@@ -993,6 +993,7 @@ fn attr(kind: ferry_proto::FileKind, size: u64) -> ferry_proto::Attr {
         version: 1,
         oid: None,
         lease_ms: 0,
+        extra: None,
     }
 }
 
@@ -2588,8 +2589,23 @@ fn a_client_asking_for_no_tree_digests_gets_none() {
         assert!(!listed.is_empty());
         (attr.oid.is_some(), listed)
     };
-    let (root, subdirs) = digests(&mut open(0));
+    let mut plain = open(0);
+    let (root, subdirs) = digests(&mut plain);
     assert!(root && subdirs.iter().all(|&d| d));
+    // Nor does it get the rest of stat(2) unless it asks.
+    let stat = |c: &mut Connection<UnixStream, UnixStream>| match c
+        .call(Request::GetAttr { path: "up".into() })
+        .unwrap()
+        .pop()
+    {
+        Some(Reply::Attr(a)) => a.extra,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(stat(&mut plain), None);
+    let nlink = stat(&mut open(ferry_proto::FEATURE_STAT_EXTRA))
+        .unwrap()
+        .nlink;
+    assert_eq!(nlink, 2 + 3, "up holds d0, d1 and d2");
     let mut lean = open(FEATURE_NO_TREE_DIGESTS);
     let (root, subdirs) = digests(&mut lean);
     assert!(!root && subdirs.iter().all(|&d| !d));

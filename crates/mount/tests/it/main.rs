@@ -60,7 +60,7 @@ impl Remote {
                 b.try_clone()?,
                 Box::new(b),
                 Box::new(|| Ok(())),
-                ferry_proto::FEATURE_NO_TREE_DIGESTS,
+                ferry_proto::FEATURE_NO_TREE_DIGESTS | ferry_proto::FEATURE_STAT_EXTRA,
             )
         })
     }
@@ -667,4 +667,60 @@ fn a_file_created_and_closed_unwritten_is_not_written_back_later() {
     let v = client(&remote, &cache, Duration::from_secs(5));
     assert_eq!(v.write_back_all(), 0);
     assert_eq!(std::fs::read(root.join("f")).unwrap(), b"another client's");
+}
+
+/// All of stat(2) as the server has it (issue 24, defect 6 and `st_blocks`): access and change
+/// times apart from the modification time, the blocks allocated, and a change time that a
+/// chmod moves.
+#[test]
+fn access_and_change_times_and_blocks_are_the_servers() {
+    use std::os::unix::fs::MetadataExt;
+    let (_t, root, _remote, v) = one_client();
+    let f = std::fs::File::create(root.join("f")).unwrap();
+    f.set_len(4097).unwrap();
+    let at = std::time::UNIX_EPOCH + Duration::from_secs(978_307_200); // 2001-01-01
+    let mt = std::time::UNIX_EPOCH + Duration::from_secs(1_009_843_200); // 2002-01-01
+    f.set_times(std::fs::FileTimes::new().set_accessed(at).set_modified(mt))
+        .unwrap();
+    drop(f);
+    let m = std::fs::metadata(root.join("f")).unwrap();
+    let s = v.lookup(ROOT, b"f").unwrap();
+    assert_eq!(s.atime_ns, 978_307_200 * 1_000_000_000);
+    assert_eq!(s.mtime_ns, 1_009_843_200 * 1_000_000_000);
+    assert_eq!(s.ctime_ns, m.ctime() * 1_000_000_000 + m.ctime_nsec());
+    assert_ne!(s.ctime_ns, s.mtime_ns);
+    assert_eq!(s.blocks, m.blocks());
+    let s = v.setattr(s.ino, Some(0o600), None, None).unwrap();
+    let m = std::fs::metadata(root.join("f")).unwrap();
+    assert_eq!(s.ctime_ns, m.ctime() * 1_000_000_000 + m.ctime_nsec());
+    assert_eq!(s.mtime_ns, 1_009_843_200 * 1_000_000_000);
+}
+
+/// After a change made here (unlink, create, rename, mkdir), a directory's own times are the
+/// server's new ones at once, not the leased ones from before (the server's lease break
+/// arrives only with a later reply: `rm`, then `stat` of the directory, read the old mtime
+/// for a second; pjdfstest unlink::update_mtime_ctime_success_folder).
+#[test]
+fn a_directorys_times_after_a_change_made_here_are_the_new_ones() {
+    let (_t, root, _remote, v) = one_client();
+    let d = v.mkdir(ROOT, b"d", 0o755).unwrap();
+    let (_, o) = v.create(d.ino, b"f", 0o644, false).unwrap();
+    v.release(o.fh).unwrap();
+    let old = std::time::UNIX_EPOCH + Duration::from_secs(978_307_200);
+    std::fs::File::open(root.join("d"))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    // Asked for (the lease of before the set was broken), then leased.
+    let wait = Instant::now() + Duration::from_secs(60);
+    while v.getattr(d.ino).unwrap().mtime_ns != 978_307_200 * 1_000_000_000 {
+        assert!(Instant::now() < wait, "the server's new time never came");
+        v.tick();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    v.unlink(d.ino, b"f").unwrap();
+    assert_ne!(
+        v.getattr(d.ino).unwrap().mtime_ns,
+        978_307_200 * 1_000_000_000
+    );
 }

@@ -25,7 +25,8 @@ pub use content::{
 };
 pub use object::{MAX_CAP_BYTES, MAX_OBJECT_REFS};
 pub use types::{
-    short_id, Attr, DirEntry, ErrorCode, FileKind, FsStats, Hello, Ids, Target, WirePath, MAX_PATH,
+    short_id, Attr, DirEntry, ErrorCode, FileKind, FsStats, Hello, Ids, StatExtra, Target,
+    WirePath, MAX_PATH,
 };
 pub use upload::{KeyOlds, Keys, WritePart, MAX_WRITE_DATA};
 pub use vault::{VaultOp, MAX_VAULT_NAMES};
@@ -53,14 +54,22 @@ pub const FEATURE_STATFS: u64 = 8;
 /// `rm -rf`), so a mount paid a read of the directory per file. Not in a client's Hello unless
 /// asked for ([`Hello`] of [`FEATURES`] leaves it out).
 pub const FEATURE_NO_TREE_DIGESTS: u64 = 16;
+/// Hello feature bit, asked for by a client that shows all of stat(2) (a mount): every
+/// attributes the server sends carry [`StatExtra`] (access and change times, blocks allocated,
+/// link count), flagged in their kind byte. Not in a client's Hello unless asked for: other
+/// clients do not pay its 28 bytes an entry.
+pub const FEATURE_STAT_EXTRA: u64 = 32;
 /// Feature bits this build understands: [`crate::FEATURE_ZSTD_STREAM`], [`FEATURE_HISTORY`],
-/// [`FEATURE_RATE`], [`FEATURE_STATFS`] and [`FEATURE_NO_TREE_DIGESTS`]. Everything else of
-/// version 2 is always there.
+/// [`FEATURE_RATE`], [`FEATURE_STATFS`], [`FEATURE_NO_TREE_DIGESTS`] and
+/// [`FEATURE_STAT_EXTRA`]. Everything else of version 2 is always there.
 pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | FEATURE_HISTORY
     | FEATURE_RATE
     | FEATURE_STATFS
-    | FEATURE_NO_TREE_DIGESTS;
+    | FEATURE_NO_TREE_DIGESTS
+    | FEATURE_STAT_EXTRA;
+/// Feature bits a client sends only when asked to ([`FEATURES`] minus these is its default).
+pub const ASKED_FEATURES: u64 = FEATURE_NO_TREE_DIGESTS | FEATURE_STAT_EXTRA;
 /// Largest file a client reads whole with no old version (ReadFiles with no olds) rather than
 /// by recipe.
 pub const MAX_READ_FILE: usize = 64 << 10;

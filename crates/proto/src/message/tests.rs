@@ -16,6 +16,7 @@ fn attr() -> Attr {
         version: 9,
         oid: Some(id(3)),
         lease_ms: 60_000,
+        extra: None,
     }
 }
 
@@ -210,6 +211,18 @@ pub(crate) fn samples() -> Vec<Message> {
                     attr: Attr {
                         kind: FileKind::Dir,
                         oid: None,
+                        ..attr()
+                    },
+                },
+                DirEntry {
+                    name: b"y".to_vec(),
+                    attr: Attr {
+                        extra: Some(StatExtra {
+                            atime_ns: -1,
+                            ctime_ns: 7,
+                            blocks: 8,
+                            nlink: 2,
+                        }),
                         ..attr()
                     },
                 },
@@ -693,6 +706,24 @@ fn exact_bytes_of_every_message() {
         (
             Message::Reply(Reply::Attr(attr())),
             format!("49000000 40 00 05000000 | {attr_hex}"),
+        ),
+        (
+            // The rest of stat(2), flagged in the kind byte (0x80).
+            Message::Reply(Reply::Attr(Attr {
+                kind: FileKind::Dir,
+                oid: None,
+                extra: Some(StatExtra {
+                    atime_ns: -1,
+                    ctime_ns: 7,
+                    blocks: 8,
+                    nlink: 2,
+                }),
+                ..attr()
+            })),
+            "44000000 40 00 05000000 | 82 a4010000 3930000000000000 fbffffffffffffff \
+             0900000000000000 00 60ea0000 | ffffffffffffffff 0700000000000000 \
+             0800000000000000 02000000"
+                .into(),
         ),
         (
             Message::Request(Request::StatFs { path: "ab".into() }),

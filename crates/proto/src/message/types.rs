@@ -144,6 +144,23 @@ pub struct Attr {
     pub oid: Option<Id>,
     /// How long the client may trust these attributes without asking again, in milliseconds.
     pub lease_ms: u32,
+    /// The rest of what stat(2) says, for a session that asked for it
+    /// ([`crate::FEATURE_STAT_EXTRA`]).
+    pub extra: Option<StatExtra>,
+}
+
+/// The rest of stat(2) (a mount shows it): what a session asking for
+/// [`crate::FEATURE_STAT_EXTRA`] gets in every attributes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatExtra {
+    /// Last access, nanoseconds since the Unix epoch.
+    pub atime_ns: i64,
+    /// Last change of the inode (content or attributes).
+    pub ctime_ns: i64,
+    /// Space allocated, in 512-byte units.
+    pub blocks: u64,
+    /// Hard links (a directory: 2 and one per subdirectory, on most file systems).
+    pub nlink: u32,
 }
 
 /// The size and use of the file system holding the export, as statvfs(3) gives them (block
@@ -416,18 +433,28 @@ pub(crate) fn get_short_refs(
     Ok(cs)
 }
 
+/// Set in an attributes' kind byte when [`StatExtra`] follows them.
+const KIND_EXTRA: u8 = 0x80;
+
 pub(crate) fn put_attr(w: &mut Writer, a: &Attr) {
-    w.u8(a.kind as u8);
+    w.u8(a.kind as u8 | if a.extra.is_some() { KIND_EXTRA } else { 0 });
     w.u32(a.mode);
     w.u64(a.size);
     w.i64(a.mtime_ns);
     w.u64(a.version);
     w.opt_id(a.oid.as_ref());
     w.u32(a.lease_ms);
+    if let Some(x) = &a.extra {
+        w.i64(x.atime_ns);
+        w.i64(x.ctime_ns);
+        w.u64(x.blocks);
+        w.u32(x.nlink);
+    }
 }
 
 pub(crate) fn get_attr(r: &mut Reader<'_>) -> Result<Attr, ProtoError> {
-    let kind = match r.u8()? {
+    let byte = r.u8()?;
+    let kind = match byte & !KIND_EXTRA {
         1 => FileKind::File,
         2 => FileKind::Dir,
         3 => FileKind::Symlink,
@@ -446,6 +473,16 @@ pub(crate) fn get_attr(r: &mut Reader<'_>) -> Result<Attr, ProtoError> {
         version: r.u64()?,
         oid: r.opt_id()?,
         lease_ms: r.u32()?,
+        extra: if byte & KIND_EXTRA != 0 {
+            Some(StatExtra {
+                atime_ns: r.i64()?,
+                ctime_ns: r.i64()?,
+                blocks: r.u64()?,
+                nlink: r.u32()?,
+            })
+        } else {
+            None
+        },
     })
 }
 
