@@ -20,6 +20,16 @@ fn attr() -> Attr {
     }
 }
 
+/// The rest of stat(2) the exact-bytes vector pins.
+fn stat_extra() -> StatExtra {
+    StatExtra {
+        atime_ns: -1,
+        ctime_ns: 7,
+        blocks: 8,
+        nlink: 2,
+    }
+}
+
 fn frame_payload() -> Payload {
     Payload::Frame {
         context: false,
@@ -217,12 +227,7 @@ pub(crate) fn samples() -> Vec<Message> {
                 DirEntry {
                     name: b"y".to_vec(),
                     attr: Attr {
-                        extra: Some(StatExtra {
-                            atime_ns: -1,
-                            ctime_ns: 7,
-                            blocks: 8,
-                            nlink: 2,
-                        }),
+                        extra: Some(stat_extra()),
                         ..attr()
                     },
                 },
@@ -712,12 +717,7 @@ fn exact_bytes_of_every_message() {
             Message::Reply(Reply::Attr(Attr {
                 kind: FileKind::Dir,
                 oid: None,
-                extra: Some(StatExtra {
-                    atime_ns: -1,
-                    ctime_ns: 7,
-                    blocks: 8,
-                    nlink: 2,
-                }),
+                extra: Some(stat_extra()),
                 ..attr()
             })),
             "44000000 40 00 05000000 | 82 a4010000 3930000000000000 fbffffffffffffff \
