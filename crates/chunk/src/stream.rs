@@ -7,6 +7,10 @@ use crate::Cutter;
 /// How much is read from the source at a time.
 const READ_SIZE: usize = 256 * 1024;
 
+/// The buffer's size at the first read: it doubles as the stream proves longer, so a small
+/// file costs a small buffer (a mount chunks one per close).
+const FIRST_BUFFER: usize = 16 * 1024;
+
 /// One chunk of a stream: its offset in the stream and its bytes.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Chunk<'a> {
@@ -16,12 +20,14 @@ pub struct Chunk<'a> {
 
 /// Cuts a reader into chunks.
 ///
-/// Memory is one buffer of `max chunk size + 256 KiB`. Chunks borrow from it, so each must be
+/// Memory is one buffer of at most `max chunk size + 256 KiB`. Chunks borrow from it, so each must be
 /// used (hashed, stored, sent) before asking for the next.
 pub struct ChunkReader<R> {
     src: R,
     cutter: Box<dyn Cutter>,
     buf: Vec<u8>,
+    /// What `buf` grows to.
+    cap: usize,
     /// Start of the current chunk in `buf`.
     start: usize,
     /// Bytes in `buf[start..scanned]` have been fed to the cutter.
@@ -41,7 +47,8 @@ impl<R: Read> ChunkReader<R> {
         ChunkReader {
             src,
             cutter,
-            buf: vec![0; cap],
+            buf: Vec::new(),
+            cap,
             start: 0,
             scanned: 0,
             filled: 0,
@@ -82,7 +89,10 @@ impl<R: Read> ChunkReader<R> {
     }
 
     fn fill(&mut self) -> io::Result<()> {
-        if self.buf.len() - self.filled < READ_SIZE {
+        if self.buf.len() - self.filled < READ_SIZE && self.buf.len() < self.cap {
+            let len = (self.buf.len() * 2).clamp(FIRST_BUFFER, self.cap);
+            self.buf.resize(len, 0);
+        } else if self.buf.len() - self.filled < READ_SIZE {
             // Keep only the current chunk; it is shorter than the cutter's maximum, so READ_SIZE
             // bytes are free after the move.
             self.buf.copy_within(self.start..self.filled, 0);
@@ -91,7 +101,7 @@ impl<R: Read> ChunkReader<R> {
             self.scanned -= self.start;
             self.start = 0;
         }
-        let end = self.filled + READ_SIZE;
+        let end = (self.filled + READ_SIZE).min(self.buf.len());
         loop {
             match self.src.read(&mut self.buf[self.filled..end]) {
                 Ok(0) => {

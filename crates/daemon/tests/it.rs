@@ -1393,6 +1393,7 @@ fn every_request(oid: ferry_format::Id, cap: &[u8], ticket: &[u8]) -> Vec<ferry_
             name: b"heads".to_vec(),
             data: vec![],
         },
+        Request::Sync,
     ]
 }
 
@@ -1419,6 +1420,7 @@ fn kind(r: &ferry_proto::Request) -> &'static str {
         | R::Symlink { .. }
         | R::SetAttr { .. }
         | R::StatFs { .. }
+        | R::Sync
         | R::GetRecipe { .. }
         | R::ReadFiles { .. }
         | R::ReadRange { .. }

@@ -405,8 +405,7 @@ impl Filesystem for FerryFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Every change to names is synchronous on the server (which fsyncs directories).
-        reply.ok();
+        Self::empty("fsyncdir", self.vfs.fsyncdir(), reply);
     }
 
     fn getxattr(

@@ -289,6 +289,9 @@ struct State {
     next_ino: Ino,
     handles: HashMap<u64, Handle>,
     next_fh: u64,
+    /// When the oldest change made here that the server has not made durable yet was made
+    /// (`FEATURE_DEFERRED_SYNC`: see [`Vfs::sync_server`]).
+    unsynced: Option<Instant>,
 }
 
 /// Paths whose cached copies are being decided on, fetched or moved: one holder per path.
@@ -365,6 +368,10 @@ pub struct Vfs {
 /// Directories listed whole on a lookup miss up to this size (a listing costs one round trip
 /// and answers every later lookup in the directory); larger ones are asked name by name.
 const LIST_ON_LOOKUP: u64 = 1 << 20;
+
+/// How long a change made here waits, at most, before upkeep asks the server to make it
+/// durable (when nothing asked sooner: `fsync`, unmount).
+const SYNC_AFTER: Duration = Duration::from_secs(1);
 
 impl Vfs {
     /// Connects and checks that `root` is a directory on the server.
@@ -810,6 +817,7 @@ impl Vfs {
 
     /// Adds or removes a name in a cached listing after a change made here.
     fn relist(st: &mut State, dir: &WirePath, name: &[u8], kind: Option<FileKind>) {
+        st.unsynced.get_or_insert_with(Instant::now);
         // The directory's own times changed on the server too: asked for again when next
         // wanted (the server's lease break comes only with a later reply).
         if let Some(a) = st.attrs.get_mut(dir) {
@@ -1198,9 +1206,15 @@ impl Vfs {
     /// Marks `ino`'s copy dirty unless it is, against the version its record names.
     fn ensure_dirty(&self, ino: Ino) -> Result<(), Errno> {
         let path = {
-            let st = self.lock();
-            let n = st.inodes.get(&ino).ok_or(Errno::ENOENT)?;
+            let mut st = self.lock();
+            let n = st.inodes.get_mut(&ino).ok_or(Errno::ENOENT)?;
             if n.dirty {
+                return Ok(());
+            }
+            if n.labelled_dirty.is_some() {
+                // Its record says dirty already (a create's): nothing to read or write.
+                n.dirty = true;
+                n.writes += 1;
                 return Ok(());
             }
             n.path.clone()
@@ -1221,9 +1235,39 @@ impl Vfs {
         self.write_back(ino)
     }
 
-    /// fsync: the changes reach the server.
+    /// fsync: the changes reach the server and are durable there.
     pub fn fsync(&self, fh: u64) -> Result<(), Errno> {
-        self.flush(fh)
+        self.flush(fh)?;
+        self.sync_server()
+    }
+
+    /// fsync of a directory: every change of names made here is durable on the server.
+    pub fn fsyncdir(&self) -> Result<(), Errno> {
+        self.sync_server()
+    }
+
+    /// Makes the changes made here durable on the server. The mount asks for
+    /// `FEATURE_DEFERRED_SYNC`: a close, create, rename or removal is atomic and visible on the
+    /// server at once, and durable there at the next Sync: at `fsync`, about a second later
+    /// (upkeep), or at unmount, a local file system's terms for a change not yet fsynced.
+    fn sync_server(&self) -> Result<(), Errno> {
+        let Some(since) = self.lock().unsynced.take() else {
+            return Ok(());
+        };
+        let r = self.link.run(|c| {
+            if c.offers(ferry_proto::FEATURE_DEFERRED_SYNC) {
+                c.call(Request::Sync)?;
+            }
+            Ok(())
+        });
+        if let Err(f) = r {
+            tracing::debug!("sync: {f}");
+            let mut st = self.lock();
+            let at = st.unsynced.get_or_insert(since);
+            *at = (*at).min(since);
+            return Err(errno_of(&f));
+        }
+        Ok(())
     }
 
     /// The size and free space of the server's file system under the mount (the last answer
@@ -1758,6 +1802,16 @@ impl Vfs {
         if (new_session || self.retry_dirty.load(Ordering::Acquire)) && self.link.is_up() {
             self.write_back_all();
         }
+        let due = self
+            .lock()
+            .unsynced
+            .is_some_and(|t| t.elapsed() >= SYNC_AFTER);
+        if due && self.link.is_up() {
+            if let Err(e) = self.sync_server() {
+                let e = std::io::Error::from_raw_os_error(e.0);
+                tracing::debug!("making the changes durable on the server: {e}");
+            }
+        }
     }
 
     /// Writes back every dirty copy that nobody is writing: open inodes' and those a previous
@@ -1831,6 +1885,10 @@ impl Vfs {
             tracing::warn!(
                 "{left} changed files could not be written back; they are kept in the cache and written back by the next mount"
             );
+        }
+        if let Err(e) = self.sync_server() {
+            let e = std::io::Error::from_raw_os_error(e.0);
+            tracing::warn!("cannot make the last changes durable on the server: {e}");
         }
         self.link.close();
     }

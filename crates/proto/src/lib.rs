@@ -46,10 +46,11 @@ pub use frame::{
 pub use message::{
     short_id, Against, Attr, Chunks, Context, DirEntry, ErrorCode, FileKind, FsStats, GetChunks,
     Hello, Ids, KeyOlds, Keys, Located, Message, Payload, RecipeDelta, RecipePart, Reply, Request,
-    StatExtra, Target, VaultOp, WirePath, WritePart, ASKED_FEATURES, FEATURES, FEATURE_HISTORY,
-    FEATURE_NO_TREE_DIGESTS, FEATURE_RATE, FEATURE_STATFS, FEATURE_STAT_EXTRA, KEY_BYTES, MAGIC,
-    MAX_CAP_BYTES, MAX_CONTEXT, MAX_FILES_DATA, MAX_OBJECT_REFS, MAX_PATH, MAX_READ_FILE,
-    MAX_READ_RANGE, MAX_VAULT_NAMES, MAX_WRITE_DATA, VERSION,
+    StatExtra, Target, VaultOp, WirePath, WritePart, ASKED_FEATURES, FEATURES,
+    FEATURE_DEFERRED_SYNC, FEATURE_HISTORY, FEATURE_NO_TREE_DIGESTS, FEATURE_RATE, FEATURE_STATFS,
+    FEATURE_STAT_EXTRA, KEY_BYTES, MAGIC, MAX_CAP_BYTES, MAX_CONTEXT, MAX_FILES_DATA,
+    MAX_OBJECT_REFS, MAX_PATH, MAX_READ_FILE, MAX_READ_RANGE, MAX_VAULT_NAMES, MAX_WRITE_DATA,
+    VERSION,
 };
 pub use stream::{Inflow, Level, Outflow, FEATURE_ZSTD_STREAM, MAX_WINDOW_LOG};
 pub use tree::{entry_key, tree_digest, TreeItem};

@@ -14,6 +14,53 @@ fn chunks_of(spec: &ferry_chunk::ChunkerSpec, data: &[u8]) -> Vec<Vec<u8>> {
     out
 }
 
+/// A reader that hands out at most the next of `steps` bytes per read.
+struct Trickle<'a> {
+    data: &'a [u8],
+    steps: &'a [usize],
+    k: usize,
+}
+
+impl std::io::Read for Trickle<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.steps[self.k % self.steps.len()]
+            .min(buf.len())
+            .min(self.data.len());
+        self.k += 1;
+        buf[..n].copy_from_slice(&self.data[..n]);
+        self.data = &self.data[n..];
+        Ok(n)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// A reader's chunks are the whole buffer's, however its reads are cut and whatever the
+    /// length: through the buffer's growth from small and its compaction once full.
+    #[test]
+    fn a_reader_cuts_as_the_whole_buffer(
+        seed in any::<u64>(),
+        len in prop_oneof![0usize..40_000, 0usize..3_000_000],
+        steps in proptest::collection::vec(1usize..300_000, 1..8),
+    ) {
+        let data = random_bytes(&seed.to_string(), len);
+        for (name, spec) in all_specs() {
+            let whole = cut_lengths(&mut *spec.build(), &data);
+            let src = Trickle { data: &data, steps: &steps, k: 0 };
+            let mut r = ChunkReader::new(src, spec.build());
+            let (mut got, mut at) = (vec![], 0u64);
+            while let Some(c) = r.next_chunk().unwrap() {
+                prop_assert_eq!(c.offset, at, "{}", name);
+                prop_assert_eq!(c.data, &data[at as usize..at as usize + c.data.len()], "{}", name);
+                at += c.data.len() as u64;
+                got.push(c.data.len());
+            }
+            prop_assert_eq!(&got, &whole, "{}", name);
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 

@@ -104,7 +104,9 @@ fn run(a: &MountArgs, cache: &Path, daemon: bool) -> Result<()> {
         &a.remote,
         &a.rsh,
         // A mount never compares trees by digest, and shows all of stat(2).
-        ferry_proto::FEATURE_NO_TREE_DIGESTS | ferry_proto::FEATURE_STAT_EXTRA,
+        ferry_proto::FEATURE_NO_TREE_DIGESTS
+            | ferry_proto::FEATURE_STAT_EXTRA
+            | ferry_proto::FEATURE_DEFERRED_SYNC,
     )?;
     let devices = a.lookaside.load(&a.rsh.chunker())?;
     let providers = ferry_mount::Providers::new(devices.provider_sessions(&a.rsh));

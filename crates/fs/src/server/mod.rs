@@ -21,6 +21,7 @@ use ferry_store::ChunkStore;
 use crate::export::{os, Export, FileId};
 
 mod content;
+mod dirsync;
 mod history;
 mod indexing;
 mod listing;
@@ -117,6 +118,8 @@ pub struct Server {
     greeted: bool,
     /// Features both sides agreed on in the Hellos.
     features: u64,
+    /// Directories whose changes are not yet durable (`FEATURE_DEFERRED_SYNC`).
+    dir_syncs: dirsync::DirSyncs,
     /// The state of chunk requests against old data, kept between requests.
     against: content::AgainstState,
     /// Every chunk this server has cut, kept (bounded) as what clients may hold old versions
@@ -183,6 +186,7 @@ impl Server {
             short_ids: HashMap::new(),
             greeted: false,
             features: 0,
+            dir_syncs: Default::default(),
             trees: HashMap::new(),
             history: None,
             history_file_max: 0,
@@ -292,6 +296,9 @@ impl Server {
                 }
                 self.greeted = true;
                 self.features = h.features & FEATURES & self.opts.features;
+                if self.features & ferry_proto::FEATURE_DEFERRED_SYNC != 0 {
+                    self.dir_syncs.defer();
+                }
                 if self.history.is_none() {
                     self.features &= !FEATURE_HISTORY;
                 }
@@ -443,6 +450,10 @@ impl Server {
                 Ok(())
             })),
             Request::Rename { from, to } => one(self.rename(&from, &to)),
+            Request::Sync => one(match self.dir_syncs.sync() {
+                Ok(()) => Reply::Ok,
+                Err(e) => error(ErrorCode::Io, format!("syncing the changes: {e}")),
+            }),
             Request::SetAttr {
                 path,
                 mode,
@@ -499,13 +510,13 @@ impl Server {
         }
     }
 
-    /// Runs `op` on the parent directory of `path` and its last component, then fsyncs the
-    /// directory so the change is durable before the reply.
-    fn at(&self, path: &WirePath, op: impl FnOnce(&OwnedFd, &[u8]) -> io::Result<()>) -> Reply {
+    /// Runs `op` on the parent directory of `path` and its last component; the directory is
+    /// fsynced before the reply, or kept for the next Sync (`FEATURE_DEFERRED_SYNC`).
+    fn at(&mut self, path: &WirePath, op: impl FnOnce(&OwnedFd, &[u8]) -> io::Result<()>) -> Reply {
         let r = (|| {
             let (dir, name) = self.export.parent(path)?;
             op(&dir, &name)?;
-            rustix::fs::fsync(&dir)?;
+            self.dir_syncs.changed(&dir)?;
             Ok::<_, io::Error>(())
         })();
         match r {
@@ -514,13 +525,13 @@ impl Server {
         }
     }
 
-    fn rename(&self, from: &WirePath, to: &WirePath) -> Reply {
+    fn rename(&mut self, from: &WirePath, to: &WirePath) -> Reply {
         let r = (|| -> io::Result<()> {
             let (fd, fname) = self.export.parent(from)?;
             let (td, tname) = self.export.parent(to)?;
             rustix::fs::renameat(&fd, os(&fname), &td, os(&tname))?;
-            rustix::fs::fsync(&td)?;
-            rustix::fs::fsync(&fd)?;
+            self.dir_syncs.changed(&td)?;
+            self.dir_syncs.changed(&fd)?;
             Ok(())
         })();
         match r {
@@ -712,6 +723,9 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.abandon_create();
         self.abandon_uploads();
+        if let Err(e) = self.dir_syncs.sync() {
+            tracing::warn!("making the session's last changes durable: {e}");
+        }
         if let Some(i) = &self.index {
             if let Err(e) = i.sync() {
                 tracing::debug!("index: {e}");

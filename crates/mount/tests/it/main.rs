@@ -60,7 +60,9 @@ impl Remote {
                 b.try_clone()?,
                 Box::new(b),
                 Box::new(|| Ok(())),
-                ferry_proto::FEATURE_NO_TREE_DIGESTS | ferry_proto::FEATURE_STAT_EXTRA,
+                ferry_proto::FEATURE_NO_TREE_DIGESTS
+                    | ferry_proto::FEATURE_STAT_EXTRA
+                    | ferry_proto::FEATURE_DEFERRED_SYNC,
             )
         })
     }

@@ -59,17 +59,28 @@ pub const FEATURE_NO_TREE_DIGESTS: u64 = 16;
 /// link count), flagged in their kind byte. Not in a client's Hello unless asked for: other
 /// clients do not pay its 28 bytes an entry.
 pub const FEATURE_STAT_EXTRA: u64 = 32;
+/// Hello feature bit, asked for by a client that makes changes durable when its user asks (a
+/// mount: `fsync`, and about a second after a change): the session's changes of names
+/// (commits, creates, renames, removals) are atomic at once but their directories are not
+/// fsynced before the reply; [`Request::Sync`] fsyncs every directory changed since the last.
+/// A local file system's own terms (a rename is durable once its directory is fsynced); a
+/// commit still fsyncs its file before the rename, so a crash leaves the old version or the
+/// new one, never a torn one. Not in a client's Hello unless asked for.
+pub const FEATURE_DEFERRED_SYNC: u64 = 64;
 /// Feature bits this build understands: [`crate::FEATURE_ZSTD_STREAM`], [`FEATURE_HISTORY`],
-/// [`FEATURE_RATE`], [`FEATURE_STATFS`], [`FEATURE_NO_TREE_DIGESTS`] and
-/// [`FEATURE_STAT_EXTRA`]. Everything else of version 2 is always there.
+/// [`FEATURE_RATE`], [`FEATURE_STATFS`], [`FEATURE_NO_TREE_DIGESTS`],
+/// [`FEATURE_STAT_EXTRA`] and [`FEATURE_DEFERRED_SYNC`]. Everything else of version 2 is always
+/// there.
 pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | FEATURE_HISTORY
     | FEATURE_RATE
     | FEATURE_STATFS
     | FEATURE_NO_TREE_DIGESTS
-    | FEATURE_STAT_EXTRA;
+    | FEATURE_STAT_EXTRA
+    | FEATURE_DEFERRED_SYNC;
 /// Feature bits a client sends only when asked to ([`FEATURES`] minus these is its default).
-pub const ASKED_FEATURES: u64 = FEATURE_NO_TREE_DIGESTS | FEATURE_STAT_EXTRA;
+pub const ASKED_FEATURES: u64 =
+    FEATURE_NO_TREE_DIGESTS | FEATURE_STAT_EXTRA | FEATURE_DEFERRED_SYNC;
 /// Largest file a client reads whole with no old version (ReadFiles with no olds) rather than
 /// by recipe.
 pub const MAX_READ_FILE: usize = 64 << 10;
@@ -117,6 +128,9 @@ pub enum Request {
     StatFs {
         path: WirePath,
     },
+    /// Makes the session's changes of names durable: fsyncs every directory it changed since
+    /// the last Sync (with [`FEATURE_DEFERRED_SYNC`]; without, there is nothing to do).
+    Sync,
     /// A recipe, sent against the pages (content-defined runs of chunks) whose keys `known`
     /// lists; with `short`, chunks outside them by length and short id.
     GetRecipe {
@@ -305,6 +319,7 @@ pub(crate) mod code {
     pub const SYMLINK: u8 = 0x17;
     pub const SET_ATTR: u8 = 0x18;
     pub const STAT_FS: u8 = 0x19;
+    pub const SYNC: u8 = 0x1a;
     pub const GET_RECIPE: u8 = 0x20;
     pub const GET_CHUNKS: u8 = 0x21;
     pub const READ_FILES: u8 = 0x22;

@@ -13,6 +13,7 @@
 //! | 0x17 | Symlink | path · target *bytes* | Ok |
 //! | 0x18 | SetAttr | path · mode *option* u32 · mtime_ns *option* i64 | Ok |
 //! | 0x19 | StatFs | path | FsStats |
+//! | 0x1a | Sync | (nothing) | Ok |
 
 use super::types::{get_attr, get_bits, get_path, put_attr, put_bits, put_opt, put_path};
 use super::types::{get_opt, DirEntry, FsStats};
@@ -76,6 +77,7 @@ pub(super) fn put_request(q: &Request, w: &mut Writer) -> Option<u8> {
             put_path(w, path);
             code::STAT_FS
         }
+        Request::Sync => code::SYNC,
         _ => return None,
     })
 }
@@ -116,6 +118,7 @@ pub(super) fn get_request(t: u8, r: &mut Reader<'_>) -> Result<Option<Request>, 
             mtime_ns: get_opt(r, |r| r.i64())?,
         },
         code::STAT_FS => Request::StatFs { path: path(r)? },
+        code::SYNC => Request::Sync,
         _ => return Ok(None),
     }))
 }

@@ -248,6 +248,7 @@ pub(crate) fn samples() -> Vec<Message> {
             name_max: 255,
         })),
         q(Request::StatFs { path: "a/b".into() }),
+        q(Request::Sync),
         r(Reply::Recipe(RecipeDelta {
             version: 9,
             total_chunks: 40,
@@ -728,6 +729,10 @@ fn exact_bytes_of_every_message() {
         (
             Message::Request(Request::StatFs { path: "ab".into() }),
             "09000000 19 00 05000000 | 02 6162".into(),
+        ),
+        (
+            Message::Request(Request::Sync),
+            "06000000 1a 00 05000000".into(),
         ),
         (
             Message::Reply(Reply::FsStats(FsStats {
