@@ -8,13 +8,14 @@
 #   scripts/mount-bulk.sh [FERRY_BINARY] [ROUNDS] [N]
 #
 # Defaults: target/release/ferry, 2 rounds, 2000 files; the tree /usr/include/linux and the
-# repository this script is in.
+# repository this script is in. Both servers' exports and Ferry's cache live under $TMPDIR
+# (default /tmp): point it at the file system to measure on (fsync costs differ by far).
 set -uo pipefail
 F=$(realpath "${1:-target/release/ferry}")
 ROUNDS=${2:-2}
 N=${3:-2000}
 REPO=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)/.git
-W=$(mktemp -d /tmp/ferry-mount-bulk.XXXXXX)
+W=$(mktemp -d "${TMPDIR:-/tmp}/ferry-mount-bulk.XXXXXX")
 M=$W/mnt S=$W/srv
 mkdir -p "$M"
 printf '#!/bin/sh\nshift\nexec sh -c "$*"\n' >"$W/rsh" # HOST dropped: the server runs here
