@@ -32,8 +32,10 @@ else
   ferry() { "$root/target/debug/ferry" "$@"; }
   printf '#!/bin/sh\nshift\nexec "$@"\n' > "$work/rsh"
   chmod +x "$work/rsh"
+  # A generous timeout: open::interact_2gb has the (debug) server write and hash 2 GiB in one
+  # commit, which on a busy machine took more than 10 s without a word to the mount.
   ferry mount -e "$work/rsh" --remote-ferry "$root/target/debug/ferry" --cache "$work/cache" \
-    --timeout 10 "host:$work/srv" "$work/mnt" >/dev/null
+    --timeout 300 "host:$work/srv" "$work/mnt" >/dev/null
   dir="$work/mnt"
 fi
 set +e

@@ -57,6 +57,16 @@ fn kind(k: FileKind) -> FileType {
     }
 }
 
+fn special_type(k: crate::vfs::SpecialKind) -> FileType {
+    use crate::vfs::SpecialKind as S;
+    match k {
+        S::Fifo => FileType::NamedPipe,
+        S::Socket => FileType::Socket,
+        S::CharDevice => FileType::CharDevice,
+        S::BlockDevice => FileType::BlockDevice,
+    }
+}
+
 fn has(flags: i32, f: rustix::fs::OFlags) -> bool {
     flags & f.bits() as i32 != 0
 }
@@ -72,12 +82,15 @@ impl FerryFs {
             mtime: t,
             ctime: crate::vfs::time_of(s.ctime_ns),
             crtime: t,
-            kind: kind(s.kind),
+            kind: match s.special {
+                Some((k, _)) => special_type(k),
+                None => kind(s.kind),
+            },
             perm: (s.mode & 0o7777) as u16,
             nlink: s.nlink,
             uid: self.uid,
             gid: self.gid,
-            rdev: 0,
+            rdev: s.special.map_or(0, |(_, r)| r),
             blksize: 4096,
             flags: 0,
         }
@@ -171,10 +184,16 @@ impl Filesystem for FerryFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        // Only regular files: devices, fifos and sockets cannot be stored on the server.
+        // Regular files on the server; FIFOs, sockets and devices here only.
+        if let Some(k) = crate::vfs::SpecialKind::of_mode(mode) {
+            let r = self
+                .vfs
+                .mknod(parent.0, name.as_bytes(), k, mode & !umask, rdev);
+            return self.entry("mknod", r, reply);
+        }
         if rustix::fs::FileType::from_raw_mode(mode) == rustix::fs::FileType::RegularFile {
             let r = self
                 .vfs
@@ -374,12 +393,11 @@ impl Filesystem for FerryFs {
             .enumerate()
             .skip(offset as usize)
         {
-            if reply.add(
-                INodeNo(e_ino),
-                i as u64 + 1,
-                kind(k),
-                OsStr::from_bytes(&name),
-            ) {
+            let t = match self.vfs.special_of(e_ino) {
+                Some(sk) => special_type(sk),
+                None => kind(k),
+            };
+            if reply.add(INodeNo(e_ino), i as u64 + 1, t, OsStr::from_bytes(&name)) {
                 break;
             }
         }

@@ -44,7 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use link::Connector;
-pub use vfs::{Errno, Ino, MountError, Options, Providers, Stat, Vfs, ROOT};
+pub use vfs::{Errno, Ino, MountError, Options, Providers, SpecialKind, Stat, Vfs, ROOT};
 
 /// How the kernel side is set up.
 #[derive(Clone, Debug)]

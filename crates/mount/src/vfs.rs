@@ -26,6 +26,9 @@
 //! replaced, and an open of one file never waits for another's fetch); the link serialises
 //! messages.
 
+mod specials;
+pub use specials::SpecialKind;
+
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -122,6 +125,8 @@ pub struct Stat {
     /// removed while open); a directory's, 2 and one for each subdirectory its listing here
     /// names (the server's count when no listing is here).
     pub nlink: u32,
+    /// A special file of this mount only, and its device number (see `specials`).
+    pub special: Option<(SpecialKind, u32)>,
 }
 
 /// An open file.
@@ -289,6 +294,8 @@ struct State {
     next_ino: Ino,
     handles: HashMap<u64, Handle>,
     next_fh: u64,
+    /// FIFOs, sockets and device nodes made here (never on the server).
+    specials: specials::Specials,
     /// When the oldest change made here that the server has not made durable yet was made
     /// (`FEATURE_DEFERRED_SYNC`: see [`Vfs::sync_server`]).
     unsynced: Option<Instant>,
@@ -566,6 +573,7 @@ impl Vfs {
             ctime_ns: extra.map_or(a.mtime_ns, |x| x.ctime_ns),
             blocks: extra.map_or(a.size.div_ceil(512), |x| x.blocks),
             nlink,
+            special: None,
         }
     }
 
@@ -577,6 +585,9 @@ impl Vfs {
     /// Likewise, asked through the open file `fh` if given: a copy being written (or changed
     /// and not yet written back, or removed while open) has the local copy's size and time.
     pub fn getattr_open(&self, ino: Ino, fh: Option<u64>) -> Result<Stat, Errno> {
+        if let Some(s) = self.getattr_special(ino) {
+            return Ok(s);
+        }
         if let Some(s) = self.local_stat(ino, fh)? {
             return Ok(s);
         }
@@ -629,6 +640,7 @@ impl Vfs {
             ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
             blocks: m.blocks(),
             nlink,
+            special: None,
         }))
     }
 
@@ -652,6 +664,9 @@ impl Vfs {
     /// returned.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Stat, Errno> {
         let (dir, path) = self.child(parent, name)?;
+        if let Some(s) = self.lookup_special(&path) {
+            return Ok(s);
+        }
         let a = match self.leased_attr(&path) {
             Some(a) => a,
             None => match self.listed(&dir, name) {
@@ -797,6 +812,12 @@ impl Vfs {
             },
         };
         let st = self.lock();
+        let mut names = names;
+        for name in st.specials.children(&dir) {
+            if let Err(i) = names.binary_search_by(|e| e.0.as_slice().cmp(&name)) {
+                names.insert(i, (name, FileKind::File));
+            }
+        }
         Ok(names
             .into_iter()
             .map(|(name, kind)| {
@@ -1585,6 +1606,9 @@ impl Vfs {
 
     fn remove(&self, parent: Ino, name: &[u8], dir: bool) -> Result<(), Errno> {
         let (parent_path, path) = self.child(parent, name)?;
+        if let Some(r) = self.remove_special(&path, dir) {
+            return r;
+        }
         let r = self.link.run(|c| {
             c.call(if dir {
                 Request::Rmdir { path: path.clone() }
@@ -1626,6 +1650,9 @@ impl Vfs {
         }
         if is_below(&to, &from) {
             return Err(Errno::EINVAL);
+        }
+        if let Some(r) = self.rename_special(&from, &to, noreplace) {
+            return r;
         }
         if noreplace {
             match self.fresh_attr(&to) {
@@ -1699,6 +1726,7 @@ impl Vfs {
                 tracing::debug!("moving the cached copy of {from:?}: {e}");
             }
         }
+        Self::moved_specials(&mut st, &from, &to);
         Self::drop_below(&mut st, &from);
         Self::drop_below(&mut st, &to);
         Self::relist(&mut st, &from_dir, name, None);
@@ -1720,6 +1748,9 @@ impl Vfs {
         size: Option<u64>,
         mtime_ns: Option<i64>,
     ) -> Result<Stat, Errno> {
+        if let Some(r) = self.setattr_special(ino, mode, size, mtime_ns) {
+            return r;
+        }
         let (path, kind) = self.path_of(ino)?;
         if let Some(size) = size {
             if kind == FileKind::Dir {

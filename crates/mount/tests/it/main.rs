@@ -726,3 +726,74 @@ fn a_directorys_times_after_a_change_made_here_are_the_new_ones() {
         978_307_200 * 1_000_000_000
     );
 }
+
+/// FIFOs, sockets and device nodes live in the mount only: made, listed with their type,
+/// looked up, chmod-ed, renamed (over a server file, which goes), removed; never on the server,
+/// and never over a name that exists. A directory holding one is not empty.
+#[test]
+fn special_files_live_in_the_mount_only() {
+    use ferry_mount::SpecialKind;
+    let (_t, root, _remote, v) = one_client();
+    let d = v.mkdir(ROOT, b"d", 0o755).unwrap();
+    let p = v
+        .mknod(d.ino, b"pipe", SpecialKind::Fifo, 0o640, 0)
+        .unwrap();
+    assert_eq!(p.special, Some((SpecialKind::Fifo, 0)));
+    assert_eq!(p.mode, 0o640);
+    let c = v
+        .mknod(ROOT, b"null", SpecialKind::CharDevice, 0o666, 0x0103)
+        .unwrap();
+    assert_eq!(c.special, Some((SpecialKind::CharDevice, 0x0103)));
+    assert!(!root.join("d/pipe").exists() && !root.join("null").exists());
+    // Taken names: a special file's, and the server's.
+    assert_eq!(
+        v.mknod(d.ino, b"pipe", SpecialKind::Socket, 0o600, 0)
+            .unwrap_err(),
+        Errno::EEXIST
+    );
+    std::fs::write(root.join("d/f"), b"server").unwrap();
+    assert_eq!(
+        v.mknod(d.ino, b"f", SpecialKind::Fifo, 0o600, 0)
+            .unwrap_err(),
+        Errno::EEXIST
+    );
+    // Listed with the server's names, and looked up.
+    let names: Vec<Vec<u8>> = v.readdir(d.ino).unwrap().into_iter().map(|e| e.2).collect();
+    assert_eq!(names, vec![b"f".to_vec(), b"pipe".to_vec()]);
+    let found = v.lookup(d.ino, b"pipe").unwrap();
+    assert_eq!(found.ino, p.ino);
+    assert_eq!(v.special_of(p.ino), Some(SpecialKind::Fifo));
+    // chmod and times here; a size is refused.
+    let s = v
+        .setattr(p.ino, Some(0o600), None, Some(1_000_000_000))
+        .unwrap();
+    assert_eq!((s.mode, s.mtime_ns), (0o600, 1_000_000_000));
+    assert!(s.ctime_ns > 1_000_000_000);
+    assert_eq!(
+        v.setattr(p.ino, None, Some(0), None).unwrap_err(),
+        Errno::EINVAL
+    );
+    // Not empty, for rmdir; not a directory, for rmdir of itself.
+    assert_eq!(v.rmdir(ROOT, b"d").unwrap_err(), Errno::ENOTEMPTY);
+    assert_eq!(v.rmdir(d.ino, b"pipe").unwrap_err(), Errno::ENOTDIR);
+    // Renamed over the server's file: that one goes, on the server too.
+    v.rename(d.ino, b"pipe", d.ino, b"f", false).unwrap();
+    assert!(!root.join("d/f").exists());
+    assert_eq!(
+        v.getattr(p.ino).unwrap().special,
+        Some((SpecialKind::Fifo, 0))
+    );
+    assert_eq!(v.lookup(d.ino, b"pipe").unwrap_err(), Errno::ENOENT);
+    // The directory moves on the server, the special file with it.
+    v.rename(ROOT, b"d", ROOT, b"e", false).unwrap();
+    let e = v.lookup(ROOT, b"e").unwrap();
+    assert_eq!(
+        v.lookup(e.ino, b"f").unwrap().special,
+        Some((SpecialKind::Fifo, 0))
+    );
+    // Removed here; then the directory is empty.
+    v.unlink(e.ino, b"f").unwrap();
+    assert_eq!(v.lookup(e.ino, b"f").unwrap_err(), Errno::ENOENT);
+    v.rmdir(ROOT, b"e").unwrap();
+    assert!(!root.join("e").exists());
+}
