@@ -10,6 +10,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 command -v pjdfstest >/dev/null || { echo "pjdfstest is needed: cargo install pjdfstest --locked" >&2; exit 2; }
 id tests >/dev/null 2>&1 || useradd -M -U -s /usr/sbin/nologin tests
 work=$(mktemp -d /tmp/ferry-posix.XXXXXX)
+# Searchable by the other users the suite acts as (mktemp makes it 0700: every path of theirs
+# through it was EACCES before the mount was asked).
+chmod 755 "$work"
 trap 'ferry umount "$work/mnt" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 cat > "$work/pjdfstest.toml" <<'TOML'
 [features]
@@ -34,8 +37,10 @@ else
   chmod +x "$work/rsh"
   # A generous timeout: open::interact_2gb has the (debug) server write and hash 2 GiB in one
   # commit, which on a busy machine took more than 10 s without a word to the mount.
+  # --allow-other: the suite acts as other users too (without it the kernel refuses them
+  # everything, EACCES, before the mount is asked).
   ferry mount -e "$work/rsh" --remote-ferry "$root/target/debug/ferry" --cache "$work/cache" \
-    --timeout 300 "host:$work/srv" "$work/mnt" >/dev/null
+    --timeout 300 --allow-other "host:$work/srv" "$work/mnt" >/dev/null
   dir="$work/mnt"
 fi
 set +e
