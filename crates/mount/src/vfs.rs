@@ -296,6 +296,10 @@ struct State {
     next_fh: u64,
     /// FIFOs, sockets and device nodes made here (never on the server).
     specials: specials::Specials,
+    /// Directories whose special files changed here, with the time of the last such change: a
+    /// directory's modification and change times while later than the server's (which never
+    /// hears of them).
+    dir_times: HashMap<WirePath, i64>,
     /// When the oldest change made here that the server has not made durable yet was made
     /// (`FEATURE_DEFERRED_SYNC`: see [`Vfs::sync_server`]).
     unsynced: Option<Instant>,
@@ -563,14 +567,19 @@ impl Vfs {
             _ if n.is_some_and(|n| n.unlinked) => 0,
             _ => extra.map_or(1, |x| x.nlink),
         };
+        let local = n
+            .filter(|_| a.kind == FileKind::Dir)
+            .and_then(|n| st.dir_times.get(&n.path))
+            .copied()
+            .unwrap_or(i64::MIN);
         Stat {
             ino,
             kind: a.kind,
             size: a.size,
             mode: a.mode & 0o7777,
-            mtime_ns: a.mtime_ns,
+            mtime_ns: a.mtime_ns.max(local),
             atime_ns: extra.map_or(a.mtime_ns, |x| x.atime_ns),
-            ctime_ns: extra.map_or(a.mtime_ns, |x| x.ctime_ns),
+            ctime_ns: extra.map_or(a.mtime_ns, |x| x.ctime_ns).max(local),
             blocks: extra.map_or(a.size.div_ceil(512), |x| x.blocks),
             nlink,
             special: None,

@@ -139,6 +139,7 @@ impl Vfs {
         }
         st.specials
             .insert(path.clone(), Special::new(kind, mode, rdev));
+        changed_in(&mut st, &path);
         let ino = Self::ino_for(&mut st, &path, FileKind::File);
         let n = st.inodes.get_mut(&ino).expect("made");
         n.lookups += 1;
@@ -202,6 +203,7 @@ impl Vfs {
                 return Some(Err(Errno::ENOTDIR));
             }
             st.specials.remove(path);
+            changed_in(&mut st, path);
             self.unlinked(&mut st, path);
             return Some(Ok(()));
         }
@@ -274,6 +276,8 @@ impl Vfs {
                 ..s
             },
         );
+        changed_in(&mut st, from);
+        changed_in(&mut st, to);
         if let Some(i) = st.ino_of.remove(from) {
             if let Some(n) = st.inodes.get_mut(&i) {
                 n.path = to.clone();
@@ -312,4 +316,11 @@ fn special_stat(st: &State, ino: Ino, path: &WirePath) -> Option<Stat> {
         nlink: 1,
         special: Some((s.kind, s.rdev)),
     })
+}
+
+/// A special file at `path` was made, removed or moved: its directory's times are now.
+fn changed_in(st: &mut State, path: &WirePath) {
+    if let Some((dir, _)) = path.split_last() {
+        st.dir_times.insert(dir, now_ns());
+    }
 }

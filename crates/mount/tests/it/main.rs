@@ -740,6 +740,12 @@ fn special_files_live_in_the_mount_only() {
         .unwrap();
     assert_eq!(p.special, Some((SpecialKind::Fifo, 0)));
     assert_eq!(p.mode, 0o640);
+    // Its directory's times move, here (the server never hears of it).
+    let dir = v.getattr(d.ino).unwrap();
+    assert!(
+        dir.mtime_ns > d.mtime_ns && dir.ctime_ns > d.ctime_ns,
+        "{dir:?} {d:?}"
+    );
     let c = v
         .mknod(ROOT, b"null", SpecialKind::CharDevice, 0o666, 0x0103)
         .unwrap();
@@ -791,8 +797,10 @@ fn special_files_live_in_the_mount_only() {
         v.lookup(e.ino, b"f").unwrap().special,
         Some((SpecialKind::Fifo, 0))
     );
-    // Removed here; then the directory is empty.
+    // Removed here; then the directory is empty, and changed again.
+    let before = v.getattr(e.ino).unwrap().mtime_ns;
     v.unlink(e.ino, b"f").unwrap();
+    assert!(v.getattr(e.ino).unwrap().mtime_ns > before);
     assert_eq!(v.lookup(e.ino, b"f").unwrap_err(), Errno::ENOENT);
     v.rmdir(ROOT, b"e").unwrap();
     assert!(!root.join("e").exists());
