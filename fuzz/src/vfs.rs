@@ -13,7 +13,8 @@
 //! its leases for them). The rest is a run of operations, five bytes each: code, client and
 //! path (one byte: which
 //! client, and one of 12 paths of at most two levels over the names `a`, `b`, `c`), and three
-//! bytes of arguments.
+//! bytes of arguments. With one client, a code from 248 up makes a special file (FIFO, socket
+//! or device node: the client's own, never on the server's disk).
 
 use std::collections::BTreeMap;
 use std::os::unix::net::UnixStream;
@@ -30,6 +31,8 @@ use ferry_proto::{FileKind, WirePath};
 enum Node {
     File(Vec<u8>),
     Dir,
+    /// A FIFO, socket or device node: the client's own, never on the server.
+    Special,
 }
 
 type Model = BTreeMap<Vec<String>, Node>;
@@ -86,7 +89,7 @@ fn parent_ok(model: &Model, p: &[String]) -> Result<(), Vec<Errno>> {
         [] => Ok(()),
         parent => match model.get(parent) {
             Some(Node::Dir) => Ok(()),
-            Some(Node::File(_)) => Err(vec![Errno::ENOTDIR]),
+            Some(Node::File(_) | Node::Special) => Err(vec![Errno::ENOTDIR]),
             None => Err(vec![Errno::ENOENT]),
         },
     }
@@ -214,13 +217,39 @@ pub fn run(data: &[u8]) {
     let views = [&clients[0], &clients[clients.len() - 1]];
     let mut model = Model::new();
     for op in data.chunks_exact(5).take(48) {
-        step(&views, &mut model, op);
-        assert_eq!(on_disk(&root), model, "the export after {op:?}");
+        // Special files are one client's own: made only when there is one.
+        if clients.len() == 1 && op[0] >= 248 {
+            mknod(views[0], &mut model, op);
+        } else {
+            step(&views, &mut model, op);
+        }
+        let served: Model = model
+            .iter()
+            .filter(|(_, n)| **n != Node::Special)
+            .map(|(k, n)| (k.clone(), n.clone()))
+            .collect();
+        assert_eq!(on_disk(&root), served, "the export after {op:?}");
     }
     drop(clients);
     for s in std::mem::take(&mut *servers.lock().unwrap()) {
         s.join().unwrap();
     }
+}
+
+/// A FIFO, socket or device node made at the path `op` names.
+fn mknod(v: &Vfs, model: &mut Model, op: &[u8]) {
+    use ferry_mount::SpecialKind as K;
+    let p = path(op[1] & 0x7f);
+    let kind = [K::Fifo, K::Socket, K::CharDevice, K::BlockDevice][op[2] as usize % 4];
+    let r = resolve_parent(v, &p).and_then(|(d, n)| v.mknod(d, n, kind, 0o644, 0).map(drop));
+    let allowed = parent_ok(model, &p).and_then(|()| match model.get(&p) {
+        Some(_) => Err(vec![Errno::EEXIST]),
+        None => Ok(()),
+    });
+    if allowed.is_ok() {
+        model.insert(p.clone(), Node::Special);
+    }
+    expect(r, allowed, &format!("mknod {op:?} {}", p.join("/")));
 }
 
 /// One operation: applied through a client and to the model, the answers compared.
@@ -229,6 +258,11 @@ fn step(clients: &[&Vfs; 2], model: &mut Model, op: &[u8]) {
     let p = path(op[1] & 0x7f);
     let (x, y) = (op[3] as u64, op[4] as u64);
     let what = format!("{:?} {}", op, p.join("/"));
+    // The kernel opens a special file itself: writes and reads never reach the mount.
+    let special = parent_ok(model, &p).is_ok() && model.get(&p) == Some(&Node::Special);
+    if special && matches!(op[0] % 8, 0 | 2) {
+        return;
+    }
     match op[0] % 8 {
         // Write: at an offset up to 48 KiB, up to 24 KiB (across chunk boundaries).
         0 => {
@@ -264,6 +298,7 @@ fn step(clients: &[&Vfs; 2], model: &mut Model, op: &[u8]) {
                     Ok(())
                 }
                 Some(Node::Dir) => Err(vec![Errno::EISDIR]),
+                Some(Node::Special) => Err(vec![Errno::EINVAL]),
                 None => Err(vec![Errno::ENOENT]),
             });
             expect(r, allowed, &what);
@@ -275,12 +310,19 @@ fn step(clients: &[&Vfs; 2], model: &mut Model, op: &[u8]) {
                     assert_eq!(r.as_deref(), Ok(&want[..]), "{what}: read")
                 }
                 (Ok(()), Some(Node::Dir)) => expect(r.map(drop), Err(vec![Errno::EISDIR]), &what),
+                // Not read through the mount (returned above).
+                (Ok(()), Some(Node::Special)) => {}
                 (Ok(()), None) => expect(r.map(drop), Err(vec![Errno::ENOENT]), &what),
                 (Err(allowed), _) => expect(r.map(drop), Err(allowed), &what),
             }
         }
         3 => {
-            let r = resolve_parent(v, &p).and_then(|(d, n)| v.mkdir(d, n, 0o755).map(drop));
+            // As the kernel does: a name that exists is EEXIST before the mount is asked.
+            let r = resolve_parent(v, &p).and_then(|(d, n)| match v.lookup(d, n) {
+                Ok(_) => Err(Errno::EEXIST),
+                Err(Errno::ENOENT) => v.mkdir(d, n, 0o755).map(drop),
+                Err(e) => Err(e),
+            });
             let allowed = parent_ok(model, &p).and_then(|()| match model.get(&p) {
                 Some(_) => Err(vec![Errno::EEXIST]),
                 None => Ok(()),
@@ -297,7 +339,7 @@ fn step(clients: &[&Vfs; 2], model: &mut Model, op: &[u8]) {
                     Err(vec![Errno::ENOTEMPTY, Errno::EEXIST])
                 }
                 Some(Node::Dir) => Ok(()),
-                Some(Node::File(_)) => Err(vec![Errno::ENOTDIR]),
+                Some(Node::File(_) | Node::Special) => Err(vec![Errno::ENOTDIR]),
                 None => Err(vec![Errno::ENOENT]),
             });
             if allowed.is_ok() {
@@ -308,7 +350,7 @@ fn step(clients: &[&Vfs; 2], model: &mut Model, op: &[u8]) {
         5 => {
             let r = resolve_parent(v, &p).and_then(|(d, n)| v.unlink(d, n));
             let allowed = parent_ok(model, &p).and_then(|()| match model.get(&p) {
-                Some(Node::File(_)) => Ok(()),
+                Some(Node::File(_) | Node::Special) => Ok(()),
                 Some(Node::Dir) => Err(vec![Errno::EISDIR, Errno::EPERM]),
                 None => Err(vec![Errno::ENOENT]),
             });
@@ -319,7 +361,9 @@ fn step(clients: &[&Vfs; 2], model: &mut Model, op: &[u8]) {
         }
         6 => {
             let to = path(op[2]);
+            // As the kernel does: the source is looked up first.
             let r = resolve_parent(v, &p).and_then(|(d, n)| {
+                v.lookup(d, n)?;
                 let (d2, n2) = resolve_parent(v, &to)?;
                 v.rename(d, n, d2, n2, false)
             });
@@ -344,7 +388,7 @@ fn step(clients: &[&Vfs; 2], model: &mut Model, op: &[u8]) {
                         .collect();
                     assert_eq!(got, want, "{what}: readdir");
                 }
-                (Ok(()), Some(Node::File(_))) => {
+                (Ok(()), Some(Node::File(_) | Node::Special)) => {
                     expect(r.map(drop), Err(vec![Errno::ENOTDIR]), &what)
                 }
                 (Ok(()), None) => expect(r.map(drop), Err(vec![Errno::ENOENT]), &what),
@@ -371,8 +415,8 @@ fn rename(model: &mut Model, from: &[String], to: &[String]) -> Result<(), Vec<E
         (Some(Node::Dir), _) if to.starts_with(from) => errs.push(Errno::EINVAL),
         // Over a directory holding it (Linux: ENOTEMPTY, before the kinds are compared).
         _ if from.starts_with(to) => errs.extend([Errno::ENOTEMPTY, Errno::EISDIR]),
-        (Some(Node::File(_)), Some(Node::Dir)) => errs.push(Errno::EISDIR),
-        (Some(Node::Dir), Some(Node::File(_))) => errs.push(Errno::ENOTDIR),
+        (Some(Node::File(_) | Node::Special), Some(Node::Dir)) => errs.push(Errno::EISDIR),
+        (Some(Node::Dir), Some(Node::File(_) | Node::Special)) => errs.push(Errno::ENOTDIR),
         (Some(Node::Dir), Some(Node::Dir)) if has_children(model, to) => {
             errs.extend([Errno::ENOTEMPTY, Errno::EEXIST])
         }
