@@ -129,14 +129,7 @@ fn deferred_round(
     let mut c = connect_asking(&export, ferry_proto::FEATURE_DEFERRED_SYNC);
     for v in 0..VERSIONS {
         write_tree(&src, &version(r, v));
-        let opts = ferry_fs::PutOptions {
-            chunker: ChunkerSpec::default(),
-            delete: true,
-            dry_run: false,
-            progress: None,
-            cache: None,
-            fewer_round_trips: true,
-        };
+        let opts = put_options(true);
         let mut stats = ferry_fs::PutStats::default();
         ferry_fs::put(&mut c, &src, &"".into(), &opts, &mut stats).unwrap();
         if sync {
@@ -153,6 +146,18 @@ fn deferred_round(
     })
 }
 
+/// `ferry put --delete`'s options, with or without the mount's fewer round trips.
+fn put_options(fewer_round_trips: bool) -> ferry_fs::PutOptions<'static> {
+    ferry_fs::PutOptions {
+        chunker: ChunkerSpec::default(),
+        delete: true,
+        dry_run: false,
+        progress: None,
+        cache: None,
+        fewer_round_trips,
+    }
+}
+
 fn round(r: u64) -> Report {
     const VERSIONS: u64 = 3;
     let rec = recorder();
@@ -162,14 +167,7 @@ fn round(r: u64) -> Report {
     let src = local.path().join("src");
     for v in 0..VERSIONS {
         write_tree(&src, &version(r, v));
-        let opts = ferry_fs::PutOptions {
-            chunker: ChunkerSpec::default(),
-            delete: true,
-            dry_run: false,
-            progress: None,
-            cache: None,
-            fewer_round_trips: false,
-        };
+        let opts = put_options(false);
         let mut stats = ferry_fs::PutStats::default();
         ferry_fs::put(&mut connect(&export), &src, &"".into(), &opts, &mut stats).unwrap();
         rec.mark(format!("{v}"));
