@@ -82,6 +82,7 @@ pub fn run(data: &[u8]) {
                 progress: None,
                 cache: None,
                 fewer_round_trips: op & 8 != 0,
+                stat_after: None,
             };
             let mut stats = PutStats::default();
             let _ = ferry_fs::put(

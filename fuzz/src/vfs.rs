@@ -79,7 +79,12 @@ fn connector(root: &Path, servers: &Servers, lease_ms: u32) -> ferry_mount::Conn
             let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
         });
         servers.lock().unwrap().push(server);
-        Session::over(b.try_clone()?, Box::new(b), Box::new(|| Ok(())))
+        Session::over_asking(
+                b.try_clone()?,
+                Box::new(b),
+                Box::new(|| Ok(())),
+                ferry_mount::FEATURES,
+            )
     })
 }
 

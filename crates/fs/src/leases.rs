@@ -104,8 +104,10 @@ impl Leases {
     /// a new one at its path is watched afresh.
     ///
     /// Events on the server's own entries (commit temporaries, the trash), which no listing
-    /// shows, break nothing.
-    pub(crate) fn broken(&mut self) -> Vec<WirePath> {
+    /// shows, break nothing. An event on a name in `own` (directory, name: changes the session
+    /// just made itself, for a client that asked for `FEATURE_OWN_CHANGES`) breaks the lease on
+    /// that name, not the one on its directory's listing.
+    pub(crate) fn broken(&mut self, own: &[(WirePath, Vec<u8>)]) -> Vec<WirePath> {
         use inotify::ReadFlags;
         let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
         let mut hit = vec![];
@@ -132,7 +134,10 @@ impl Leases {
             if name.is_some_and(unseen) {
                 continue;
             }
-            hit.push(dir.clone());
+            let mine = name.is_some_and(|n| own.iter().any(|(d, o)| d == dir && o == n));
+            if !mine {
+                hit.push(dir.clone());
+            }
             if let Some(name) = name {
                 if let Ok(p) = dir.join(name) {
                     hit.push(p);
@@ -196,7 +201,7 @@ mod tests {
             std::fs::write(t.path().join("d/other"), b"x").unwrap();
         }
         std::fs::write(t.path().join("d/f"), b"2").unwrap();
-        assert_eq!(l.broken(), vec![WirePath::from("d/f")]);
+        assert_eq!(l.broken(&[]), vec![WirePath::from("d/f")]);
     }
 
     #[test]
@@ -208,12 +213,12 @@ mod tests {
         let mut l = Leases::new().unwrap();
         lease(&mut l, &e, "d/f");
         std::fs::remove_dir_all(t.path().join("d")).unwrap();
-        assert!(l.broken().contains(&WirePath::from("d/f")));
+        assert!(l.broken(&[]).contains(&WirePath::from("d/f")));
         std::fs::create_dir(t.path().join("d")).unwrap();
         std::fs::write(t.path().join("d/g"), b"1").unwrap();
         lease(&mut l, &e, "d/g");
         std::fs::write(t.path().join("d/g"), b"2").unwrap();
-        assert_eq!(l.broken(), vec![WirePath::from("d/g")]);
+        assert_eq!(l.broken(&[]), vec![WirePath::from("d/g")]);
     }
 
     #[test]
@@ -229,10 +234,10 @@ mod tests {
         let tmp = t.path().join("d/.ferry-1-0123456789abcdef-1.tmp");
         std::fs::write(&tmp, b"x").unwrap();
         std::fs::remove_file(&tmp).unwrap();
-        assert_eq!(l.broken(), Vec::<WirePath>::new());
+        assert_eq!(l.broken(&[]), Vec::<WirePath>::new());
         std::fs::write(t.path().join("d/.ferry-notes.tmp"), b"x").unwrap();
         std::fs::write(t.path().join("d/f"), b"2").unwrap();
-        let mut b = l.broken();
+        let mut b = l.broken(&[]);
         b.sort();
         assert_eq!(b, vec![WirePath::from("d"), WirePath::from("d/f")]);
     }

@@ -44,6 +44,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use link::Connector;
+
+/// The optional features a mount's sessions ask for (the [`Connector`] passes them on): a
+/// mount never compares trees by digest, shows all of stat(2), makes changes durable at
+/// `fsync` or about a second later, and keeps its own listings up to date after its changes.
+pub const FEATURES: u64 = ferry_proto::FEATURE_NO_TREE_DIGESTS
+    | ferry_proto::FEATURE_STAT_EXTRA
+    | ferry_proto::FEATURE_DEFERRED_SYNC
+    | ferry_proto::FEATURE_OWN_CHANGES;
 pub use vfs::{Errno, Ino, MountError, Options, Providers, SpecialKind, Stat, Vfs, ROOT};
 
 /// How the kernel side is set up.

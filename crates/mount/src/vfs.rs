@@ -106,6 +106,14 @@ fn errno_of(f: &Failure) -> Errno {
     }
 }
 
+/// The error number for the server's answer to one request of a batch.
+fn errno_of_reply(e: ConnError) -> Errno {
+    match e {
+        ConnError::Remote { code, message } => errno_of(&Failure::Remote(code, message)),
+        _ => Errno::EIO,
+    }
+}
+
 /// What the kernel is told about a file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stat {
@@ -746,20 +754,31 @@ impl Vfs {
         tracing::trace!("{dir:?}: ReadDir");
         let asked = Instant::now();
         let r = self.link.run(|c| {
+            // The directory's own attributes in the same round trip: their lease is the
+            // listing's too (the server keys both by the directory), so an empty listing is
+            // leased as well.
+            let mut rs = batch(
+                c,
+                vec![
+                    Request::ReadDir {
+                        path: dir.clone(),
+                        keys: vec![],
+                    },
+                    Request::GetAttr { path: dir.clone() },
+                ],
+            )?
+            .into_iter();
             let mut out = vec![];
-            for r in c.call(Request::ReadDir {
-                path: dir.clone(),
-                keys: vec![],
-            })? {
+            for r in rs.next().expect("asked")? {
                 match r {
                     Reply::Entries { entries, .. } => out.extend(entries),
                     other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
                 }
             }
-            Ok(out)
+            Ok((out, attr_of(rs.next().expect("asked")?)?))
         });
         self.apply_invalidations();
-        let entries = match r {
+        let (entries, dir_attr) = match r {
             Ok(e) => e,
             Err(f) => {
                 if matches!(f, Failure::Remote(ErrorCode::NotFound, _)) {
@@ -772,10 +791,16 @@ impl Vfs {
             entries.into_iter().map(|e| (e.name, e.attr)).collect();
         entries.sort_by(|a, b| a.0.cmp(&b.0));
         entries.dedup_by(|a, b| a.0 == b.0);
-        // The listing's lease is its entries' (the server grants them together); an empty
-        // listing carries none.
-        let lease = entries.iter().map(|e| e.1.lease_ms).min().unwrap_or(0);
+        // The listing's lease is its entries' and the directory's (the server grants them
+        // together).
+        let lease = entries
+            .iter()
+            .map(|e| e.1.lease_ms)
+            .chain([dir_attr.lease_ms])
+            .min()
+            .unwrap_or(0);
         let mut st = self.lock();
+        self.store_attr(&mut st, dir, dir_attr, asked);
         for (name, attr) in &entries {
             if let Ok(p) = dir.join(name) {
                 self.store_attr(&mut st, &p, attr.clone(), asked);
@@ -1091,7 +1116,7 @@ impl Vfs {
         empty_copy(&data)?;
         let asked = Instant::now();
         let mut stats = PutStats::default();
-        let opts = self.put_options();
+        let opts = self.put_options(&path);
         let r = self
             .link
             .run(|c| ferry_fs::put_file(c, &data, &path, None, mode & 0o7777, &opts, &mut stats));
@@ -1113,6 +1138,7 @@ impl Vfs {
             let mut st = self.lock();
             self.store_attr(&mut st, &path, a.clone(), asked);
             Self::relist(&mut st, &dir, name, Some(FileKind::File));
+            self.store_dir(&mut st, &dir, stats.stat_after.take().map(Ok), asked);
             let ino = Self::ino_for(&mut st, &path, FileKind::File);
             let n = st.inodes.get_mut(&ino).expect("made");
             n.lookups += 1;
@@ -1360,7 +1386,9 @@ impl Vfs {
         r
     }
 
-    fn put_options(&self) -> PutOptions<'_> {
+    /// How a file is written back: also asking for the attributes of the directory holding
+    /// `path` (which the commit changes), in the same round trip.
+    fn put_options(&self, path: &WirePath) -> PutOptions<'_> {
         PutOptions {
             chunker: self.opts.chunker.clone(),
             delete: false,
@@ -1368,6 +1396,7 @@ impl Vfs {
             progress: None,
             cache: Some(&self.chunks),
             fewer_round_trips: true,
+            stat_after: path.split_last().map(|(d, _)| d),
         }
     }
 
@@ -1447,7 +1476,7 @@ impl Vfs {
             return Err(Errno::ENOENT);
         }
         let mut base = meta.version;
-        let opts = self.put_options();
+        let opts = self.put_options(path);
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -1473,6 +1502,7 @@ impl Vfs {
                     self.store_attr(&mut st, path, a.clone(), asked);
                     if let Some((dir, name)) = path.split_last() {
                         Self::relist(&mut st, &dir, name, Some(FileKind::File));
+                        self.store_dir(&mut st, &dir, stats.stat_after.take().map(Ok), asked);
                     }
                     self.counters.commits.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(
@@ -1506,25 +1536,58 @@ impl Vfs {
 
     // ------------------------------------------------------------------ changes to names
 
-    /// Sends `r` and asks for `path`'s attributes in the same round trip.
-    fn change_and_stat(&self, r: Request, path: &WirePath) -> Result<Attr, Errno> {
-        let asked = Instant::now();
+    /// Sends `r` and asks for the attributes of `paths` in the same round trip (what the change
+    /// made of them): each, or the error the server answered.
+    fn change_then_stat(
+        &self,
+        r: Request,
+        paths: &[&WirePath],
+    ) -> Result<Vec<Result<Attr, ConnError>>, Failure> {
         let res = self.link.run(|c| {
-            let a = c.send(r)?;
-            let b = c.send(Request::GetAttr { path: path.clone() })?;
-            c.flush()?;
-            c.replies(a)?;
-            match c.replies(b)?.pop() {
-                Some(Reply::Attr(a)) => Ok(a),
-                other => Err(ConnError::Unexpected(format!("{other:?}")).into()),
-            }
+            let mut rs = vec![r];
+            rs.extend(
+                paths
+                    .iter()
+                    .map(|p| Request::GetAttr { path: (*p).clone() }),
+            );
+            let mut out = batch(c, rs)?.into_iter();
+            out.next().expect("asked")?;
+            Ok(out.map(|r| r.and_then(attr_of)).collect())
         });
         self.apply_invalidations();
-        let a = res.map_err(|f| errno_of(&f))?;
+        res
+    }
+
+    /// Keeps the attributes of a directory this client just changed, asked for after the change
+    /// (else they are asked for again when next wanted).
+    fn store_dir(
+        &self,
+        st: &mut State,
+        dir: &WirePath,
+        a: Option<Result<Attr, ConnError>>,
+        asked: Instant,
+    ) {
+        if let Some(Ok(a)) = a {
+            self.store_attr(st, dir, a, asked);
+        }
+    }
+
+    /// Sends `r` and asks for `path`'s attributes, and its directory's, in the same round trip.
+    fn change_and_stat(&self, r: Request, path: &WirePath) -> Result<Attr, Errno> {
+        let asked = Instant::now();
+        let parent = path.split_last().map(|(d, _)| d);
+        let mut paths = vec![path];
+        paths.extend(parent.as_ref());
+        let mut got = self
+            .change_then_stat(r, &paths)
+            .map_err(|f| errno_of(&f))?
+            .into_iter();
+        let a = got.next().expect("asked").map_err(errno_of_reply)?;
         let mut st = self.lock();
         self.store_attr(&mut st, path, a.clone(), asked);
         if let Some((dir, name)) = path.split_last() {
             Self::relist(&mut st, &dir, name, Some(a.kind));
+            self.store_dir(&mut st, &dir, got.next(), asked);
         }
         Ok(a)
     }
@@ -1618,20 +1681,19 @@ impl Vfs {
         if let Some(r) = self.remove_special(&path, dir) {
             return r;
         }
-        let r = self.link.run(|c| {
-            c.call(if dir {
-                Request::Rmdir { path: path.clone() }
-            } else {
-                Request::Unlink { path: path.clone() }
-            })
-            .map(drop)
-            .map_err(Into::into)
-        });
-        self.apply_invalidations();
-        r.map_err(|f| errno_of(&f))?;
+        let asked = Instant::now();
+        let r = if dir {
+            Request::Rmdir { path: path.clone() }
+        } else {
+            Request::Unlink { path: path.clone() }
+        };
+        let mut got = self
+            .change_then_stat(r, &[&parent_path])
+            .map_err(|f| errno_of(&f))?;
         let mut st = self.lock();
         self.unlinked(&mut st, &path);
         Self::relist(&mut st, &parent_path, name, None);
+        self.store_dir(&mut st, &parent_path, got.pop(), asked);
         Ok(())
     }
 
@@ -1687,16 +1749,21 @@ impl Vfs {
             self.write_back(i)?;
         }
         let kind = self.lock().attrs.get(&from).map(|l| l.value.kind);
-        let r = self.link.run(|c| {
-            c.call(Request::Rename {
-                from: from.clone(),
-                to: to.clone(),
-            })
-            .map(drop)
-            .map_err(Into::into)
-        });
-        self.apply_invalidations();
-        r.map_err(|f| errno_of(&f))?;
+        let asked = Instant::now();
+        let mut dirs = vec![&from_dir];
+        if to_dir != from_dir {
+            dirs.push(&to_dir);
+        }
+        let mut got = self
+            .change_then_stat(
+                Request::Rename {
+                    from: from.clone(),
+                    to: to.clone(),
+                },
+                &dirs,
+            )
+            .map_err(|f| errno_of(&f))?
+            .into_iter();
         let _g = self.copies.lock(&[&from, &to]);
         let mut st = self.lock();
         // What was at the new name is gone.
@@ -1747,6 +1814,10 @@ impl Vfs {
             None => {
                 st.listings.remove(&to_dir);
             }
+        }
+        self.store_dir(&mut st, &from_dir, got.next(), asked);
+        if to_dir != from_dir {
+            self.store_dir(&mut st, &to_dir, got.next(), asked);
         }
         Ok(())
     }
@@ -1988,11 +2059,38 @@ const UNKNOWN_FS: FsStats = FsStats {
     name_max: 255,
 };
 
-fn get_attr(c: &mut Conn, path: &WirePath) -> Result<Attr, GetError> {
-    match c.call(Request::GetAttr { path: path.clone() })?.pop() {
-        Some(Reply::Attr(a)) => Ok(a),
-        other => Err(ConnError::Unexpected(format!("{other:?}")).into()),
+/// Sends `requests` together (one round trip) and reads every reply: each request's replies,
+/// or the error the server answered it with. Only a failure of the link is an `Err`.
+fn batch(
+    c: &mut Conn,
+    requests: Vec<Request>,
+) -> Result<Vec<Result<Vec<Reply>, ConnError>>, GetError> {
+    let ids = requests
+        .into_iter()
+        .map(|r| c.send(r))
+        .collect::<Result<Vec<_>, _>>()?;
+    c.flush()?;
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        match c.replies(id) {
+            Err(e @ ConnError::Remote { .. }) => out.push(Err(e)),
+            Err(e) => return Err(e.into()),
+            Ok(r) => out.push(Ok(r)),
+        }
     }
+    Ok(out)
+}
+
+/// The attributes an `Attr` reply carries.
+fn attr_of(mut replies: Vec<Reply>) -> Result<Attr, ConnError> {
+    match replies.pop() {
+        Some(Reply::Attr(a)) => Ok(a),
+        other => Err(ConnError::Unexpected(format!("{other:?}"))),
+    }
+}
+
+fn get_attr(c: &mut Conn, path: &WirePath) -> Result<Attr, GetError> {
+    Ok(attr_of(c.call(Request::GetAttr { path: path.clone() })?)?)
 }
 
 /// Whether `p` is `dir` or below it.

@@ -182,6 +182,7 @@ impl Demo {
             progress: None,
             cache: Some(&self.cache),
             fewer_round_trips: false,
+            stat_after: None,
         };
         let mut stats = ferry_fs::PutStats::default();
         ferry_fs::put(

@@ -100,14 +100,7 @@ pub fn mount(a: MountArgs) -> Result<ExitCode> {
 }
 
 fn run(a: &MountArgs, cache: &Path, daemon: bool) -> Result<()> {
-    let (connect, root) = connector(
-        &a.remote,
-        &a.rsh,
-        // A mount never compares trees by digest, and shows all of stat(2).
-        ferry_proto::FEATURE_NO_TREE_DIGESTS
-            | ferry_proto::FEATURE_STAT_EXTRA
-            | ferry_proto::FEATURE_DEFERRED_SYNC,
-    )?;
+    let (connect, root) = connector(&a.remote, &a.rsh, ferry_mount::FEATURES)?;
     let devices = a.lookaside.load(&a.rsh.chunker())?;
     let providers = ferry_mount::Providers::new(devices.provider_sessions(&a.rsh));
     let opts = ferry_mount::Options {

@@ -63,7 +63,13 @@ const STAGING_BYTES: u64 = 1 << 30;
 /// resumes from them). A second session at the same time gets a private store for its
 /// lifetime, kept alive by the returned guard.
 fn open_staging(dir: &Path) -> Result<(std::sync::Arc<LocalStore>, Option<tempfile::TempDir>)> {
-    match LocalStore::open_or_create(dir, cache_options()) {
+    // Another session's store is not waited for: a mount opens its second session while the
+    // first is busy, and would wait the whole second for nothing.
+    let shared = ferry_store::Options {
+        wait_for_lock: false,
+        ..cache_options()
+    };
+    match LocalStore::open_or_create(dir, shared) {
         Ok(s) => Ok((std::sync::Arc::new(s), None)),
         Err(ferry_store::StoreError::Locked { .. }) => {
             let private = tempfile::tempdir()?;

@@ -155,6 +155,7 @@ fn put_options(fewer_round_trips: bool) -> ferry_fs::PutOptions<'static> {
         progress: None,
         cache: None,
         fewer_round_trips,
+        stat_after: None,
     }
 }
 

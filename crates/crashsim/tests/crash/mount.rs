@@ -58,7 +58,12 @@ impl Remote {
                 let mut server = Server::new(export, opts, staging);
                 let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
             });
-            Session::over(b.try_clone()?, Box::new(b), Box::new(|| Ok(())))
+            Session::over_asking(
+                b.try_clone()?,
+                Box::new(b),
+                Box::new(|| Ok(())),
+                ferry_mount::FEATURES,
+            )
         });
         let opts = Options {
             cache_dir: cache.to_path_buf(),

@@ -202,6 +202,10 @@ pub struct PutOptions<'a> {
     /// (the mount's write-back on close: LBFS's two round trips), rather than in two with
     /// fewer bytes (a tree's upload, where a round trip is paid once per batch).
     pub fewer_round_trips: bool,
+    /// Also ask for the attributes of this path, in the round trip of the commits (as they are
+    /// after them): [`PutStats::stat_after`]. The mount's write-back asks for the directory it
+    /// changed.
+    pub stat_after: Option<ferry_proto::WirePath>,
 }
 
 pub(crate) fn mtime(attr: &Attr) -> std::time::SystemTime {
@@ -261,4 +265,6 @@ pub struct PutStats {
     /// Chunks the server lacked, and their bytes: what had to travel.
     pub chunks_sent: u64,
     pub chunk_bytes_sent: u64,
+    /// The attributes of [`PutOptions::stat_after`] after the commits, if the server gave them.
+    pub stat_after: Option<Attr>,
 }

@@ -179,9 +179,23 @@ pub(crate) fn put_files<R: io::Read, W: Write>(
     for (n, (j, c)) in jobs.iter().zip(&files).enumerate() {
         write_file(conn, &mut stream, n, j, c, &mut level, opts, stats)?;
     }
+    let stat_after = match &opts.stat_after {
+        Some(p) => Some(conn.send(Request::GetAttr { path: p.clone() })?),
+        None => None,
+    };
     // Directories made earlier come first: a failed one explains the commits that follow.
     check(conn, pending)?;
     let results = stream.drain(conn, files.len())?;
+    if let Some(id) = stat_after {
+        stats.stat_after = match conn.replies(id) {
+            Ok(mut r) => match r.pop() {
+                Some(Reply::Attr(a)) => Some(a),
+                other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+            },
+            Err(ConnError::Remote { .. }) => None,
+            Err(e) => return Err(e.into()),
+        };
+    }
     let mut attrs = Vec::with_capacity(files.len());
     let mut again = vec![];
     for ((j, c), r) in jobs.into_iter().zip(files).zip(results) {
@@ -206,6 +220,10 @@ pub(crate) fn put_files<R: io::Read, W: Write>(
             }
             Err(e) => return Err(e.into()),
         }
+    }
+    if !again.is_empty() {
+        // Asked before these commits: out of date after them.
+        stats.stat_after = None;
     }
     for j in again {
         let c = chunk_file_plain(&j, opts)?;

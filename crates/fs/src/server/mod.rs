@@ -14,7 +14,7 @@ use ferry_chunk::ChunkerSpec;
 use ferry_format::{HashAlg, Id, Oid, Recipe};
 use ferry_proto::{
     ErrorCode, Frame, Hello, Message, Reply, Request, WirePath, FEATURES, FEATURE_HISTORY,
-    FEATURE_RATE, VERSION,
+    FEATURE_OWN_CHANGES, FEATURE_RATE, VERSION,
 };
 use ferry_store::ChunkStore;
 
@@ -352,8 +352,24 @@ impl Server {
 
     /// Notes the leases that changes so far broke (to be sent with the next reply).
     fn take_broken(&mut self) {
+        self.take_broken_own(&[]);
+    }
+
+    /// Like [`take_broken`](Self::take_broken), right after this session changed `paths`: for
+    /// a client that asked for `FEATURE_OWN_CHANGES`, those changes do not break its leases on
+    /// the listings of their directories (it changes its copies itself).
+    pub(super) fn take_broken_own(&mut self, paths: &[&WirePath]) {
+        let own: Vec<(WirePath, Vec<u8>)> = if self.features & FEATURE_OWN_CHANGES != 0 {
+            paths
+                .iter()
+                .filter_map(|p| p.split_last())
+                .map(|(d, n)| (d, n.to_vec()))
+                .collect()
+        } else {
+            vec![]
+        };
         if let Some(l) = self.leases.as_mut() {
-            let b = l.broken();
+            let b = l.broken(&own);
             if !b.is_empty() {
                 self.trees.clear();
                 self.broken.extend(b);
@@ -520,7 +536,10 @@ impl Server {
             Ok::<_, io::Error>(())
         })();
         match r {
-            Ok(()) => Reply::Ok,
+            Ok(()) => {
+                self.take_broken_own(&[path]);
+                Reply::Ok
+            }
             Err(e) => io_error(path, &e),
         }
     }
@@ -535,7 +554,10 @@ impl Server {
             Ok(())
         })();
         match r {
-            Ok(()) => Reply::Ok,
+            Ok(()) => {
+                self.take_broken_own(&[from, to]);
+                Reply::Ok
+            }
             Err(e) => io_error(from, &e),
         }
     }
@@ -612,8 +634,6 @@ impl Server {
         self.index.as_ref()?.find_prefix(short).ok().flatten()
     }
 
-    /// Records a file's recipe (keyed by its identity) and where each of its chunks lies, for
-    /// this session and (if it has an index) those to come.
     /// Sets a mode and time; what is known of a file's content follows its own change of mode
     /// (same inode, size and mtime before and after: the new ctime alone made it unknown).
     fn set_attr(&mut self, path: &WirePath, mode: Option<u32>, mtime_ns: Option<i64>) -> Reply {
@@ -621,6 +641,7 @@ impl Server {
         if let Err(e) = self.export.set_attr(path, mode, mtime_ns) {
             return io_error(path, &e);
         }
+        self.take_broken_own(&[path]);
         if let (Some(b), Ok((_, a)), None) = (before, self.export.stat(path), mtime_ns) {
             let same = (b.dev, b.ino, b.size, b.mtime_ns) == (a.dev, a.ino, a.size, a.mtime_ns);
             if let (true, Some((recipe, oid))) = (same, self.recipes.get(&b).cloned()) {
@@ -630,6 +651,8 @@ impl Server {
         Reply::Ok
     }
 
+    /// Records a file's recipe (keyed by its identity) and where each of its chunks lies, for
+    /// this session and (if it has an index) those to come.
     fn remember(&mut self, path: &WirePath, fid: FileId, recipe: Recipe, oid: Oid) {
         if let Some(i) = &self.index {
             let known = i.recipe(path.as_bytes(), &stamp(&fid)).ok().flatten();

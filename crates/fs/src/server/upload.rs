@@ -620,7 +620,7 @@ impl Server {
         // Closing it is a change too (IN_CLOSE_WRITE under the new name), seen before the
         // lease below is granted.
         drop(out);
-        self.take_broken();
+        self.take_broken_own(&[&path]);
         let (mut attr, fid) = crate::export::attr_of(&st);
         let recipe = Recipe::from_chunks(self.opts.hash, chunks)
             .map_err(|e| error(ErrorCode::Io, format!("{path:?}: {e}")))?;

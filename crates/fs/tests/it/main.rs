@@ -53,6 +53,7 @@ fn opts(delete: bool) -> ferry_fs::PutOptions<'static> {
         progress: None,
         cache: None,
         fewer_round_trips: false,
+        stat_after: None,
     }
 }
 
@@ -1794,6 +1795,7 @@ fn dry_run_changes_nothing_and_says_what_it_would_do() {
         progress: None,
         cache: None,
         fewer_round_trips: false,
+        stat_after: None,
     };
     let mut ps = ferry_fs::PutStats::default();
     ferry_fs::put(&mut c, &dst, &WirePath::default(), &dry, &mut ps).unwrap();
@@ -1879,6 +1881,110 @@ fn changes_behind_the_servers_back_break_leases() {
             .count(),
         n
     );
+}
+
+/// A session that asked for `FEATURE_OWN_CHANGES` keeps its lease on a listing through its own
+/// changes there (it changes its copy itself); anyone else's change breaks it, as does a
+/// session's own change when it did not ask.
+#[test]
+fn own_changes_keep_the_listing_lease_when_asked() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir_all(srv.join("d")).unwrap();
+    fs::write(srv.join("d/f"), b"one").unwrap();
+    fs::write(srv.join("other"), b"x").unwrap();
+    let session = |ask: u64| {
+        let (a, b) = UnixStream::pair().unwrap();
+        let export = Export::open(&srv).unwrap();
+        std::thread::spawn(move || {
+            let mut server = Server::new(export, ServerOptions::default(), staging());
+            let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
+        });
+        Connection::open_asking(b.try_clone().unwrap(), b, ferry_fs::DEFAULT_ZSTD_LEVEL, ask)
+            .unwrap()
+    };
+    let names = |c: &Connection<UnixStream, UnixStream>| -> Vec<String> {
+        c.invalidated
+            .iter()
+            .map(|p| String::from_utf8_lossy(p.as_bytes()).into_owned())
+            .collect()
+    };
+    let lease = |c: &mut Connection<UnixStream, UnixStream>| {
+        c.call(Request::ReadDir {
+            path: "d".into(),
+            keys: vec![],
+        })
+        .unwrap();
+    };
+    let mut own = session(ferry_proto::FEATURE_OWN_CHANGES);
+    let mut plain = session(0);
+    lease(&mut own);
+    lease(&mut plain);
+
+    // Its own changes, each answered only after the server took their events.
+    own.call(Request::Mkdir {
+        path: "d/new".into(),
+        mode: 0o755,
+    })
+    .unwrap();
+    own.call(Request::Rename {
+        from: "d/f".into(),
+        to: "d/g".into(),
+    })
+    .unwrap();
+    own.call(Request::SetAttr {
+        path: "d/g".into(),
+        mode: Some(0o600),
+        mtime_ns: None,
+    })
+    .unwrap();
+    own.call(Request::Unlink { path: "d/g".into() }).unwrap();
+    own.call(Request::GetAttr {
+        path: "other".into(),
+    })
+    .unwrap();
+    assert!(!names(&own).contains(&"d".to_string()), "{:?}", names(&own));
+
+    // The same changes are another session's: its lease is broken.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !names(&plain).contains(&"d".to_string()) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        plain
+            .call(Request::GetAttr {
+                path: "other".into(),
+            })
+            .unwrap();
+    }
+    assert!(names(&plain).contains(&"d".to_string()));
+
+    // A session that did not ask: its own change breaks its lease (sent with the reply).
+    lease(&mut plain);
+    plain.invalidated.clear();
+    plain
+        .call(Request::Mkdir {
+            path: "d/mine".into(),
+            mode: 0o755,
+        })
+        .unwrap();
+    assert!(
+        names(&plain).contains(&"d".to_string()),
+        "{:?}",
+        names(&plain)
+    );
+
+    // Anyone else's change breaks the lease of the session that asked (leased again: the
+    // other session's change above broke it once already, told with this reply at the latest).
+    lease(&mut own);
+    own.invalidated.clear();
+    fs::write(srv.join("d/local"), b"a local program").unwrap();
+    while !names(&own).contains(&"d".to_string()) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        own.call(Request::GetAttr {
+            path: "other".into(),
+        })
+        .unwrap();
+    }
+    assert!(names(&own).contains(&"d".to_string()), "{:?}", names(&own));
 }
 
 /// A new server session knows nothing of a file's chunks until it reads the file; put makes it

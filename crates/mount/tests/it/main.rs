@@ -60,9 +60,7 @@ impl Remote {
                 b.try_clone()?,
                 Box::new(b),
                 Box::new(|| Ok(())),
-                ferry_proto::FEATURE_NO_TREE_DIGESTS
-                    | ferry_proto::FEATURE_STAT_EXTRA
-                    | ferry_proto::FEATURE_DEFERRED_SYNC,
+                ferry_mount::FEATURES,
             )
         })
     }
@@ -298,8 +296,8 @@ fn round_trips_of_the_lbfs_budget() {
     let (r0, q0) = (rt(&c), c.traffic().unwrap().requests);
     c.flush(o.fh).unwrap();
     assert_eq!(rt(&c) - r0, 2);
-    // Have; Create, Write, Commit.
-    assert_eq!(c.traffic().unwrap().requests - q0, 4);
+    // Have; Create, Write, Commit, and the directory's attributes after it.
+    assert_eq!(c.traffic().unwrap().requests - q0, 5);
     c.release(o.fh).unwrap();
     assert_eq!(std::fs::read(root.join("new")).unwrap(), bytes(5, 100_000));
 
@@ -317,6 +315,50 @@ fn round_trips_of_the_lbfs_budget() {
     let mut want = bytes(2, 100_000);
     want[50_000..50_007].copy_from_slice(b"changed");
     assert_eq!(std::fs::read(root.join("f")).unwrap(), want);
+}
+
+/// Filling a directory, as `cp -r` or `tar x` do: each new file costs its create and its
+/// commit, one round trip each. The kernel's lookup of the new name and its look at the
+/// directory (whose attributes it drops after each change) are answered here: the listing stays
+/// leased through this client's own changes, and the directory's attributes come back with
+/// each change.
+#[test]
+fn a_new_file_costs_two_round_trips() {
+    let (_t, root, _remote, c) = one_client();
+    let rt = |c: &Vfs| c.traffic().unwrap().round_trips;
+    let d = c.mkdir(ROOT, b"d", 0o755).unwrap();
+    assert_eq!(c.lookup(d.ino, b"first").unwrap_err(), Errno::ENOENT);
+    for i in 0..5u64 {
+        let name = format!("f{i}");
+        let r0 = rt(&c);
+        let before = c.getattr(d.ino).unwrap();
+        assert_eq!(c.lookup(d.ino, name.as_bytes()).unwrap_err(), Errno::ENOENT);
+        assert_eq!(rt(&c), r0, "lookup and the directory's attributes: none");
+        let (_, o) = c.create(d.ino, name.as_bytes(), 0o644, false).unwrap();
+        c.write(o.fh, 0, &bytes(i, 100)).unwrap();
+        c.flush(o.fh).unwrap();
+        c.release(o.fh).unwrap();
+        assert_eq!(rt(&c) - r0, 2, "create and commit");
+        let after = c.getattr(d.ino).unwrap();
+        assert_eq!(rt(&c) - r0, 2);
+        let server = std::fs::metadata(root.join("d")).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            after.mtime_ns,
+            server.mtime_nsec() + server.mtime() * 1_000_000_000
+        );
+        assert!(after.mtime_ns >= before.mtime_ns);
+        assert_eq!(
+            std::fs::read(root.join("d").join(&name)).unwrap(),
+            bytes(i, 100)
+        );
+    }
+    let names: Vec<Vec<u8>> = c.readdir(d.ino).unwrap().into_iter().map(|e| e.2).collect();
+    assert_eq!(
+        names.len(),
+        5,
+        "listed from the cache, kept up to date here"
+    );
 }
 
 #[test]

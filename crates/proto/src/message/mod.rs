@@ -67,20 +67,27 @@ pub const FEATURE_STAT_EXTRA: u64 = 32;
 /// commit still fsyncs its file before the rename, so a crash leaves the old version or the
 /// new one, never a torn one. Not in a client's Hello unless asked for.
 pub const FEATURE_DEFERRED_SYNC: u64 = 64;
+/// Hello feature bit, asked for by a client that keeps its own copy of a listing up to date
+/// after each change it makes there (a mount): the session's own change of a name breaks its
+/// lease on that name but not on the listing of the directory holding it (whose entries the
+/// client changes itself, and whose attributes it asks for again). Changes by anyone else
+/// break both, as always. Not in a client's Hello unless asked for.
+pub const FEATURE_OWN_CHANGES: u64 = 128;
 /// Feature bits this build understands: [`crate::FEATURE_ZSTD_STREAM`], [`FEATURE_HISTORY`],
 /// [`FEATURE_RATE`], [`FEATURE_STATFS`], [`FEATURE_NO_TREE_DIGESTS`],
-/// [`FEATURE_STAT_EXTRA`] and [`FEATURE_DEFERRED_SYNC`]. Everything else of version 2 is always
-/// there.
+/// [`FEATURE_STAT_EXTRA`], [`FEATURE_DEFERRED_SYNC`] and [`FEATURE_OWN_CHANGES`]. Everything
+/// else of version 2 is always there.
 pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | FEATURE_HISTORY
     | FEATURE_RATE
     | FEATURE_STATFS
     | FEATURE_NO_TREE_DIGESTS
     | FEATURE_STAT_EXTRA
-    | FEATURE_DEFERRED_SYNC;
+    | FEATURE_DEFERRED_SYNC
+    | FEATURE_OWN_CHANGES;
 /// Feature bits a client sends only when asked to ([`FEATURES`] minus these is its default).
 pub const ASKED_FEATURES: u64 =
-    FEATURE_NO_TREE_DIGESTS | FEATURE_STAT_EXTRA | FEATURE_DEFERRED_SYNC;
+    FEATURE_NO_TREE_DIGESTS | FEATURE_STAT_EXTRA | FEATURE_DEFERRED_SYNC | FEATURE_OWN_CHANGES;
 /// Largest file a client reads whole with no old version (ReadFiles with no olds) rather than
 /// by recipe.
 pub const MAX_READ_FILE: usize = 64 << 10;

@@ -82,6 +82,10 @@ pub struct Options {
     /// pack file (a flush, and a read of one, write them out sooner); a crash loses what is
     /// buffered, as it loses anything not flushed.
     pub write_buffer: usize,
+    /// A store another process holds is waited for a moment (up to a second) before
+    /// [`StoreError::Locked`]; without this, refused at once (for a caller with somewhere else
+    /// to go, such as a server's staging store).
+    pub wait_for_lock: bool,
 }
 
 impl Default for Options {
@@ -94,6 +98,7 @@ impl Default for Options {
             flush_every: 256 << 20,
             append_to_last_pack: true,
             write_buffer: 1 << 20,
+            wait_for_lock: true,
         }
     }
 }
@@ -253,7 +258,7 @@ impl LocalStore {
             });
         }
         let alg = read_marker(&dir)?;
-        let lock = lock_store(&dir)?;
+        let lock = lock_store(&dir, opts.wait_for_lock)?;
         let index_path = dir.join("index.redb");
         let packs_dir = dir.join("packs");
         let fresh_index = !index_path.exists();
@@ -806,15 +811,16 @@ impl LocalStore {
     }
 }
 
-/// Takes the store's lock. A lock seen held is retried for a moment: a process that forked
-/// while holding the descriptor (to run a child) keeps it until the child execs.
-pub(super) fn lock_store(dir: &Path) -> Result<File, StoreError> {
+/// Takes the store's lock. With `wait`, a lock seen held is retried for a moment: a process
+/// that forked while holding the descriptor (to run a child) keeps it until the child execs.
+pub(super) fn lock_store(dir: &Path, wait: bool) -> Result<File, StoreError> {
     let path = dir.join("lock");
     let lock = File::create(&path).map_err(StoreError::io("create", &path))?;
-    for attempt in 0..50 {
+    let attempts = if wait { 50 } else { 1 };
+    for attempt in 0..attempts {
         match lock.try_lock() {
             Ok(()) => return Ok(lock),
-            Err(std::fs::TryLockError::WouldBlock) if attempt < 49 => {
+            Err(std::fs::TryLockError::WouldBlock) if attempt + 1 < attempts => {
                 std::thread::sleep(std::time::Duration::from_millis(20))
             }
             Err(std::fs::TryLockError::WouldBlock) => break,

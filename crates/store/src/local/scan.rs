@@ -211,7 +211,7 @@ impl LocalStore {
         let dir = dir.as_ref();
         super::read_marker(dir)?;
         {
-            let _lock = super::lock_store(dir)?;
+            let _lock = super::lock_store(dir, true)?;
             let index = dir.join("index.redb");
             if index.exists() {
                 let old = dir.join("index.redb.old");

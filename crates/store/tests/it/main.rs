@@ -28,6 +28,7 @@ pub fn small_opts() -> Options {
         append_to_last_pack: true,
         // Smaller than a pack: records reach the file before a flush, a few at a time.
         write_buffer: 64 << 10,
+        wait_for_lock: true,
     }
 }
 
