@@ -434,8 +434,10 @@ impl Filesystem for FerryFs {
         _size: u32,
         reply: fuser::ReplyXattr,
     ) {
-        // Extended attributes are not stored on the server: none exists.
-        reply.error(KErrno::ENODATA);
+        // Extended attributes are not stored on the server. ENOSYS tells the kernel so once,
+        // for good (it answers EOPNOTSUPP itself from then on): else it asks for
+        // "security.capability" before every write.
+        reply.error(KErrno::ENOSYS);
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
@@ -456,11 +458,13 @@ impl Filesystem for FerryFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(KErrno::ENOTSUP);
+        // Not stored (the kernel answers EOPNOTSUPP itself from then on: `cp -a` tries an
+        // ACL on every file).
+        reply.error(KErrno::ENOSYS);
     }
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(KErrno::ENOTSUP);
+        reply.error(KErrno::ENOSYS);
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
