@@ -8,6 +8,10 @@
 //!   includes; the new object files are much like the old ones.
 //! - `ed-script`: a source file edited in place by a script applying a release's changes and
 //!   saving every 40 lines (LBFS's `ed` run).
+//! - `unpack`: a source tree of 200 small files in 10 directories written as `tar x` writes
+//!   them (each file's time set through its descriptor before the close; a symlink in each
+//!   directory): metadata-heavy work, where round trips count.
+//! - `remove-tree`: that tree removed (`rm -rf`).
 //!
 //! Each run starts with a cold client (nothing cached) and the data on the server. The
 //! server's tree afterwards must equal a reference made by running the same steps locally.
@@ -23,7 +27,7 @@ use super::link::Relay;
 use super::{same_files, Lab, Profile, Run};
 use crate::cmd::demo::{source, Rng};
 
-pub const WORKLOADS: &[&str] = &["doc-saves", "rebuild", "ed-script"];
+pub const WORKLOADS: &[&str] = &["doc-saves", "rebuild", "ed-script", "unpack", "remove-tree"];
 pub const MOUNTS: &[&str] = &["ferry-mount", "sshfs"];
 
 /// Builds the server's copy of workload `name` in `dir` (not measured).
@@ -65,6 +69,8 @@ fn prepare(dir: &Path, name: &str) -> Result<()> {
             let mut rng = Rng(0xed);
             fs::write(dir.join("text.c"), source(&mut rng, 6_000))?;
         }
+        "unpack" => {}
+        "remove-tree" => unpack(dir)?,
         _ => bail!(
             "no interactive workload {name:?} (workloads: {})",
             WORKLOADS.join(", ")
@@ -117,7 +123,29 @@ fn steps(dir: &Path, name: &str) -> Result<()> {
                 fs::write(&f, lines.join("\n") + "\n")?;
             }
         }
+        "unpack" => unpack(dir)?,
+        "remove-tree" => fs::remove_dir_all(dir.join("src"))?,
         _ => bail!("no interactive workload {name:?}"),
+    }
+    Ok(())
+}
+
+/// Writes a source tree of small files into `dir` as `tar x` does (`unpack`).
+fn unpack(dir: &Path) -> Result<()> {
+    use std::io::Write;
+    let mut rng = Rng(0x7a2);
+    for d in 0..10 {
+        let sub = dir.join(format!("src/mod{d:02}"));
+        fs::create_dir_all(&sub)?;
+        for f in 0..20 {
+            let lines = 20 + (rng.next() % 180) as usize;
+            let text = source(&mut rng, lines);
+            let mut file = fs::File::create(sub.join(format!("file{f:02}.rs")))?;
+            file.write_all(text.as_bytes())?;
+            let age = Duration::from_secs(1_700_000_000 + rng.next() % 10_000_000);
+            file.set_modified(std::time::UNIX_EPOCH + age)?;
+        }
+        std::os::unix::fs::symlink("file00.rs", sub.join("mod.rs"))?;
     }
     Ok(())
 }
@@ -243,6 +271,10 @@ impl Lab {
         let (bytes_up, bytes_down) = relay.take();
         let status = match (worked, stopped) {
             (Ok(()), Ok(())) => match same_files(&reference, &srv) {
+                // (Only what the reference holds is compared: what it lacks must be gone.)
+                Ok(()) if !reference.join("src").exists() && srv.join("src").exists() => {
+                    "failed: the server's tree still holds src".into()
+                }
                 Ok(()) => "ok".into(),
                 Err(e) => format!("failed: the server's tree: {e}"),
             },
