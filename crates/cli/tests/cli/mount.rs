@@ -161,6 +161,17 @@ c.send(b'hi'); assert a.recv(2) == b'hi'
         test -S sock; test ! -e ../srv/sock; ls -l | grep -q '^p.* fifo$'; rm fifo sock
         # what is not supported fails clearly
         ln f hard 2>&1 && exit 1 || true
+        python3 -c "
+import errno, os
+for attempt in (lambda: os.getxattr('f', 'user.x'), lambda: os.setxattr('f', 'user.x', b'1'),
+                lambda: os.removexattr('f', 'user.x'), lambda: os.getxattr('f', 'user.x')):
+    try:
+        attempt()
+        raise SystemExit('an extended attribute worked')
+    except OSError as e:
+        assert e.errno == errno.EOPNOTSUPP, e
+assert os.listxattr('f') == []
+"
         echo done
         "#,
     );
