@@ -124,6 +124,9 @@ fn write(v: &Vfs, p: &[String], offset: u64, data: &[u8]) -> Result<(), Errno> {
     let fh = match v.lookup(dir, name) {
         Ok(s) if s.kind == FileKind::Dir => return Err(Errno::EISDIR),
         Ok(s) => v.open(s.ino, true, false)?.fh,
+        // As a shell's `>` (truncating: made on the server by the commit, where the listing
+        // is leased) or as `open(O_CREAT)`.
+        Err(Errno::ENOENT) if offset % 2 == 0 => v.create_truncating(dir, name, 0o644)?.1.fh,
         Err(Errno::ENOENT) => v.create(dir, name, 0o644, false)?.1.fh,
         Err(e) => return Err(e),
     };

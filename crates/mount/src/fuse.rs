@@ -512,10 +512,14 @@ impl Filesystem for FerryFs {
         reply: ReplyCreate,
     ) {
         let excl = has(flags, rustix::fs::OFlags::EXCL);
-        match self
-            .vfs
-            .create(parent.0, name.as_bytes(), mode & !umask, excl)
-        {
+        let made = if !excl && has(flags, rustix::fs::OFlags::TRUNC) {
+            self.vfs
+                .create_truncating(parent.0, name.as_bytes(), mode & !umask)
+        } else {
+            self.vfs
+                .create(parent.0, name.as_bytes(), mode & !umask, excl)
+        };
+        match made {
             Ok((s, o)) => reply.created(
                 &TTL,
                 &self.attr(&s),

@@ -276,6 +276,9 @@ struct Inode {
     /// empty copy so, and its first write then needs no sync of the record. Made clean again
     /// when the file is closed unwritten.
     labelled_dirty: Option<u64>,
+    /// Created here and not yet on the server (a truncating create in a directory whose
+    /// listing is leased): its first commit creates it.
+    pending: bool,
 }
 
 struct Handle {
@@ -684,6 +687,14 @@ impl Vfs {
         if let Some(s) = self.lookup_special(&path) {
             return Ok(s);
         }
+        if let Some(ino) = self.pending_at(&path) {
+            if let Ok(Some(s)) = self.local_stat(ino, None) {
+                if let Some(n) = self.lock().inodes.get_mut(&ino) {
+                    n.lookups += 1;
+                }
+                return Ok(s);
+            }
+        }
         let a = match self.leased_attr(&path) {
             Some(a) => a,
             None => match self.listed(&dir, name) {
@@ -847,7 +858,17 @@ impl Vfs {
         };
         let st = self.lock();
         let mut names = names;
-        for name in st.specials.children(&dir) {
+        let pending = st
+            .inodes
+            .values()
+            .filter(|n| n.pending && !n.unlinked)
+            .filter_map(|n| {
+                n.path
+                    .split_last()
+                    .filter(|(d, _)| *d == dir)
+                    .map(|(_, m)| m.to_vec())
+            });
+        for name in st.specials.children(&dir).into_iter().chain(pending) {
             if let Err(i) = names.binary_search_by(|e| e.0.as_slice().cmp(&name)) {
                 names.insert(i, (name, FileKind::File));
             }
@@ -1152,6 +1173,63 @@ impl Vfs {
         Ok((Self::stat_of(&self.lock(), ino, &a), opened))
     }
 
+    /// Creates and opens a file for `open(O_CREAT | O_TRUNC)` without `O_EXCL` (a shell's `>`,
+    /// a compiler's output). Where this client's leased listing says the name is absent, the
+    /// file is made here only and created on the server by its first commit (on close, as
+    /// close-to-open asks): one round trip for the file, not two. Had someone made the name
+    /// meanwhile, unseen yet, the commit replaces it, as the truncating open would have.
+    /// Elsewhere, as [`create`](Self::create).
+    pub fn create_truncating(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+    ) -> Result<(Stat, Opened), Errno> {
+        let (dir, path) = self.child(parent, name)?;
+        let known = self.lock().ino_of.contains_key(&path);
+        if known || self.listed(&dir, name) != Some(false) || self.lookup_special(&path).is_some() {
+            return self.create(parent, name, mode, false);
+        }
+        let data = self.files.data(&path);
+        let _g = self.copies.lock(&[&path]);
+        self.files.remove(&path);
+        empty_copy(&data)?;
+        self.files.set_meta(&path, None, true)?;
+        let file = OpenOptions::new().read(true).write(true).open(&data)?;
+        let ino = {
+            let mut st = self.lock();
+            // The server's directory is as it was: only the listing here changes.
+            if let Some(l) = st.listings.get_mut(&dir) {
+                if let Err(i) = l.value.binary_search_by(|e| e.0.as_slice().cmp(name)) {
+                    l.value.insert(i, (name.to_vec(), FileKind::File));
+                }
+            }
+            let ino = Self::ino_for(&mut st, &path, FileKind::File);
+            let n = st.inodes.get_mut(&ino).expect("made");
+            n.lookups += 1;
+            n.open += 1;
+            n.writers += 1;
+            n.unlinked = false;
+            n.dirty = true;
+            n.pending = true;
+            n.mode = Some(mode & 0o7777);
+            ino
+        };
+        let opened = self.new_handle(ino, file, true, None);
+        match self.local_stat(ino, Some(opened.fh)) {
+            Ok(Some(s)) => Ok((s, opened)),
+            Ok(None) => Err(Errno::EIO),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The inode at `path` if it was created here and is not yet on the server.
+    fn pending_at(&self, path: &WirePath) -> Option<Ino> {
+        let st = self.lock();
+        let ino = *st.ino_of.get(path)?;
+        st.inodes.get(&ino).filter(|n| n.pending).map(|_| ino)
+    }
+
     /// O_CREAT on a name that exists: open it (O_EXCL: refuse).
     fn create_existing(
         &self,
@@ -1431,6 +1509,7 @@ impl Vfs {
                 }
                 if let Some(n) = st.inodes.get_mut(&ino) {
                     n.kernel_version = Some(a.version);
+                    n.pending = false;
                     if clean {
                         n.dirty = false;
                         n.mode = None;
@@ -1680,6 +1759,20 @@ impl Vfs {
         let (parent_path, path) = self.child(parent, name)?;
         if let Some(r) = self.remove_special(&path, dir) {
             return r;
+        }
+        if let (false, Some(_)) = (dir, self.pending_at(&path)) {
+            // Never on the server: removed here only (an open descriptor keeps its copy).
+            let _w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+            if self.pending_at(&path).is_some() {
+                let mut st = self.lock();
+                self.unlinked(&mut st, &path);
+                if let Some(l) = st.listings.get_mut(&parent_path) {
+                    if let Ok(i) = l.value.binary_search_by(|e| e.0.as_slice().cmp(name)) {
+                        l.value.remove(i);
+                    }
+                }
+                return Ok(());
+            }
         }
         let asked = Instant::now();
         let r = if dir {
@@ -2032,6 +2125,7 @@ impl Inode {
             kernel_version: None,
             mode: None,
             labelled_dirty: None,
+            pending: false,
         }
     }
 }

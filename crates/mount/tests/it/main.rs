@@ -361,6 +361,79 @@ fn a_new_file_costs_two_round_trips() {
     );
 }
 
+/// A truncating create (a shell's `>`, a compiler's output) in a directory whose listing is
+/// leased is made here and created on the server by its commit: one round trip for the whole
+/// file. Meanwhile the name is this client's (looked up, listed, removed here); elsewhere the
+/// create goes to the server at once, as an exclusive one always does.
+#[test]
+fn a_truncating_create_is_made_on_the_server_by_its_commit() {
+    let (_t, root, remote, c) = one_client();
+    let rt = |c: &Vfs| c.traffic().unwrap().round_trips;
+    let d = c.mkdir(ROOT, b"d", 0o755).unwrap();
+    assert_eq!(c.lookup(d.ino, b"none").unwrap_err(), Errno::ENOENT);
+
+    let r0 = rt(&c);
+    let (f, o) = c.create_truncating(d.ino, b"out.o", 0o640).unwrap();
+    c.write(o.fh, 0, b"object code").unwrap();
+    assert!(
+        !root.join("d/out.o").exists(),
+        "not on the server before the close"
+    );
+    assert_eq!(c.lookup(d.ino, b"out.o").unwrap().ino, f.ino);
+    assert_eq!(c.getattr(f.ino).unwrap().size, 11);
+    let names =
+        |c: &Vfs| -> Vec<Vec<u8>> { c.readdir(d.ino).unwrap().into_iter().map(|e| e.2).collect() };
+    assert_eq!(names(&c), vec![b"out.o".to_vec()]);
+    assert_eq!(rt(&c), r0, "nothing asked yet");
+    c.flush(o.fh).unwrap();
+    c.release(o.fh).unwrap();
+    assert_eq!(rt(&c) - r0, 1, "the commit, which creates it");
+    assert_eq!(std::fs::read(root.join("d/out.o")).unwrap(), b"object code");
+    use std::os::unix::fs::PermissionsExt;
+    let m = std::fs::metadata(root.join("d/out.o")).unwrap();
+    assert_eq!(m.permissions().mode() & 0o7777, 0o640);
+
+    // Removed before its close: the server never hears of it.
+    let r0 = rt(&c);
+    let (_, o) = c.create_truncating(d.ino, b"tmp", 0o644).unwrap();
+    c.write(o.fh, 0, b"scratch").unwrap();
+    c.unlink(d.ino, b"tmp").unwrap();
+    assert_eq!(c.lookup(d.ino, b"tmp").unwrap_err(), Errno::ENOENT);
+    assert_eq!(
+        c.read(o.fh, 0, 100).unwrap(),
+        b"scratch",
+        "the descriptor keeps it"
+    );
+    c.flush(o.fh).unwrap();
+    c.release(o.fh).unwrap();
+    assert_eq!(rt(&c), r0);
+    assert!(!root.join("d/tmp").exists());
+    assert_eq!(names(&c), vec![b"out.o".to_vec()]);
+
+    // Someone else made the name meanwhile, unseen yet: the commit replaces it, as the
+    // truncating open would have.
+    let (_, o) = c.create_truncating(d.ino, b"both", 0o644).unwrap();
+    let other = client(
+        &remote,
+        &root.parent().unwrap().join("other"),
+        Duration::from_secs(5),
+    );
+    let od = other.lookup(ROOT, b"d").unwrap();
+    let (_, oo) = other.create(od.ino, b"both", 0o644, true).unwrap();
+    other.write(oo.fh, 0, b"theirs").unwrap();
+    other.flush(oo.fh).unwrap();
+    other.release(oo.fh).unwrap();
+    c.write(o.fh, 0, b"mine").unwrap();
+    c.flush(o.fh).unwrap();
+    c.release(o.fh).unwrap();
+    assert_eq!(std::fs::read(root.join("d/both")).unwrap(), b"mine");
+
+    // A directory whose listing is not leased: created on the server at once.
+    let (_, o) = c.create_truncating(ROOT, b"top", 0o644).unwrap();
+    assert!(root.join("top").exists());
+    c.release(o.fh).unwrap();
+}
+
 #[test]
 fn the_last_close_wins_whole() {
     let t = tempfile::tempdir().unwrap();
