@@ -1,0 +1,189 @@
+//! Attributes: cached under the server's leases, asked for when not, and the stat(2) the kernel
+//! is told.
+
+use super::*;
+
+impl Vfs {
+    /// Caches `a` as `path`'s attributes under its lease, counted from `asked` (when the
+    /// request left, so the lease never outlives the server's grant).
+    pub(super) fn store_attr(&self, st: &mut State, path: &WirePath, a: Attr, asked: Instant) {
+        let until = asked + Duration::from_millis(a.lease_ms as u64);
+        st.attrs.insert(
+            path.clone(),
+            Leased {
+                value: a,
+                until,
+                epoch: self.link.epoch(),
+            },
+        );
+    }
+
+    /// The attributes of `path` under a valid lease, if cached.
+    pub(super) fn leased_attr(&self, path: &WirePath) -> Option<Attr> {
+        let epoch = self.link.epoch();
+        let st = self.lock();
+        st.attrs
+            .get(path)
+            .filter(|l| l.valid(epoch))
+            .map(|l| l.value.clone())
+    }
+
+    /// Forgets `path` after the server said it does not exist.
+    pub(super) fn gone(&self, path: &WirePath) {
+        let mut st = self.lock();
+        st.attrs.remove(path);
+        st.listings.remove(path);
+        st.changing.remove(path);
+        if let Some((dir, name)) = path.split_last() {
+            if let Some(l) = st.listings.get_mut(&dir) {
+                if let Ok(i) = l.value.binary_search_by(|e| e.0.as_slice().cmp(name)) {
+                    l.value.remove(i);
+                }
+            }
+        }
+    }
+
+    /// Asks the server for `path`'s attributes (one round trip).
+    pub(super) fn fresh_attr(&self, path: &WirePath) -> Result<Attr, Failure> {
+        tracing::trace!("{path:?}: GetAttr");
+        let asked = Instant::now();
+        let a = self.link.run(|c| get_attr(c, path));
+        self.apply_invalidations();
+        match a {
+            Ok(a) => {
+                let mut st = self.lock();
+                self.store_attr(&mut st, path, a.clone(), asked);
+                Ok(a)
+            }
+            Err(f) => {
+                if matches!(f, Failure::Remote(ErrorCode::NotFound, _)) {
+                    self.gone(path);
+                }
+                Err(f)
+            }
+        }
+    }
+
+    /// `path`'s attributes: leased, else asked for; while the server is unreachable, the last
+    /// ones known.
+    pub(super) fn attr(&self, path: &WirePath) -> Result<Attr, Errno> {
+        if let Some(a) = self.leased_attr(path) {
+            return Ok(a);
+        }
+        match self.fresh_attr(path) {
+            Ok(a) => Ok(a),
+            Err(Failure::Offline(why)) => {
+                let st = self.lock();
+                match st.attrs.get(path) {
+                    Some(l) => {
+                        tracing::debug!(
+                            "{path:?}: server unreachable ({why}); last known attributes"
+                        );
+                        Ok(l.value.clone())
+                    }
+                    None => Err(Errno::EHOSTDOWN),
+                }
+            }
+            Err(f) => Err(errno_of(&f)),
+        }
+    }
+
+    pub(super) fn stat_of(st: &State, ino: Ino, a: &Attr) -> Stat {
+        let n = st.inodes.get(&ino);
+        let extra = a.extra.as_ref();
+        let nlink = match a.kind {
+            // Counted from the listing here, which this client's own mkdir, rmdir and rename
+            // keep up to date (the server's count, cached, may predate them).
+            FileKind::Dir => match n.and_then(|n| st.listings.get(&n.path)) {
+                Some(l) => 2 + l.value.iter().filter(|e| e.1 == FileKind::Dir).count() as u32,
+                None => extra.map_or(2, |x| x.nlink),
+            },
+            _ if n.is_some_and(|n| n.unlinked) => 0,
+            _ => extra.map_or(1, |x| x.nlink),
+        };
+        let local = n
+            .filter(|_| a.kind == FileKind::Dir)
+            .and_then(|n| st.dir_times.get(&n.path))
+            .copied()
+            .unwrap_or(i64::MIN);
+        Stat {
+            ino,
+            kind: a.kind,
+            size: a.size,
+            mode: a.mode & 0o7777,
+            mtime_ns: a.mtime_ns.max(local),
+            atime_ns: extra.map_or(a.mtime_ns, |x| x.atime_ns),
+            ctime_ns: extra.map_or(a.mtime_ns, |x| x.ctime_ns).max(local),
+            blocks: extra.map_or(a.size.div_ceil(512), |x| x.blocks),
+            nlink,
+            special: None,
+        }
+    }
+
+    /// The attributes of an inode as the kernel should see them.
+    pub fn getattr(&self, ino: Ino) -> Result<Stat, Errno> {
+        self.getattr_open(ino, None)
+    }
+
+    /// Likewise, asked through the open file `fh` if given: a copy being written (or changed
+    /// and not yet written back, or removed while open) has the local copy's size and time.
+    pub fn getattr_open(&self, ino: Ino, fh: Option<u64>) -> Result<Stat, Errno> {
+        if let Some(s) = self.getattr_special(ino) {
+            return Ok(s);
+        }
+        if let Some(s) = self.local_stat(ino, fh)? {
+            return Ok(s);
+        }
+        let path = self
+            .lock()
+            .inodes
+            .get(&ino)
+            .ok_or(Errno::ENOENT)?
+            .path
+            .clone();
+        let a = self.attr(&path)?;
+        Ok(Self::stat_of(&self.lock(), ino, &a))
+    }
+
+    /// The attributes of a file whose local copy is newer than the server's version (being
+    /// written, changed and not yet written back, or removed while open); `None` for others.
+    pub(super) fn local_stat(&self, ino: Ino, fh: Option<u64>) -> Result<Option<Stat>, Errno> {
+        let (path, file, mode, nlink) = {
+            let st = self.lock();
+            let n = st.inodes.get(&ino).ok_or(Errno::ENOENT)?;
+            if !(n.writers > 0 || n.dirty || n.unlinked) {
+                return Ok(None);
+            }
+            // The copy through an open handle: a file removed while open has no other.
+            let file = fh
+                .and_then(|fh| st.handles.get(&fh))
+                .filter(|h| h.ino == ino)
+                .or_else(|| st.handles.values().find(|h| h.ino == ino))
+                .map(|h| h.file.clone());
+            let known = st.attrs.get(&n.path).map(|l| l.value.mode);
+            (
+                n.path.clone(),
+                file,
+                n.mode.or(known).unwrap_or(0o644),
+                !n.unlinked as u32,
+            )
+        };
+        use std::os::unix::fs::MetadataExt;
+        let m = match file {
+            Some(f) => f.metadata()?,
+            None => std::fs::metadata(self.files.data(&path))?,
+        };
+        Ok(Some(Stat {
+            ino,
+            kind: FileKind::File,
+            size: m.len(),
+            mode: mode & 0o7777,
+            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            atime_ns: m.atime() * 1_000_000_000 + m.atime_nsec(),
+            ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+            blocks: m.blocks(),
+            nlink,
+            special: None,
+        }))
+    }
+}

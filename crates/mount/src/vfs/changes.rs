@@ -1,0 +1,367 @@
+//! Changes of names and attributes on the server: mkdir, symlink, removal, rename, setattr,
+//! each with the new attributes in its round trip.
+
+use super::*;
+
+impl Vfs {
+    /// Sends `r` and asks for the attributes of `paths` in the same round trip (what the change
+    /// made of them): each, or the error the server answered.
+    pub(super) fn change_then_stat(
+        &self,
+        r: Request,
+        paths: &[&WirePath],
+    ) -> Result<Vec<Result<Attr, ConnError>>, Failure> {
+        let res = self.link.run(|c| {
+            let mut rs = vec![r];
+            rs.extend(
+                paths
+                    .iter()
+                    .map(|p| Request::GetAttr { path: (*p).clone() }),
+            );
+            let mut out = batch(c, rs)?.into_iter();
+            out.next().expect("asked")?;
+            Ok(out.map(|r| r.and_then(attr_of)).collect())
+        });
+        self.apply_invalidations();
+        res
+    }
+
+    /// Keeps the attributes of a directory this client just changed, asked for after the change
+    /// (else they are asked for again when next wanted).
+    pub(super) fn store_dir(
+        &self,
+        st: &mut State,
+        dir: &WirePath,
+        a: Option<Result<Attr, ConnError>>,
+        asked: Instant,
+    ) {
+        if let Some(Ok(a)) = a {
+            self.store_attr(st, dir, a, asked);
+        }
+    }
+
+    /// Sends `r` and asks for `path`'s attributes, and its directory's, in the same round trip.
+    pub(super) fn change_and_stat(&self, r: Request, path: &WirePath) -> Result<Attr, Errno> {
+        let asked = Instant::now();
+        let parent = path.split_last().map(|(d, _)| d);
+        let mut paths = vec![path];
+        paths.extend(parent.as_ref());
+        let mut got = self
+            .change_then_stat(r, &paths)
+            .map_err(|f| errno_of(&f))?
+            .into_iter();
+        let a = got.next().expect("asked").map_err(errno_of_reply)?;
+        let mut st = self.lock();
+        self.store_attr(&mut st, path, a.clone(), asked);
+        if let Some((dir, name)) = path.split_last() {
+            Self::relist(&mut st, &dir, name, Some(a.kind));
+            self.store_dir(&mut st, &dir, got.next(), asked);
+        }
+        Ok(a)
+    }
+
+    pub(super) fn entry(&self, path: &WirePath, a: &Attr) -> Stat {
+        let mut st = self.lock();
+        let ino = Self::ino_for(&mut st, path, a.kind);
+        let n = st.inodes.get_mut(&ino).expect("made");
+        n.lookups += 1;
+        n.unlinked = false;
+        Self::stat_of(&st, ino, a)
+    }
+
+    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32) -> Result<Stat, Errno> {
+        let (_, path) = self.child(parent, name)?;
+        let a = self.change_and_stat(
+            Request::Mkdir {
+                path: path.clone(),
+                mode: mode & 0o7777,
+            },
+            &path,
+        )?;
+        Ok(self.entry(&path, &a))
+    }
+
+    pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8]) -> Result<Stat, Errno> {
+        let (_, path) = self.child(parent, name)?;
+        let a = self.change_and_stat(
+            Request::Symlink {
+                path: path.clone(),
+                target: target.to_vec(),
+            },
+            &path,
+        )?;
+        self.lock()
+            .links
+            .insert(path.clone(), (a.version, target.to_vec()));
+        Ok(self.entry(&path, &a))
+    }
+
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>, Errno> {
+        let (path, _) = self.path_of(ino)?;
+        let a = self.attr(&path)?;
+        if let Some((v, t)) = self.lock().links.get(&path) {
+            if *v == a.version {
+                return Ok(t.clone());
+            }
+        }
+        let r = self.link.run(
+            |c| match c.call(Request::ReadLink { path: path.clone() })?.pop() {
+                Some(Reply::Link(t)) => Ok(t),
+                other => Err(ConnError::Unexpected(format!("{other:?}")).into()),
+            },
+        );
+        self.apply_invalidations();
+        let t = r.map_err(|f| errno_of(&f))?;
+        self.lock().links.insert(path, (a.version, t.clone()));
+        Ok(t)
+    }
+
+    /// Forgets what was cached of `path` and everything below it, after it was removed or
+    /// renamed here; open inodes there are marked unlinked (`unlink`) or keep their number.
+    pub(super) fn drop_below(st: &mut State, path: &WirePath) {
+        let below = |p: &WirePath| is_below(p, path);
+        st.attrs.retain(|p, _| !below(p));
+        st.listings.retain(|p, _| !below(p));
+        st.links.retain(|p, _| !below(p));
+        st.changing.retain(|p| !below(p));
+    }
+
+    pub(super) fn unlinked(&self, st: &mut State, path: &WirePath) {
+        let gone: Vec<(WirePath, Ino)> = st
+            .ino_of
+            .iter()
+            .filter(|(p, _)| is_below(p, path))
+            .map(|(p, i)| (p.clone(), *i))
+            .collect();
+        for (p, i) in gone {
+            st.ino_of.remove(&p);
+            if let Some(n) = st.inodes.get_mut(&i) {
+                n.unlinked = true;
+            }
+            self.files.remove(&p);
+        }
+        self.files.remove(path);
+        Self::drop_below(st, path);
+    }
+
+    pub(super) fn remove(&self, parent: Ino, name: &[u8], dir: bool) -> Result<(), Errno> {
+        let (parent_path, path) = self.child(parent, name)?;
+        if let Some(r) = self.remove_special(&path, dir) {
+            return r;
+        }
+        if let (false, Some(_)) = (dir, self.pending_at(&path)) {
+            // Never on the server: removed here only (an open descriptor keeps its copy).
+            let _w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+            if self.pending_at(&path).is_some() {
+                let mut st = self.lock();
+                self.unlinked(&mut st, &path);
+                if let Some(l) = st.listings.get_mut(&parent_path) {
+                    if let Ok(i) = l.value.binary_search_by(|e| e.0.as_slice().cmp(name)) {
+                        l.value.remove(i);
+                    }
+                }
+                return Ok(());
+            }
+        }
+        let asked = Instant::now();
+        let r = if dir {
+            Request::Rmdir { path: path.clone() }
+        } else {
+            Request::Unlink { path: path.clone() }
+        };
+        let mut got = self
+            .change_then_stat(r, &[&parent_path])
+            .map_err(|f| errno_of(&f))?;
+        let mut st = self.lock();
+        self.unlinked(&mut st, &path);
+        Self::relist(&mut st, &parent_path, name, None);
+        self.store_dir(&mut st, &parent_path, got.pop(), asked);
+        Ok(())
+    }
+
+    pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<(), Errno> {
+        self.remove(parent, name, false)
+    }
+
+    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<(), Errno> {
+        self.remove(parent, name, true)
+    }
+
+    /// Renames (replacing what is at the new name; `noreplace`: unless something is).
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        noreplace: bool,
+    ) -> Result<(), Errno> {
+        let (from_dir, from) = self.child(parent, name)?;
+        let (to_dir, to) = self.child(new_parent, new_name)?;
+        if from == to {
+            if self.lock().specials.get(&from).is_some() {
+                return Ok(());
+            }
+            return self.attr(&from).map(drop);
+        }
+        if is_below(&to, &from) {
+            return Err(Errno::EINVAL);
+        }
+        if let Some(r) = self.rename_special(&from, &to, noreplace) {
+            return r;
+        }
+        if noreplace {
+            match self.fresh_attr(&to) {
+                Ok(_) => return Err(Errno::EEXIST),
+                Err(Failure::Remote(ErrorCode::NotFound, _)) => {}
+                Err(f) => return Err(errno_of(&f)),
+            }
+        }
+        // Local changes of files being moved are written back under their old names first,
+        // so nothing pending refers to a name that no longer exists.
+        let moving: Vec<Ino> = {
+            let st = self.lock();
+            st.ino_of
+                .iter()
+                .filter(|(p, i)| is_below(p, &from) && st.inodes.get(i).is_some_and(|n| n.dirty))
+                .map(|(_, i)| *i)
+                .collect()
+        };
+        for i in moving {
+            self.write_back(i)?;
+        }
+        let kind = self.lock().attrs.get(&from).map(|l| l.value.kind);
+        let asked = Instant::now();
+        let mut dirs = vec![&from_dir];
+        if to_dir != from_dir {
+            dirs.push(&to_dir);
+        }
+        let mut got = self
+            .change_then_stat(
+                Request::Rename {
+                    from: from.clone(),
+                    to: to.clone(),
+                },
+                &dirs,
+            )
+            .map_err(|f| errno_of(&f))?
+            .into_iter();
+        let _g = self.copies.lock(&[&from, &to]);
+        let mut st = self.lock();
+        // What was at the new name is gone.
+        if st.ino_of.get(&to) != st.ino_of.get(&from) {
+            self.unlinked(&mut st, &to);
+        }
+        // Inodes below the old name move with it, and so do their copies (whose versions
+        // are checked on the next open, the rename having changed them on the server).
+        let moved: Vec<(WirePath, Ino)> = st
+            .ino_of
+            .iter()
+            .filter(|(p, _)| is_below(p, &from))
+            .map(|(p, i)| (p.clone(), *i))
+            .collect();
+        for (p, _) in &moved {
+            st.ino_of.remove(p);
+        }
+        let copy_moved = moved.iter().any(|(p, _)| p == &from);
+        for (p, i) in moved {
+            let Some(np) = rebase(&p, &from, &to) else {
+                // Too long a path under the new name (past 4096 bytes): the file is out of
+                // this mount's reach, as if removed; its cached copy goes.
+                self.files.remove(&p);
+                if let Some(n) = st.inodes.get_mut(&i) {
+                    n.unlinked = true;
+                }
+                continue;
+            };
+            if let Err(e) = self.files.rename(&p, &np) {
+                tracing::debug!("moving the cached copy of {p:?}: {e}");
+            }
+            if let Some(n) = st.inodes.get_mut(&i) {
+                n.path = np.clone();
+            }
+            st.ino_of.insert(np, i);
+        }
+        if !copy_moved {
+            if let Err(e) = self.files.rename(&from, &to) {
+                tracing::debug!("moving the cached copy of {from:?}: {e}");
+            }
+        }
+        Self::moved_specials(&mut st, &from, &to);
+        Self::drop_below(&mut st, &from);
+        Self::drop_below(&mut st, &to);
+        Self::relist(&mut st, &from_dir, name, None);
+        match kind {
+            Some(k) => Self::relist(&mut st, &to_dir, new_name, Some(k)),
+            None => {
+                st.listings.remove(&to_dir);
+            }
+        }
+        self.store_dir(&mut st, &from_dir, got.next(), asked);
+        if to_dir != from_dir {
+            self.store_dir(&mut st, &to_dir, got.next(), asked);
+        }
+        Ok(())
+    }
+
+    /// Changes attributes: size (through the copy: the new contents are committed on close,
+    /// or now if the file is not open), permission bits and modification time.
+    pub fn setattr(
+        &self,
+        ino: Ino,
+        mode: Option<u32>,
+        size: Option<u64>,
+        mtime_ns: Option<i64>,
+    ) -> Result<Stat, Errno> {
+        if let Some(r) = self.setattr_special(ino, mode, size, mtime_ns) {
+            return r;
+        }
+        let (path, kind) = self.path_of(ino)?;
+        if let Some(size) = size {
+            if kind == FileKind::Dir {
+                return Err(Errno::EISDIR);
+            }
+            let (file, version) = self.open_copy(ino, true, size == 0)?;
+            self.mark_dirty(ino, &path, version)?;
+            file.set_len(size)?;
+            let opened = {
+                let mut st = self.lock();
+                let n = st.inodes.get_mut(&ino).ok_or(Errno::ENOENT)?;
+                n.open -= 1;
+                n.writers -= 1;
+                n.open > 0
+            };
+            if !opened {
+                self.write_back(ino)?;
+            }
+        }
+        if mode.is_some() || mtime_ns.is_some() {
+            let dirty = self.lock().inodes.get(&ino).is_some_and(|n| n.dirty);
+            if dirty {
+                // Goes with the commit of the changed copy.
+                let data = self.files.data(&path);
+                if let Some(m) = mode {
+                    self.lock().inodes.get_mut(&ino).expect("open").mode = Some(m & 0o7777);
+                }
+                if let Some(t) = mtime_ns {
+                    File::options()
+                        .write(true)
+                        .open(&data)?
+                        .set_modified(time_of(t))?;
+                }
+            } else {
+                let before = self.lock().attrs.get(&path).map(|l| l.value.clone());
+                let after = self.change_and_stat(
+                    Request::SetAttr {
+                        path: path.clone(),
+                        mode: mode.map(|m| m & 0o7777),
+                        mtime_ns,
+                    },
+                    &path,
+                )?;
+                self.follow_own_change(&path, before, &after)?;
+            }
+        }
+        self.getattr(ino)
+    }
+}

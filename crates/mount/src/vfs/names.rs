@@ -1,0 +1,250 @@
+//! Names: lookups, listings and the inodes the kernel holds.
+
+use super::*;
+
+impl Vfs {
+    pub(super) fn ino_for(st: &mut State, path: &WirePath, kind: FileKind) -> Ino {
+        if let Some(&i) = st.ino_of.get(path) {
+            if let Some(n) = st.inodes.get_mut(&i) {
+                n.kind = kind;
+            }
+            return i;
+        }
+        let i = st.next_ino;
+        st.next_ino += 1;
+        st.inodes.insert(i, Inode::new(path.clone(), kind));
+        st.ino_of.insert(path.clone(), i);
+        i
+    }
+
+    /// Looks `name` up in directory `parent`; the kernel holds one more reference to the inode
+    /// returned.
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Stat, Errno> {
+        let (dir, path) = self.child(parent, name)?;
+        if let Some(s) = self.lookup_special(&path) {
+            return Ok(s);
+        }
+        if let Some(ino) = self.pending_at(&path) {
+            if let Ok(Some(s)) = self.local_stat(ino, None) {
+                if let Some(n) = self.lock().inodes.get_mut(&ino) {
+                    n.lookups += 1;
+                }
+                return Ok(s);
+            }
+        }
+        let a = match self.leased_attr(&path) {
+            Some(a) => a,
+            None => match self.listed(&dir, name) {
+                Some(false) => return Err(Errno::ENOENT),
+                Some(true) => self.attr(&path)?,
+                None if self.lock().changing.contains(&dir) => self.attr(&path)?,
+                None => {
+                    // A listing answers this lookup and every later one in the directory.
+                    let small = self
+                        .leased_attr(&dir)
+                        .is_none_or(|d| d.size <= LIST_ON_LOOKUP);
+                    match small.then(|| self.list(&dir)) {
+                        Some(Ok(entries)) => {
+                            match entries.binary_search_by(|e| e.0.as_slice().cmp(name)) {
+                                Ok(i) => entries[i].1.clone(),
+                                Err(_) => return Err(Errno::ENOENT),
+                            }
+                        }
+                        _ => self.attr(&path)?,
+                    }
+                }
+            },
+        };
+        let ino = {
+            let mut st = self.lock();
+            let ino = Self::ino_for(&mut st, &path, a.kind);
+            st.inodes.get_mut(&ino).expect("made").lookups += 1;
+            ino
+        };
+        // The kernel takes a lookup's size as the file's: a copy being written has its own.
+        match self.local_stat(ino, None) {
+            Ok(Some(s)) => Ok(s),
+            _ => Ok(Self::stat_of(&self.lock(), ino, &a)),
+        }
+    }
+
+    /// Whether a valid listing of `dir` has `name`; `None` without one.
+    pub(super) fn listed(&self, dir: &WirePath, name: &[u8]) -> Option<bool> {
+        let epoch = self.link.epoch();
+        let st = self.lock();
+        st.listings.get(dir).filter(|l| l.valid(epoch)).map(|l| {
+            l.value
+                .binary_search_by(|e| e.0.as_slice().cmp(name))
+                .is_ok()
+        })
+    }
+
+    /// The kernel dropped `n` references to `ino`.
+    pub fn forget(&self, ino: Ino, n: u64) {
+        let mut st = self.lock();
+        let Some(node) = st.inodes.get_mut(&ino) else {
+            return;
+        };
+        node.lookups = node.lookups.saturating_sub(n);
+        if ino != ROOT && node.lookups == 0 && node.open == 0 && !node.dirty {
+            let path = node.path.clone();
+            let unlinked = node.unlinked;
+            st.inodes.remove(&ino);
+            if !unlinked && st.ino_of.get(&path) == Some(&ino) {
+                st.ino_of.remove(&path);
+            }
+        }
+    }
+
+    /// Reads `dir`'s listing from the server (one round trip), caching the entries' attributes;
+    /// returns the entries, sorted by name.
+    pub(super) fn list(&self, dir: &WirePath) -> Result<Vec<(Vec<u8>, Attr)>, Failure> {
+        tracing::trace!("{dir:?}: ReadDir");
+        let asked = Instant::now();
+        let r = self.link.run(|c| {
+            // The directory's own attributes in the same round trip: their lease is the
+            // listing's too (the server keys both by the directory), so an empty listing is
+            // leased as well.
+            let mut rs = batch(
+                c,
+                vec![
+                    Request::ReadDir {
+                        path: dir.clone(),
+                        keys: vec![],
+                    },
+                    Request::GetAttr { path: dir.clone() },
+                ],
+            )?
+            .into_iter();
+            let mut out = vec![];
+            for r in rs.next().expect("asked")? {
+                match r {
+                    Reply::Entries { entries, .. } => out.extend(entries),
+                    other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+                }
+            }
+            Ok((out, attr_of(rs.next().expect("asked")?)?))
+        });
+        self.apply_invalidations();
+        let (entries, dir_attr) = match r {
+            Ok(e) => e,
+            Err(f) => {
+                if matches!(f, Failure::Remote(ErrorCode::NotFound, _)) {
+                    self.gone(dir);
+                }
+                return Err(f);
+            }
+        };
+        let mut entries: Vec<(Vec<u8>, Attr)> =
+            entries.into_iter().map(|e| (e.name, e.attr)).collect();
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        entries.dedup_by(|a, b| a.0 == b.0);
+        // The listing's lease is its entries' and the directory's (the server grants them
+        // together).
+        let lease = entries
+            .iter()
+            .map(|e| e.1.lease_ms)
+            .chain([dir_attr.lease_ms])
+            .min()
+            .unwrap_or(0);
+        let mut st = self.lock();
+        self.store_attr(&mut st, dir, dir_attr, asked);
+        for (name, attr) in &entries {
+            if let Ok(p) = dir.join(name) {
+                self.store_attr(&mut st, &p, attr.clone(), asked);
+            }
+        }
+        st.changing.remove(dir);
+        st.listings.insert(
+            dir.clone(),
+            Leased {
+                value: entries.iter().map(|(n, a)| (n.clone(), a.kind)).collect(),
+                until: asked + Duration::from_millis(lease as u64),
+                epoch: self.link.epoch(),
+            },
+        );
+        Ok(entries)
+    }
+
+    /// The entries of directory `ino` (without `.` and `..`): name, kind and an inode number.
+    pub fn readdir(&self, ino: Ino) -> Result<Vec<(Ino, FileKind, Vec<u8>)>, Errno> {
+        let (dir, kind) = self.path_of(ino)?;
+        if kind != FileKind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        let epoch = self.link.epoch();
+        let cached = self
+            .lock()
+            .listings
+            .get(&dir)
+            .filter(|l| l.valid(epoch))
+            .map(|l| l.value.clone());
+        let names = match cached {
+            Some(n) => n,
+            None => match self.list(&dir) {
+                Ok(e) => e.into_iter().map(|(n, a)| (n, a.kind)).collect(),
+                Err(Failure::Offline(why)) => match self.lock().listings.get(&dir) {
+                    Some(l) => {
+                        tracing::info!("{dir:?}: server unreachable ({why}); listing as last seen");
+                        l.value.clone()
+                    }
+                    None => return Err(Errno::EHOSTDOWN),
+                },
+                Err(f) => return Err(errno_of(&f)),
+            },
+        };
+        let st = self.lock();
+        let mut names = names;
+        let pending = st
+            .inodes
+            .values()
+            .filter(|n| n.pending && !n.unlinked)
+            .filter_map(|n| {
+                n.path
+                    .split_last()
+                    .filter(|(d, _)| *d == dir)
+                    .map(|(_, m)| m.to_vec())
+            });
+        for name in st.specials.children(&dir).into_iter().chain(pending) {
+            if let Err(i) = names.binary_search_by(|e| e.0.as_slice().cmp(&name)) {
+                names.insert(i, (name, FileKind::File));
+            }
+        }
+        Ok(names
+            .into_iter()
+            .map(|(name, kind)| {
+                // Entries not looked up get a number of their own (the kernel does not use
+                // it for lookups); high bit set so it never collides with a real inode.
+                let ino = dir
+                    .join(&name)
+                    .ok()
+                    .and_then(|p| st.ino_of.get(&p).copied())
+                    .unwrap_or_else(|| {
+                        let h = blake3::hash(&[dir.as_bytes(), b"/", &name].concat());
+                        (1 << 63) | u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap()) >> 1
+                    });
+                (ino, kind, name)
+            })
+            .collect())
+    }
+
+    /// Adds or removes a name in a cached listing after a change made here.
+    pub(super) fn relist(st: &mut State, dir: &WirePath, name: &[u8], kind: Option<FileKind>) {
+        st.unsynced.get_or_insert_with(Instant::now);
+        // The directory's own times changed on the server too: asked for again when next
+        // wanted (the server's lease break comes only with a later reply).
+        if let Some(a) = st.attrs.get_mut(dir) {
+            a.until = Instant::now() - Duration::from_millis(1);
+        }
+        if let Some(l) = st.listings.get_mut(dir) {
+            match (l.value.binary_search_by(|e| e.0.as_slice().cmp(name)), kind) {
+                (Ok(i), Some(k)) => l.value[i].1 = k,
+                (Ok(i), None) => {
+                    l.value.remove(i);
+                }
+                (Err(i), Some(k)) => l.value.insert(i, (name.to_vec(), k)),
+                (Err(_), None) => {}
+            }
+        }
+    }
+}

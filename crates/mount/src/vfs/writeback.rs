@@ -1,0 +1,262 @@
+//! Write-back: close-to-open commits of changed copies, fsync and the server's Sync, statfs,
+//! release.
+
+use super::*;
+
+impl Vfs {
+    /// A file descriptor of `fh` was closed (close-to-open: local changes are committed now,
+    /// and an error here is what `close` returns).
+    pub fn flush(&self, fh: u64) -> Result<(), Errno> {
+        let (ino, _, write) = self.handle(fh)?;
+        // A reader's close publishes nothing (changes left by an earlier writer whose
+        // write-back failed go up with upkeep).
+        if !write {
+            return Ok(());
+        }
+        self.write_back(ino)
+    }
+
+    /// fsync: the changes reach the server and are durable there.
+    pub fn fsync(&self, fh: u64) -> Result<(), Errno> {
+        self.flush(fh)?;
+        self.sync_server()
+    }
+
+    /// fsync of a directory: every change of names made here is durable on the server.
+    pub fn fsyncdir(&self) -> Result<(), Errno> {
+        self.sync_server()
+    }
+
+    /// Makes the changes made here durable on the server. The mount asks for
+    /// `FEATURE_DEFERRED_SYNC`: a close, create, rename or removal is atomic and visible on the
+    /// server at once, and durable there at the next Sync: at `fsync`, about a second later
+    /// (upkeep), or at unmount, a local file system's terms for a change not yet fsynced.
+    pub(super) fn sync_server(&self) -> Result<(), Errno> {
+        let Some(since) = self.lock().unsynced.take() else {
+            return Ok(());
+        };
+        let r = self.link.run(|c| {
+            if c.offers(ferry_proto::FEATURE_DEFERRED_SYNC) {
+                c.call(Request::Sync)?;
+            }
+            Ok(())
+        });
+        if let Err(f) = r {
+            tracing::debug!("sync: {f}");
+            let mut st = self.lock();
+            let at = st.unsynced.get_or_insert(since);
+            *at = (*at).min(since);
+            return Err(errno_of(&f));
+        }
+        Ok(())
+    }
+
+    /// The size and free space of the server's file system under the mount (the last answer
+    /// while the server is unreachable).
+    pub fn statfs(&self) -> FsStats {
+        let root = match self.path_of(ROOT) {
+            Ok((p, _)) => p,
+            Err(_) => return UNKNOWN_FS,
+        };
+        let asked = self.link.run(|c| {
+            if !c.offers(ferry_proto::FEATURE_STATFS) {
+                return Ok(None);
+            }
+            match c.call(Request::StatFs { path: root })?.pop() {
+                Some(Reply::FsStats(f)) => Ok(Some(f)),
+                other => Err(ConnError::Unexpected(format!("{other:?}")).into()),
+            }
+        });
+        let mut last = self.fs_stats.lock().unwrap_or_else(|e| e.into_inner());
+        match asked {
+            Ok(Some(f)) => *last = Some(f),
+            Ok(None) => {}
+            Err(f) => tracing::debug!("statfs: {f}"),
+        }
+        last.unwrap_or(UNKNOWN_FS)
+    }
+
+    /// The last reference to `fh` is gone.
+    pub fn release(&self, fh: u64) -> Result<(), Errno> {
+        let h = self.lock().handles.remove(&fh).ok_or(Errno::EBADF)?;
+        // Writes through a shared mapping can arrive after the last flush.
+        let r = if h.write {
+            self.write_back(h.ino)
+        } else {
+            Ok(())
+        };
+        let mut st = self.lock();
+        if let Some(n) = st.inodes.get_mut(&h.ino) {
+            n.open = n.open.saturating_sub(1);
+            if h.write {
+                n.writers = n.writers.saturating_sub(1);
+            }
+            if n.writers == 0 && !n.dirty {
+                if let Some(v) = n.labelled_dirty.take() {
+                    // Closed unwritten: the copy is the version it was made as.
+                    let path = n.path.clone();
+                    if let Err(e) = self.files.set_meta(&path, Some(v), false) {
+                        tracing::warn!("{path:?}: cannot label the cache's copy clean: {e}");
+                    }
+                }
+            }
+            if n.open == 0 && n.lookups == 0 && !n.dirty && h.ino != ROOT {
+                let (path, unlinked) = (n.path.clone(), n.unlinked);
+                st.inodes.remove(&h.ino);
+                if !unlinked && st.ino_of.get(&path) == Some(&h.ino) {
+                    st.ino_of.remove(&path);
+                }
+            }
+        }
+        r
+    }
+
+    /// How a file is written back: also asking for the attributes of the directory holding
+    /// `path` (which the commit changes), in the same round trip.
+    pub(super) fn put_options(&self, path: &WirePath) -> PutOptions<'_> {
+        PutOptions {
+            chunker: self.opts.chunker.clone(),
+            delete: false,
+            dry_run: false,
+            progress: None,
+            cache: Some(&self.chunks),
+            fewer_round_trips: true,
+            stat_after: path.split_last().map(|(d, _)| d),
+        }
+    }
+
+    /// Commits `ino`'s copy if it holds local changes.
+    pub(super) fn write_back(&self, ino: Ino) -> Result<(), Errno> {
+        let _w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        let (path, writes, mode) = {
+            let mut st = self.lock();
+            let Some(n) = st.inodes.get_mut(&ino) else {
+                return Ok(());
+            };
+            if !n.dirty {
+                return Ok(());
+            }
+            n.labelled_dirty = None;
+            if n.unlinked {
+                // Removed or replaced while open: there is nothing left to write it to.
+                n.dirty = false;
+                return Ok(());
+            }
+            let (path, writes, mode) = (n.path.clone(), n.writes, n.mode);
+            let known = st.attrs.get(&path).map(|l| l.value.mode);
+            (path, writes, mode.or(known).unwrap_or(0o644))
+        };
+        match self.commit(&path, mode) {
+            Ok(a) => {
+                let mut st = self.lock();
+                let clean = st.inodes.get(&ino).is_some_and(|n| n.writes == writes);
+                if !clean {
+                    // More was written meanwhile: still dirty, now against what was committed.
+                    self.files.set_meta(&path, Some(a.version), true)?;
+                }
+                if let Some(n) = st.inodes.get_mut(&ino) {
+                    n.kernel_version = Some(a.version);
+                    n.pending = false;
+                    if clean {
+                        n.dirty = false;
+                        n.mode = None;
+                    }
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if e == Errno::EHOSTDOWN {
+                    self.retry_dirty.store(true, Ordering::Release);
+                    // Kept: whole on disk before the close returns, whatever happens next.
+                    if let Err(e) = self.files.keep(&path) {
+                        tracing::warn!("{path:?}: cannot make the kept changes durable: {e}");
+                    }
+                    tracing::warn!(
+                        "{path:?}: server unreachable; the changes are kept in the cache and written back when it is reachable again"
+                    );
+                }
+                if e == Errno::ENOENT && self.files.meta(&path).is_none() {
+                    // Its copy was gone (said by `commit`): nothing is left to write back.
+                    if let Some(n) = self.lock().inodes.get_mut(&ino) {
+                        n.dirty = false;
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Commits the copy of `path` (dirty, made against the version its record names) with
+    /// permission bits `mode`; the record becomes the new version, clean. If the file moved
+    /// on meanwhile, the last close wins: it is committed again over the current version.
+    pub(super) fn commit(&self, path: &WirePath, mode: u32) -> Result<Attr, Errno> {
+        let meta = self.files.meta(path).ok_or(Errno::EIO)?;
+        let data = self.files.data(path);
+        if !data.exists() {
+            // A record whose copy is gone has nothing left to write back: it is dropped (once,
+            // said so) instead of being tried again at every retry of the others.
+            tracing::warn!(
+                "{path:?}: the local copy of a changed file is gone; nothing to write back"
+            );
+            self.files.remove(path);
+            return Err(Errno::ENOENT);
+        }
+        let mut base = meta.version;
+        let opts = self.put_options(path);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let asked = Instant::now();
+            let mut stats = PutStats::default();
+            // A version known to be empty (this client's create made it) is not asked for.
+            let replacing = base.map(|version| ferry_fs::Replacing {
+                version,
+                empty: self
+                    .lock()
+                    .attrs
+                    .get(path)
+                    .is_some_and(|l| l.value.version == version && l.value.size == 0),
+            });
+            let r = self
+                .link
+                .run(|c| ferry_fs::put_file(c, &data, path, replacing, mode, &opts, &mut stats));
+            self.apply_invalidations();
+            match r {
+                Ok(a) => {
+                    self.files.set_meta(path, Some(a.version), false)?;
+                    let mut st = self.lock();
+                    self.store_attr(&mut st, path, a.clone(), asked);
+                    if let Some((dir, name)) = path.split_last() {
+                        Self::relist(&mut st, &dir, name, Some(FileKind::File));
+                        self.store_dir(&mut st, &dir, stats.stat_after.take().map(Ok), asked);
+                    }
+                    self.counters.commits.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(
+                        "{path:?}: committed version {:x} ({} bytes, {} chunks sent)",
+                        a.version,
+                        stats.bytes,
+                        stats.chunks_sent
+                    );
+                    return Ok(a);
+                }
+                Err(Failure::Remote(ErrorCode::Conflict, m)) if attempt < 4 => {
+                    tracing::warn!("{path:?}: {m}; the last close wins: replacing it with this client's version");
+                    self.counters
+                        .last_close_wins
+                        .fetch_add(1, Ordering::Relaxed);
+                    base = match self.fresh_attr(path) {
+                        Ok(a) if a.kind == FileKind::File => Some(a.version),
+                        Ok(_) => return Err(Errno::EISDIR),
+                        Err(Failure::Remote(ErrorCode::NotFound, _)) => None,
+                        Err(f) => return Err(errno_of(&f)),
+                    };
+                }
+                Err(Failure::Failed(GetError::LocalChanged(_))) if attempt < 4 => {}
+                Err(f) => {
+                    tracing::warn!("{path:?}: cannot write back: {f}");
+                    return Err(errno_of(&f));
+                }
+            }
+        }
+    }
+}
