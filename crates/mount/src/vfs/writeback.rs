@@ -150,8 +150,13 @@ impl Vfs {
             Ok(a) => {
                 let mut st = self.lock();
                 let clean = st.inodes.get(&ino).is_some_and(|n| n.writes == writes);
-                if !clean {
+                let writing = st.inodes.get(&ino).is_some_and(|n| n.writers > 0);
+                if !clean || writing {
                     // More was written meanwhile: still dirty, now against what was committed.
+                    // Or still open for writing (the close of one of several descriptors, as
+                    // a shell's redirection makes): labelled dirty at the version committed,
+                    // as a create labels its copy, so the next write syncs no record (made
+                    // clean again if it is closed unwritten).
                     self.files.set_meta(&path, Some(a.version), true)?;
                 }
                 if let Some(n) = st.inodes.get_mut(&ino) {
@@ -160,6 +165,9 @@ impl Vfs {
                     if clean {
                         n.dirty = false;
                         n.mode = None;
+                        if writing {
+                            n.labelled_dirty = Some(a.version);
+                        }
                     }
                 }
                 Ok(())

@@ -114,6 +114,10 @@ pub struct Args {
     /// Where results go.
     #[arg(long, default_value = "lab-results", value_name = "DIR")]
     out: PathBuf,
+    /// The ferry program run as the contender, client and server (default: this one): to
+    /// compare two builds on the same workloads.
+    #[arg(long, value_name = "PATH")]
+    ferry: Option<PathBuf>,
     /// Print the results as JSON too.
     #[arg(long)]
     json: bool,
@@ -678,7 +682,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
         sshd,
         _netns: ns,
         direct,
-        ferry: std::env::current_exe()?,
+        ferry: match &a.ferry {
+            Some(f) => {
+                std::fs::canonicalize(f).with_context(|| format!("--ferry {}", f.display()))?
+            }
+            None => std::env::current_exe()?,
+        },
     };
     if a.multipath {
         return multipath_report(&lab, &a);
