@@ -35,11 +35,7 @@ impl Vfs {
         st.listings.remove(path);
         st.changing.remove(path);
         if let Some((dir, name)) = path.split_last() {
-            if let Some(l) = st.listings.get_mut(&dir) {
-                if let Ok(i) = l.value.binary_search_by(|e| e.0.as_slice().cmp(name)) {
-                    l.value.remove(i);
-                }
-            }
+            Self::edit_listing(&mut st, &dir, name, None);
         }
     }
 

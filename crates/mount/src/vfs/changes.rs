@@ -155,11 +155,7 @@ impl Vfs {
             if self.pending_at(&path).is_some() {
                 let mut st = self.lock();
                 self.unlinked(&mut st, &path);
-                if let Some(l) = st.listings.get_mut(&parent_path) {
-                    if let Ok(i) = l.value.binary_search_by(|e| e.0.as_slice().cmp(name)) {
-                        l.value.remove(i);
-                    }
-                }
+                Self::edit_listing(&mut st, &parent_path, name, None);
                 return Ok(());
             }
         }

@@ -266,12 +266,7 @@ impl Vfs {
             self.store_attr(&mut st, &path, a.clone(), asked);
             Self::relist(&mut st, &dir, name, Some(FileKind::File));
             self.store_dir(&mut st, &dir, stats.stat_after.take().map(Ok), asked);
-            let ino = Self::ino_for(&mut st, &path, FileKind::File);
-            let n = st.inodes.get_mut(&ino).expect("made");
-            n.lookups += 1;
-            n.open += 1;
-            n.writers += 1;
-            n.unlinked = false;
+            let (ino, n) = Self::created(&mut st, &path);
             n.labelled_dirty = Some(a.version);
             ino
         };
@@ -305,17 +300,8 @@ impl Vfs {
         let ino = {
             let mut st = self.lock();
             // The server's directory is as it was: only the listing here changes.
-            if let Some(l) = st.listings.get_mut(&dir) {
-                if let Err(i) = l.value.binary_search_by(|e| e.0.as_slice().cmp(name)) {
-                    l.value.insert(i, (name.to_vec(), FileKind::File));
-                }
-            }
-            let ino = Self::ino_for(&mut st, &path, FileKind::File);
-            let n = st.inodes.get_mut(&ino).expect("made");
-            n.lookups += 1;
-            n.open += 1;
-            n.writers += 1;
-            n.unlinked = false;
+            Self::edit_listing(&mut st, &dir, name, Some(FileKind::File));
+            let (ino, n) = Self::created(&mut st, &path);
             n.dirty = true;
             n.pending = true;
             n.mode = Some(mode & 0o7777);

@@ -236,6 +236,17 @@ impl Vfs {
         if let Some(a) = st.attrs.get_mut(dir) {
             a.until = Instant::now() - Duration::from_millis(1);
         }
+        Self::edit_listing(st, dir, name, kind);
+    }
+
+    /// Adds `name` (of `kind`) to the cached listing of `dir`, or removes it (`None`); nothing
+    /// without one.
+    pub(super) fn edit_listing(
+        st: &mut State,
+        dir: &WirePath,
+        name: &[u8],
+        kind: Option<FileKind>,
+    ) {
         if let Some(l) = st.listings.get_mut(dir) {
             match (l.value.binary_search_by(|e| e.0.as_slice().cmp(name)), kind) {
                 (Ok(i), Some(k)) => l.value[i].1 = k,
@@ -246,5 +257,17 @@ impl Vfs {
                 (Err(_), None) => {}
             }
         }
+    }
+
+    /// The inode of a file just made at `path`, looked up and opened for writing by the
+    /// kernel's create.
+    pub(super) fn created<'a>(st: &'a mut State, path: &WirePath) -> (Ino, &'a mut Inode) {
+        let ino = Self::ino_for(st, path, FileKind::File);
+        let n = st.inodes.get_mut(&ino).expect("made");
+        n.lookups += 1;
+        n.open += 1;
+        n.writers += 1;
+        n.unlinked = false;
+        (ino, n)
     }
 }
