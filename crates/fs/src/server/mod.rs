@@ -95,6 +95,8 @@ struct Hint {
 /// the persistent index or by recipes. Each costs ~300 bytes with its short id (measured with
 /// heaptrack: ~195 for the hint, ~110 for the short id), so this bounds them near 80 MB.
 const MAX_HINTS: usize = 256 << 10;
+/// Largest file whose content is read again after a client sets its time (see `set_attr`).
+const RECUT_AFTER_TOUCH: u64 = 1 << 20;
 /// Recipes kept in memory before the cache is cleared (each costs ~36 bytes per chunk).
 const RECIPE_CACHE_ENTRIES: usize = 100_000;
 
@@ -635,17 +637,29 @@ impl Server {
     }
 
     /// Sets a mode and time; what is known of a file's content follows its own change of mode
-    /// (same inode, size and mtime before and after: the new ctime alone made it unknown).
+    /// (same inode, size and mtime before and after: the new ctime alone made it unknown), and
+    /// a small file's is read again after a change of time.
     fn set_attr(&mut self, path: &WirePath, mode: Option<u32>, mtime_ns: Option<i64>) -> Reply {
         let before = self.export.stat(path).ok().map(|(_, fid)| fid);
         if let Err(e) = self.export.set_attr(path, mode, mtime_ns) {
             return io_error(path, &e);
         }
         self.take_broken_own(&[path]);
-        if let (Some(b), Ok((_, a)), None) = (before, self.export.stat(path), mtime_ns) {
+        if let (Some(b), Ok((_, a))) = (before, self.export.stat(path)) {
             let same = (b.dev, b.ino, b.size, b.mtime_ns) == (a.dev, a.ino, a.size, a.mtime_ns);
-            if let (true, Some((recipe, oid))) = (same, self.recipes.get(&b).cloned()) {
-                self.remember(path, a, recipe, oid);
+            match self.recipes.get(&b).cloned() {
+                Some((recipe, oid)) if same && mtime_ns.is_none() => {
+                    self.remember(path, a, recipe, oid)
+                }
+                // A new time (`touch`, `rsync`, `tar x`): a small file known before is read
+                // again, so that its attributes name the same object at the new version and a
+                // client's copy of it stays good (the content is checked, not assumed).
+                Some(_) if a.size <= RECUT_AFTER_TOUCH => {
+                    if let Err(e) = self.recipe(path) {
+                        tracing::debug!("{path:?}: {e}");
+                    }
+                }
+                _ => {}
             }
         }
         Reply::Ok

@@ -434,6 +434,31 @@ fn a_truncating_create_is_made_on_the_server_by_its_commit() {
     c.release(o.fh).unwrap();
 }
 
+/// `rsync` and `tar x` set a file's time after its close: the copy here stays the file's (the
+/// server reads a small file again and names the same object at the new version), so the next
+/// open asks nothing.
+#[test]
+fn setting_a_time_keeps_the_copy() {
+    let (_t, root, _remote, c) = one_client();
+    let rt = |c: &Vfs| c.traffic().unwrap().round_trips;
+    let (f, o) = c.create(ROOT, b"f", 0o600, true).unwrap();
+    c.write(o.fh, 0, b"some content").unwrap();
+    c.flush(o.fh).unwrap();
+    c.release(o.fh).unwrap();
+    let when = 1_600_000_000 * 1_000_000_000i64;
+    c.setattr(f.ino, None, None, Some(when)).unwrap();
+    let r0 = rt(&c);
+    let o = c.open(f.ino, false, false).unwrap();
+    assert_eq!(rt(&c), r0, "the copy is the new version's");
+    assert_eq!(c.read(o.fh, 0, 100).unwrap(), b"some content");
+    c.release(o.fh).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata(root.join("f")).unwrap().mtime(),
+        1_600_000_000
+    );
+}
+
 #[test]
 fn the_last_close_wins_whole() {
     let t = tempfile::tempdir().unwrap();

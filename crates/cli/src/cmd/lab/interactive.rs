@@ -12,6 +12,9 @@
 //!   them (each file's time set through its descriptor before the close; a symlink in each
 //!   directory): metadata-heavy work, where round trips count.
 //! - `remove-tree`: that tree removed (`rm -rf`).
+//! - `rsync-tree`: that tree copied in by `rsync -a` (a temporary file each, renamed).
+//! - `sqlite`: 100 transactions of 100 rows each into an SQLite database (the `sqlite3`
+//!   program, its rollback journal made and removed by each).
 //!
 //! Each run starts with a cold client (nothing cached) and the data on the server. The
 //! server's tree afterwards must equal a reference made by running the same steps locally.
@@ -27,7 +30,15 @@ use super::link::Relay;
 use super::{same_files, Lab, Profile, Run};
 use crate::cmd::demo::{source, Rng};
 
-pub const WORKLOADS: &[&str] = &["doc-saves", "rebuild", "ed-script", "unpack", "remove-tree"];
+pub const WORKLOADS: &[&str] = &[
+    "doc-saves",
+    "rebuild",
+    "ed-script",
+    "unpack",
+    "remove-tree",
+    "rsync-tree",
+    "sqlite",
+];
 pub const MOUNTS: &[&str] = &["ferry-mount", "sshfs"];
 
 /// Builds the server's copy of workload `name` in `dir` (not measured).
@@ -69,7 +80,7 @@ fn prepare(dir: &Path, name: &str) -> Result<()> {
             let mut rng = Rng(0xed);
             fs::write(dir.join("text.c"), source(&mut rng, 6_000))?;
         }
-        "unpack" => {}
+        "unpack" | "rsync-tree" | "sqlite" => {}
         "remove-tree" => unpack(dir)?,
         _ => bail!(
             "no interactive workload {name:?} (workloads: {})",
@@ -125,6 +136,40 @@ fn steps(dir: &Path, name: &str) -> Result<()> {
         }
         "unpack" => unpack(dir)?,
         "remove-tree" => fs::remove_dir_all(dir.join("src"))?,
+        "rsync-tree" => {
+            let from = tempfile::tempdir()?;
+            unpack(from.path())?;
+            run(Command::new("rsync")
+                .arg("-a")
+                .arg(format!("{}/", from.path().display()))
+                .arg(dir))?;
+        }
+        "sqlite" => {
+            let mut sql = String::from("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);\n");
+            let mut rng = Rng(0x5e1);
+            for _ in 0..100 {
+                sql += "BEGIN;\n";
+                for _ in 0..100 {
+                    sql += &format!("INSERT INTO t (v) VALUES ('{}');\n", rng.next() % 1_000_000);
+                }
+                sql += "COMMIT;\n";
+            }
+            let mut child = Command::new("sqlite3")
+                .arg(dir.join("data.db"))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .spawn()
+                .context("running sqlite3")?;
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .expect("piped")
+                .write_all(sql.as_bytes())?;
+            if !child.wait()?.success() {
+                bail!("sqlite3 failed");
+            }
+        }
         _ => bail!("no interactive workload {name:?}"),
     }
     Ok(())

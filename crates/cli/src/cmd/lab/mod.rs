@@ -71,9 +71,10 @@ pub struct Args {
     #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
     max_whole: f64,
     /// Also run the LBFS interactive workloads (document saves, a rebuild after a header
-    /// change, an ed script) and two metadata-heavy ones (unpack: a tree of 200 small files
-    /// written as `tar x` does; remove-tree: that tree removed) through `ferry mount` and
-    /// sshfs (root and /dev/fuse needed); with --quick, the document saves only.
+    /// change, an ed script) and everyday ones (unpack: a tree of 200 small files written as
+    /// `tar x` does; remove-tree: that tree removed; rsync-tree: it copied in by `rsync -a`;
+    /// sqlite: 100 transactions of 100 rows) through `ferry mount` and sshfs (root and
+    /// /dev/fuse needed); with --quick, the document saves only.
     #[arg(long)]
     interactive: bool,
     /// Run DOT's multi-path experiment instead (its Table 2): a 40 MB file over two emulated
