@@ -332,8 +332,15 @@ impl Vfs {
             }
         }
         if mode.is_some() || mtime_ns.is_some() {
-            let dirty = self.lock().inodes.get(&ino).is_some_and(|n| n.dirty);
-            if dirty {
+            let (dirty, labelled) = self.lock().inodes.get(&ino).map_or((false, false), |n| {
+                (n.dirty, n.labelled_dirty.is_some() && n.writers > 0)
+            });
+            if labelled {
+                // Just created and open for writing (rsync's `fchmod` of its temporary file):
+                // its record says dirty already, so the change can go with the commit too.
+                self.ensure_dirty(ino)?;
+            }
+            if dirty || labelled {
                 // Goes with the commit of the changed copy.
                 let data = self.files.data(&path);
                 if let Some(m) = mode {

@@ -457,6 +457,20 @@ fn setting_a_time_keeps_the_copy() {
         std::fs::metadata(root.join("f")).unwrap().mtime(),
         1_600_000_000
     );
+
+    // A mode set on a file just created, still open for writing (rsync's temporary file):
+    // it goes with the commit.
+    let (g, o) = c.create(ROOT, b"g", 0o600, true).unwrap();
+    let r0 = rt(&c);
+    c.setattr(g.ino, Some(0o640), None, None).unwrap();
+    assert_eq!(rt(&c), r0);
+    c.write(o.fh, 0, b"more").unwrap();
+    c.flush(o.fh).unwrap();
+    c.release(o.fh).unwrap();
+    assert_eq!(rt(&c) - r0, 1, "the commit");
+    let m = std::fs::metadata(root.join("g")).unwrap();
+    assert_eq!(m.mode() & 0o7777, 0o640);
+    assert_eq!(std::fs::read(root.join("g")).unwrap(), b"more");
 }
 
 #[test]
