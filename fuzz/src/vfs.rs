@@ -80,11 +80,11 @@ fn connector(root: &Path, servers: &Servers, lease_ms: u32) -> ferry_mount::Conn
         });
         servers.lock().unwrap().push(server);
         Session::over_asking(
-                b.try_clone()?,
-                Box::new(b),
-                Box::new(|| Ok(())),
-                ferry_mount::FEATURES,
-            )
+            b.try_clone()?,
+            Box::new(b),
+            Box::new(|| Ok(())),
+            ferry_mount::FEATURES,
+        )
     })
 }
 
@@ -126,7 +126,9 @@ fn write(v: &Vfs, p: &[String], offset: u64, data: &[u8]) -> Result<(), Errno> {
         Ok(s) => v.open(s.ino, true, false)?.fh,
         // As a shell's `>` (truncating: made on the server by the commit, where the listing
         // is leased) or as `open(O_CREAT)`.
-        Err(Errno::ENOENT) if offset % 2 == 0 => v.create_truncating(dir, name, 0o644)?.1.fh,
+        Err(Errno::ENOENT) if offset.is_multiple_of(2) => {
+            v.create_truncating(dir, name, 0o644)?.1.fh
+        }
         Err(Errno::ENOENT) => v.create(dir, name, 0o644, false)?.1.fh,
         Err(e) => return Err(e),
     };

@@ -173,7 +173,7 @@ fn client_input(rng: &mut Rng) -> Vec<u8> {
             version: rng.below(4),
             oid: None,
             lease_ms: 0,
-        extra: None,
+            extra: None,
         };
         let reply = match rng.below(3) {
             0 => Reply::Attr(attr),
