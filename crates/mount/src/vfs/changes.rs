@@ -149,6 +149,10 @@ impl Vfs {
         if let Some(r) = self.remove_special(&path, dir) {
             return r;
         }
+        if dir && self.pending_below(&path) {
+            // Empty on the server, not here: its files made here are not there yet.
+            return Err(Errno::ENOTEMPTY);
+        }
         if let (false, Some(_)) = (dir, self.pending_at(&path)) {
             // Never on the server: removed here only (an open descriptor keeps its copy).
             let _w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
@@ -205,6 +209,10 @@ impl Vfs {
         }
         if let Some(r) = self.rename_special(&from, &to, noreplace) {
             return r;
+        }
+        if self.pending_below(&to) {
+            // A directory empty on the server, not here (see `remove`).
+            return Err(Errno::ENOTEMPTY);
         }
         if noreplace {
             match self.fresh_attr(&to) {

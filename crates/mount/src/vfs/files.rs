@@ -315,6 +315,14 @@ impl Vfs {
         }
     }
 
+    /// Whether a file created here and not yet on the server lies below the directory `dir`.
+    pub(super) fn pending_below(&self, dir: &WirePath) -> bool {
+        let st = self.lock();
+        st.inodes
+            .values()
+            .any(|n| n.pending && !n.unlinked && n.path != *dir && is_below(&n.path, dir))
+    }
+
     /// The inode at `path` if it was created here and is not yet on the server.
     pub(super) fn pending_at(&self, path: &WirePath) -> Option<Ino> {
         let st = self.lock();

@@ -428,6 +428,21 @@ fn a_truncating_create_is_made_on_the_server_by_its_commit() {
     c.release(o.fh).unwrap();
     assert_eq!(std::fs::read(root.join("d/both")).unwrap(), b"mine");
 
+    // A directory holding only such a file is empty on the server, not here.
+    let e = c.mkdir(d.ino, b"e", 0o755).unwrap();
+    assert_eq!(c.lookup(e.ino, b"x").unwrap_err(), Errno::ENOENT);
+    let (_, o) = c.create_truncating(e.ino, b"x", 0o644).unwrap();
+    assert_eq!(c.rmdir(d.ino, b"e").unwrap_err(), Errno::ENOTEMPTY);
+    let f = c.mkdir(d.ino, b"f", 0o755).unwrap();
+    assert_eq!(
+        c.rename(d.ino, b"f", d.ino, b"e", false).unwrap_err(),
+        Errno::ENOTEMPTY
+    );
+    c.release(o.fh).unwrap();
+    assert!(root.join("d/e/x").exists());
+    c.rename(d.ino, b"f", d.ino, b"g", false).unwrap();
+    let _ = f;
+
     // A directory whose listing is not leased: created on the server at once.
     let (_, o) = c.create_truncating(ROOT, b"top", 0o644).unwrap();
     assert!(root.join("top").exists());
