@@ -565,6 +565,51 @@ fn offline_cached_files_read_and_changes_wait_for_the_server() {
     }
 }
 
+/// A truncating create whose close finds the server gone: the file is kept (still this
+/// mount's, looked up here) and created on the server when it is back; across a restart too.
+#[test]
+fn a_file_made_here_while_the_server_is_gone_is_created_when_it_returns() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir_all(root.join("d")).unwrap();
+    let remote = Remote::new(&root, 60_000);
+    let cache = t.path().join("c");
+    {
+        let c = client(&remote, &cache, Duration::from_secs(1));
+        let d = c.lookup(ROOT, b"d").unwrap();
+        assert_eq!(c.lookup(d.ino, b"x").unwrap_err(), Errno::ENOENT);
+        let (f, o) = c.create_truncating(d.ino, b"kept", 0o644).unwrap();
+        c.write(o.fh, 0, b"made offline").unwrap();
+        let (_, o2) = c.create_truncating(d.ino, b"later", 0o644).unwrap();
+        c.write(o2.fh, 0, b"after a restart").unwrap();
+        remote.stop();
+        assert_eq!(c.flush(o.fh).unwrap_err(), Errno::EHOSTDOWN);
+        c.release(o.fh).unwrap_err();
+        assert_eq!(c.lookup(d.ino, b"kept").unwrap().ino, f.ino);
+        assert!(!root.join("d/kept").exists());
+        remote.start();
+        let t0 = Instant::now();
+        while !root.join("d/kept").exists() {
+            assert!(t0.elapsed() < Duration::from_secs(20), "never created");
+            c.tick();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(std::fs::read(root.join("d/kept")).unwrap(), b"made offline");
+        remote.stop();
+        assert_eq!(c.flush(o2.fh).unwrap_err(), Errno::EHOSTDOWN);
+        let _ = c.release(o2.fh);
+        c.shutdown();
+    }
+    assert!(!root.join("d/later").exists());
+    remote.start();
+    let c = client(&remote, &cache, Duration::from_secs(1));
+    assert_eq!(c.write_back_all(), 0);
+    assert_eq!(
+        std::fs::read(root.join("d/later")).unwrap(),
+        b"after a restart"
+    );
+}
+
 #[test]
 fn changes_kept_across_a_restart_are_written_back_by_the_next_mount() {
     let t = tempfile::tempdir().unwrap();
