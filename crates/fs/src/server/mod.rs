@@ -647,14 +647,16 @@ impl Server {
         self.take_broken_own(&[path]);
         if let (Some(b), Ok((_, a))) = (before, self.export.stat(path)) {
             let same = (b.dev, b.ino, b.size, b.mtime_ns) == (a.dev, a.ino, a.size, a.mtime_ns);
-            match self.recipes.get(&b).cloned() {
+            let known = self.recipes.get(&b);
+            match known {
                 Some((recipe, oid)) if same && mtime_ns.is_none() => {
+                    let (recipe, oid) = (recipe.clone(), *oid);
                     self.remember(path, a, recipe, oid)
                 }
                 // A new time (`touch`, `rsync`, `tar x`): a small file known before is read
                 // again, so that its attributes name the same object at the new version and a
                 // client's copy of it stays good (the content is checked, not assumed).
-                Some(_) if a.size <= RECUT_AFTER_TOUCH => {
+                Some(_) if mtime_ns.is_some() && a.size <= RECUT_AFTER_TOUCH => {
                     if let Err(e) = self.recipe(path) {
                         tracing::debug!("{path:?}: {e}");
                     }

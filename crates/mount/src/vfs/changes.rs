@@ -43,9 +43,9 @@ impl Vfs {
     /// Sends `r` and asks for `path`'s attributes, and its directory's, in the same round trip.
     pub(super) fn change_and_stat(&self, r: Request, path: &WirePath) -> Result<Attr, Errno> {
         let asked = Instant::now();
-        let parent = path.split_last().map(|(d, _)| d);
+        let parent = path.split_last();
         let mut paths = vec![path];
-        paths.extend(parent.as_ref());
+        paths.extend(parent.as_ref().map(|(d, _)| d));
         let mut got = self
             .change_then_stat(r, &paths)
             .map_err(|f| errno_of(&f))?
@@ -53,7 +53,7 @@ impl Vfs {
         let a = got.next().expect("asked").map_err(errno_of_reply)?;
         let mut st = self.lock();
         self.store_attr(&mut st, path, a.clone(), asked);
-        if let Some((dir, name)) = path.split_last() {
+        if let Some((dir, name)) = parent {
             Self::relist(&mut st, &dir, name, Some(a.kind));
             self.store_dir(&mut st, &dir, got.next(), asked);
         }
@@ -210,7 +210,12 @@ impl Vfs {
         if let Some(r) = self.rename_special(&from, &to, noreplace) {
             return r;
         }
-        if self.pending_below(&to) {
+        let onto_dir = self
+            .lock()
+            .attrs
+            .get(&to)
+            .is_some_and(|l| l.value.kind == FileKind::Dir);
+        if onto_dir && self.pending_below(&to) {
             // A directory empty on the server, not here (see `remove`).
             return Err(Errno::ENOTEMPTY);
         }
