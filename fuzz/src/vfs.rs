@@ -233,6 +233,11 @@ pub fn run(data: &[u8]) {
         } else {
             step(&views, &mut model, op);
         }
+        // Removals acknowledged here reach the server before the next request, or when the
+        // mount's thread sends them: now.
+        for v in views {
+            v.send_removals(Duration::ZERO);
+        }
         let served: Model = model
             .iter()
             .filter(|(_, n)| **n != Node::Special)

@@ -36,6 +36,7 @@
 mod cache;
 mod fuse;
 mod link;
+mod removals;
 pub mod vfs;
 
 use std::path::Path;
@@ -134,6 +135,16 @@ pub fn serve(
                 }
             })?
     };
+    let sender = {
+        let (vfs, stop) = (vfs.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("ferry-removals".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    vfs.send_removals(TICK);
+                }
+            })?
+    };
     let mut after = session.unmount_callable();
     ready(Unmounter(session.unmount_callable()));
     let r = session.run();
@@ -144,6 +155,7 @@ pub fn serve(
     }
     stop.store(true, Ordering::Release);
     let _ = keeper.join();
+    let _ = sender.join();
     r
 }
 

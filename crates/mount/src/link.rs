@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use ferry_fs::{ConnError, Connection, GetError, LinkReader, LinkWriter, Session};
 use ferry_proto::{ErrorCode, WirePath};
 
+use crate::removals::{Removals, Sent};
+
 /// Opens a new session with the server (runs `ssh host ferry serve --stdio`, say).
 pub type Connector = Box<dyn Fn() -> Result<Session, ConnError> + Send + Sync>;
 
@@ -72,6 +74,8 @@ pub(crate) struct Link {
     epoch: Arc<AtomicU64>,
     /// Paths whose leases the server broke, until taken.
     invalidated: Mutex<Vec<WirePath>>,
+    /// Files removed here and not yet on the server.
+    pub(crate) removals: Removals,
 }
 
 impl Link {
@@ -100,6 +104,7 @@ impl Link {
             )),
             epoch: Arc::new(AtomicU64::new(1)),
             invalidated: Mutex::new(vec![]),
+            removals: Removals::default(),
         })
     }
 
@@ -116,8 +121,42 @@ impl Link {
         &self,
         f: impl FnOnce(&mut Conn) -> Result<T, GetError>,
     ) -> Result<T, Failure> {
+        self.run_removals_first(f, false)
+    }
+
+    /// Like [`run`](Self::run), for an operation of one quick round trip: its requests go
+    /// right behind the queued removals, in the same round trip.
+    pub(crate) fn run_quick<T>(
+        &self,
+        f: impl FnOnce(&mut Conn) -> Result<T, GetError>,
+    ) -> Result<T, Failure> {
+        self.run_removals_first(f, true)
+    }
+
+    /// Runs `f` after the queued removals (see [`queue_removal`](Self::queue_removal)): once
+    /// the server has answered them, or (`behind`) with its requests right behind them.
+    fn run_removals_first<T>(
+        &self,
+        f: impl FnOnce(&mut Conn) -> Result<T, GetError>,
+        behind: bool,
+    ) -> Result<T, Failure> {
         let mut s = self.take()?;
-        let r = f(&mut s.conn);
+        let c = &mut s.conn;
+        let r = self
+            .removals
+            .send(c)
+            .map_err(GetError::from)
+            .and_then(|sent| {
+                if behind {
+                    let r = f(c);
+                    match (self.finished(sent, c), r) {
+                        (Err(e), _) => Err(e),
+                        (Ok(()), r) => r,
+                    }
+                } else {
+                    self.finished(sent, c).and_then(|()| f(c))
+                }
+            });
         self.take_invalidations(&mut s.conn);
         match r {
             Ok(v) => {
@@ -142,6 +181,25 @@ impl Link {
                 Err(Failure::Failed(e))
             }
         }
+    }
+
+    /// Queues the removal of the file `path`, acknowledged here already (the caller knows from
+    /// its leases that the server will make it): see `crate::removals`. `false` (not queued)
+    /// when the queue is full or the server unreachable: remove it at once.
+    pub(crate) fn queue_removal(&self, path: WirePath) -> bool {
+        self.is_up() && self.removals.queue(path)
+    }
+
+    /// The answers to removals sent: refused ones' paths are taken as changed on the server.
+    fn finished(&self, sent: Sent<'_>, c: &mut Conn) -> Result<(), GetError> {
+        let changed = sent.finish(c)?;
+        if !changed.is_empty() {
+            self.invalidated
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(changed);
+        }
+        Ok(())
     }
 
     /// A session for one operation.

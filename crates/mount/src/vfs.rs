@@ -21,6 +21,11 @@
 //!   so), local changes stay in the cache marked dirty and are written back when the link
 //!   returns (a restarted mount too); operations that need the server fail with `EHOSTDOWN`
 //!   after at most the timeout, never hang.
+//! - **Removals** of files whose leased listing and directory say the server will make them
+//!   are acknowledged at once and sent together before the next request of any kind (so in
+//!   order): `rm -rf` costs a round trip a directory. One the server refuses after all is
+//!   logged and the name shows again; one the link's failure leaves unanswered may not have
+//!   been made (as a local file system's unsynced removal may not survive a crash).
 //!
 //! The methods are grouped by what they serve: `attrs` (attributes and leases), `names`
 //! (lookups, listings, inodes), `files` (copies, creates, reads, writes), `writeback` (commits
@@ -318,9 +323,10 @@ struct State {
     next_fh: u64,
     /// FIFOs, sockets and device nodes made here (never on the server).
     specials: specials::Specials,
-    /// Directories whose special files changed here, with the time of the last such change: a
-    /// directory's modification and change times while later than the server's (which never
-    /// hears of them).
+    /// Directories whose special files changed here, or a file of which was removed without
+    /// waiting for the server, with the time of the last such change: a directory's
+    /// modification and change times while later than the server's (which never hears of
+    /// the former, and makes the latter a little later).
     dir_times: HashMap<WirePath, i64>,
     /// When the oldest change made here that the server has not made durable yet was made
     /// (`FEATURE_DEFERRED_SYNC`: see [`Vfs::sync_server`]).
@@ -549,6 +555,20 @@ impl Vfs {
         }
     }
 
+    /// Waits at most `timeout` for files removed here to be queued for the server, and sends
+    /// them (with those queued meanwhile) when some are: a thread of the mount does this in a
+    /// loop, so the server has a removal within a round trip or two of its acknowledgement,
+    /// for every other client to see (see `Link::queue_removal`).
+    pub fn send_removals(&self, timeout: Duration) {
+        if !self.link.removals.wait(timeout) {
+            return;
+        }
+        if let Err(f) = self.link.run(|_| Ok(())) {
+            tracing::debug!("sending removals: {f}");
+        }
+        self.apply_invalidations();
+    }
+
     /// Writes back every dirty copy that nobody is writing: open inodes' and those a previous
     /// run left. Returns the number that could not be (yet).
     pub fn write_back_all(&self) -> usize {
@@ -615,6 +635,7 @@ impl Vfs {
 
     /// At unmount: writes back what can be, then hangs up.
     pub fn shutdown(&self) {
+        self.send_removals(Duration::ZERO);
         let left = self.write_back_all();
         if left > 0 {
             tracing::warn!(

@@ -1,0 +1,138 @@
+//! Removals acknowledged before the server makes them: a file whose leased listing and
+//! directory say the server will remove it is removed here at once, and the removals go to the
+//! server together before the next request of any kind (the mount's own thread sends them
+//! within a round trip or two; these tests call `send_removals` themselves, or nothing, so what
+//! is asserted never depends on a thread's timing).
+
+use std::time::Duration;
+
+use ferry_mount::{Errno, Vfs, ROOT};
+
+use super::{bytes, one_client};
+
+fn rt(v: &Vfs) -> u64 {
+    v.traffic().unwrap().round_trips
+}
+
+fn names(v: &Vfs, dir: u64) -> Vec<Vec<u8>> {
+    v.readdir(dir).unwrap().into_iter().map(|e| e.2).collect()
+}
+
+/// `rm -rf` of a directory of files: the files' removals cost no round trip of their own; they
+/// go in the directory's removal's round trip, right before it.
+#[test]
+fn removals_of_a_directory_go_together_with_its_own() {
+    let (_t, root, _remote, v) = one_client();
+    std::fs::create_dir(root.join("d")).unwrap();
+    for i in 0..20 {
+        std::fs::write(root.join(format!("d/f{i:02}")), bytes(i, 100)).unwrap();
+    }
+    std::os::unix::fs::symlink("f00", root.join("d/link")).unwrap();
+    let d = v.lookup(ROOT, b"d").unwrap();
+    assert_eq!(names(&v, d.ino).len(), 21, "listed, and leased");
+    let before = v.getattr(d.ino).unwrap();
+    let r0 = rt(&v);
+    for n in names(&v, d.ino) {
+        v.unlink(d.ino, &n).unwrap();
+    }
+    assert_eq!(rt(&v), r0, "nothing waited on");
+    // Gone here at once: looked up, listed, and the directory's times moved.
+    assert_eq!(v.lookup(d.ino, b"f07").unwrap_err(), Errno::ENOENT);
+    assert!(names(&v, d.ino).is_empty());
+    let after = v.getattr(d.ino).unwrap();
+    assert!(after.mtime_ns > before.mtime_ns && after.ctime_ns > before.ctime_ns);
+    assert_eq!(rt(&v), r0);
+    // Nothing was sent yet: the server still has them.
+    assert_eq!(std::fs::read_dir(root.join("d")).unwrap().count(), 21);
+    v.rmdir(ROOT, b"d").unwrap();
+    assert_eq!(rt(&v) - r0, 1, "the removals and the directory's, together");
+    assert!(!root.join("d").exists());
+}
+
+/// A name removed and made again at once (a save that deletes first, `rm f; cp g f`): the new
+/// file is never removed by the queued removal, whichever way it is made.
+#[test]
+fn a_name_removed_and_made_again_keeps_the_new_file() {
+    let (_t, root, _remote, v) = one_client();
+    std::fs::create_dir(root.join("d")).unwrap();
+    for name in ["a", "b"] {
+        std::fs::write(root.join("d").join(name), b"old").unwrap();
+    }
+    let d = v.lookup(ROOT, b"d").unwrap();
+    assert_eq!(names(&v, d.ino).len(), 2);
+    v.unlink(d.ino, b"a").unwrap();
+    v.unlink(d.ino, b"b").unwrap();
+    // An exclusive create goes to the server at once; a truncating one with its commit.
+    let (_, o) = v.create(d.ino, b"a", 0o644, true).unwrap();
+    v.write(o.fh, 0, b"new a").unwrap();
+    v.release(o.fh).unwrap();
+    let (_, o) = v.create_truncating(d.ino, b"b", 0o644).unwrap();
+    v.write(o.fh, 0, b"new b").unwrap();
+    v.release(o.fh).unwrap();
+    v.send_removals(Duration::ZERO);
+    assert_eq!(std::fs::read(root.join("d/a")).unwrap(), b"new a");
+    assert_eq!(std::fs::read(root.join("d/b")).unwrap(), b"new b");
+}
+
+/// A removal the server refuses after all (another program made the name a directory, and the
+/// lease break had not been read here yet): the name shows again, as the server has it.
+#[test]
+fn a_removal_the_server_refuses_shows_the_name_again() {
+    let (_t, root, _remote, v) = one_client();
+    std::fs::write(root.join("x"), b"file").unwrap();
+    assert_eq!(names(&v, ROOT), vec![b"x".to_vec()]);
+    std::fs::remove_file(root.join("x")).unwrap();
+    std::fs::create_dir(root.join("x")).unwrap();
+    std::fs::write(root.join("x/kept"), b"kept").unwrap();
+    v.unlink(ROOT, b"x").unwrap();
+    v.send_removals(Duration::ZERO);
+    let x = v.lookup(ROOT, b"x").unwrap();
+    assert_eq!(x.kind, ferry_proto::FileKind::Dir);
+    assert_eq!(names(&v, x.ino), vec![b"kept".to_vec()]);
+    assert_eq!(std::fs::read(root.join("x/kept")).unwrap(), b"kept");
+}
+
+/// Removals the link's failure leaves unanswered: nothing is lost, and the names are what the
+/// server has once it is back (here, never removed: the link was cut before they went).
+#[test]
+fn removals_cut_by_the_link_are_what_the_server_says() {
+    let (_t, root, remote, v) = one_client();
+    std::fs::write(root.join("x"), b"file").unwrap();
+    assert_eq!(names(&v, ROOT), vec![b"x".to_vec()]);
+    v.unlink(ROOT, b"x").unwrap();
+    remote.stop();
+    v.send_removals(Duration::ZERO);
+    remote.start();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let x = loop {
+        v.tick();
+        match v.lookup(ROOT, b"x") {
+            Ok(x) => break x,
+            Err(e) => assert!(
+                std::time::Instant::now() < deadline,
+                "the server's file never showed again: {e:?}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(x.size, 4);
+    assert_eq!(std::fs::read(root.join("x")).unwrap(), b"file");
+}
+
+/// Only what the leases vouch for is removed later: a name the listing here does not have, and
+/// a directory, are the server's to judge at once.
+#[test]
+fn removals_without_a_lease_are_made_at_once() {
+    let (_t, root, _remote, v) = one_client();
+    std::fs::create_dir(root.join("d")).unwrap();
+    std::fs::write(root.join("f"), b"f").unwrap();
+    assert_eq!(names(&v, ROOT).len(), 2);
+    assert_eq!(v.unlink(ROOT, b"d").unwrap_err(), Errno::EISDIR);
+    assert_eq!(v.unlink(ROOT, b"none").unwrap_err(), Errno::ENOENT);
+    v.expire_leases();
+    v.unlink(ROOT, b"f").unwrap();
+    assert!(
+        !root.join("f").exists(),
+        "removed before the unlink returned"
+    );
+}
