@@ -83,6 +83,7 @@ pub fn run(data: &[u8]) {
                 cache: None,
                 fewer_round_trips: op & 8 != 0,
                 stat_after: None,
+                sync_after: false,
             };
             let mut stats = PutStats::default();
             let _ = ferry_fs::put(

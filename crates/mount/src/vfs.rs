@@ -599,7 +599,7 @@ impl Vfs {
             }
             let _w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
             let mode = self.lock().attrs.get(&path).map_or(0o644, |l| l.value.mode);
-            match self.commit(&path, mode) {
+            match self.commit(&path, mode, false) {
                 Ok(_) => tracing::info!("{path:?}: changes kept from before written back"),
                 Err(e) => {
                     if e == Errno::EHOSTDOWN {

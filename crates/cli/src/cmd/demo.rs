@@ -183,6 +183,7 @@ impl Demo {
             cache: Some(&self.cache),
             fewer_round_trips: false,
             stat_after: None,
+            sync_after: false,
         };
         let mut stats = ferry_fs::PutStats::default();
         ferry_fs::put(

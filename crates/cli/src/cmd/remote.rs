@@ -928,6 +928,7 @@ pub fn put(a: PutArgs) -> Result<ExitCode> {
         cache: cache.as_ref().map(|c| c as &dyn ferry_store::ChunkStore),
         fewer_round_trips: false,
         stat_after: None,
+        sync_after: false,
     };
     let (stats, traffic) = with_retries(a.rsh.retry, || {
         let (mut s, wire) = connect(&a.remote, &a.rsh)?;

@@ -115,6 +115,49 @@ fn a_deferred_sync_session_without_its_sync_is_caught() {
     assert!(f.message.contains("acknowledged"), "{f}");
 }
 
+/// The mount's fsync: a commit that takes its Sync along (`PutOptions::sync_after`, one round
+/// trip) is durable once answered, the file's first version (a new name) as well as the next.
+#[test]
+fn a_commit_with_its_sync_is_durable_once_answered() {
+    rounds("commit-sync", |r| {
+        let rec = recorder();
+        let export = rec.path().join("export");
+        std::fs::create_dir(&export).unwrap();
+        let local = tempfile::tempdir().unwrap();
+        let src = local.path().join("f");
+        let mut c = connect_asking(&export, ferry_proto::FEATURE_DEFERRED_SYNC);
+        let versions: Vec<BTreeMap<String, Vec<u8>>> = (0..3)
+            .map(|v| BTreeMap::from([("f".to_string(), version(r, v)["dir/big"].clone())]))
+            .collect();
+        let mut replacing = None;
+        for (v, t) in versions.iter().enumerate() {
+            std::fs::write(&src, &t["f"]).unwrap();
+            let opts = ferry_fs::PutOptions {
+                sync_after: true,
+                ..put_options(true)
+            };
+            let mut stats = ferry_fs::PutStats::default();
+            let remote = "f".into();
+            let a = ferry_fs::put_file(&mut c, &src, &remote, replacing, 0o644, &opts, &mut stats)
+                .unwrap();
+            assert!(stats.synced);
+            replacing = Some(ferry_fs::Replacing {
+                version: a.version,
+                empty: false,
+            });
+            rec.mark(format!("{v}"));
+        }
+        drop(c);
+        let trace = rec.finish();
+        trace
+            .check(ferry_crashsim::Plan::from_env(), |c| {
+                let acked = c.acked.iter().filter_map(|m| m.parse::<usize>().ok()).max();
+                same_or_newer(&c.dir.join("export"), &versions, acked)
+            })
+            .unwrap_or_else(|f| panic!("{f}"))
+    });
+}
+
 fn deferred_round(
     r: u64,
     sync: bool,
@@ -156,6 +199,7 @@ fn put_options(fewer_round_trips: bool) -> ferry_fs::PutOptions<'static> {
         cache: None,
         fewer_round_trips,
         stat_after: None,
+        sync_after: false,
     }
 }
 

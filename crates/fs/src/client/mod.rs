@@ -206,6 +206,9 @@ pub struct PutOptions<'a> {
     /// after them): [`PutStats::stat_after`]. The mount's write-back asks for the directory it
     /// changed.
     pub stat_after: Option<ferry_proto::WirePath>,
+    /// Also make the commits durable (`Sync`, from a session that asked for
+    /// `FEATURE_DEFERRED_SYNC`), in their round trip: [`PutStats::synced`]. The mount's fsync.
+    pub sync_after: bool,
 }
 
 pub(crate) fn mtime(attr: &Attr) -> std::time::SystemTime {
@@ -267,4 +270,7 @@ pub struct PutStats {
     pub chunk_bytes_sent: u64,
     /// The attributes of [`PutOptions::stat_after`] after the commits, if the server gave them.
     pub stat_after: Option<Attr>,
+    /// The commits are durable on the server, and so is every change of names this session
+    /// made before them (asked by [`PutOptions::sync_after`]).
+    pub synced: bool,
 }

@@ -183,6 +183,11 @@ pub(crate) fn put_files<R: io::Read, W: Write>(
         Some(p) => Some(conn.send(Request::GetAttr { path: p.clone() })?),
         None => None,
     };
+    let deferred = conn.offers(ferry_proto::FEATURE_DEFERRED_SYNC);
+    let sync = match opts.sync_after && deferred {
+        true => Some(conn.send(Request::Sync)?),
+        false => None,
+    };
     // Directories made earlier come first: a failed one explains the commits that follow.
     check(conn, pending)?;
     let results = stream.drain(conn, files.len())?;
@@ -196,6 +201,11 @@ pub(crate) fn put_files<R: io::Read, W: Write>(
             Err(e) => return Err(e.into()),
         };
     }
+    if let Some(id) = sync {
+        conn.replies(id)?;
+    }
+    // Without deferred syncs every change was durable before its reply.
+    stats.synced = opts.sync_after;
     let mut attrs = Vec::with_capacity(files.len());
     let mut again = vec![];
     for ((j, c), r) in jobs.into_iter().zip(files).zip(results) {
@@ -224,6 +234,7 @@ pub(crate) fn put_files<R: io::Read, W: Write>(
     if !again.is_empty() {
         // Asked before these commits: out of date after them.
         stats.stat_after = None;
+        stats.synced = opts.sync_after && !deferred;
     }
     for j in again {
         let c = chunk_file_plain(&j, opts)?;

@@ -54,6 +54,7 @@ fn opts(delete: bool) -> ferry_fs::PutOptions<'static> {
         cache: None,
         fewer_round_trips: false,
         stat_after: None,
+        sync_after: false,
     }
 }
 
@@ -1804,6 +1805,7 @@ fn dry_run_changes_nothing_and_says_what_it_would_do() {
         cache: None,
         fewer_round_trips: false,
         stat_after: None,
+        sync_after: false,
     };
     let mut ps = ferry_fs::PutStats::default();
     ferry_fs::put(&mut c, &dst, &WirePath::default(), &dry, &mut ps).unwrap();

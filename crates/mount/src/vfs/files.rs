@@ -243,7 +243,7 @@ impl Vfs {
         empty_copy(&data)?;
         let asked = Instant::now();
         let mut stats = PutStats::default();
-        let opts = self.put_options(&path);
+        let opts = self.put_options(&path, false);
         let r = self
             .link
             .run(|c| ferry_fs::put_file(c, &data, &path, None, mode & 0o7777, &opts, &mut stats));

@@ -16,9 +16,20 @@ impl Vfs {
         self.write_back(ino)
     }
 
-    /// fsync: the changes reach the server and are durable there.
+    /// fsync: the changes reach the server and are durable there. A commit takes the `Sync`
+    /// along, in its round trip.
     pub fn fsync(&self, fh: u64) -> Result<(), Errno> {
-        self.flush(fh)?;
+        let (ino, _, write) = self.handle(fh)?;
+        let began = Instant::now();
+        if write && self.write_back_with(ino, true)? {
+            // Changes made before this one went over the same session, or were made durable
+            // by theirs.
+            let mut st = self.lock();
+            if st.unsynced.is_some_and(|t| t <= began) {
+                st.unsynced = None;
+            }
+            return Ok(());
+        }
         self.sync_server()
     }
 
@@ -113,7 +124,7 @@ impl Vfs {
 
     /// How a file is written back: also asking for the attributes of the directory holding
     /// `path` (which the commit changes), in the same round trip.
-    pub(super) fn put_options(&self, path: &WirePath) -> PutOptions<'_> {
+    pub(super) fn put_options(&self, path: &WirePath, sync_after: bool) -> PutOptions<'_> {
         PutOptions {
             chunker: self.opts.chunker.clone(),
             delete: false,
@@ -122,32 +133,39 @@ impl Vfs {
             cache: Some(&self.chunks),
             fewer_round_trips: true,
             stat_after: path.split_last().map(|(d, _)| d),
+            sync_after,
         }
     }
 
     /// Commits `ino`'s copy if it holds local changes.
     pub(super) fn write_back(&self, ino: Ino) -> Result<(), Errno> {
+        self.write_back_with(ino, false).map(drop)
+    }
+
+    /// Likewise, and (`sync`) makes the commit durable on the server in its round trip;
+    /// whether it did (`false`: nothing to commit, or not asked).
+    fn write_back_with(&self, ino: Ino, sync: bool) -> Result<bool, Errno> {
         let _w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
         let (path, writes, mode) = {
             let mut st = self.lock();
             let Some(n) = st.inodes.get_mut(&ino) else {
-                return Ok(());
+                return Ok(false);
             };
             if !n.dirty {
-                return Ok(());
+                return Ok(false);
             }
             n.labelled_dirty = None;
             if n.unlinked {
                 // Removed or replaced while open: there is nothing left to write it to.
                 n.dirty = false;
-                return Ok(());
+                return Ok(false);
             }
             let (path, writes, mode) = (n.path.clone(), n.writes, n.mode);
             let known = st.attrs.get(&path).map(|l| l.value.mode);
             (path, writes, mode.or(known).unwrap_or(0o644))
         };
-        match self.commit(&path, mode) {
-            Ok(a) => {
+        match self.commit(&path, mode, sync) {
+            Ok((a, synced)) => {
                 let mut st = self.lock();
                 let clean = st.inodes.get(&ino).is_some_and(|n| n.writes == writes);
                 let writing = st.inodes.get(&ino).is_some_and(|n| n.writers > 0);
@@ -170,7 +188,7 @@ impl Vfs {
                         }
                     }
                 }
-                Ok(())
+                Ok(synced)
             }
             Err(e) => {
                 if e == Errno::EHOSTDOWN {
@@ -197,7 +215,12 @@ impl Vfs {
     /// Commits the copy of `path` (dirty, made against the version its record names) with
     /// permission bits `mode`; the record becomes the new version, clean. If the file moved
     /// on meanwhile, the last close wins: it is committed again over the current version.
-    pub(super) fn commit(&self, path: &WirePath, mode: u32) -> Result<Attr, Errno> {
+    pub(super) fn commit(
+        &self,
+        path: &WirePath,
+        mode: u32,
+        sync: bool,
+    ) -> Result<(Attr, bool), Errno> {
         let meta = self.files.meta(path).ok_or(Errno::EIO)?;
         let data = self.files.data(path);
         if !data.exists() {
@@ -210,7 +233,7 @@ impl Vfs {
             return Err(Errno::ENOENT);
         }
         let mut base = meta.version;
-        let opts = self.put_options(path);
+        let opts = self.put_options(path, sync);
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -245,7 +268,7 @@ impl Vfs {
                         stats.bytes,
                         stats.chunks_sent
                     );
-                    return Ok(a);
+                    return Ok((a, stats.synced));
                 }
                 Err(Failure::Remote(ErrorCode::Conflict, m)) if attempt < 4 => {
                     tracing::warn!("{path:?}: {m}; the last close wins: replacing it with this client's version");

@@ -2,6 +2,7 @@
 //! clients of one export, the round-trip budget, last close wins, offline use and recovery,
 //! and a model-based test of operation sequences.
 
+mod durability;
 mod model;
 mod removals;
 
