@@ -319,6 +319,9 @@ pub struct Connection<R, W> {
     pub server: Option<Hello>,
     /// Paths whose leases the server broke (Invalidate), in arrival order, until taken.
     pub invalidated: Vec<ferry_proto::WirePath>,
+    /// Called when the last reply frame of their request arrives (see
+    /// [`on_answered`](Self::on_answered)).
+    hooks: Vec<(u32, Box<dyn FnOnce() + Send>)>,
 }
 
 impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
@@ -358,6 +361,7 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             rate: Default::default(),
             server: None,
             invalidated: vec![],
+            hooks: vec![],
         };
         let agent = format!("ferry {}", env!("CARGO_PKG_VERSION"));
         let features = if zstd_level == Level::Fixed(0) {
@@ -569,6 +573,9 @@ impl<R: Read, W> Connection<R, W> {
         }
         if !f.more() {
             self.outstanding.remove(&f.request_id);
+            if let Some(i) = self.hooks.iter().position(|(h, _)| *h == f.request_id) {
+                (self.hooks.swap_remove(i).1)();
+            }
         }
         if f.request_id == id {
             return Ok(Some(f));
@@ -651,6 +658,17 @@ impl<R: Read, W> Connection<R, W> {
         self.early.remove(&id);
         if self.outstanding.remove(&id).is_some() {
             self.forgotten.insert(id);
+        }
+    }
+
+    /// Calls `f` as soon as the whole reply to request `id` has arrived, whoever is reading
+    /// (at once if it has): a sender learns that the server has made a change while it waits
+    /// for later replies. Not called if the connection fails first.
+    pub fn on_answered(&mut self, id: u32, f: Box<dyn FnOnce() + Send>) {
+        if self.outstanding.contains_key(&id) {
+            self.hooks.push((id, f));
+        } else {
+            f();
         }
     }
 

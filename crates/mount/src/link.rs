@@ -121,41 +121,20 @@ impl Link {
         &self,
         f: impl FnOnce(&mut Conn) -> Result<T, GetError>,
     ) -> Result<T, Failure> {
-        self.run_removals_first(f, false)
-    }
-
-    /// Like [`run`](Self::run), for an operation of one quick round trip: its requests go
-    /// right behind the queued removals, in the same round trip.
-    pub(crate) fn run_quick<T>(
-        &self,
-        f: impl FnOnce(&mut Conn) -> Result<T, GetError>,
-    ) -> Result<T, Failure> {
-        self.run_removals_first(f, true)
-    }
-
-    /// Runs `f` after the queued removals (see [`queue_removal`](Self::queue_removal)): once
-    /// the server has answered them, or (`behind`) with its requests right behind them.
-    fn run_removals_first<T>(
-        &self,
-        f: impl FnOnce(&mut Conn) -> Result<T, GetError>,
-        behind: bool,
-    ) -> Result<T, Failure> {
         let mut s = self.take()?;
         let c = &mut s.conn;
+        // The removals queued go first, and `f`'s requests right behind them.
         let r = self
             .removals
             .send(c)
             .map_err(GetError::from)
-            .and_then(|sent| {
-                if behind {
-                    let r = f(c);
-                    match (self.finished(sent, c), r) {
-                        (Err(e), _) => Err(e),
-                        (Ok(()), r) => r,
-                    }
-                } else {
-                    self.finished(sent, c).and_then(|()| f(c))
+            .and_then(|sent| match f(c) {
+                // Their answers will not come either.
+                Err(GetError::Conn(e)) if !matches!(e, ConnError::Remote { .. }) => {
+                    sent.abandon();
+                    Err(GetError::Conn(e))
                 }
+                r => self.finished(sent, c).and(r),
             });
         self.take_invalidations(&mut s.conn);
         match r {
@@ -191,7 +170,7 @@ impl Link {
     }
 
     /// The answers to removals sent: refused ones' paths are taken as changed on the server.
-    fn finished(&self, sent: Sent<'_>, c: &mut Conn) -> Result<(), GetError> {
+    fn finished(&self, sent: Sent, c: &mut Conn) -> Result<(), GetError> {
         let changed = sent.finish(c)?;
         if !changed.is_empty() {
             self.invalidated

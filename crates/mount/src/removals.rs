@@ -1,11 +1,11 @@
 //! Removals of files acknowledged before the server makes them (the caller knows from its
-//! leases that the server will): queued here, and sent together before the next request of any
-//! operation, whose run waits until the server has answered them (or sends its own requests
-//! behind them, when it is one quick round trip). So the server makes every change in the
-//! order made here, whatever session carries it: a file made again under a removed name is
-//! never removed by a late removal.
+//! leases that the server will): queued here, and sent together right before the requests of
+//! the next operation, whatever it is, in the same round trip. No operation's requests go over
+//! another session until the server has answered them. So the server makes every change in
+//! the order made here: a file made again under a removed name is never removed by a late
+//! removal.
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_fs::ConnError;
@@ -26,14 +26,36 @@ const MAX_HOLD: Duration = Duration::from_millis(100);
 pub(crate) struct Removals {
     queue: Mutex<Vec<WirePath>>,
     queued: Condvar,
-    /// Held from when removals are sent until the server has answered them all.
-    sending: Mutex<()>,
+    /// Set from when removals are sent until the server's answers to them have arrived.
+    in_flight: Arc<Flight>,
 }
 
-/// Removals sent and not yet answered: no other operation's request goes before they are.
-pub(crate) struct Sent<'a> {
-    _sending: MutexGuard<'a, ()>,
+#[derive(Default)]
+struct Flight {
+    busy: Mutex<bool>,
+    landed: Condvar,
+}
+
+impl Flight {
+    fn land(&self) {
+        *self.busy.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        self.landed.notify_all();
+    }
+}
+
+/// Removals sent, their answers to take (see [`Sent::finish`]).
+pub(crate) struct Sent {
     ids: Vec<(WirePath, u32)>,
+    flight: Option<Arc<Flight>>,
+}
+
+impl Drop for Sent {
+    fn drop(&mut self) {
+        // Answered, or the session failed: either way, nothing of them is on its way.
+        if let Some(f) = self.flight.take() {
+            f.land();
+        }
+    }
 }
 
 impl Removals {
@@ -78,34 +100,59 @@ impl Removals {
         n > 0
     }
 
-    /// Sends the queued removals over `c` (after those another session is sending are
-    /// answered), without waiting for the answers: [`Sent::finish`] takes them.
-    pub(crate) fn send(&self, c: &mut Conn) -> Result<Sent<'_>, ConnError> {
-        let sending = self.sending.lock().unwrap_or_else(|e| e.into_inner());
+    /// Sends the queued removals over `c`, once the server has answered those sent over
+    /// another session, without waiting for the answers: the caller's requests go right
+    /// behind them, and other sessions' wait only until the answers arrive.
+    pub(crate) fn send(&self, c: &mut Conn) -> Result<Sent, ConnError> {
+        let flight = &self.in_flight;
+        let mut busy = flight.busy.lock().unwrap_or_else(|e| e.into_inner());
+        while *busy {
+            busy = flight.landed.wait(busy).unwrap_or_else(|e| e.into_inner());
+        }
         let paths = std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()));
-        let mut ids = Vec::with_capacity(paths.len());
+        let mut sent = Sent {
+            ids: Vec::with_capacity(paths.len()),
+            flight: None,
+        };
+        if paths.is_empty() {
+            return Ok(sent);
+        }
+        *busy = true;
+        drop(busy);
+        sent.flight = Some(flight.clone());
+        let n = paths.len();
         for p in paths {
             match c.send(Request::Unlink { path: p.clone() }) {
-                Ok(id) => ids.push((p, id)),
-                Err(e) => return Err(unknown(ids.len() + 1, e)),
+                Ok(id) => sent.ids.push((p, id)),
+                Err(e) => return Err(unknown(n, e)),
             }
         }
-        Ok(Sent {
-            _sending: sending,
-            ids,
-        })
+        if let Some(&(_, last)) = sent.ids.last() {
+            // Answered in order: the last answer is the sign for all.
+            let f = flight.clone();
+            c.on_answered(last, Box::new(move || f.land()));
+        }
+        Ok(sent)
     }
 }
 
-impl Sent<'_> {
+impl Sent {
+    /// The session failed before the answers came: their fate is unknown.
+    pub(crate) fn abandon(self) {
+        if !self.ids.is_empty() {
+            unknown(self.ids.len(), ConnError::Closed);
+        }
+    }
+
     /// Takes the server's answers. One it refused (the file became a directory meanwhile,
     /// unseen here) is logged, and its name and directory are returned as changed on the
     /// server: the name shows again. Only a failure of the link is an `Err`; it leaves the
     /// removals' fate unknown (the session's end voids every lease: the server's listings say).
-    pub(crate) fn finish(self, c: &mut Conn) -> Result<Vec<WirePath>, ConnError> {
+    pub(crate) fn finish(mut self, c: &mut Conn) -> Result<Vec<WirePath>, ConnError> {
         let mut changed = vec![];
-        let n = self.ids.len();
-        for (p, id) in self.ids {
+        let ids = std::mem::take(&mut self.ids);
+        let n = ids.len();
+        for (p, id) in ids {
             match c.replies(id) {
                 Ok(_)
                 | Err(ConnError::Remote {

@@ -2726,3 +2726,46 @@ fn a_client_asking_for_no_tree_digests_gets_none() {
     let (root, subdirs) = digests(&mut lean);
     assert!(!root && subdirs.iter().all(|&d| !d));
 }
+
+/// A hook on a request's answer runs as soon as that answer arrives, while the reader waits for
+/// a later one (the mount's removals: other sessions go on once they are answered); at once for
+/// one answered already.
+#[test]
+fn a_hook_runs_when_its_answer_arrives() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    let t = tempfile::tempdir().unwrap();
+    fs::write(t.path().join("f"), b"x").unwrap();
+    let mut c = connect(t.path());
+    let fired = Arc::new(AtomicU32::new(0));
+    let path = |s: &str| WirePath::new(s.as_bytes().to_vec()).unwrap();
+    let first = c.send(Request::GetAttr { path: path("f") }).unwrap();
+    let second = c.send(Request::GetAttr { path: path("") }).unwrap();
+    let f = fired.clone();
+    c.on_answered(
+        first,
+        Box::new(move || {
+            f.fetch_add(1, Ordering::SeqCst);
+        }),
+    );
+    assert_eq!(
+        fired.load(Ordering::SeqCst),
+        0,
+        "not answered before it is read"
+    );
+    c.replies(second).unwrap();
+    assert_eq!(
+        fired.load(Ordering::SeqCst),
+        1,
+        "run while the later answer was read"
+    );
+    c.replies(first).unwrap();
+    let f = fired.clone();
+    c.on_answered(
+        first,
+        Box::new(move || {
+            f.fetch_add(1, Ordering::SeqCst);
+        }),
+    );
+    assert_eq!(fired.load(Ordering::SeqCst), 2, "answered already: at once");
+}

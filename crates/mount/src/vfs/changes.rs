@@ -11,7 +11,7 @@ impl Vfs {
         r: Request,
         paths: &[&WirePath],
     ) -> Result<Vec<Result<Attr, ConnError>>, Failure> {
-        let res = self.link.run_quick(|c| {
+        let res = self.link.run(|c| {
             let mut rs = vec![r];
             rs.extend(
                 paths

@@ -136,3 +136,21 @@ fn removals_without_a_lease_are_made_at_once() {
         "removed before the unlink returned"
     );
 }
+
+/// Any operation carries the queued removals ahead of its own requests, in its round trip: a
+/// save that removes the old file and writes a new one costs the new file's round trip only.
+#[test]
+fn the_next_operation_carries_the_removals_in_its_round_trip() {
+    let (_t, root, _remote, v) = one_client();
+    std::fs::write(root.join("old"), b"old").unwrap();
+    assert_eq!(names(&v, ROOT), vec![b"old".to_vec()]);
+    let r0 = rt(&v);
+    v.unlink(ROOT, b"old").unwrap();
+    let (_, o) = v.create_truncating(ROOT, b"new", 0o644).unwrap();
+    v.write(o.fh, 0, b"new").unwrap();
+    v.flush(o.fh).unwrap();
+    v.release(o.fh).unwrap();
+    assert_eq!(rt(&v) - r0, 1, "the removal and the commit, together");
+    assert!(!root.join("old").exists());
+    assert_eq!(std::fs::read(root.join("new")).unwrap(), b"new");
+}
