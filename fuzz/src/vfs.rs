@@ -127,7 +127,7 @@ fn write(v: &Vfs, p: &[String], offset: u64, data: &[u8]) -> Result<(), Errno> {
         // As a shell's `>` (truncating: made on the server by the commit, where the listing
         // is leased) or as `open(O_CREAT)`.
         Err(Errno::ENOENT) if offset.is_multiple_of(2) => {
-            v.create_truncating(dir, name, 0o644)?.1.fh
+            v.create_later(dir, name, 0o644)?.1.fh
         }
         Err(Errno::ENOENT) => v.create(dir, name, 0o644, false)?.1.fh,
         Err(e) => return Err(e),

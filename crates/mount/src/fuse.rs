@@ -512,9 +512,9 @@ impl Filesystem for FerryFs {
         reply: ReplyCreate,
     ) {
         let excl = has(flags, rustix::fs::OFlags::EXCL);
-        let made = if !excl && has(flags, rustix::fs::OFlags::TRUNC) {
+        let made = if !excl {
             self.vfs
-                .create_truncating(parent.0, name.as_bytes(), mode & !umask)
+                .create_later(parent.0, name.as_bytes(), mode & !umask)
         } else {
             self.vfs
                 .create(parent.0, name.as_bytes(), mode & !umask, excl)

@@ -15,8 +15,9 @@
 //!   only the chunks it lacks, against the version the changes were made on. If another
 //!   client's close came first, the last close wins: the file becomes exactly this client's
 //!   version (logged), never a mix. A file created here exists on the server at once (empty),
-//!   so names behave as on a local disk; its contents follow on close. (A truncating create in
-//!   a directory whose listing is leased is the exception: its first commit creates it.)
+//!   so names behave as on a local disk; its contents follow on close. (A create without
+//!   `O_EXCL` in a directory whose listing is leased is the exception: its first commit
+//!   creates it.)
 //! - **Offline**: when the server cannot be reached, cached copies still open (the log says
 //!   so), local changes stay in the cache marked dirty and are written back when the link
 //!   returns (a restarted mount too); operations that need the server fail with `EHOSTDOWN`
@@ -292,7 +293,7 @@ struct Inode {
     /// empty copy so, and its first write then needs no sync of the record. Made clean again
     /// when the file is closed unwritten.
     labelled_dirty: Option<u64>,
-    /// Created here and not yet on the server (a truncating create in a directory whose
+    /// Created here and not yet on the server (a create without `O_EXCL` in a directory whose
     /// listing is leased): its first commit creates it.
     pending: bool,
 }

@@ -274,13 +274,13 @@ impl Vfs {
         Ok((Self::stat_of(&self.lock(), ino, &a), opened))
     }
 
-    /// Creates and opens a file for `open(O_CREAT | O_TRUNC)` without `O_EXCL` (a shell's `>`,
-    /// a compiler's output). Where this client's leased listing says the name is absent, the
-    /// file is made here only and created on the server by its first commit (on close, as
-    /// close-to-open asks): one round trip for the file, not two. Had someone made the name
-    /// meanwhile, unseen yet, the commit replaces it, as the truncating open would have.
-    /// Elsewhere, as [`create`](Self::create).
-    pub fn create_truncating(
+    /// Creates and opens a file for `open(O_CREAT)` without `O_EXCL` (a shell's `>` and `>>`,
+    /// a compiler's output, SQLite's journal). Where this client's leased listing says the
+    /// name is absent, the file is made here only and created on the server by its first
+    /// commit (on close or fsync, as close-to-open asks): one round trip for the file, not two.
+    /// Had someone made the name meanwhile, unseen yet, the commit replaces it (last close
+    /// wins; a truncating open would have too). Elsewhere, as [`create`](Self::create).
+    pub fn create_later(
         &self,
         parent: Ino,
         name: &[u8],

@@ -375,7 +375,7 @@ fn a_truncating_create_is_made_on_the_server_by_its_commit() {
     assert_eq!(c.lookup(d.ino, b"none").unwrap_err(), Errno::ENOENT);
 
     let r0 = rt(&c);
-    let (f, o) = c.create_truncating(d.ino, b"out.o", 0o640).unwrap();
+    let (f, o) = c.create_later(d.ino, b"out.o", 0o640).unwrap();
     c.write(o.fh, 0, b"object code").unwrap();
     assert!(
         !root.join("d/out.o").exists(),
@@ -397,7 +397,7 @@ fn a_truncating_create_is_made_on_the_server_by_its_commit() {
 
     // Removed before its close: the server never hears of it.
     let r0 = rt(&c);
-    let (_, o) = c.create_truncating(d.ino, b"tmp", 0o644).unwrap();
+    let (_, o) = c.create_later(d.ino, b"tmp", 0o644).unwrap();
     c.write(o.fh, 0, b"scratch").unwrap();
     c.unlink(d.ino, b"tmp").unwrap();
     assert_eq!(c.lookup(d.ino, b"tmp").unwrap_err(), Errno::ENOENT);
@@ -414,7 +414,7 @@ fn a_truncating_create_is_made_on_the_server_by_its_commit() {
 
     // Someone else made the name meanwhile, unseen yet: the commit replaces it, as the
     // truncating open would have.
-    let (_, o) = c.create_truncating(d.ino, b"both", 0o644).unwrap();
+    let (_, o) = c.create_later(d.ino, b"both", 0o644).unwrap();
     let other = client(
         &remote,
         &root.parent().unwrap().join("other"),
@@ -433,7 +433,7 @@ fn a_truncating_create_is_made_on_the_server_by_its_commit() {
     // A directory holding only such a file is empty on the server, not here.
     let e = c.mkdir(d.ino, b"e", 0o755).unwrap();
     assert_eq!(c.lookup(e.ino, b"x").unwrap_err(), Errno::ENOENT);
-    let (_, o) = c.create_truncating(e.ino, b"x", 0o644).unwrap();
+    let (_, o) = c.create_later(e.ino, b"x", 0o644).unwrap();
     assert_eq!(c.rmdir(d.ino, b"e").unwrap_err(), Errno::ENOTEMPTY);
     let f = c.mkdir(d.ino, b"f", 0o755).unwrap();
     assert_eq!(
@@ -446,7 +446,7 @@ fn a_truncating_create_is_made_on_the_server_by_its_commit() {
     let _ = f;
 
     // A directory whose listing is not leased: created on the server at once.
-    let (_, o) = c.create_truncating(ROOT, b"top", 0o644).unwrap();
+    let (_, o) = c.create_later(ROOT, b"top", 0o644).unwrap();
     assert!(root.join("top").exists());
     c.release(o.fh).unwrap();
 }
@@ -580,9 +580,9 @@ fn a_file_made_here_while_the_server_is_gone_is_created_when_it_returns() {
         let c = client(&remote, &cache, Duration::from_secs(1));
         let d = c.lookup(ROOT, b"d").unwrap();
         assert_eq!(c.lookup(d.ino, b"x").unwrap_err(), Errno::ENOENT);
-        let (f, o) = c.create_truncating(d.ino, b"kept", 0o644).unwrap();
+        let (f, o) = c.create_later(d.ino, b"kept", 0o644).unwrap();
         c.write(o.fh, 0, b"made offline").unwrap();
-        let (_, o2) = c.create_truncating(d.ino, b"later", 0o644).unwrap();
+        let (_, o2) = c.create_later(d.ino, b"later", 0o644).unwrap();
         c.write(o2.fh, 0, b"after a restart").unwrap();
         remote.stop();
         assert_eq!(c.flush(o.fh).unwrap_err(), Errno::EHOSTDOWN);

@@ -66,7 +66,7 @@ fn a_name_removed_and_made_again_keeps_the_new_file() {
     let (_, o) = v.create(d.ino, b"a", 0o644, true).unwrap();
     v.write(o.fh, 0, b"new a").unwrap();
     v.release(o.fh).unwrap();
-    let (_, o) = v.create_truncating(d.ino, b"b", 0o644).unwrap();
+    let (_, o) = v.create_later(d.ino, b"b", 0o644).unwrap();
     v.write(o.fh, 0, b"new b").unwrap();
     v.release(o.fh).unwrap();
     v.send_removals(Duration::ZERO);
@@ -146,7 +146,7 @@ fn the_next_operation_carries_the_removals_in_its_round_trip() {
     assert_eq!(names(&v, ROOT), vec![b"old".to_vec()]);
     let r0 = rt(&v);
     v.unlink(ROOT, b"old").unwrap();
-    let (_, o) = v.create_truncating(ROOT, b"new", 0o644).unwrap();
+    let (_, o) = v.create_later(ROOT, b"new", 0o644).unwrap();
     v.write(o.fh, 0, b"new").unwrap();
     v.flush(o.fh).unwrap();
     v.release(o.fh).unwrap();
