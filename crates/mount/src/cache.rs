@@ -7,6 +7,7 @@
 //! ```text
 //! files/<k>       the copy (mode 0600), where <k> is 32 hex digits of BLAKE3 over the path
 //! files/<k>.meta  its record, JSON: {"path": [bytes], "version": u64 | null, "dirty": bool}
+//! trash/<n>       copies and records removed, until deleted (in the background)
 //! ```
 //!
 //! A record saying dirty is replaced atomically (temporary file, rename); others are rewritten
@@ -38,6 +39,11 @@ pub(crate) struct Meta {
 
 pub(crate) struct FileCache {
     dir: PathBuf,
+    trash: PathBuf,
+    /// Names given in the trash so far, and whether anything was put there since it was last
+    /// emptied.
+    trashed: std::sync::atomic::AtomicU64,
+    full: std::sync::atomic::AtomicBool,
 }
 
 impl FileCache {
@@ -48,7 +54,19 @@ impl FileCache {
             .mode(0o700)
             .create(&dir)?;
         fs::set_permissions(root, fs::Permissions::from_mode(0o700))?;
-        Ok(FileCache { dir })
+        let trash = root.join("trash");
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&trash)?;
+        let cache = FileCache {
+            dir,
+            trash,
+            trashed: Default::default(),
+            full: std::sync::atomic::AtomicBool::new(true),
+        };
+        cache.empty_trash();
+        Ok(cache)
     }
 
     fn key(path: &WirePath) -> String {
@@ -134,9 +152,27 @@ impl FileCache {
     }
 
     /// Removes `path`'s copy and record.
+    /// Freeing their blocks is left to [`empty_trash`](Self::empty_trash): here they are
+    /// only renamed away (freeing blocks can wait on the disk: a file system mounted with
+    /// `discard` trims each extent as it goes, and `rm -rf` through the mount waited on it).
     pub(crate) fn remove(&self, path: &WirePath) {
-        let _ = fs::remove_file(self.meta_path(path));
-        let _ = fs::remove_file(self.data(path));
+        use std::sync::atomic::Ordering;
+        for p in [self.meta_path(path), self.data(path)] {
+            let n = self.trashed.fetch_add(1, Ordering::Relaxed);
+            if fs::rename(&p, self.trash.join(n.to_string())).is_ok() {
+                self.full.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// Deletes what [`remove`](Self::remove) put in the trash.
+    pub(crate) fn empty_trash(&self) {
+        if !self.full.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
+        for e in fs::read_dir(&self.trash).into_iter().flatten().flatten() {
+            let _ = fs::remove_file(e.path());
+        }
     }
 
     /// Moves `from`'s copy and record to `to` (when `from` has a copy).
@@ -230,6 +266,32 @@ mod tests {
 
     fn p(s: &str) -> WirePath {
         WirePath::new(s.as_bytes().to_vec()).unwrap()
+    }
+
+    /// A removed copy is gone from its place at once (a new one there is never mistaken for
+    /// it), and its blocks are freed when the trash is emptied, which leaves the new one be;
+    /// a trash left by a run that stopped is emptied by the next.
+    #[test]
+    fn a_removed_copy_goes_at_once_and_its_blocks_with_the_trash() {
+        let t = tempfile::tempdir().unwrap();
+        let c = FileCache::open(t.path()).unwrap();
+        let count = |d: &str| fs::read_dir(t.path().join(d)).unwrap().count();
+        fs::write(c.data(&p("a")), b"old").unwrap();
+        c.set_meta(&p("a"), Some(1), false).unwrap();
+        c.remove(&p("a"));
+        assert_eq!(c.meta(&p("a")), None);
+        assert!(!c.data(&p("a")).exists());
+        assert_eq!(count("trash"), 2);
+        fs::write(c.data(&p("a")), b"new").unwrap();
+        c.set_meta(&p("a"), Some(2), false).unwrap();
+        c.empty_trash();
+        assert_eq!(count("trash"), 0);
+        assert_eq!(fs::read(c.data(&p("a"))).unwrap(), b"new");
+        c.remove(&p("a"));
+        drop(c);
+        assert_eq!(count("trash"), 2);
+        let _again = FileCache::open(t.path()).unwrap();
+        assert_eq!(count("trash"), 0);
     }
 
     #[test]

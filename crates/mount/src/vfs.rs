@@ -562,6 +562,8 @@ impl Vfs {
     /// for every other client to see (see `Link::queue_removal`).
     pub fn send_removals(&self, timeout: Duration) {
         if !self.link.removals.wait(timeout) {
+            // Idle: the cached copies of files removed go now.
+            self.files.empty_trash();
             return;
         }
         if let Err(f) = self.link.run(|_| Ok(())) {
@@ -637,6 +639,7 @@ impl Vfs {
     /// At unmount: writes back what can be, then hangs up.
     pub fn shutdown(&self) {
         self.send_removals(Duration::ZERO);
+        self.files.empty_trash();
         let left = self.write_back_all();
         if left > 0 {
             tracing::warn!(
