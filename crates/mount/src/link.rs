@@ -122,10 +122,39 @@ impl Link {
         f: impl FnOnce(&mut Conn) -> Result<T, GetError>,
     ) -> Result<T, Failure> {
         let mut s = self.take()?;
-        let c = &mut s.conn;
-        // The removals queued go first, and `f`'s requests right behind them.
-        let r = self
-            .removals
+        let r = self.run_on(&mut s.conn, f);
+        self.settle(s, r)
+    }
+
+    /// Runs `f` over every session open and idle (or, with none idle, one as [`run`](Self::run)
+    /// takes it), one after another: a `Sync` must reach each session that made changes.
+    /// Sessions busy with other operations are left out. The first failure is the answer.
+    pub(crate) fn run_on_idle(
+        &self,
+        f: impl Fn(&mut Conn) -> Result<(), GetError>,
+    ) -> Result<(), Failure> {
+        let mut sessions =
+            std::mem::take(&mut self.pool.lock().unwrap_or_else(|e| e.into_inner()).idle);
+        if sessions.is_empty() {
+            sessions.push(self.take()?);
+        }
+        let mut first = Ok(());
+        for mut s in sessions {
+            let r = self.run_on(&mut s.conn, &f);
+            if let (Err(e), Ok(())) = (self.settle(s, r), &first) {
+                first = Err(e);
+            }
+        }
+        first
+    }
+
+    /// Runs `f` over `c` right behind the removals queued (see `crate::removals`).
+    fn run_on<T>(
+        &self,
+        c: &mut Conn,
+        f: impl FnOnce(&mut Conn) -> Result<T, GetError>,
+    ) -> Result<T, GetError> {
+        self.removals
             .send(c)
             .map_err(GetError::from)
             .and_then(|sent| match f(c) {
@@ -135,7 +164,11 @@ impl Link {
                     Err(GetError::Conn(e))
                 }
                 r => self.finished(sent, c).and(r),
-            });
+            })
+    }
+
+    /// Gives `s` back after an operation that came to `r`, or ends it if the link failed.
+    fn settle<T>(&self, mut s: Session, r: Result<T, GetError>) -> Result<T, Failure> {
         self.take_invalidations(&mut s.conn);
         match r {
             Ok(v) => {
@@ -258,6 +291,11 @@ impl Link {
                 self.start_connecting(&mut rc);
             }
         }
+    }
+
+    /// How many sessions are open (idle or in use).
+    pub(crate) fn sessions_open(&self) -> usize {
+        self.pool.lock().unwrap_or_else(|e| e.into_inner()).open
     }
 
     /// Whether a session is open (or made and waiting to be taken).

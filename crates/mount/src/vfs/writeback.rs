@@ -22,10 +22,10 @@ impl Vfs {
         let (ino, _, write) = self.handle(fh)?;
         let began = Instant::now();
         if write && self.write_back_with(ino, true)? {
-            // Changes made before this one went over the same session, or were made durable
-            // by theirs.
+            // With one session, every change made before this one went over it: all durable
+            // now. (Others' are left to the directory's fsync, which reaches every session.)
             let mut st = self.lock();
-            if st.unsynced.is_some_and(|t| t <= began) {
+            if st.unsynced.is_some_and(|t| t <= began) && self.link.sessions_open() == 1 {
                 st.unsynced = None;
             }
             return Ok(());
@@ -46,7 +46,8 @@ impl Vfs {
         let Some(since) = self.lock().unsynced.take() else {
             return Ok(());
         };
-        let r = self.link.run(|c| {
+        // Each session's server syncs the directories that session changed.
+        let r = self.link.run_on_idle(|c| {
             if c.offers(ferry_proto::FEATURE_DEFERRED_SYNC) {
                 c.call(Request::Sync)?;
             }
