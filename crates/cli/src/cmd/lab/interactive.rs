@@ -15,6 +15,10 @@
 //! - `rsync-tree`: that tree copied in by `rsync -a` (a temporary file each, renamed).
 //! - `sqlite`: 100 transactions of 100 rows each into an SQLite database (the `sqlite3`
 //!   program, its rollback journal made and removed by each).
+//! - `git-clone`: `git clone` of a local repository (that tree in 5 commits) into the mount:
+//!   lock files, packs, a checkout. (The index, a cache of each file's inode and times, is
+//!   not compared with the reference's.)
+//! - `build`: the `rebuild` project built from clean by `make -j2`.
 //!
 //! Each run starts with a cold client (nothing cached) and the data on the server. The
 //! server's tree afterwards must equal a reference made by running the same steps locally.
@@ -38,6 +42,8 @@ pub const WORKLOADS: &[&str] = &[
     "remove-tree",
     "rsync-tree",
     "sqlite",
+    "git-clone",
+    "build",
 ];
 pub const MOUNTS: &[&str] = &["ferry-mount", "sshfs"];
 
@@ -50,32 +56,11 @@ fn prepare(dir: &Path, name: &str) -> Result<()> {
             fs::write(dir.join("report.txt"), source(&mut rng, 30_000))?;
         }
         "rebuild" => {
-            let mut rng = Rng(0xb17d);
-            fs::write(
-                dir.join("common.h"),
-                "#define SCALE 3\nstatic inline long scale(long x) { return x * SCALE; }\n",
-            )?;
-            let mut objs = vec![];
-            for f in 0..40 {
-                let mut c = String::from("#include \"common.h\"\n");
-                for g in 0..12 {
-                    let k = rng.next() % 1000;
-                    c += &format!(
-                        "long f{f}_{g}(long a) {{\n  long s = 0;\n  for (long i = 0; i < a; i++)\n    s += scale(i) ^ {k};\n  return s;\n}}\n"
-                    );
-                }
-                fs::write(dir.join(format!("m{f:02}.c")), c)?;
-                objs.push(format!("m{f:02}.o"));
-            }
-            fs::write(
-                dir.join("Makefile"),
-                format!(
-                    "OBJS = {}\nlib.a: $(OBJS)\n\tar rcs lib.a $(OBJS)\n%.o: %.c common.h\n\tgcc -O1 -c $< -o $@\n",
-                    objs.join(" ")
-                ),
-            )?;
+            c_project(dir)?;
             run(Command::new("make").args(["-s", "-C"]).arg(dir))?;
         }
+        "build" => c_project(dir)?,
+        "git-clone" => source_repo(&dir.with_file_name("source.git"))?,
         "ed-script" => {
             let mut rng = Rng(0xed);
             fs::write(dir.join("text.c"), source(&mut rng, 6_000))?;
@@ -88,6 +73,87 @@ fn prepare(dir: &Path, name: &str) -> Result<()> {
         ),
     }
     Ok(())
+}
+
+/// A C project of 40 files that include one header, and its Makefile.
+fn c_project(dir: &Path) -> Result<()> {
+    let mut rng = Rng(0xb17d);
+    fs::write(
+        dir.join("common.h"),
+        "#define SCALE 3\nstatic inline long scale(long x) { return x * SCALE; }\n",
+    )?;
+    let mut objs = vec![];
+    for f in 0..40 {
+        let mut c = String::from("#include \"common.h\"\n");
+        for g in 0..12 {
+            let k = rng.next() % 1000;
+            c += &format!(
+                        "long f{f}_{g}(long a) {{\n  long s = 0;\n  for (long i = 0; i < a; i++)\n    s += scale(i) ^ {k};\n  return s;\n}}\n"
+                    );
+        }
+        fs::write(dir.join(format!("m{f:02}.c")), c)?;
+        objs.push(format!("m{f:02}.o"));
+    }
+    fs::write(
+                dir.join("Makefile"),
+                format!(
+                    "OBJS = {}\nlib.a: $(OBJS)\n\tar rcs lib.a $(OBJS)\n%.o: %.c common.h\n\tgcc -O1 -c $< -o $@\n",
+                    objs.join(" ")
+                ),
+            )?;
+    Ok(())
+}
+
+/// A bare repository at `at` holding the `unpack` tree in 5 commits (a few files changed by
+/// each), with fixed names and dates.
+fn source_repo(at: &Path) -> Result<()> {
+    let work = tempfile::tempdir()?;
+    let w = work.path();
+    unpack(w)?;
+    let git = |args: &[&str]| {
+        let mut c = Command::new("git");
+        c.arg("-C").arg(w).args(args);
+        fixed_git(&mut c);
+        run(&mut c)
+    };
+    git(&["init", "-q", "-b", "main"])?;
+    for i in 0..5 {
+        if i > 0 {
+            for d in 0..10 {
+                let f = w.join(format!("src/mod{d:02}/file{:02}.rs", (i * 3 + d) % 20));
+                let mut text = fs::read_to_string(&f)?;
+                text += &format!("// change {i}\n");
+                fs::write(&f, text)?;
+            }
+        }
+        git(&["add", "-A"])?;
+        git(&["commit", "-q", "-m", &format!("version {i}")])?;
+    }
+    let mut c = Command::new("git");
+    c.args(["clone", "-q", "--bare"]).arg(w).arg(at);
+    fixed_git(&mut c);
+    run(&mut c)
+}
+
+/// Names and dates fixed, so two clones (the mount's and the reference) are alike byte for
+/// byte, their reflogs too.
+fn fixed_git(c: &mut Command) {
+    for (k, v) in [
+        ("GIT_AUTHOR_NAME", "Ferry Lab"),
+        ("GIT_AUTHOR_EMAIL", "lab@ferry.invalid"),
+        ("GIT_COMMITTER_NAME", "Ferry Lab"),
+        ("GIT_COMMITTER_EMAIL", "lab@ferry.invalid"),
+        ("GIT_AUTHOR_DATE", "1700000000 +0000"),
+        ("GIT_COMMITTER_DATE", "1700000000 +0000"),
+        ("GIT_CONFIG_GLOBAL", "/dev/null"),
+        ("GIT_CONFIG_NOSYSTEM", "1"),
+        // One thread's pack is the same pack every time.
+        ("GIT_CONFIG_COUNT", "1"),
+        ("GIT_CONFIG_KEY_0", "pack.threads"),
+        ("GIT_CONFIG_VALUE_0", "1"),
+    ] {
+        c.env(k, v);
+    }
 }
 
 /// The measured work of workload `name`, in `dir` (a mount, or a local reference copy).
@@ -144,6 +210,15 @@ fn steps(dir: &Path, name: &str) -> Result<()> {
                 .arg(format!("{}/", from.path().display()))
                 .arg(dir))?;
         }
+        "git-clone" => {
+            let mut c = Command::new("git");
+            let from = dir.with_file_name("source.git");
+            c.args(["clone", "-q", &format!("file://{}", from.display())])
+                .arg(dir.join("repo"));
+            fixed_git(&mut c);
+            run(&mut c)?;
+        }
+        "build" => run(Command::new("make").args(["-s", "-j2", "-C"]).arg(dir))?,
         "sqlite" => {
             let mut sql = String::from("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);\n");
             let mut rng = Rng(0x5e1);
@@ -315,14 +390,16 @@ impl Lab {
         let stopped = m.stop();
         let (bytes_up, bytes_down) = relay.take();
         let status = match (worked, stopped) {
-            (Ok(()), Ok(())) => match same_files(&reference, &srv) {
-                // (Only what the reference holds is compared: what it lacks must be gone.)
-                Ok(()) if !reference.join("src").exists() && srv.join("src").exists() => {
-                    "failed: the server's tree still holds src".into()
+            (Ok(()), Ok(())) => {
+                match ignore_index(&reference, &srv).and_then(|()| same_files(&reference, &srv)) {
+                    // (Only what the reference holds is compared: what it lacks must be gone.)
+                    Ok(()) if !reference.join("src").exists() && srv.join("src").exists() => {
+                        "failed: the server's tree still holds src".into()
+                    }
+                    Ok(()) => "ok".into(),
+                    Err(e) => format!("failed: the server's tree: {e}"),
                 }
-                Ok(()) => "ok".into(),
-                Err(e) => format!("failed: the server's tree: {e}"),
-            },
+            }
             (Err(e), _) | (_, Err(e)) => format!("failed: {e:#}"),
         };
         Ok(Run {
@@ -335,6 +412,18 @@ impl Lab {
             status,
         })
     }
+}
+
+/// Removes a clone's index from the reference and the server's tree: a cache of each file's
+/// inode number and times, never alike in two clones.
+fn ignore_index(reference: &Path, srv: &Path) -> Result<()> {
+    for root in [reference, srv] {
+        match fs::remove_file(root.join("repo/.git/index")) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The interactive runs as markdown: a row per profile and workload, bytes both ways and
