@@ -73,8 +73,9 @@ pub struct Args {
     /// Also run the LBFS interactive workloads (document saves, a rebuild after a header
     /// change, an ed script) and everyday ones (unpack: a tree of 200 small files written as
     /// `tar x` does; remove-tree: that tree removed; rsync-tree: it copied in by `rsync -a`;
-    /// sqlite: 100 transactions of 100 rows) through `ferry mount` and sshfs (root and
-    /// /dev/fuse needed); with --quick, the document saves only.
+    /// sqlite: 100 transactions of 100 rows; git-clone: a repository cloned in; build: a C
+    /// project built by `make -j2`) through `ferry mount` and sshfs (root and /dev/fuse
+    /// needed); with --quick, the document saves only.
     #[arg(long)]
     interactive: bool,
     /// Run DOT's multi-path experiment instead (its Table 2): a 40 MB file over two emulated
