@@ -519,9 +519,12 @@ impl Filesystem for FerryFs {
             self.vfs
                 .create(parent.0, name.as_bytes(), mode & !umask, excl)
         };
+        // A file made here is created on the server by its commit, which gives it the
+        // server's change time: the kernel must not keep the one said now.
+        let ttl = if excl { TTL } else { Duration::ZERO };
         match made {
             Ok((s, o)) => reply.created(
-                &TTL,
+                &ttl,
                 &self.attr(&s),
                 Generation(0),
                 FileHandle(o.fh),
