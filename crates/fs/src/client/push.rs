@@ -39,6 +39,12 @@ const SMALL_FILE: u64 = 8 * 1024;
 /// hundred bytes against kilobytes of hashes), at a round trip more (not with
 /// `fewer_round_trips`).
 const SMALL_AGAINST: u64 = 2 * 1024;
+/// With `fewer_round_trips` (the mount's write-back), a new file (or one replacing an empty
+/// version) smaller than this goes whole with its commit too when the cache here holds none of
+/// its chunks: new data (none of it came from the server), so asking which chunks the server
+/// holds would cost a round trip for nothing. SQLite's journal (a header and two 4 KiB pages
+/// with theirs: just over 8 KiB) is one.
+const NEW_SMALL_FILE: u64 = 32 * 1024;
 /// Chunk ids per Have request.
 const HAVE_IDS: usize = 64 << 10;
 /// With `fewer_round_trips`, a file replacing a version, of at most this many chunks, asks in
@@ -302,11 +308,13 @@ const PARALLEL_FROM: u64 = 1 << 20;
 /// A file chunked, with nothing asked: everything goes as data.
 fn chunk_file_plain(j: &PutJob, opts: &PutOptions<'_>) -> Result<Chunked, GetError> {
     let file = File::open(&j.local).map_err(GetError::local("open", &j.local))?;
-    let small = j.meta.len() < SMALL_FILE
+    let new = j.if_version.is_none() || j.base_empty;
+    let mut small = j.meta.len() < SMALL_FILE
         && (j.if_version.is_none() || j.meta.len() < SMALL_AGAINST || opts.fewer_round_trips);
+    let new_small = !small && opts.fewer_round_trips && new && j.meta.len() < NEW_SMALL_FILE;
     let mut bytes = vec![];
     let keep = |_: &ferry_format::ChunkRef, data: &[u8]| {
-        if small {
+        if small || new_small {
             bytes.extend_from_slice(data);
         }
         Ok::<_, io::Error>(())
@@ -318,6 +326,13 @@ fn chunk_file_plain(j: &PutJob, opts: &PutOptions<'_>) -> Result<Chunked, GetErr
         ferry_format::chunk_object_parallel(&file, &opts.chunker, HashAlg::Blake3, keep)
     }
     .map_err(GetError::local("read", &j.local))?;
+    if new_small {
+        let held = |c: &ferry_format::ChunkRef| {
+            opts.cache
+                .is_some_and(|cache| cache.contains(&c.id).unwrap_or(true))
+        };
+        small = !recipe.chunks().iter().any(held);
+    }
     let offsets = recipe.with_offsets().map(|(o, _)| o).collect();
     let mut pages = vec![];
     let mut at = 0;

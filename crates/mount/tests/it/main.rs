@@ -4,6 +4,7 @@
 
 mod durability;
 mod model;
+mod new_files;
 mod removals;
 
 use std::os::unix::net::UnixStream;
