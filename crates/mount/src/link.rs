@@ -371,6 +371,11 @@ impl Link {
             if let Some(s) = rc.ready.take() {
                 return Ok(s);
             }
+            if !rc.connecting {
+                // Another waiter took the session made: another one for this waiter (unless
+                // the last attempt failed, and the next is not due yet).
+                self.start_connecting(&mut rc);
+            }
             let now = Instant::now();
             if !rc.connecting || now >= deadline {
                 return Err(Failure::Offline(if rc.connecting {

@@ -6,6 +6,7 @@ mod durability;
 mod model;
 mod new_files;
 mod removals;
+mod sessions;
 
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -24,6 +25,8 @@ pub struct Remote {
     root: std::path::PathBuf,
     lease_ms: u32,
     down: Arc<AtomicBool>,
+    /// How long making a session takes (milliseconds; a slow link's ssh).
+    pub connect_ms: Arc<std::sync::atomic::AtomicU64>,
     sockets: Arc<Mutex<Vec<UnixStream>>>,
 }
 
@@ -33,6 +36,7 @@ impl Remote {
             root: root.to_path_buf(),
             lease_ms,
             down: Arc::default(),
+            connect_ms: Arc::default(),
             sockets: Arc::default(),
         }
     }
@@ -46,6 +50,7 @@ impl Remote {
                     "server down (test)",
                 )));
             }
+            std::thread::sleep(Duration::from_millis(r.connect_ms.load(Ordering::Acquire)));
             let (a, b) = UnixStream::pair()?;
             r.sockets.lock().unwrap().push(a.try_clone()?);
             let export = Export::open(&r.root)?;

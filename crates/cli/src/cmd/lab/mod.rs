@@ -78,6 +78,9 @@ pub struct Args {
     /// needed); with --quick, the document saves only.
     #[arg(long)]
     interactive: bool,
+    /// The mounts --interactive runs [default: both of ferry-mount, sshfs].
+    #[arg(long = "mount", value_name = "NAME", requires = "interactive")]
+    mounts: Vec<String>,
     /// Run DOT's multi-path experiment instead (its Table 2): a 40 MB file over two emulated
     /// links at once (`ferry get --mirror`), with and without request borrowing, against the
     /// faster link alone, and each link cut in the middle of a transfer. Writes multipath.md
@@ -610,6 +613,16 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if let Some(t) = tools.iter().find(|t| !TOOLS.contains(&t.as_str())) {
         bail!("no tool {t:?} (tools: {})", TOOLS.join(", "));
     }
+    let mounts: Vec<&str> = match a.mounts.is_empty() {
+        true => interactive::MOUNTS.to_vec(),
+        false => a.mounts.iter().map(String::as_str).collect(),
+    };
+    if let Some(m) = mounts.iter().find(|m| !interactive::MOUNTS.contains(m)) {
+        bail!(
+            "no mount {m:?} (mounts: {})",
+            interactive::MOUNTS.join(", ")
+        );
+    }
     let mut profiles: Vec<Profile> =
         if let (Some(down), Some(up), Some(rtt)) = (a.down, a.up, a.rtt) {
             vec![Profile {
@@ -760,7 +773,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             continue;
         }
         for name in &mounted {
-            for tool in interactive::MOUNTS {
+            for tool in &mounts {
                 let r = match mount_unavailable(tool) {
                     Some(why) => Run::skipped(p, name, tool, why),
                     None => lab.run_mounted(tool, name, &relay, p)?,
