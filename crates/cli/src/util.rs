@@ -36,8 +36,11 @@ pub fn init_logging(verbose: u8) {
         1 => "info",
         _ => "debug",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // fuser's one warning, "Failed to umount filesystem" (EINVAL), comes at the end of every
+    // mount that `ferry umount` or `fusermount -u` ended: the mount is gone already.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!("{default},fuser::session=error"))
+    });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(io::stderr)
