@@ -124,27 +124,18 @@ pub fn serve(
     };
     let mut session = fuser::Session::new(fs, mountpoint, &config)?;
     let stop = Arc::new(AtomicBool::new(false));
-    let keeper = {
-        let (vfs, stop) = (vfs.clone(), stop.clone());
-        std::thread::Builder::new()
-            .name("ferry-upkeep".into())
-            .spawn(move || {
-                while !stop.load(Ordering::Acquire) {
-                    std::thread::sleep(TICK);
-                    vfs.tick();
-                }
-            })?
-    };
-    let sender = {
-        let (vfs, stop) = (vfs.clone(), stop.clone());
-        std::thread::Builder::new()
-            .name("ferry-removals".into())
-            .spawn(move || {
-                while !stop.load(Ordering::Acquire) {
-                    vfs.send_removals(TICK);
-                }
-            })?
-    };
+    // Upkeep, and the sending of removals (which waits for them itself).
+    let keeper = until_stopped("ferry-upkeep", &stop, {
+        let vfs = vfs.clone();
+        move || {
+            std::thread::sleep(TICK);
+            vfs.tick();
+        }
+    })?;
+    let sender = until_stopped("ferry-removals", &stop, {
+        let vfs = vfs.clone();
+        move || vfs.send_removals(TICK)
+    })?;
     let mut after = session.unmount_callable();
     ready(Unmounter(session.unmount_callable()));
     let r = session.run();
@@ -157,6 +148,22 @@ pub fn serve(
     let _ = keeper.join();
     let _ = sender.join();
     r
+}
+
+/// A thread named `name` that runs `step` again and again until `stop` is set.
+fn until_stopped(
+    name: &str,
+    stop: &Arc<AtomicBool>,
+    mut step: impl FnMut() + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let stop = stop.clone();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                step();
+            }
+        })
 }
 
 /// Unmounts the file system at `mountpoint` (as root directly, else with fusermount).

@@ -184,22 +184,18 @@ fn unknown(n: usize, e: ConnError) -> ConnError {
 mod tests {
     use super::*;
 
-    fn p(s: &str) -> WirePath {
-        WirePath::new(s.as_bytes().to_vec()).unwrap()
-    }
-
     /// The mount's thread finds removals queued (and none when there are none), and the queue
     /// is bounded: past it, a removal is made at once by its caller.
     #[test]
     fn the_queue_is_found_and_bounded() {
         let r = Removals::default();
         assert!(!r.wait(Duration::ZERO));
-        assert!(r.queue(p("a")));
+        assert!(r.queue("a".into()));
         assert!(r.wait(Duration::ZERO));
         for i in 1..MAX_QUEUED {
-            assert!(r.queue(p(&format!("f{i}"))));
+            assert!(r.queue(format!("f{i}").as_str().into()));
         }
-        assert!(!r.queue(p("one more")));
+        assert!(!r.queue("one more".into()));
         assert_eq!(r.len(), MAX_QUEUED);
     }
 }

@@ -173,8 +173,10 @@ fn background(a: &MountArgs, cache: &Path) -> Result<ExitCode> {
 pub fn umount(a: UmountArgs) -> Result<ExitCode> {
     // Removals the mount acknowledged and has not sent yet, and changes not yet durable on the
     // server, get there before this returns: an fsync of the mount's root sends both.
-    if let Ok(root) = std::fs::File::open(&a.mountpoint) {
-        let _ = root.sync_all();
+    if let Err(e) = std::fs::File::open(&a.mountpoint).and_then(|root| root.sync_all()) {
+        tracing::warn!(
+            "cannot make the mount's last changes durable before unmounting ({e}); its process tries again as it ends"
+        );
     }
     ferry_mount::unmount(&a.mountpoint)
         .with_context(|| format!("cannot unmount {}", a.mountpoint.display()))?;

@@ -148,13 +148,7 @@ fn a_commit_with_its_sync_is_durable_once_answered() {
             rec.mark(format!("{v}"));
         }
         drop(c);
-        let trace = rec.finish();
-        trace
-            .check(ferry_crashsim::Plan::from_env(), |c| {
-                let acked = c.acked.iter().filter_map(|m| m.parse::<usize>().ok()).max();
-                same_or_newer(&c.dir.join("export"), &versions, acked)
-            })
-            .unwrap_or_else(|f| panic!("{f}"))
+        crash_all("commit-sync", &rec.finish(), export_holds(&versions))
     });
 }
 
@@ -183,10 +177,7 @@ fn deferred_round(
     drop(c);
     let trace = rec.finish();
     let versions: Vec<_> = (0..VERSIONS).map(|v| version(r, v)).collect();
-    trace.check(plan, |c| {
-        let acked = c.acked.iter().filter_map(|m| m.parse::<usize>().ok()).max();
-        same_or_newer(&c.dir.join("export"), &versions, acked)
-    })
+    trace.check(plan, export_holds(&versions))
 }
 
 /// `ferry put --delete`'s options, with or without the mount's fewer round trips.
@@ -219,10 +210,18 @@ fn round(r: u64) -> Report {
     }
     let trace = rec.finish();
     let versions: Vec<_> = (0..VERSIONS).map(|v| version(r, v)).collect();
-    crash_all("commit", &trace, |c| {
+    crash_all("commit", &trace, export_holds(&versions))
+}
+
+/// The check of a crash state of a run that put `versions` into `export`, each marked with its
+/// index once acknowledged: see [`same_or_newer`].
+fn export_holds(
+    versions: &[BTreeMap<String, Vec<u8>>],
+) -> impl FnMut(&ferry_crashsim::Crash<'_>) -> Result<(), String> + '_ {
+    |c| {
         let acked = c.acked.iter().filter_map(|m| m.parse::<usize>().ok()).max();
-        same_or_newer(&c.dir.join("export"), &versions, acked)
-    })
+        same_or_newer(&c.dir.join("export"), versions, acked)
+    }
 }
 
 /// Every file beneath `root` is one whole version put since the last acknowledged (`acked`),

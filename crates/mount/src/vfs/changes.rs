@@ -188,27 +188,14 @@ impl Vfs {
     /// and not sticky. `rm -rf` then costs a round trip a directory, not one a file. `false`
     /// when it must be removed at once.
     fn remove_later(&self, dir: &WirePath, path: &WirePath, name: &[u8]) -> bool {
-        let epoch = self.link.epoch();
+        let kind = self.listed(dir, name).flatten();
+        let writable = self
+            .leased_attr(dir)
+            .is_some_and(|a| a.mode & 0o200 != 0 && a.mode & 0o1000 == 0);
+        if !writable
+            || kind.is_none_or(|k| k == FileKind::Dir)
+            || !self.link.queue_removal(path.clone())
         {
-            let st = self.lock();
-            let kind = st
-                .listings
-                .get(dir)
-                .filter(|l| l.valid(epoch))
-                .and_then(|l| {
-                    let i = l.value.binary_search_by(|e| e.0.as_slice().cmp(name));
-                    i.ok().map(|i| l.value[i].1)
-                });
-            let writable = st
-                .attrs
-                .get(dir)
-                .filter(|l| l.valid(epoch))
-                .is_some_and(|l| l.value.mode & 0o200 != 0 && l.value.mode & 0o1000 == 0);
-            if !writable || kind.is_none_or(|k| k == FileKind::Dir) {
-                return false;
-            }
-        }
-        if !self.link.queue_removal(path.clone()) {
             return false;
         }
         let mut st = self.lock();

@@ -288,7 +288,7 @@ impl Vfs {
     ) -> Result<(Stat, Opened), Errno> {
         let (dir, path) = self.child(parent, name)?;
         let known = self.lock().ino_of.contains_key(&path);
-        if known || self.listed(&dir, name) != Some(false) || self.lookup_special(&path).is_some() {
+        if known || self.listed(&dir, name) != Some(None) || self.lookup_special(&path).is_some() {
             return self.create(parent, name, mode, false);
         }
         let data = self.files.data(&path);

@@ -35,8 +35,8 @@ impl Vfs {
         let a = match self.leased_attr(&path) {
             Some(a) => a,
             None => match self.listed(&dir, name) {
-                Some(false) => return Err(Errno::ENOENT),
-                Some(true) => self.attr(&path)?,
+                Some(None) => return Err(Errno::ENOENT),
+                Some(Some(_)) => self.attr(&path)?,
                 None if self.lock().changing.contains(&dir) => self.attr(&path)?,
                 None => {
                     // A listing answers this lookup and every later one in the directory.
@@ -68,14 +68,14 @@ impl Vfs {
         }
     }
 
-    /// Whether a valid listing of `dir` has `name`; `None` without one.
-    pub(super) fn listed(&self, dir: &WirePath, name: &[u8]) -> Option<bool> {
+    /// What a valid listing of `dir` says of `name`: its kind, or `Some(None)` if it lacks it;
+    /// `None` without one.
+    pub(super) fn listed(&self, dir: &WirePath, name: &[u8]) -> Option<Option<FileKind>> {
         let epoch = self.link.epoch();
         let st = self.lock();
         st.listings.get(dir).filter(|l| l.valid(epoch)).map(|l| {
-            l.value
-                .binary_search_by(|e| e.0.as_slice().cmp(name))
-                .is_ok()
+            let i = l.value.binary_search_by(|e| e.0.as_slice().cmp(name));
+            i.ok().map(|i| l.value[i].1)
         })
     }
 

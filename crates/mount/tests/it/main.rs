@@ -155,6 +155,19 @@ pub fn write(v: &Vfs, name: &str, data: &[u8]) -> Result<(), Errno> {
     r
 }
 
+/// Makes `name` in `dir` with `data` through a create without `O_EXCL` (made by its commit
+/// where the listing is leased) or, with `excl`, an exclusive one; closes it.
+pub fn make(v: &Vfs, dir: u64, name: &[u8], data: &[u8], excl: bool) {
+    let (_, o) = match excl {
+        true => v.create(dir, name, 0o644, true),
+        false => v.create_later(dir, name, 0o644),
+    }
+    .unwrap();
+    v.write(o.fh, 0, data).unwrap();
+    v.flush(o.fh).unwrap();
+    v.release(o.fh).unwrap();
+}
+
 /// Lets each client take the lease breaks its server sent.
 fn settle(clients: &[&Vfs]) {
     for _ in 0..20 {

@@ -18,10 +18,7 @@ fn a_new_small_file_goes_with_its_commit() {
     // The listing, leased: the create is made here, and by its commit on the server.
     assert_eq!(v.lookup(ROOT, b"none").unwrap_err(), Errno::ENOENT);
     let r0 = rt(&v);
-    let (_, o) = v.create_later(ROOT, b"journal", 0o644).unwrap();
-    v.write(o.fh, 0, &data).unwrap();
-    v.flush(o.fh).unwrap();
-    v.release(o.fh).unwrap();
+    super::make(&v, ROOT, b"journal", &data, false);
     assert_eq!(rt(&v) - r0, 1, "the commit, with the data");
     assert_eq!(std::fs::read(root.join("journal")).unwrap(), data);
     // A copy: its chunks are in the cache (read from the server).
@@ -29,10 +26,7 @@ fn a_new_small_file_goes_with_its_commit() {
     v.expire_leases();
     let copy = super::read(&v, "orig").unwrap();
     let r1 = rt(&v);
-    let (_, o) = v.create_later(ROOT, b"copy", 0o644).unwrap();
-    v.write(o.fh, 0, &copy).unwrap();
-    v.flush(o.fh).unwrap();
-    v.release(o.fh).unwrap();
+    super::make(&v, ROOT, b"copy", &copy, false);
     assert_eq!(rt(&v) - r1, 2, "what the server holds, then the commit");
     assert_eq!(std::fs::read(root.join("copy")).unwrap(), copy);
 }

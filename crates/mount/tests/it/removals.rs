@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ferry_mount::{Errno, Vfs, ROOT};
 
-use super::{bytes, one_client};
+use super::{bytes, make, one_client};
 
 fn rt(v: &Vfs) -> u64 {
     v.traffic().unwrap().round_trips
@@ -63,12 +63,8 @@ fn a_name_removed_and_made_again_keeps_the_new_file() {
     v.unlink(d.ino, b"a").unwrap();
     v.unlink(d.ino, b"b").unwrap();
     // An exclusive create goes to the server at once; a truncating one with its commit.
-    let (_, o) = v.create(d.ino, b"a", 0o644, true).unwrap();
-    v.write(o.fh, 0, b"new a").unwrap();
-    v.release(o.fh).unwrap();
-    let (_, o) = v.create_later(d.ino, b"b", 0o644).unwrap();
-    v.write(o.fh, 0, b"new b").unwrap();
-    v.release(o.fh).unwrap();
+    make(&v, d.ino, b"a", b"new a", true);
+    make(&v, d.ino, b"b", b"new b", false);
     v.send_removals(Duration::ZERO);
     assert_eq!(std::fs::read(root.join("d/a")).unwrap(), b"new a");
     assert_eq!(std::fs::read(root.join("d/b")).unwrap(), b"new b");
@@ -146,10 +142,7 @@ fn the_next_operation_carries_the_removals_in_its_round_trip() {
     assert_eq!(names(&v, ROOT), vec![b"old".to_vec()]);
     let r0 = rt(&v);
     v.unlink(ROOT, b"old").unwrap();
-    let (_, o) = v.create_later(ROOT, b"new", 0o644).unwrap();
-    v.write(o.fh, 0, b"new").unwrap();
-    v.flush(o.fh).unwrap();
-    v.release(o.fh).unwrap();
+    make(&v, ROOT, b"new", b"new", false);
     assert_eq!(rt(&v) - r0, 1, "the removal and the commit, together");
     assert!(!root.join("old").exists());
     assert_eq!(std::fs::read(root.join("new")).unwrap(), b"new");

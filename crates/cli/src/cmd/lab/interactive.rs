@@ -129,10 +129,7 @@ fn source_repo(at: &Path) -> Result<()> {
         git(&["add", "-A"])?;
         git(&["commit", "-q", "-m", &format!("version {i}")])?;
     }
-    let mut c = Command::new("git");
-    c.args(["clone", "-q", "--bare"]).arg(w).arg(at);
-    fixed_git(&mut c);
-    run(&mut c)
+    git(&["clone", "-q", "--bare", ".", &at.to_string_lossy()])
 }
 
 /// Names and dates fixed, so two clones (the mount's and the reference) are alike byte for
