@@ -319,6 +319,9 @@ pub struct Connection<R, W> {
     pub server: Option<Hello>,
     /// Paths whose leases the server broke (Invalidate), in arrival order, until taken.
     pub invalidated: Vec<ferry_proto::WirePath>,
+    /// Names changed in leased listings (Changed, with `FEATURE_ENTRY_CHANGES`): what each is
+    /// now (`None`: gone), in arrival order, until taken.
+    pub changed: Vec<(ferry_proto::WirePath, Option<ferry_proto::Attr>)>,
     /// Called when the last reply frame of their request arrives (see
     /// [`on_answered`](Self::on_answered)).
     hooks: Vec<(u32, Box<dyn FnOnce() + Send>)>,
@@ -361,6 +364,7 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             rate: Default::default(),
             server: None,
             invalidated: vec![],
+            changed: vec![],
             hooks: vec![],
         };
         let agent = format!("ferry {}", env!("CARGO_PKG_VERSION"));
@@ -558,11 +562,20 @@ impl<R: Read, W> Connection<R, W> {
         }
         if !self.outstanding.contains_key(&f.request_id) {
             if f.request_id == 0 {
-                if let Message::Invalidate(p) = Message::decode(&f)? {
-                    // Bounded: a flood from the server cannot grow it without limit.
-                    if self.invalidated.len() < 65_536 {
+                // Bounded: a flood from the server cannot grow them without limit.
+                match Message::decode(&f)? {
+                    Message::Invalidate(p) if self.invalidated.len() < 65_536 => {
                         self.invalidated.push(p);
                     }
+                    Message::Changed { path, attr } => {
+                        if self.changed.len() < 65_536 {
+                            self.changed.push((path, attr));
+                        } else if self.invalidated.len() < 65_536 {
+                            // Too many to keep: the name's lease is broken instead.
+                            self.invalidated.push(path);
+                        }
+                    }
+                    _ => {}
                 }
                 return Ok(None);
             }

@@ -26,6 +26,16 @@ pub(crate) struct Leases {
     dirs: HashMap<WirePath, i32>,
     /// Leased path → expiry.
     leased: HashMap<WirePath, Instant>,
+    /// Changes of names in leased listings are told name by name (`FEATURE_ENTRY_CHANGES`).
+    pub(crate) entry_changes: bool,
+}
+
+/// What changes broke: leases, and (with [`Leases::entry_changes`]) the names changed in
+/// directories whose listings stay leased.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Breaks {
+    pub leases: Vec<WirePath>,
+    pub entries: Vec<WirePath>,
 }
 
 impl Leases {
@@ -36,6 +46,15 @@ impl Leases {
             watched: HashMap::new(),
             dirs: HashMap::new(),
             leased: HashMap::new(),
+            entry_changes: false,
+        })
+    }
+
+    /// How long the lease on `path` has left, in milliseconds (0: none).
+    pub(crate) fn remaining_ms(&self, path: &WirePath) -> u32 {
+        self.leased.get(path).map_or(0, |e| {
+            let left = e.saturating_duration_since(Instant::now()).as_millis();
+            left.min(u32::MAX as u128) as u32
         })
     }
 
@@ -106,11 +125,14 @@ impl Leases {
     /// Events on the server's own entries (commit temporaries, the trash), which no listing
     /// shows, break nothing. An event on a name in `own` (directory, name: changes the session
     /// just made itself, for a client that asked for `FEATURE_OWN_CHANGES`) breaks the lease on
-    /// that name, not the one on its directory's listing.
-    pub(crate) fn broken(&mut self, own: &[(WirePath, Vec<u8>)]) -> Vec<WirePath> {
+    /// that name, not the one on its directory's listing. With [`entry_changes`](Self::entry_changes),
+    /// any other event on a name in a directory whose lease is live is an entry change: the
+    /// name is told, and no lease is broken (the client is told what the name is now).
+    pub(crate) fn broken(&mut self, own: &[(WirePath, Vec<u8>)]) -> Breaks {
         use inotify::ReadFlags;
         let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
         let mut hit = vec![];
+        let mut entries = vec![];
         let mut overflow = false;
         let mut gone = vec![];
         let mut reader = inotify::Reader::new(&self.fd, &mut buf);
@@ -135,12 +157,24 @@ impl Leases {
                 continue;
             }
             let mine = name.is_some_and(|n| own.iter().any(|(d, o)| d == dir && o == n));
-            if !mine {
-                hit.push(dir.clone());
-            }
-            if let Some(name) = name {
-                if let Ok(p) = dir.join(name) {
-                    hit.push(p);
+            let listed = self.leased.get(dir).is_some_and(|e| *e > Instant::now());
+            match name {
+                Some(name) if self.entry_changes && !mine && listed => {
+                    if let Ok(p) = dir.join(name) {
+                        if !entries.contains(&p) {
+                            entries.push(p);
+                        }
+                    }
+                }
+                _ => {
+                    if !mine {
+                        hit.push(dir.clone());
+                    }
+                    if let Some(name) = name {
+                        if let Ok(p) = dir.join(name) {
+                            hit.push(p);
+                        }
+                    }
                 }
             }
         }
@@ -159,15 +193,20 @@ impl Leases {
             hit.extend(self.leased.keys().cloned());
         }
         let now = Instant::now();
-        let mut out = vec![];
+        let mut leases = vec![];
         for p in hit {
             if let Some(expiry) = self.leased.remove(&p) {
-                if expiry > now && !out.contains(&p) {
-                    out.push(p);
+                if expiry > now && !leases.contains(&p) {
+                    leases.push(p);
                 }
             }
         }
-        out
+        // A name whose directory's lease broke meanwhile is told by that break.
+        entries.retain(|p| {
+            p.split_last()
+                .is_some_and(|(d, _)| self.leased.contains_key(&d))
+        });
+        Breaks { leases, entries }
     }
 }
 
@@ -201,7 +240,7 @@ mod tests {
             std::fs::write(t.path().join("d/other"), b"x").unwrap();
         }
         std::fs::write(t.path().join("d/f"), b"2").unwrap();
-        assert_eq!(l.broken(&[]), vec![WirePath::from("d/f")]);
+        assert_eq!(l.broken(&[]).leases, vec![WirePath::from("d/f")]);
     }
 
     #[test]
@@ -213,12 +252,12 @@ mod tests {
         let mut l = Leases::new().unwrap();
         lease(&mut l, &e, "d/f");
         std::fs::remove_dir_all(t.path().join("d")).unwrap();
-        assert!(l.broken(&[]).contains(&WirePath::from("d/f")));
+        assert!(l.broken(&[]).leases.contains(&WirePath::from("d/f")));
         std::fs::create_dir(t.path().join("d")).unwrap();
         std::fs::write(t.path().join("d/g"), b"1").unwrap();
         lease(&mut l, &e, "d/g");
         std::fs::write(t.path().join("d/g"), b"2").unwrap();
-        assert_eq!(l.broken(&[]), vec![WirePath::from("d/g")]);
+        assert_eq!(l.broken(&[]).leases, vec![WirePath::from("d/g")]);
     }
 
     #[test]
@@ -234,11 +273,64 @@ mod tests {
         let tmp = t.path().join("d/.ferry-1-0123456789abcdef-1.tmp");
         std::fs::write(&tmp, b"x").unwrap();
         std::fs::remove_file(&tmp).unwrap();
-        assert_eq!(l.broken(&[]), Vec::<WirePath>::new());
+        assert_eq!(l.broken(&[]).leases, Vec::<WirePath>::new());
         std::fs::write(t.path().join("d/.ferry-notes.tmp"), b"x").unwrap();
         std::fs::write(t.path().join("d/f"), b"2").unwrap();
-        let mut b = l.broken(&[]);
+        let mut b = l.broken(&[]).leases;
         b.sort();
         assert_eq!(b, vec![WirePath::from("d"), WirePath::from("d/f")]);
+    }
+
+    #[test]
+    fn with_entry_changes_names_are_told_and_the_listing_stays_leased() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("d")).unwrap();
+        std::fs::write(t.path().join("d/f"), b"1").unwrap();
+        let e = Export::open(t.path()).unwrap();
+        let mut l = Leases::new().unwrap();
+        l.entry_changes = true;
+        assert!(l.grant(&e, &"d".into(), true, 60_000) > 0);
+        lease(&mut l, &e, "d/f");
+        std::fs::write(t.path().join("d/g"), b"new").unwrap();
+        std::fs::write(t.path().join("d/f"), b"2").unwrap();
+        let mut b = l.broken(&[]);
+        b.entries.sort();
+        let names = |v: &[&str]| v.iter().map(|&p| WirePath::from(p)).collect::<Vec<_>>();
+        assert_eq!(b.leases, names(&[]));
+        assert_eq!(b.entries, names(&["d/f", "d/g"]));
+        // The listing is still leased: the next change is told too.
+        std::fs::remove_file(t.path().join("d/g")).unwrap();
+        assert_eq!(
+            l.broken(&[]),
+            Breaks {
+                leases: vec![],
+                entries: names(&["d/g"])
+            }
+        );
+        // The session's own change breaks the name's lease, as without entry changes.
+        std::fs::write(t.path().join("d/f"), b"3").unwrap();
+        let own = [(WirePath::from("d"), b"f".to_vec())];
+        assert_eq!(
+            l.broken(&own),
+            Breaks {
+                leases: names(&["d/f"]),
+                entries: vec![]
+            }
+        );
+        // A change of the directory itself breaks the listing, and what came with it.
+        std::fs::write(t.path().join("d/h"), b"x").unwrap();
+        std::fs::set_permissions(t.path().join("d"), std::fs::Permissions::from_mode(0o700))
+            .unwrap();
+        assert_eq!(
+            l.broken(&[]),
+            Breaks {
+                leases: names(&["d"]),
+                entries: vec![]
+            }
+        );
+        // No listing leased any more: a name's change is not told.
+        std::fs::write(t.path().join("d/i"), b"x").unwrap();
+        assert_eq!(l.broken(&[]), Breaks::default());
     }
 }

@@ -70,12 +70,21 @@ pub(crate) struct Link {
     /// Signalled when a session goes back to the pool.
     freed: Condvar,
     reconnect: Arc<(Mutex<Reconnect>, Condvar)>,
-    /// Bumped by every new session: leases granted before it may have been broken unheard.
+    /// Bumped by every session that fails: leases granted before it may have been broken
+    /// unheard.
     epoch: Arc<AtomicU64>,
-    /// Paths whose leases the server broke, until taken.
-    invalidated: Mutex<Vec<WirePath>>,
+    /// What the servers told of changes (lease breaks, names changed), until taken.
+    invalidated: Mutex<Vec<Break>>,
     /// Files removed here and not yet on the server.
     pub(crate) removals: Removals,
+}
+
+/// A change the server told of.
+pub(crate) enum Break {
+    /// The lease on this path is broken.
+    Lease(WirePath),
+    /// This name in a leased listing changed: what it is now (`None`: gone).
+    Entry(WirePath, Option<ferry_proto::Attr>),
 }
 
 impl Link {
@@ -209,7 +218,7 @@ impl Link {
             self.invalidated
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .extend(changed);
+                .extend(changed.into_iter().map(Break::Lease));
         }
         Ok(())
     }
@@ -326,8 +335,8 @@ impl Link {
         all
     }
 
-    /// The paths whose leases the server broke since the last call.
-    pub(crate) fn invalidated(&self) -> Vec<WirePath> {
+    /// What the servers told of changes since the last call, in the order told.
+    pub(crate) fn invalidated(&self) -> Vec<Break> {
         std::mem::take(&mut *self.invalidated.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
@@ -342,11 +351,11 @@ impl Link {
     }
 
     fn take_invalidations(&self, c: &mut Conn) {
-        if !c.invalidated.is_empty() {
-            self.invalidated
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .append(&mut c.invalidated);
+        if !c.invalidated.is_empty() || !c.changed.is_empty() {
+            // A server sends a batch's lease breaks ahead of its names changed.
+            let mut all = self.invalidated.lock().unwrap_or_else(|e| e.into_inner());
+            all.extend(c.invalidated.drain(..).map(Break::Lease));
+            all.extend(c.changed.drain(..).map(|(p, a)| Break::Entry(p, a)));
         }
     }
 
@@ -398,7 +407,6 @@ impl Link {
         rc.connecting = true;
         let connect = self.connect.clone();
         let shared = self.reconnect.clone();
-        let epoch = self.epoch.clone();
         let timeout = self.timeout;
         let spawned = std::thread::Builder::new()
             .name("ferry-connect".into())
@@ -410,8 +418,14 @@ impl Link {
                 match r {
                     Ok(s) => {
                         s.set_read_timeout(Some(timeout));
-                        epoch.fetch_add(1, Ordering::AcqRel);
-                        tracing::info!("reconnected to the server");
+                        // Leases stay: the other sessions still carry their breaks, and those
+                        // of a session that failed were voided then (`failed`).
+                        if rc.why.is_empty() {
+                            tracing::debug!("one more session with the server");
+                        } else {
+                            tracing::info!("reconnected to the server");
+                            rc.why.clear();
+                        }
                         rc.ready = Some(s);
                         rc.failures = 0;
                     }

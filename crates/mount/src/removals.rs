@@ -70,6 +70,16 @@ impl Removals {
         true
     }
 
+    /// Whether removals are queued, or sent and not yet answered.
+    pub(crate) fn busy(&self) -> bool {
+        self.len() > 0
+            || *self
+                .in_flight
+                .busy
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+    }
+
     fn len(&self) -> usize {
         self.queue.lock().unwrap_or_else(|e| e.into_inner()).len()
     }

@@ -61,7 +61,7 @@ use ferry_proto::{Attr, ErrorCode, FileKind, FsStats, Reply, Request, WirePath};
 use ferry_store::LocalStore;
 
 use crate::cache::FileCache;
-use crate::link::{Conn, Connector, Failure, Link};
+use crate::link::{Break, Conn, Connector, Failure, Link};
 
 /// An inode number; [`ROOT`] is the mounted directory.
 pub type Ino = u64;
@@ -505,18 +505,34 @@ impl Vfs {
         if paths.is_empty() {
             return;
         }
+        // This mount's own removals not yet answered: a name told as there may be one of them.
+        let removing = self.link.removals.busy();
         let mut st = self.lock();
+        for b in paths {
+            match b {
+                Break::Lease(p) => Self::lease_broken(&mut st, &p),
+                Break::Entry(p, a) if removing => {
+                    tracing::trace!("{p:?} changed ({a:?}) while removals are on their way");
+                    if let Some((dir, _)) = p.split_last() {
+                        Self::lease_broken(&mut st, &dir);
+                    }
+                    Self::lease_broken(&mut st, &p);
+                }
+                Break::Entry(p, a) => self.entry_changed(&mut st, p, a),
+            }
+        }
+    }
+
+    fn lease_broken(st: &mut State, p: &WirePath) {
+        tracing::trace!("lease broken: {p:?}");
         let past = Instant::now() - Duration::from_millis(1);
-        for p in paths {
-            tracing::trace!("lease broken: {p:?}");
-            // Kept, expired: the last known attributes still serve while offline.
-            if let Some(l) = st.attrs.get_mut(&p) {
-                l.until = past;
-            }
-            if let Some(l) = st.listings.get_mut(&p) {
-                l.until = past;
-                st.changing.insert(p);
-            }
+        // Kept, expired: the last known attributes still serve while offline.
+        if let Some(l) = st.attrs.get_mut(p) {
+            l.until = past;
+        }
+        if let Some(l) = st.listings.get_mut(p) {
+            l.until = past;
+            st.changing.insert(p.clone());
         }
     }
 

@@ -32,6 +32,27 @@ impl Server {
         }
     }
 
+    /// What the name at `path` (in a leased listing) is now, for a `Changed`: its attributes
+    /// under what is left of the listing's lease, or `Some(None)` when it is gone; `None` when
+    /// it cannot be told (the name's lease is broken instead).
+    pub(super) fn entry_now(&mut self, path: &WirePath) -> Option<Option<ferry_proto::Attr>> {
+        let (dir, _) = path.split_last()?;
+        let lease_ms = self.leases.as_ref()?.remaining_ms(&dir);
+        match self.export.stat(path) {
+            Ok((mut attr, fid)) => {
+                attr.lease_ms = lease_ms;
+                self.keep_extra(&mut attr);
+                attr.oid = match attr.kind {
+                    FileKind::Dir => self.tree_id(path),
+                    _ => self.recipes.get(&fid).map(|(_, o)| o.id()),
+                };
+                Some(Some(attr))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Some(None),
+            Err(_) => None,
+        }
+    }
+
     /// A listing: whole, or (when the client names the keys of the entries it holds) only the
     /// entries whose keys it did not name, with a bitmap of which of its keys are entries here.
     pub(super) fn read_dir(&mut self, id: u32, path: &WirePath, keys: &[u32]) -> Vec<Frame> {

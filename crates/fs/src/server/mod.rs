@@ -13,8 +13,8 @@ use std::os::fd::OwnedFd;
 use ferry_chunk::ChunkerSpec;
 use ferry_format::{HashAlg, Id, Oid, Recipe};
 use ferry_proto::{
-    ErrorCode, Frame, Hello, Message, Reply, Request, WirePath, FEATURES, FEATURE_HISTORY,
-    FEATURE_OWN_CHANGES, FEATURE_RATE, VERSION,
+    ErrorCode, Frame, Hello, Message, Reply, Request, WirePath, FEATURES, FEATURE_ENTRY_CHANGES,
+    FEATURE_HISTORY, FEATURE_OWN_CHANGES, FEATURE_RATE, VERSION,
 };
 use ferry_store::ChunkStore;
 
@@ -141,6 +141,8 @@ pub struct Server {
     leases: Option<crate::leases::Leases>,
     /// Leases broken by changes seen while handling a request, sent before its reply.
     broken: Vec<WirePath>,
+    /// Names changed in leased listings (`FEATURE_ENTRY_CHANGES`), told with the next reply.
+    changed: Vec<WirePath>,
     /// A transfer daemon's objects, served by capability.
     shelf: Option<std::sync::Arc<dyn ObjectShelf>>,
     /// Only objects are served (the client's key is not authorized for the export).
@@ -203,6 +205,7 @@ impl Server {
                 }
             },
             broken: vec![],
+            changed: vec![],
             shelf: None,
             objects_only: false,
             opened: None,
@@ -258,13 +261,29 @@ impl Server {
         self.leases.as_ref().map(|l| l.fd())
     }
 
-    /// Invalidate frames for every lease that changes broke.
+    /// Invalidate frames for every lease that changes broke (and Changed frames for the names
+    /// changed in leased listings).
     pub fn invalidations(&mut self) -> Vec<Frame> {
         self.take_broken();
-        self.broken
+        self.unasked()
+    }
+
+    /// What the session tells unasked, taken: an `Invalidate` for each lease broken, then a
+    /// `Changed` for each name changed in a leased listing, with what the name is now.
+    fn unasked(&mut self) -> Vec<Frame> {
+        let mut out: Vec<Frame> = self
+            .broken
             .drain(..)
             .map(|p| Message::Invalidate(p).to_frame(0))
-            .collect()
+            .collect();
+        for path in std::mem::take(&mut self.changed) {
+            let m = match self.entry_now(&path) {
+                Some(attr) => Message::Changed { path, attr },
+                None => Message::Invalidate(path),
+            };
+            out.push(m.to_frame(0));
+        }
+        out
     }
 
     fn lease(&mut self, path: &WirePath, listing: bool) -> u32 {
@@ -301,6 +320,9 @@ impl Server {
                 if self.features & ferry_proto::FEATURE_DEFERRED_SYNC != 0 {
                     self.dir_syncs.defer();
                 }
+                if let Some(l) = self.leases.as_mut() {
+                    l.entry_changes = self.features & FEATURE_ENTRY_CHANGES != 0;
+                }
                 if self.history.is_none() {
                     self.features &= !FEATURE_HISTORY;
                 }
@@ -331,7 +353,7 @@ impl Server {
                 }
                 vec![]
             }
-            Message::Reply(_) | Message::Invalidate(_) => {
+            Message::Reply(_) | Message::Invalidate(_) | Message::Changed { .. } => {
                 one(error(ErrorCode::BadRequest, "servers take requests"))
             }
         }
@@ -342,11 +364,8 @@ impl Server {
         // is read for the reply: a lease granted below is broken only by later changes.
         self.take_broken();
         let mut out = self.dispatch(id, r);
-        if !self.broken.is_empty() {
-            let breaks = self
-                .broken
-                .drain(..)
-                .map(|p| Message::Invalidate(p).to_frame(0));
+        if !self.broken.is_empty() || !self.changed.is_empty() {
+            let breaks = self.unasked();
             out.splice(0..0, breaks);
         }
         out
@@ -372,9 +391,14 @@ impl Server {
         };
         if let Some(l) = self.leases.as_mut() {
             let b = l.broken(&own);
-            if !b.is_empty() {
+            if !b.leases.is_empty() || !b.entries.is_empty() {
                 self.trees.clear();
-                self.broken.extend(b);
+                self.broken.extend(b.leases);
+                for p in b.entries {
+                    if !self.changed.contains(&p) {
+                        self.changed.push(p);
+                    }
+                }
             }
         }
     }

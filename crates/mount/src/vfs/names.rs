@@ -239,6 +239,76 @@ impl Vfs {
         Self::edit_listing(st, dir, name, kind);
     }
 
+    /// The server told that the name at `path` changed in a listing it keeps leased: what it
+    /// is now (`None`: gone). The listing and the name's attributes follow without asking, and
+    /// the directory's attributes are asked for again, as they changed too. Unless the name is
+    /// already as told: this mount's own change, seen by another of its sessions.
+    pub(super) fn entry_changed(&self, st: &mut State, path: WirePath, attr: Option<Attr>) {
+        let Some((dir, name)) = path.split_last() else {
+            return;
+        };
+        let epoch = self.link.epoch();
+        let listing = st
+            .listings
+            .get(&dir)
+            .filter(|l| l.valid(epoch))
+            .map(|l| l.until);
+        let known = st.attrs.get(&path).map(|l| (l.value.kind, l.value.version));
+        let pending = st
+            .ino_of
+            .get(&path)
+            .and_then(|i| st.inodes.get(i))
+            .is_some_and(|n| n.pending && !n.unlinked);
+        let own = match &attr {
+            Some(a) => known == Some((a.kind, a.version)),
+            None => {
+                known.is_none()
+                    && st.listings.get(&dir).is_some_and(|l| {
+                        l.value
+                            .binary_search_by(|e| e.0.as_slice().cmp(name))
+                            .is_err()
+                    })
+            }
+        };
+        tracing::trace!("{path:?} changed: {attr:?} (own: {own}, pending: {pending})");
+        if own {
+            return;
+        }
+        let past = Instant::now() - Duration::from_millis(1);
+        if let Some(a) = st.attrs.get_mut(&dir) {
+            a.until = past;
+        }
+        let Some(until) = listing else {
+            // No listing to keep: the name's lease is broken, as by an Invalidate.
+            if let Some(l) = st.attrs.get_mut(&path) {
+                l.until = past;
+            }
+            return;
+        };
+        match attr {
+            Some(a) => {
+                let until = until.min(Instant::now() + Duration::from_millis(a.lease_ms as u64));
+                Self::edit_listing(st, &dir, name, Some(a.kind));
+                st.attrs.insert(
+                    path,
+                    Leased {
+                        value: a,
+                        until,
+                        epoch,
+                    },
+                );
+            }
+            None => {
+                st.attrs.remove(&path);
+                st.listings.remove(&path);
+                if !pending {
+                    // (A file made here and not yet on the server stays.)
+                    Self::edit_listing(st, &dir, name, None);
+                }
+            }
+        }
+    }
+
     /// Adds `name` (of `kind`) to the cached listing of `dir`, or removes it (`None`); nothing
     /// without one.
     pub(super) fn edit_listing(

@@ -3,6 +3,7 @@
 //! and a model-based test of operation sequences.
 
 mod durability;
+mod listings;
 mod model;
 mod new_files;
 mod removals;
@@ -28,6 +29,47 @@ pub struct Remote {
     /// How long making a session takes (milliseconds; a slow link's ssh).
     pub connect_ms: Arc<std::sync::atomic::AtomicU64>,
     sockets: Arc<Mutex<Vec<UnixStream>>>,
+    /// Sessions made so far.
+    made: Arc<std::sync::atomic::AtomicUsize>,
+    /// The session (by the order made, from 0) whose server takes no request while set.
+    held: Arc<(Mutex<Hold>, std::sync::Condvar)>,
+}
+
+/// A server's input that passes nothing on while its session is held (see [`Remote::hold`]).
+struct Gated {
+    input: UnixStream,
+    session: usize,
+    held: Arc<(Mutex<Hold>, std::sync::Condvar)>,
+}
+
+#[derive(Default)]
+struct Hold {
+    session: Option<usize>,
+    /// A request of the held session arrived and is held.
+    holding: bool,
+}
+
+impl std::io::Read for Gated {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.input.read(buf)?;
+        let (lock, changed) = &*self.held;
+        let mut h = lock.lock().unwrap();
+        if h.session == Some(self.session) {
+            h.holding = true;
+            changed.notify_all();
+            while h.session == Some(self.session) {
+                h = changed.wait(h).unwrap();
+            }
+            h.holding = false;
+        }
+        Ok(n)
+    }
+}
+
+impl std::os::fd::AsFd for Gated {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.input.as_fd()
+    }
 }
 
 impl Remote {
@@ -38,7 +80,31 @@ impl Remote {
             down: Arc::default(),
             connect_ms: Arc::default(),
             sockets: Arc::default(),
+            made: Arc::default(),
+            held: Arc::default(),
         }
+    }
+
+    /// Holds the requests of session `n` (by the order made, from 0) until [`free`](Self::free):
+    /// they reach its server, which handles none of them meanwhile.
+    pub fn hold(&self, n: usize) {
+        self.held.0.lock().unwrap().session = Some(n);
+    }
+
+    /// Waits until a request of the session held has reached its server.
+    pub fn wait_held(&self) {
+        let (lock, changed) = &*self.held;
+        let (h, _) = changed
+            .wait_timeout_while(lock.lock().unwrap(), Duration::from_secs(120), |h| {
+                !h.holding
+            })
+            .unwrap();
+        assert!(h.holding, "no request of the session held came");
+    }
+
+    pub fn free(&self) {
+        self.held.0.lock().unwrap().session = None;
+        self.held.1.notify_all();
     }
 
     pub fn connector(&self) -> ferry_mount::Connector {
@@ -53,6 +119,12 @@ impl Remote {
             std::thread::sleep(Duration::from_millis(r.connect_ms.load(Ordering::Acquire)));
             let (a, b) = UnixStream::pair()?;
             r.sockets.lock().unwrap().push(a.try_clone()?);
+            let session = r.made.fetch_add(1, Ordering::AcqRel);
+            let input = Gated {
+                input: a.try_clone()?,
+                session,
+                held: r.held.clone(),
+            };
             let export = Export::open(&r.root)?;
             let opts = ServerOptions {
                 lease_ms: r.lease_ms,
@@ -61,7 +133,7 @@ impl Remote {
             std::thread::spawn(move || {
                 let staging = Arc::new(ferry_store::MemStore::new(ferry_format::HashAlg::Blake3));
                 let mut server = Server::new(export, opts, staging);
-                let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
+                let _ = ferry_fs::serve(&mut server, input, a);
             });
             // As `ferry mount` does.
             Session::over_asking(

@@ -73,10 +73,17 @@ pub const FEATURE_DEFERRED_SYNC: u64 = 64;
 /// client changes itself, and whose attributes it asks for again). Changes by anyone else
 /// break both, as always. Not in a client's Hello unless asked for.
 pub const FEATURE_OWN_CHANGES: u64 = 128;
+/// Hello feature bit, asked for by a client that keeps listings name by name (a mount): a
+/// change of a name in a directory whose listing the session leased, by anyone but the session
+/// itself, is told as [`Message::Changed`] (the name's attributes now, or its absence) and
+/// leaves the listing's lease standing, where an [`Message::Invalidate`] of the directory
+/// would void the whole listing. So a busy directory (another client's or another session's
+/// work) keeps answering lookups of every other name. Not in a client's Hello unless asked for.
+pub const FEATURE_ENTRY_CHANGES: u64 = 256;
 /// Feature bits this build understands: [`crate::FEATURE_ZSTD_STREAM`], [`FEATURE_HISTORY`],
 /// [`FEATURE_RATE`], [`FEATURE_STATFS`], [`FEATURE_NO_TREE_DIGESTS`],
-/// [`FEATURE_STAT_EXTRA`], [`FEATURE_DEFERRED_SYNC`] and [`FEATURE_OWN_CHANGES`]. Everything
-/// else of version 2 is always there.
+/// [`FEATURE_STAT_EXTRA`], [`FEATURE_DEFERRED_SYNC`], [`FEATURE_OWN_CHANGES`] and
+/// [`FEATURE_ENTRY_CHANGES`]. Everything else of version 2 is always there.
 pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | FEATURE_HISTORY
     | FEATURE_RATE
@@ -84,10 +91,14 @@ pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | FEATURE_NO_TREE_DIGESTS
     | FEATURE_STAT_EXTRA
     | FEATURE_DEFERRED_SYNC
-    | FEATURE_OWN_CHANGES;
+    | FEATURE_OWN_CHANGES
+    | FEATURE_ENTRY_CHANGES;
 /// Feature bits a client sends only when asked to ([`FEATURES`] minus these is its default).
-pub const ASKED_FEATURES: u64 =
-    FEATURE_NO_TREE_DIGESTS | FEATURE_STAT_EXTRA | FEATURE_DEFERRED_SYNC | FEATURE_OWN_CHANGES;
+pub const ASKED_FEATURES: u64 = FEATURE_NO_TREE_DIGESTS
+    | FEATURE_STAT_EXTRA
+    | FEATURE_DEFERRED_SYNC
+    | FEATURE_OWN_CHANGES
+    | FEATURE_ENTRY_CHANGES;
 /// Largest file a client reads whole with no old version (ReadFiles with no olds) rather than
 /// by recipe.
 pub const MAX_READ_FILE: usize = 64 << 10;
@@ -301,6 +312,13 @@ pub enum Message {
     Reply(Reply),
     /// A lease broken (server → client, request id 0).
     Invalidate(WirePath),
+    /// A name changed in a directory whose listing the session leased (server → client,
+    /// request id 0; only with [`FEATURE_ENTRY_CHANGES`]): its attributes now (the listing's
+    /// lease covers them), or `None` when the name is gone. The listing's lease stands.
+    Changed {
+        path: WirePath,
+        attr: Option<Attr>,
+    },
     /// How fast the link brings the client the server's bytes (client → server, request id 0,
     /// no reply; only to a server offering [`FEATURE_RATE`]): at least `rate` bytes per second,
     /// measured over waits for replies the largest of which brought `sample` bytes; the first
@@ -363,6 +381,7 @@ pub(crate) mod code {
     pub const R_FS_STATS: u8 = 0x4e;
     pub const INVALIDATE: u8 = 0x60;
     pub const RATE: u8 = 0x61;
+    pub const CHANGED: u8 = 0x62;
 }
 
 impl Request {
@@ -453,6 +472,11 @@ impl Message {
                 types::put_path(&mut w, p);
                 code::INVALIDATE
             }
+            Message::Changed { path, attr } => {
+                types::put_path(&mut w, path);
+                types::put_opt(&mut w, attr.as_ref(), types::put_attr);
+                code::CHANGED
+            }
             Message::Rate {
                 rate,
                 sample,
@@ -498,6 +522,10 @@ impl Message {
                 })
             }
             code::INVALIDATE => Message::Invalidate(types::get_path(&mut r)?),
+            code::CHANGED => Message::Changed {
+                path: types::get_path(&mut r)?,
+                attr: types::get_opt(&mut r, types::get_attr)?,
+            },
             code::RATE => Message::Rate {
                 rate: r.varint()?,
                 sample: r.varint()?,

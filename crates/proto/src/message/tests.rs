@@ -57,6 +57,28 @@ pub(crate) fn samples() -> Vec<Message> {
             agent: "ferry test".into(),
         }),
         Message::Invalidate("a/b".into()),
+        Message::Changed {
+            path: "a/b".into(),
+            attr: None,
+        },
+        Message::Changed {
+            path: "a/c".into(),
+            attr: Some(Attr {
+                kind: FileKind::Dir,
+                mode: 0o1777,
+                size: 4096,
+                mtime_ns: -1,
+                version: 7,
+                oid: None,
+                lease_ms: 1,
+                extra: Some(StatExtra {
+                    atime_ns: 1,
+                    ctime_ns: 2,
+                    blocks: 8,
+                    nlink: 3,
+                }),
+            }),
+        },
         Message::Rate {
             rate: 0,
             sample: 0,
@@ -437,6 +459,13 @@ fn exact_bytes_of_every_message() {
             "09000000 60 00 00000000 | 02 6162".into(),
         ),
         (
+            Message::Changed {
+                path: "ab".into(),
+                attr: None,
+            },
+            "0a000000 62 00 00000000 | 02 6162 00".into(),
+        ),
+        (
             Message::Rate {
                 rate: 300_000,
                 sample: 20_000,
@@ -714,6 +743,13 @@ fn exact_bytes_of_every_message() {
             format!("49000000 40 00 05000000 | {attr_hex}"),
         ),
         (
+            Message::Changed {
+                path: "ab".into(),
+                attr: Some(attr()),
+            },
+            format!("4d000000 62 00 00000000 | 02 6162 01 {attr_hex}"),
+        ),
+        (
             // The rest of stat(2), flagged in the kind byte (0x80).
             Message::Reply(Reply::Attr(Attr {
                 kind: FileKind::Dir,
@@ -858,7 +894,10 @@ fn exact_bytes_of_every_message() {
     for (m, want) in &cases {
         let unasked = matches!(
             m,
-            Message::Hello(_) | Message::Invalidate(_) | Message::Rate { .. }
+            Message::Hello(_)
+                | Message::Invalidate(_)
+                | Message::Changed { .. }
+                | Message::Rate { .. }
         );
         let got = m.encode(if unasked { 0 } else { 5 }, false).unwrap();
         if got != hex(want) {

@@ -1,0 +1,78 @@
+//! Listings kept up to date name by name (`FEATURE_ENTRY_CHANGES`): another program's changes
+//! in a leased directory, and this mount's own changes made over another of its sessions, leave
+//! the listing leased, so lookups of every other name still cost nothing.
+
+use std::time::{Duration, Instant};
+
+use ferry_mount::{Errno, Vfs, ROOT};
+
+use super::{make, one_client, requests, settle};
+
+/// Takes what the servers sent until `done` holds (at most two minutes).
+fn until(v: &Vfs, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !done() {
+        assert!(Instant::now() < deadline, "still not {what}");
+        v.tick();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Files made, changed and removed on the server by another program: the mount learns each
+/// name's new state with the change, and asks for nothing to look any name up.
+#[test]
+fn others_changes_are_followed_name_by_name() {
+    let (_t, root, _remote, v) = one_client();
+    std::fs::write(root.join("kept"), b"1").unwrap();
+    // The lookup of a missing name lists the directory (leased).
+    assert_eq!(v.lookup(ROOT, b"absent").unwrap_err(), Errno::ENOENT);
+    let n = requests(&v);
+    std::fs::write(root.join("made"), b"new file").unwrap();
+    std::fs::write(root.join("kept"), b"22").unwrap();
+    let size = |name: &[u8]| v.lookup(ROOT, name).map(|s| s.size);
+    until(&v, "told of the changes", || {
+        size(b"made") == Ok(8) && size(b"kept") == Ok(2)
+    });
+    std::fs::remove_file(root.join("made")).unwrap();
+    until(&v, "told of the removal", || {
+        size(b"made") == Err(Errno::ENOENT)
+    });
+    assert_eq!(v.lookup(ROOT, b"absent").unwrap_err(), Errno::ENOENT);
+    assert_eq!(
+        requests(&v),
+        n,
+        "every lookup answered from the listing and what the server told"
+    );
+    // What was told is what the server has.
+    assert_eq!(super::read(&v, "kept").unwrap(), b"22");
+}
+
+/// A file made by this mount over a second session (the first is busy) is seen by the first
+/// session's server as anyone's change. The mount knows the name as told already: its listing
+/// and the directory's attributes stay leased. (`make -j2` once lost them at every compile,
+/// and then paid a round trip for each lookup and an extra one for each create.)
+#[test]
+fn a_change_made_over_another_session_keeps_the_listing() {
+    let (_t, root, remote, v) = one_client();
+    std::fs::write(root.join("old"), b"x").unwrap();
+    assert_eq!(v.lookup(ROOT, b"absent").unwrap_err(), Errno::ENOENT);
+    remote.hold(0);
+    std::thread::scope(|s| {
+        let busy = s.spawn(|| v.statfs());
+        remote.wait_held();
+        make(&v, ROOT, b"new", b"made over the second session", false);
+        remote.free();
+        busy.join().unwrap();
+    });
+    assert!(root.join("new").exists());
+    // The first session's server told of the new file with the statfs's answer.
+    settle(&[&v]);
+    let n = requests(&v);
+    assert_eq!(v.lookup(ROOT, b"absent").unwrap_err(), Errno::ENOENT);
+    for name in [&b"new"[..], b"old"] {
+        let s = v.lookup(ROOT, name).unwrap();
+        v.forget(s.ino, 1);
+    }
+    v.getattr(ROOT).unwrap();
+    assert_eq!(requests(&v), n, "the listing and the directory stay leased");
+}
