@@ -125,11 +125,13 @@ fn write(v: &Vfs, p: &[String], offset: u64, data: &[u8]) -> Result<(), Errno> {
         Ok(s) if s.kind == FileKind::Dir => return Err(Errno::EISDIR),
         Ok(s) => v.open(s.ino, true, false)?.fh,
         // As a shell's `>` (truncating: made on the server by the commit, where the listing
-        // is leased) or as `open(O_CREAT)`.
-        Err(Errno::ENOENT) if offset.is_multiple_of(2) => {
-            v.create_later(dir, name, 0o644)?.1.fh
-        }
-        Err(Errno::ENOENT) => v.create(dir, name, 0o644, false)?.1.fh,
+        // is leased), as `open(O_CREAT|O_EXCL)` (likewise, unless someone else made the name),
+        // or as `open(O_CREAT)`.
+        Err(Errno::ENOENT) => match offset % 3 {
+            0 => v.create_later(dir, name, 0o644)?.1.fh,
+            1 => v.create_excl(dir, name, 0o644)?.1.fh,
+            _ => v.create(dir, name, 0o644, false)?.1.fh,
+        },
         Err(e) => return Err(e),
     };
     let r = v

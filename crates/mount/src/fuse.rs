@@ -511,17 +511,14 @@ impl Filesystem for FerryFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let excl = has(flags, rustix::fs::OFlags::EXCL);
-        let made = if !excl {
-            self.vfs
-                .create_later(parent.0, name.as_bytes(), mode & !umask)
-        } else {
-            self.vfs
-                .create(parent.0, name.as_bytes(), mode & !umask, excl)
+        let (name, mode) = (name.as_bytes(), mode & !umask);
+        let made = match has(flags, rustix::fs::OFlags::EXCL) {
+            true => self.vfs.create_excl(parent.0, name, mode),
+            false => self.vfs.create_later(parent.0, name, mode),
         };
         // A file made here is created on the server by its commit, which gives it the
         // server's change time: the kernel must not keep the one said now.
-        let ttl = if excl { TTL } else { Duration::ZERO };
+        let ttl = Duration::ZERO;
         match made {
             Ok((s, o)) => reply.created(
                 &ttl,

@@ -57,7 +57,7 @@ use std::time::{Duration, Instant};
 
 use ferry_chunk::ChunkerSpec;
 use ferry_fs::{ConnError, GetError, GetStats, PutOptions, PutStats, Sources};
-use ferry_proto::{Attr, ErrorCode, FileKind, FsStats, Reply, Request, WirePath};
+use ferry_proto::{Attr, DirEntry, ErrorCode, FileKind, FsStats, Reply, Request, WirePath};
 use ferry_store::LocalStore;
 
 use crate::cache::FileCache;
@@ -293,9 +293,12 @@ struct Inode {
     /// empty copy so, and its first write then needs no sync of the record. Made clean again
     /// when the file is closed unwritten.
     labelled_dirty: Option<u64>,
-    /// Created here and not yet on the server (a create without `O_EXCL` in a directory whose
-    /// listing is leased): its first commit creates it.
+    /// Created here and not yet on the server (in a directory whose listing is leased): its
+    /// first commit creates it.
     pending: bool,
+    /// Created here exclusively (`O_EXCL`) and not yet on the server: its commit does not
+    /// replace a file someone else made under its name meanwhile.
+    exclusive: bool,
 }
 
 struct Handle {
@@ -618,7 +621,7 @@ impl Vfs {
             }
             let _w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
             let mode = self.lock().attrs.get(&path).map_or(0o644, |l| l.value.mode);
-            match self.commit(&path, mode, false) {
+            match self.commit(&path, mode, false, false) {
                 Ok(_) => tracing::info!("{path:?}: changes kept from before written back"),
                 Err(e) => {
                     if e == Errno::EHOSTDOWN {
@@ -695,6 +698,7 @@ impl Inode {
             mode: None,
             labelled_dirty: None,
             pending: false,
+            exclusive: false,
         }
     }
 }

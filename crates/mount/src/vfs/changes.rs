@@ -69,15 +69,33 @@ impl Vfs {
         Self::stat_of(&st, ino, a)
     }
 
+    /// Makes a directory, and leases its listing (empty) in the same round trip: the files
+    /// made in it next (`tar x`, `git clone`, `cp -r`) are looked up and created there without
+    /// asking.
     pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32) -> Result<Stat, Errno> {
-        let (_, path) = self.child(parent, name)?;
-        let a = self.change_and_stat(
-            Request::Mkdir {
+        let (dir, path) = self.child(parent, name)?;
+        let asked = Instant::now();
+        let r = self.link.run(|c| {
+            let mut rs = vec![Request::Mkdir {
                 path: path.clone(),
                 mode: mode & 0o7777,
-            },
-            &path,
-        )?;
+            }];
+            rs.extend(names::listing_requests(&path));
+            rs.push(Request::GetAttr { path: dir.clone() });
+            let mut out = batch(c, rs)?.into_iter();
+            out.next().expect("asked")?;
+            let listing = names::listing_of(&mut out);
+            Ok((listing, out.next().expect("asked")))
+        });
+        self.apply_invalidations();
+        let (listing, dir_attr) = r.map_err(|f| errno_of(&f))?;
+        // (An error: removed again by someone else already.)
+        let (entries, a) = listing.map_err(errno_of_reply)?;
+        self.store_listing(&path, entries, a.clone(), asked);
+        let mut st = self.lock();
+        Self::relist(&mut st, &dir, name, Some(FileKind::Dir));
+        self.store_dir(&mut st, &dir, Some(dir_attr.and_then(attr_of)), asked);
+        drop(st);
         Ok(self.entry(&path, &a))
     }
 

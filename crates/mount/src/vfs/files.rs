@@ -286,10 +286,38 @@ impl Vfs {
         name: &[u8],
         mode: u32,
     ) -> Result<(Stat, Opened), Errno> {
+        self.make_here(parent, name, mode, false)
+    }
+
+    /// Creates and opens a file for `open(O_CREAT|O_EXCL)` (lock files, `cp`, `tar x`, `git`'s
+    /// checkout): as [`create_later`](Self::create_later) where the leased listing says the
+    /// name is absent, except that had someone made the name meanwhile, unseen yet (the
+    /// server tells such a change within a round trip), the commit leaves their file and the
+    /// close fails with `EEXIST`. Elsewhere, as [`create`](Self::create) exclusively.
+    pub fn create_excl(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+    ) -> Result<(Stat, Opened), Errno> {
+        self.make_here(parent, name, mode, true)
+    }
+
+    fn make_here(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        excl: bool,
+    ) -> Result<(Stat, Opened), Errno> {
         let (dir, path) = self.child(parent, name)?;
+        let listed = self.listed(&dir, name);
+        if excl && matches!(listed, Some(Some(_))) {
+            return Err(Errno::EEXIST);
+        }
         let known = self.lock().ino_of.contains_key(&path);
-        if known || self.listed(&dir, name) != Some(None) || self.lookup_special(&path).is_some() {
-            return self.create(parent, name, mode, false);
+        if known || listed != Some(None) || self.lookup_special(&path).is_some() {
+            return self.create(parent, name, mode, excl);
         }
         let data = self.files.data(&path);
         let _g = self.copies.lock(&[&path]);
@@ -304,6 +332,7 @@ impl Vfs {
             let (ino, n) = Self::created(&mut st, &path);
             n.dirty = true;
             n.pending = true;
+            n.exclusive = excl;
             n.mode = Some(mode & 0o7777);
             ino
         };

@@ -102,28 +102,8 @@ impl Vfs {
         tracing::trace!("{dir:?}: ReadDir");
         let asked = Instant::now();
         let r = self.link.run(|c| {
-            // The directory's own attributes in the same round trip: their lease is the
-            // listing's too (the server keys both by the directory), so an empty listing is
-            // leased as well.
-            let mut rs = batch(
-                c,
-                vec![
-                    Request::ReadDir {
-                        path: dir.clone(),
-                        keys: vec![],
-                    },
-                    Request::GetAttr { path: dir.clone() },
-                ],
-            )?
-            .into_iter();
-            let mut out = vec![];
-            for r in rs.next().expect("asked")? {
-                match r {
-                    Reply::Entries { entries, .. } => out.extend(entries),
-                    other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
-                }
-            }
-            Ok((out, attr_of(rs.next().expect("asked")?)?))
+            let mut rs = batch(c, listing_requests(dir))?.into_iter();
+            Ok(listing_of(&mut rs)?)
         });
         self.apply_invalidations();
         let (entries, dir_attr) = match r {
@@ -135,6 +115,18 @@ impl Vfs {
                 return Err(f);
             }
         };
+        Ok(self.store_listing(dir, entries, dir_attr, asked))
+    }
+
+    /// Caches the listing of `dir` the server gave (asked for at `asked`) and its entries'
+    /// attributes; returns the entries, sorted by name.
+    pub(super) fn store_listing(
+        &self,
+        dir: &WirePath,
+        entries: Vec<DirEntry>,
+        dir_attr: Attr,
+        asked: Instant,
+    ) -> Vec<(Vec<u8>, Attr)> {
         let mut entries: Vec<(Vec<u8>, Attr)> =
             entries.into_iter().map(|e| (e.name, e.attr)).collect();
         entries.sort_by(|a, b| a.0.cmp(&b.0));
@@ -163,7 +155,7 @@ impl Vfs {
                 epoch: self.link.epoch(),
             },
         );
-        Ok(entries)
+        entries
     }
 
     /// The entries of directory `ino` (without `.` and `..`): name, kind and an inode number.
@@ -340,4 +332,31 @@ impl Vfs {
         n.unlinked = false;
         (ino, n)
     }
+}
+
+/// What asks for the listing of `dir` and its own attributes, in one round trip: their lease
+/// is the listing's too (the server keys both by the directory), so an empty listing is leased
+/// as well.
+pub(super) fn listing_requests(dir: &WirePath) -> Vec<Request> {
+    vec![
+        Request::ReadDir {
+            path: dir.clone(),
+            keys: vec![],
+        },
+        Request::GetAttr { path: dir.clone() },
+    ]
+}
+
+/// The listing and the directory's attributes, from the answers to [`listing_requests`].
+pub(super) fn listing_of(
+    rs: &mut impl Iterator<Item = Result<Vec<Reply>, ConnError>>,
+) -> Result<(Vec<DirEntry>, Attr), ConnError> {
+    let mut out = vec![];
+    for r in rs.next().expect("asked")? {
+        match r {
+            Reply::Entries { entries, .. } => out.extend(entries),
+            other => return Err(ConnError::Unexpected(format!("{other:?}"))),
+        }
+    }
+    Ok((out, attr_of(rs.next().expect("asked")?)?))
 }

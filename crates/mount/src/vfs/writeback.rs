@@ -165,7 +165,8 @@ impl Vfs {
             let known = st.attrs.get(&path).map(|l| l.value.mode);
             (path, writes, mode.or(known).unwrap_or(0o644))
         };
-        match self.commit(&path, mode, sync) {
+        let exclusive = self.lock().inodes.get(&ino).is_some_and(|n| n.exclusive);
+        match self.commit(&path, mode, sync, exclusive) {
             Ok((a, synced)) => {
                 let mut st = self.lock();
                 let clean = st.inodes.get(&ino).is_some_and(|n| n.writes == writes);
@@ -181,6 +182,7 @@ impl Vfs {
                 if let Some(n) = st.inodes.get_mut(&ino) {
                     n.kernel_version = Some(a.version);
                     n.pending = false;
+                    n.exclusive = false;
                     if clean {
                         n.dirty = false;
                         n.mode = None;
@@ -192,6 +194,18 @@ impl Vfs {
                 Ok(synced)
             }
             Err(e) => {
+                if e == Errno::EEXIST && exclusive {
+                    // Someone else's file holds the name: this one is gone, as if replaced.
+                    let mut st = self.lock();
+                    self.unlinked(&mut st, &path);
+                    if let Some(n) = st.inodes.get_mut(&ino) {
+                        n.dirty = false;
+                    }
+                    if let Some((dir, name)) = path.split_last() {
+                        Self::relist(&mut st, &dir, name, Some(FileKind::File));
+                    }
+                    return Err(e);
+                }
                 if e == Errno::EHOSTDOWN {
                     self.retry_dirty.store(true, Ordering::Release);
                     // Kept: whole on disk before the close returns, whatever happens next.
@@ -216,11 +230,14 @@ impl Vfs {
     /// Commits the copy of `path` (dirty, made against the version its record names) with
     /// permission bits `mode`; the record becomes the new version, clean. If the file moved
     /// on meanwhile, the last close wins: it is committed again over the current version.
+    /// An `exclusive` create made here (no version yet) that finds the name taken is not
+    /// committed: `EEXIST`.
     pub(super) fn commit(
         &self,
         path: &WirePath,
         mode: u32,
         sync: bool,
+        exclusive: bool,
     ) -> Result<(Attr, bool), Errno> {
         let meta = self.files.meta(path).ok_or(Errno::EIO)?;
         let data = self.files.data(path);
@@ -270,6 +287,12 @@ impl Vfs {
                         stats.chunks_sent
                     );
                     return Ok((a, stats.synced));
+                }
+                Err(Failure::Remote(ErrorCode::Conflict, m)) if exclusive && base.is_none() => {
+                    tracing::warn!(
+                        "{path:?}: created here exclusively, but someone else made it meanwhile ({m}); theirs is kept, and this close fails (EEXIST)"
+                    );
+                    return Err(Errno::EEXIST);
                 }
                 Err(Failure::Remote(ErrorCode::Conflict, m)) if attempt < 4 => {
                     tracing::warn!("{path:?}: {m}; the last close wins: replacing it with this client's version");

@@ -227,11 +227,12 @@ pub fn write(v: &Vfs, name: &str, data: &[u8]) -> Result<(), Errno> {
     r
 }
 
-/// Makes `name` in `dir` with `data` through a create without `O_EXCL` (made by its commit
-/// where the listing is leased) or, with `excl`, an exclusive one; closes it.
+/// Makes `name` in `dir` with `data` through a create without `O_EXCL` or, with `excl`, an
+/// exclusive one, as the kernel asks for them (each made by its commit where the listing is
+/// leased); closes it.
 pub fn make(v: &Vfs, dir: u64, name: &[u8], data: &[u8], excl: bool) {
     let (_, o) = match excl {
-        true => v.create(dir, name, 0o644, true),
+        true => v.create_excl(dir, name, 0o644),
         false => v.create_later(dir, name, 0o644),
     }
     .unwrap();
