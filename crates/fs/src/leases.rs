@@ -28,7 +28,14 @@ pub(crate) struct Leases {
     leased: HashMap<WirePath, Instant>,
     /// Changes of names in leased listings are told name by name (`FEATURE_ENTRY_CHANGES`).
     pub(crate) entry_changes: bool,
+    /// Names told changed in each leased listing since it was granted.
+    told: HashMap<WirePath, usize>,
 }
+
+/// Names told changed in one listing under one lease, at most: past them, the listing's lease
+/// is broken (a directory churned by someone else costs a bounded number of messages a lease,
+/// as a single break did).
+pub(crate) const MAX_TOLD: usize = 256;
 
 /// What changes broke: leases, and (with [`Leases::entry_changes`]) the names changed in
 /// directories whose listings stay leased.
@@ -47,6 +54,7 @@ impl Leases {
             dirs: HashMap::new(),
             leased: HashMap::new(),
             entry_changes: false,
+            told: HashMap::new(),
         })
     }
 
@@ -114,6 +122,9 @@ impl Leases {
             path.clone(),
             Instant::now() + Duration::from_millis(ms as u64),
         );
+        if listing {
+            self.told.remove(path);
+        }
         ms
     }
 
@@ -125,9 +136,11 @@ impl Leases {
     /// Events on the server's own entries (commit temporaries, the trash), which no listing
     /// shows, break nothing. An event on a name in `own` (directory, name: changes the session
     /// just made itself, for a client that asked for `FEATURE_OWN_CHANGES`) breaks the lease on
-    /// that name, not the one on its directory's listing. With [`entry_changes`](Self::entry_changes),
-    /// any other event on a name in a directory whose lease is live is an entry change: the
-    /// name is told, and no lease is broken (the client is told what the name is now).
+    /// that name, not the one on its directory's listing. With
+    /// [`entry_changes`](Self::entry_changes), any other event on a name in a directory whose
+    /// lease is live breaks that name's lease only, and one that makes, removes or moves the
+    /// name is an entry change: the name is told (the client is told what it is now), up to
+    /// [`MAX_TOLD`] a lease.
     pub(crate) fn broken(&mut self, own: &[(WirePath, Vec<u8>)]) -> Breaks {
         use inotify::ReadFlags;
         let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
@@ -157,13 +170,30 @@ impl Leases {
                 continue;
             }
             let mine = name.is_some_and(|n| own.iter().any(|(d, o)| d == dir && o == n));
-            let listed = self.leased.get(dir).is_some_and(|e| *e > Instant::now());
-            match name {
-                Some(name) if self.entry_changes && !mine && listed => {
-                    if let Ok(p) = dir.join(name) {
+            let listed = self
+                .leased
+                .get(dir)
+                .copied()
+                .filter(|e| *e > Instant::now());
+            let named = flags.intersects(
+                ReadFlags::CREATE | ReadFlags::DELETE | ReadFlags::MOVED_FROM | ReadFlags::MOVED_TO,
+            );
+            match name.map(|n| dir.join(n)) {
+                Some(Ok(p)) if self.entry_changes && !mine && listed.is_some() => {
+                    let told = self.told.entry(dir.clone()).or_default();
+                    if !named {
+                        // Its attributes only: the name's own lease, if any, is broken (unless
+                        // the name is told already: what is told is read after these events).
                         if !entries.contains(&p) {
-                            entries.push(p);
+                            hit.push(p);
                         }
+                    } else if *told >= MAX_TOLD {
+                        hit.push(dir.clone());
+                    } else if !entries.contains(&p) {
+                        *told += 1;
+                        // What is told of it is leased as the listing is.
+                        self.leased.extend(listed.map(|e| (p.clone(), e)));
+                        entries.push(p);
                     }
                 }
                 _ => {
@@ -285,52 +315,65 @@ mod tests {
     fn with_entry_changes_names_are_told_and_the_listing_stays_leased() {
         use std::os::unix::fs::PermissionsExt;
         let t = tempfile::tempdir().unwrap();
-        std::fs::create_dir(t.path().join("d")).unwrap();
-        std::fs::write(t.path().join("d/f"), b"1").unwrap();
+        let d = t.path().join("d");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("f"), b"1").unwrap();
         let e = Export::open(t.path()).unwrap();
         let mut l = Leases::new().unwrap();
         l.entry_changes = true;
         assert!(l.grant(&e, &"d".into(), true, 60_000) > 0);
         lease(&mut l, &e, "d/f");
-        std::fs::write(t.path().join("d/g"), b"new").unwrap();
-        std::fs::write(t.path().join("d/f"), b"2").unwrap();
-        let mut b = l.broken(&[]);
-        b.entries.sort();
         let names = |v: &[&str]| v.iter().map(|&p| WirePath::from(p)).collect::<Vec<_>>();
-        assert_eq!(b.leases, names(&[]));
-        assert_eq!(b.entries, names(&["d/f", "d/g"]));
-        // The listing is still leased: the next change is told too.
-        std::fs::remove_file(t.path().join("d/g")).unwrap();
-        assert_eq!(
-            l.broken(&[]),
-            Breaks {
-                leases: vec![],
-                entries: names(&["d/g"])
-            }
-        );
+        let breaks = |leases: &[&str], entries: &[&str]| Breaks {
+            leases: names(leases),
+            entries: names(entries),
+        };
+        // A name made is told; a leased name written has its lease broken, once.
+        std::fs::write(d.join("g"), b"new").unwrap();
+        std::fs::write(d.join("f"), b"2").unwrap();
+        assert_eq!(l.broken(&[]), breaks(&["d/f"], &["d/g"]));
+        std::fs::write(d.join("f"), b"3").unwrap();
+        assert_eq!(l.broken(&[]), breaks(&[], &[]));
+        // The listing is still leased, and so is what was told: its next changes are told too.
+        std::fs::write(d.join("g"), b"changed").unwrap();
+        std::fs::remove_file(d.join("g")).unwrap();
+        assert_eq!(l.broken(&[]), breaks(&["d/g"], &["d/g"]));
         // The session's own change breaks the name's lease, as without entry changes.
-        std::fs::write(t.path().join("d/f"), b"3").unwrap();
+        lease(&mut l, &e, "d/f");
+        std::fs::write(d.join("f"), b"4").unwrap();
         let own = [(WirePath::from("d"), b"f".to_vec())];
-        assert_eq!(
-            l.broken(&own),
-            Breaks {
-                leases: names(&["d/f"]),
-                entries: vec![]
-            }
-        );
+        assert_eq!(l.broken(&own), breaks(&["d/f"], &[]));
         // A change of the directory itself breaks the listing, and what came with it.
-        std::fs::write(t.path().join("d/h"), b"x").unwrap();
-        std::fs::set_permissions(t.path().join("d"), std::fs::Permissions::from_mode(0o700))
-            .unwrap();
-        assert_eq!(
-            l.broken(&[]),
-            Breaks {
-                leases: names(&["d"]),
-                entries: vec![]
-            }
-        );
+        std::fs::write(d.join("h"), b"x").unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(l.broken(&[]), breaks(&["d"], &[]));
         // No listing leased any more: a name's change is not told.
-        std::fs::write(t.path().join("d/i"), b"x").unwrap();
+        std::fs::write(d.join("i"), b"x").unwrap();
         assert_eq!(l.broken(&[]), Breaks::default());
+    }
+
+    /// A directory churned by someone else: past [`MAX_TOLD`] names told, its listing's
+    /// lease is broken, and nothing more is sent for it until it is leased again.
+    #[test]
+    fn names_told_under_one_lease_are_bounded() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("d");
+        std::fs::create_dir(&d).unwrap();
+        let e = Export::open(t.path()).unwrap();
+        let mut l = Leases::new().unwrap();
+        l.entry_changes = true;
+        assert!(l.grant(&e, &"d".into(), true, 60_000) > 0);
+        for i in 0..MAX_TOLD {
+            std::fs::write(d.join(format!("f{i}")), b"x").unwrap();
+        }
+        assert_eq!(l.broken(&[]).entries.len(), MAX_TOLD);
+        std::fs::write(d.join("one more"), b"x").unwrap();
+        assert_eq!(l.broken(&[]).leases, vec![WirePath::from("d")]);
+        std::fs::write(d.join("and another"), b"x").unwrap();
+        assert_eq!(l.broken(&[]), Breaks::default());
+        // Leased again: told again.
+        assert!(l.grant(&e, &"d".into(), true, 60_000) > 0);
+        std::fs::write(d.join("again"), b"x").unwrap();
+        assert_eq!(l.broken(&[]).entries, vec![WirePath::from("d/again")]);
     }
 }
