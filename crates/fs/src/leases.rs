@@ -32,6 +32,18 @@ pub(crate) struct Leases {
     told: HashMap<WirePath, usize>,
 }
 
+/// What an event means to a client that takes entry changes.
+enum Told {
+    Nothing,
+    /// The lease on this path is broken.
+    Break(WirePath),
+    /// This path is told changed, under the lease on `lease`.
+    Tell {
+        path: WirePath,
+        lease: WirePath,
+    },
+}
+
 /// Names told changed in one listing under one lease, at most: past them, the listing's lease
 /// is broken (a directory churned by someone else costs a bounded number of messages a lease,
 /// as a single break did).
@@ -128,6 +140,70 @@ impl Leases {
         ms
     }
 
+    /// What an event on `name` in the watched `dir` (or on `dir` itself) means to a client
+    /// that takes entry changes; `None`: what it means to any client. A name made, removed or
+    /// moved in a live listing is told, and so is a directory's change of attributes (its own
+    /// listing stands: its entries did not change); a file's change breaks its own lease. The
+    /// session's own change breaks the name's lease (a directory's attributes: nothing, its
+    /// reply carried them).
+    fn as_entry_change(
+        &self,
+        dir: &WirePath,
+        name: Option<&[u8]>,
+        flags: inotify::ReadFlags,
+        own: &[(WirePath, Vec<u8>)],
+    ) -> Option<Told> {
+        use inotify::ReadFlags;
+        let path = match name {
+            Some(n) => dir.join(n).ok()?,
+            None => dir.clone(),
+        };
+        let now = Instant::now();
+        let live = |p: &WirePath| self.leased.get(p).is_some_and(|e| *e > now);
+        let mine = own.iter().any(|(d, o)| d.join(o).is_ok_and(|q| q == path));
+        let named = flags.intersects(
+            ReadFlags::CREATE | ReadFlags::DELETE | ReadFlags::MOVED_FROM | ReadFlags::MOVED_TO,
+        );
+        let is_dir = name.is_none() || flags.contains(ReadFlags::ISDIR);
+        let tell = |lease: &WirePath| Told::Tell {
+            path: path.clone(),
+            lease: lease.clone(),
+        };
+        Some(match (name.is_some(), named, is_dir) {
+            // The directory itself (its attributes).
+            (false, _, _) if mine || !live(dir) => Told::Nothing,
+            (false, _, _) => tell(dir),
+            (true, true, _) if mine => Told::Break(path),
+            (true, true, _) if live(dir) => tell(dir),
+            (true, false, true) if mine => Told::Nothing,
+            (true, false, true) if live(dir) => tell(dir),
+            (true, false, true) if live(&path) => tell(&path),
+            (true, false, false) if mine || live(dir) => Told::Break(path),
+            _ => return None,
+        })
+    }
+
+    /// Tells `path` changed, under the lease on `lease` (its budget of [`MAX_TOLD`]; past it,
+    /// that lease is broken instead). What is told is leased as `lease` is.
+    fn tell(
+        &mut self,
+        path: WirePath,
+        lease: &WirePath,
+        entries: &mut Vec<(WirePath, WirePath)>,
+        hit: &mut Vec<WirePath>,
+    ) {
+        let told = self.told.entry(lease.clone()).or_default();
+        if *told >= MAX_TOLD {
+            hit.push(lease.clone());
+        } else if !entries.iter().any(|(p, _)| *p == path) {
+            *told += 1;
+            if let Some(&e) = self.leased.get(lease) {
+                self.leased.insert(path.clone(), e);
+            }
+            entries.push((path, lease.clone()));
+        }
+    }
+
     /// Reads pending change events and returns the leased paths they break (each lease broken
     /// once; expired leases are forgotten). A queue that overflowed (events were lost) breaks
     /// every lease; a watched directory that went (removed, moved, unmounted) is forgotten, so
@@ -137,15 +213,14 @@ impl Leases {
     /// shows, break nothing. An event on a name in `own` (directory, name: changes the session
     /// just made itself, for a client that asked for `FEATURE_OWN_CHANGES`) breaks the lease on
     /// that name, not the one on its directory's listing. With
-    /// [`entry_changes`](Self::entry_changes), any other event on a name in a directory whose
-    /// lease is live breaks that name's lease only, and one that makes, removes or moves the
-    /// name is an entry change: the name is told (the client is told what it is now), up to
-    /// [`MAX_TOLD`] a lease.
+    /// [`entry_changes`](Self::entry_changes), see [`as_entry_change`](Self::as_entry_change):
+    /// the names told are [`Breaks::entries`].
     pub(crate) fn broken(&mut self, own: &[(WirePath, Vec<u8>)]) -> Breaks {
         use inotify::ReadFlags;
         let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
         let mut hit = vec![];
         let mut entries = vec![];
+        let mut tells = vec![];
         let mut overflow = false;
         let mut gone = vec![];
         let mut reader = inotify::Reader::new(&self.fd, &mut buf);
@@ -169,45 +244,38 @@ impl Leases {
             if name.is_some_and(unseen) {
                 continue;
             }
-            let mine = name.is_some_and(|n| own.iter().any(|(d, o)| d == dir && o == n));
-            let listed = self
-                .leased
-                .get(dir)
-                .copied()
-                .filter(|e| *e > Instant::now());
-            let named = flags.intersects(
-                ReadFlags::CREATE | ReadFlags::DELETE | ReadFlags::MOVED_FROM | ReadFlags::MOVED_TO,
-            );
-            match name.map(|n| dir.join(n)) {
-                Some(Ok(p)) if self.entry_changes && !mine && listed.is_some() => {
-                    let told = self.told.entry(dir.clone()).or_default();
-                    if !named {
-                        // Its attributes only: the name's own lease, if any, is broken (unless
-                        // the name is told already: what is told is read after these events).
-                        if !entries.contains(&p) {
-                            hit.push(p);
-                        }
-                    } else if *told >= MAX_TOLD {
-                        hit.push(dir.clone());
-                    } else if !entries.contains(&p) {
-                        *told += 1;
-                        // What is told of it is leased as the listing is.
-                        self.leased.extend(listed.map(|e| (p.clone(), e)));
-                        entries.push(p);
+            let lost = flags
+                .intersects(ReadFlags::IGNORED | ReadFlags::DELETE_SELF | ReadFlags::MOVE_SELF);
+            if self.entry_changes && !lost {
+                let dir = dir.clone();
+                match self.as_entry_change(&dir, name, flags, own) {
+                    Some(Told::Nothing) => continue,
+                    Some(Told::Break(p)) => {
+                        hit.push(p);
+                        continue;
                     }
+                    Some(Told::Tell { path, lease }) => {
+                        tells.push((path, lease));
+                        continue;
+                    }
+                    None => {}
                 }
-                _ => {
-                    if !mine {
-                        hit.push(dir.clone());
-                    }
-                    if let Some(name) = name {
-                        if let Ok(p) = dir.join(name) {
-                            hit.push(p);
-                        }
-                    }
+            }
+            let mine = name.is_some_and(|n| own.iter().any(|(d, o)| d == dir && o == n));
+            if !mine {
+                hit.push(dir.clone());
+            }
+            if let Some(name) = name {
+                if let Ok(p) = dir.join(name) {
+                    hit.push(p);
                 }
             }
         }
+        for (path, lease) in tells {
+            self.tell(path, &lease, &mut entries, &mut hit);
+        }
+        // What is told is read after these events: its lease stands.
+        hit.retain(|h| !entries.iter().any(|(p, _)| p == h));
         for wd in gone {
             if let Some(dir) = self.watched.remove(&wd) {
                 // What was below it went with it.
@@ -231,11 +299,12 @@ impl Leases {
                 }
             }
         }
-        // A name whose directory's lease broke meanwhile is told by that break.
-        entries.retain(|p| {
-            p.split_last()
-                .is_some_and(|(d, _)| self.leased.contains_key(&d))
-        });
+        // What is told under a lease broken meanwhile is told by that break.
+        let entries = entries
+            .into_iter()
+            .filter(|(_, lease)| self.leased.contains_key(lease))
+            .map(|(p, _)| p)
+            .collect();
         Breaks { leases, entries }
     }
 }
@@ -337,18 +406,23 @@ mod tests {
         // The listing is still leased, and so is what was told: its next changes are told too.
         std::fs::write(d.join("g"), b"changed").unwrap();
         std::fs::remove_file(d.join("g")).unwrap();
-        assert_eq!(l.broken(&[]), breaks(&["d/g"], &["d/g"]));
+        assert_eq!(l.broken(&[]), breaks(&[], &["d/g"]));
         // The session's own change breaks the name's lease, as without entry changes.
         lease(&mut l, &e, "d/f");
         std::fs::write(d.join("f"), b"4").unwrap();
         let own = [(WirePath::from("d"), b"f".to_vec())];
         assert_eq!(l.broken(&own), breaks(&["d/f"], &[]));
-        // A change of the directory itself breaks the listing, and what came with it.
+        // The directory's own attributes are told too: its listing stands.
         std::fs::write(d.join("h"), b"x").unwrap();
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
-        assert_eq!(l.broken(&[]), breaks(&["d"], &[]));
-        // No listing leased any more: a name's change is not told.
-        std::fs::write(d.join("i"), b"x").unwrap();
+        assert_eq!(l.broken(&[]), breaks(&[], &["d/h", "d"]));
+        // The directory moved away: its lease, and those below it, are broken; nothing in it
+        // is told any more.
+        std::fs::rename(&d, t.path().join("e")).unwrap();
+        let mut b = l.broken(&[]);
+        b.leases.sort();
+        assert_eq!(b, breaks(&["d", "d/g", "d/h"], &[]));
+        std::fs::write(t.path().join("e/i"), b"x").unwrap();
         assert_eq!(l.broken(&[]), Breaks::default());
     }
 

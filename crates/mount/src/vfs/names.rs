@@ -236,7 +236,12 @@ impl Vfs {
     /// the directory's attributes are asked for again, as they changed too. Unless the name is
     /// already as told: this mount's own change, seen by another of its sessions.
     pub(super) fn entry_changed(&self, st: &mut State, path: WirePath, attr: Option<Attr>) {
+        let past = Instant::now() - Duration::from_millis(1);
         let Some((dir, name)) = path.split_last() else {
+            // The export's root: its attributes changed.
+            if let Some(l) = st.attrs.get_mut(&path) {
+                l.until = past;
+            }
             return;
         };
         let epoch = self.link.epoch();
@@ -266,7 +271,6 @@ impl Vfs {
         if own {
             return;
         }
-        let past = Instant::now() - Duration::from_millis(1);
         if let Some(a) = st.attrs.get_mut(&dir) {
             a.until = past;
         }
