@@ -238,7 +238,7 @@ pub fn run(data: &[u8]) {
         // Removals acknowledged here reach the server before the next request, or when the
         // mount's thread sends them: now.
         for v in views {
-            v.send_removals(Duration::ZERO);
+            v.send_changes(Duration::ZERO);
         }
         let served: Model = model
             .iter()

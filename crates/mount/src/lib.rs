@@ -126,7 +126,7 @@ pub fn serve(
     };
     let mut session = fuser::Session::new(fs, mountpoint, &config)?;
     let stop = Arc::new(AtomicBool::new(false));
-    // Upkeep, and the sending of removals (which waits for them itself).
+    // Upkeep, and the sending of changes queued (which waits for them itself).
     let keeper = until_stopped("ferry-upkeep", &stop, {
         let vfs = vfs.clone();
         move || {
@@ -134,9 +134,9 @@ pub fn serve(
             vfs.tick();
         }
     })?;
-    let sender = until_stopped("ferry-removals", &stop, {
+    let sender = until_stopped("ferry-changes", &stop, {
         let vfs = vfs.clone();
-        move || vfs.send_removals(TICK)
+        move || vfs.send_changes(TICK)
     })?;
     let mut after = session.unmount_callable();
     ready(Unmounter(session.unmount_callable()));

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use ferry_fs::{ConnError, Connection, GetError, LinkReader, LinkWriter, Session};
 use ferry_proto::{ErrorCode, WirePath};
 
-use crate::removals::{Removals, Sent};
+use crate::removals::{Change, Removals, Sent};
 
 /// Opens a new session with the server (runs `ssh host ferry serve --stdio`, say).
 pub type Connector = Box<dyn Fn() -> Result<Session, ConnError> + Send + Sync>;
@@ -85,6 +85,8 @@ pub(crate) enum Break {
     Lease(WirePath),
     /// This name in a leased listing changed: what it is now (`None`: gone).
     Entry(WirePath, Option<ferry_proto::Attr>),
+    /// The attributes of a path after a change queued here (asked for at that moment).
+    Attr(WirePath, ferry_proto::Attr, Instant),
 }
 
 impl Link {
@@ -204,21 +206,29 @@ impl Link {
         }
     }
 
-    /// Queues the removal of the file `path`, acknowledged here already (the caller knows from
-    /// its leases that the server will make it): see `crate::removals`. `false` (not queued)
-    /// when the queue is full or the server unreachable: remove it at once.
-    pub(crate) fn queue_removal(&self, path: WirePath) -> bool {
-        self.is_up() && self.removals.queue(path)
+    /// Queues a change acknowledged before the server makes it (the caller knows from its
+    /// leases that the server will make it): see `crate::removals`. `false` (not queued) when
+    /// the queue is full or the server unreachable: make it at once.
+    pub(crate) fn queue_change(&self, change: Change) -> bool {
+        self.is_up() && self.removals.queue(change)
     }
 
-    /// The answers to removals sent: refused ones' paths are taken as changed on the server.
+    /// The answers to changes sent: refused ones' paths are taken as changed on the server,
+    /// and attributes asked for after a change are passed on.
     fn finished(&self, sent: Sent, c: &mut Conn) -> Result<(), GetError> {
-        let changed = sent.finish(c)?;
-        if !changed.is_empty() {
-            self.invalidated
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .extend(changed.into_iter().map(Break::Lease));
+        let answered = sent.finish(c)?;
+        // What the server said ahead of the answers (its breaks of this mount's own changes'
+        // leases) goes first: the attributes after come after it.
+        self.take_invalidations(c);
+        if !answered.changed.is_empty() || !answered.attrs.is_empty() {
+            let mut all = self.invalidated.lock().unwrap_or_else(|e| e.into_inner());
+            all.extend(answered.changed.into_iter().map(Break::Lease));
+            all.extend(
+                answered
+                    .attrs
+                    .into_iter()
+                    .map(|(p, a, at)| Break::Attr(p, a, at)),
+            );
         }
         Ok(())
     }

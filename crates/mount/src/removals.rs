@@ -1,19 +1,19 @@
-//! Removals of files acknowledged before the server makes them (the caller knows from its
-//! leases that the server will): queued here, and sent together right before the requests of
-//! the next operation, whatever it is, in the same round trip. No operation's requests go over
-//! another session until the server has answered them. So the server makes every change in
-//! the order made here: a file made again under a removed name is never removed by a late
-//! removal.
+//! Changes acknowledged before the server makes them (the caller knows from its leases that
+//! the server will): removals of files, and changes of a file's permission bits and times.
+//! Queued here, and sent together right before the requests of the next operation, whatever
+//! it is, in the same round trip. No operation's requests go over another session until the
+//! server has answered them. So the server makes every change in the order made here: a file
+//! made again under a removed name is never removed by a late removal.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_fs::ConnError;
-use ferry_proto::{ErrorCode, Request, WirePath};
+use ferry_proto::{Attr, ErrorCode, Reply, Request, WirePath};
 
 use crate::link::Conn;
 
-/// Removals waiting to be sent, at most: one more is made at once.
+/// Changes waiting to be sent, at most: one more is made at once.
 const MAX_QUEUED: usize = 1024;
 
 /// How long the queue must stay unchanged before the mount's thread sends it (a program
@@ -22,9 +22,41 @@ const MAX_QUEUED: usize = 1024;
 const QUIET: Duration = Duration::from_millis(10);
 const MAX_HOLD: Duration = Duration::from_millis(100);
 
+/// A change queued.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// The file at this path is removed.
+    Unlink(WirePath),
+    /// The file's permission bits and/or modification time are set (and its attributes asked
+    /// for after, in the same round trip).
+    SetAttr {
+        path: WirePath,
+        mode: Option<u32>,
+        mtime_ns: Option<i64>,
+    },
+}
+
+impl Change {
+    fn path(&self) -> &WirePath {
+        match self {
+            Change::Unlink(p) | Change::SetAttr { path: p, .. } => p,
+        }
+    }
+}
+
+/// What the server's answers to changes sent said of them.
+#[derive(Default)]
+pub(crate) struct Answered {
+    /// Paths to ask for again: a change the server refused, so what it has shows.
+    pub changed: Vec<WirePath>,
+    /// The attributes of files whose attributes were set, after (asked for when the change
+    /// was sent).
+    pub attrs: Vec<(WirePath, Attr, Instant)>,
+}
+
 #[derive(Default)]
 pub(crate) struct Removals {
-    queue: Mutex<Vec<WirePath>>,
+    queue: Mutex<Vec<Change>>,
     queued: Condvar,
     /// Set from when removals are sent until the server's answers to them have arrived.
     in_flight: Arc<Flight>,
@@ -43,10 +75,12 @@ impl Flight {
     }
 }
 
-/// Removals sent, their answers to take (see [`Sent::finish`]).
+/// Changes sent, their answers to take (see [`Sent::finish`]): each change with the ids of
+/// its requests.
 pub(crate) struct Sent {
-    ids: Vec<(WirePath, u32)>,
+    ids: Vec<(Change, Vec<u32>)>,
     flight: Option<Arc<Flight>>,
+    sent_at: Instant,
 }
 
 impl Drop for Sent {
@@ -59,13 +93,13 @@ impl Drop for Sent {
 }
 
 impl Removals {
-    /// Queues the removal of the file `path`; `false` when the queue is full.
-    pub(crate) fn queue(&self, path: WirePath) -> bool {
+    /// Queues `change`; `false` when the queue is full.
+    pub(crate) fn queue(&self, change: Change) -> bool {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         if q.len() >= MAX_QUEUED {
             return false;
         }
-        q.push(path);
+        q.push(change);
         self.queued.notify_all();
         true
     }
@@ -110,7 +144,7 @@ impl Removals {
         n > 0
     }
 
-    /// Sends the queued removals over `c`, once the server has answered those sent over
+    /// Sends the queued changes over `c`, once the server has answered those sent over
     /// another session, without waiting for the answers: the caller's requests go right
     /// behind them, and other sessions' wait only until the answers arrive.
     pub(crate) fn send(&self, c: &mut Conn) -> Result<Sent, ConnError> {
@@ -119,25 +153,42 @@ impl Removals {
         while *busy {
             busy = flight.landed.wait(busy).unwrap_or_else(|e| e.into_inner());
         }
-        let paths = std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()));
+        let changes = std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()));
         let mut sent = Sent {
-            ids: Vec::with_capacity(paths.len()),
+            ids: Vec::with_capacity(changes.len()),
             flight: None,
+            sent_at: Instant::now(),
         };
-        if paths.is_empty() {
+        if changes.is_empty() {
             return Ok(sent);
         }
         *busy = true;
         drop(busy);
         sent.flight = Some(flight.clone());
-        let n = paths.len();
-        for p in paths {
-            match c.send(Request::Unlink { path: p.clone() }) {
-                Ok(id) => sent.ids.push((p, id)),
-                Err(e) => return Err(unknown(n, e)),
+        let n = changes.len();
+        for change in changes {
+            let requests = match &change {
+                Change::Unlink(p) => vec![Request::Unlink { path: p.clone() }],
+                Change::SetAttr {
+                    path,
+                    mode,
+                    mtime_ns,
+                } => vec![
+                    Request::SetAttr {
+                        path: path.clone(),
+                        mode: *mode,
+                        mtime_ns: *mtime_ns,
+                    },
+                    Request::GetAttr { path: path.clone() },
+                ],
+            };
+            let mut ids = vec![];
+            for r in requests {
+                ids.push(c.send(r).map_err(|e| unknown(n, e))?);
             }
+            sent.ids.push((change, ids));
         }
-        if let Some(&(_, last)) = sent.ids.last() {
+        if let Some(&last) = sent.ids.last().and_then(|(_, ids)| ids.last()) {
             // Answered in order: the last answer is the sign for all.
             let f = flight.clone();
             c.on_answered(last, Box::new(move || f.land()));
@@ -154,38 +205,50 @@ impl Sent {
         }
     }
 
-    /// Takes the server's answers. One it refused (the file became a directory meanwhile,
-    /// unseen here) is logged, and its name and directory are returned as changed on the
-    /// server: the name shows again. Only a failure of the link is an `Err`; it leaves the
-    /// removals' fate unknown (the session's end voids every lease: the server's listings say).
-    pub(crate) fn finish(mut self, c: &mut Conn) -> Result<Vec<WirePath>, ConnError> {
-        let mut changed = vec![];
+    /// Takes the server's answers. A change it refused (the file became a directory
+    /// meanwhile, unseen here, or is not the user's to change) is logged, and its path and
+    /// directory are returned as changed on the server: they show as the server has them.
+    /// Only a failure of the link is an `Err`; it leaves the changes' fate unknown (the
+    /// session's end voids every lease: the server's listings say).
+    pub(crate) fn finish(mut self, c: &mut Conn) -> Result<Answered, ConnError> {
+        let mut out = Answered::default();
         let ids = std::mem::take(&mut self.ids);
         let n = ids.len();
-        for (p, id) in ids {
-            match c.replies(id) {
-                Ok(_)
-                | Err(ConnError::Remote {
-                    code: ErrorCode::NotFound,
-                    ..
-                }) => {}
-                Err(ConnError::Remote { message, .. }) => {
-                    tracing::warn!(
-                        "{p:?}: removed here, but the server refused ({message}); it shows again"
-                    );
-                    changed.extend(p.split_last().map(|(dir, _)| dir));
-                    changed.push(p);
+        for (change, ids) in ids {
+            let p = change.path();
+            let mut answers = vec![];
+            for id in ids {
+                match c.replies(id) {
+                    Ok(r) => answers.push(Some(r)),
+                    Err(ConnError::Remote {
+                        code: ErrorCode::NotFound,
+                        ..
+                    }) if matches!(change, Change::Unlink(_)) => answers.push(None),
+                    Err(ConnError::Remote { message, .. }) => {
+                        tracing::warn!(
+                            "{p:?}: changed here, but the server refused ({message}); it shows as the server has it"
+                        );
+                        out.changed.extend(p.split_last().map(|(dir, _)| dir));
+                        out.changed.push(p.clone());
+                        answers.push(None);
+                    }
+                    Err(e) => return Err(unknown(n, e)),
                 }
-                Err(e) => return Err(unknown(n, e)),
+            }
+            if let (Change::SetAttr { .. }, [Some(_), Some(r)]) = (&change, answers.as_mut_slice())
+            {
+                if let Some(Reply::Attr(a)) = r.pop() {
+                    out.attrs.push((p.clone(), a, self.sent_at));
+                }
             }
         }
-        Ok(changed)
+        Ok(out)
     }
 }
 
 fn unknown(n: usize, e: ConnError) -> ConnError {
     tracing::warn!(
-        "the link failed before the server answered {n} removals made here: they may not have been made (the names show again if not)"
+        "the link failed before the server answered {n} changes made here (removals, attributes): they may not have been made (what the server has shows if not)"
     );
     e
 }
@@ -200,12 +263,12 @@ mod tests {
     fn the_queue_is_found_and_bounded() {
         let r = Removals::default();
         assert!(!r.wait(Duration::ZERO));
-        assert!(r.queue("a".into()));
+        assert!(r.queue(Change::Unlink("a".into())));
         assert!(r.wait(Duration::ZERO));
         for i in 1..MAX_QUEUED {
-            assert!(r.queue(format!("f{i}").as_str().into()));
+            assert!(r.queue(Change::Unlink(format!("f{i}").as_str().into())));
         }
-        assert!(!r.queue("one more".into()));
+        assert!(!r.queue(Change::Unlink("one more".into())));
         assert_eq!(r.len(), MAX_QUEUED);
     }
 }

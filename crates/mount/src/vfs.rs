@@ -62,6 +62,7 @@ use ferry_store::LocalStore;
 
 use crate::cache::FileCache;
 use crate::link::{Break, Conn, Connector, Failure, Link};
+use crate::removals::Change;
 
 /// An inode number; [`ROOT`] is the mounted directory.
 pub type Ino = u64;
@@ -510,10 +511,18 @@ impl Vfs {
         }
         // This mount's own removals not yet answered: a name told as there may be one of them.
         let removing = self.link.removals.busy();
+        let mut own = vec![];
         let mut st = self.lock();
         for b in paths {
             match b {
                 Break::Lease(p) => Self::lease_broken(&mut st, &p),
+                Break::Attr(p, a, at) => {
+                    // (Unless removed or moved here since.)
+                    if let Some(before) = st.attrs.get(&p).map(|l| l.value.clone()) {
+                        self.store_attr(&mut st, &p, a.clone(), at);
+                        own.push((p, before, a));
+                    }
+                }
                 Break::Entry(p, a) if removing => {
                     tracing::trace!("{p:?} changed ({a:?}) while removals are on their way");
                     if let Some((dir, _)) = p.split_last() {
@@ -522,6 +531,12 @@ impl Vfs {
                     Self::lease_broken(&mut st, &p);
                 }
                 Break::Entry(p, a) => self.entry_changed(&mut st, p, a),
+            }
+        }
+        drop(st);
+        for (p, before, after) in own {
+            if let Err(e) = self.follow_own_change(&p, Some(before), &after) {
+                tracing::warn!("{p:?}: cannot relabel the cache's copy: {e:?}");
             }
         }
     }
@@ -575,18 +590,19 @@ impl Vfs {
         }
     }
 
-    /// Waits at most `timeout` for files removed here to be queued for the server, and sends
-    /// them (with those queued meanwhile) when some are: a thread of the mount does this in a
-    /// loop, so the server has a removal within a round trip or two of its acknowledgement,
-    /// for every other client to see (see `Link::queue_removal`).
-    pub fn send_removals(&self, timeout: Duration) {
+    /// Waits at most `timeout` for changes made here (removals, attributes) to be queued for
+    /// the server, and sends them (with those queued meanwhile) when some are, waiting for the
+    /// answers: a thread of the mount does this in a loop, so the server has a change within a
+    /// round trip or two of its acknowledgement, for every other client to see (see
+    /// `Link::queue_change`).
+    pub fn send_changes(&self, timeout: Duration) {
         if !self.link.removals.wait(timeout) {
             // Idle: the cached copies of files removed go now.
             self.files.empty_trash();
             return;
         }
         if let Err(f) = self.link.run(|_| Ok(())) {
-            tracing::debug!("sending removals: {f}");
+            tracing::debug!("sending the changes queued: {f}");
         }
         self.apply_invalidations();
     }
@@ -657,7 +673,7 @@ impl Vfs {
 
     /// At unmount: writes back what can be, then hangs up.
     pub fn shutdown(&self) {
-        self.send_removals(Duration::ZERO);
+        self.send_changes(Duration::ZERO);
         self.files.empty_trash();
         let left = self.write_back_all();
         if left > 0 {

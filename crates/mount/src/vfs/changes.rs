@@ -201,7 +201,7 @@ impl Vfs {
     }
 
     /// Removes the file `path` (`name` in `dir`) here and queues its removal on the server
-    /// (see `Link::queue_removal`) when the leases say the server will make it: the leased
+    /// (see `Link::queue_change`) when the leases say the server will make it: the leased
     /// listing names it, not as a directory, and the leased directory is writable by its owner
     /// and not sticky. `rm -rf` then costs a round trip a directory, not one a file. `false`
     /// when it must be removed at once.
@@ -212,7 +212,7 @@ impl Vfs {
             .is_some_and(|a| a.mode & 0o200 != 0 && a.mode & 0o1000 == 0);
         if !writable
             || kind.is_none_or(|k| k == FileKind::Dir)
-            || !self.link.queue_removal(path.clone())
+            || !self.link.queue_change(Change::Unlink(path.clone()))
         {
             return false;
         }
@@ -411,6 +411,8 @@ impl Vfs {
                         .open(&data)?
                         .set_modified(time_of(t))?;
                 }
+            } else if kind == FileKind::File && self.setattr_later(&path, mode, mtime_ns) {
+                // Queued: goes with the next operation's round trip.
             } else {
                 let before = self.lock().attrs.get(&path).map(|l| l.value.clone());
                 let after = self.change_and_stat(
@@ -429,5 +431,38 @@ impl Vfs {
             }
         }
         self.getattr(ino)
+    }
+
+    /// Sets a file's permission bits and/or modification time here at once, and queues the
+    /// change for the server (see `Link::queue_change`) when its attributes are leased (the
+    /// server has the file as this mount does). `cp -a`, `rsync -a` and `tar x` then set each
+    /// file's times in the round trip of the next file's commit, not one of their own. If the
+    /// server refuses it after all, the refusal is logged and the file shows as the server has
+    /// it. `false` when it must be made at once.
+    fn setattr_later(&self, path: &WirePath, mode: Option<u32>, mtime_ns: Option<i64>) -> bool {
+        if self.leased_attr(path).is_none() {
+            return false;
+        }
+        let mode = mode.map(|m| m & 0o7777);
+        let change = Change::SetAttr {
+            path: path.clone(),
+            mode,
+            mtime_ns,
+        };
+        if !self.link.queue_change(change) {
+            return false;
+        }
+        let mut st = self.lock();
+        if let Some(l) = st.attrs.get_mut(path) {
+            let a = &mut l.value;
+            a.mode = mode.unwrap_or(a.mode);
+            a.mtime_ns = mtime_ns.unwrap_or(a.mtime_ns);
+            if let Some(x) = a.extra.as_mut() {
+                // As the server will set it, about.
+                x.ctime_ns = specials::now_ns();
+            }
+        }
+        st.unsynced.get_or_insert_with(Instant::now);
+        true
     }
 }

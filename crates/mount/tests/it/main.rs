@@ -556,6 +556,8 @@ fn setting_a_time_keeps_the_copy() {
     c.release(o.fh).unwrap();
     let when = 1_600_000_000 * 1_000_000_000i64;
     c.setattr(f.ino, None, None, Some(when)).unwrap();
+    // (Queued: sent with the next operation, or by the mount's thread.)
+    c.send_changes(Duration::ZERO);
     let r0 = rt(&c);
     let o = c.open(f.ino, false, false).unwrap();
     assert_eq!(rt(&c), r0, "the copy is the new version's");
@@ -755,7 +757,7 @@ fn editors_save_by_rename_and_a_removed_open_file_is_not_written_back() {
     c.flush(o.fh).unwrap();
     c.release(o.fh).unwrap();
     // The removal reaches the server before the next request (or by the mount's thread).
-    c.send_removals(Duration::ZERO);
+    c.send_changes(Duration::ZERO);
     assert!(!root.join("doc~").exists());
     // Names: create exclusively, mkdir, rename a directory with a file open inside.
     assert_eq!(
@@ -1003,8 +1005,17 @@ fn access_and_change_times_and_blocks_are_the_servers() {
     assert_eq!(s.ctime_ns, m.ctime() * 1_000_000_000 + m.ctime_nsec());
     assert_ne!(s.ctime_ns, s.mtime_ns);
     assert_eq!(s.blocks, m.blocks());
+    let before = s.ctime_ns;
     let s = v.setattr(s.ino, Some(0o600), None, None).unwrap();
+    assert!(
+        s.ctime_ns > before,
+        "a chmod moves the change time here at once"
+    );
+    // Once the server made it, its change time is the server's.
+    v.send_changes(Duration::ZERO);
+    let s = v.getattr(s.ino).unwrap();
     let m = std::fs::metadata(root.join("f")).unwrap();
+    assert_eq!(m.mode() & 0o7777, 0o600);
     assert_eq!(s.ctime_ns, m.ctime() * 1_000_000_000 + m.ctime_nsec());
     assert_eq!(s.mtime_ns, 1_009_843_200 * 1_000_000_000);
 }

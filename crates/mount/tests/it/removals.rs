@@ -1,7 +1,7 @@
 //! Removals acknowledged before the server makes them: a file whose leased listing and
 //! directory say the server will remove it is removed here at once, and the removals go to the
 //! server together before the next request of any kind (the mount's own thread sends them
-//! within a round trip or two; these tests call `send_removals` themselves, or nothing, so what
+//! within a round trip or two; these tests call `send_changes` themselves, or nothing, so what
 //! is asserted never depends on a thread's timing).
 
 use std::time::Duration;
@@ -65,7 +65,7 @@ fn a_name_removed_and_made_again_keeps_the_new_file() {
     // An exclusive create goes to the server at once; a truncating one with its commit.
     make(&v, d.ino, b"a", b"new a", true);
     make(&v, d.ino, b"b", b"new b", false);
-    v.send_removals(Duration::ZERO);
+    v.send_changes(Duration::ZERO);
     assert_eq!(std::fs::read(root.join("d/a")).unwrap(), b"new a");
     assert_eq!(std::fs::read(root.join("d/b")).unwrap(), b"new b");
 }
@@ -81,7 +81,7 @@ fn a_removal_the_server_refuses_shows_the_name_again() {
     std::fs::create_dir(root.join("x")).unwrap();
     std::fs::write(root.join("x/kept"), b"kept").unwrap();
     v.unlink(ROOT, b"x").unwrap();
-    v.send_removals(Duration::ZERO);
+    v.send_changes(Duration::ZERO);
     let x = v.lookup(ROOT, b"x").unwrap();
     assert_eq!(x.kind, ferry_proto::FileKind::Dir);
     assert_eq!(names(&v, x.ino), vec![b"kept".to_vec()]);
@@ -97,7 +97,7 @@ fn removals_cut_by_the_link_are_what_the_server_says() {
     assert_eq!(names(&v, ROOT), vec![b"x".to_vec()]);
     v.unlink(ROOT, b"x").unwrap();
     remote.stop();
-    v.send_removals(Duration::ZERO);
+    v.send_changes(Duration::ZERO);
     remote.start();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let x = loop {
@@ -146,4 +146,54 @@ fn the_next_operation_carries_the_removals_in_its_round_trip() {
     assert_eq!(rt(&v) - r0, 1, "the removal and the commit, together");
     assert!(!root.join("old").exists());
     assert_eq!(std::fs::read(root.join("new")).unwrap(), b"new");
+}
+
+/// `cp -a`, `rsync -a` and `tar x` set each file's mode and times after its close: with the
+/// file's attributes leased, that is made here at once and queued, and goes in the round trip
+/// of the next file's commit. The server's attributes come back with it.
+#[test]
+fn attribute_changes_go_with_the_next_operation() {
+    use std::os::unix::fs::MetadataExt;
+    let (_t, root, _remote, v) = one_client();
+    assert_eq!(v.lookup(ROOT, b"none").unwrap_err(), Errno::ENOENT);
+    let r0 = rt(&v);
+    make(&v, ROOT, b"a", b"first", true);
+    let a = v.lookup(ROOT, b"a").unwrap();
+    let when = 1_500_000_000 * 1_000_000_000i64;
+    let s = v.setattr(a.ino, Some(0o640), None, Some(when)).unwrap();
+    assert_eq!((s.mode, s.mtime_ns), (0o640, when), "made here at once");
+    assert_eq!(rt(&v) - r0, 1, "the commit only");
+    assert_eq!(
+        std::fs::metadata(root.join("a")).unwrap().mode() & 0o7777,
+        0o644
+    );
+    make(&v, ROOT, b"b", b"second", true);
+    assert_eq!(
+        rt(&v) - r0,
+        2,
+        "the second commit carried the first's attributes"
+    );
+    let m = std::fs::metadata(root.join("a")).unwrap();
+    assert_eq!((m.mode() & 0o7777, m.mtime()), (0o640, 1_500_000_000));
+    let s = v.getattr(a.ino).unwrap();
+    assert_eq!(
+        s.ctime_ns,
+        m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+        "the server's attributes came back"
+    );
+}
+
+/// An attribute change the server refuses after all (the file went, unseen here yet): logged,
+/// and the name shows as the server has it.
+#[test]
+fn an_attribute_change_the_server_refuses_shows_what_it_has() {
+    let (_t, root, _remote, v) = one_client();
+    std::fs::write(root.join("x"), b"file").unwrap();
+    assert_eq!(names(&v, ROOT), vec![b"x".to_vec()]);
+    let x = v.lookup(ROOT, b"x").unwrap();
+    std::fs::remove_file(root.join("x")).unwrap();
+    v.setattr(x.ino, Some(0o600), None, None).unwrap();
+    v.send_changes(Duration::ZERO);
+    assert_eq!(v.lookup(ROOT, b"x").unwrap_err(), Errno::ENOENT);
+    assert!(!root.join("x").exists());
 }
