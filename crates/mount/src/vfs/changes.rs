@@ -400,16 +400,28 @@ impl Vfs {
                 self.ensure_dirty(ino)?;
             }
             if dirty || labelled {
-                // Goes with the commit of the changed copy.
+                // Goes with the commit of the changed copy. Counted as a write, so a commit
+                // under way (a release's, on another thread) leaves the copy dirty: it read
+                // the mode and time before this change.
                 let data = self.files.data(&path);
-                if let Some(m) = mode {
-                    self.lock().inodes.get_mut(&ino).expect("open").mode = Some(m & 0o7777);
-                }
+                let closed = {
+                    let mut st = self.lock();
+                    let n = st.inodes.get_mut(&ino).expect("open");
+                    n.writes += 1;
+                    if let Some(m) = mode {
+                        n.mode = Some(m & 0o7777);
+                    }
+                    n.writers == 0
+                };
                 if let Some(t) = mtime_ns {
                     File::options()
                         .write(true)
                         .open(&data)?
                         .set_modified(time_of(t))?;
+                }
+                if closed {
+                    // No close is coming to commit it.
+                    self.write_back(ino)?;
                 }
             } else if kind == FileKind::File && self.setattr_later(&path, mode, mtime_ns) {
                 // Queued: goes with the next operation's round trip.

@@ -90,7 +90,16 @@ impl Vfs {
 
     /// The last reference to `fh` is gone.
     pub fn release(&self, fh: u64) -> Result<(), Errno> {
-        let h = self.lock().handles.remove(&fh).ok_or(Errno::EBADF)?;
+        let h = {
+            let mut st = self.lock();
+            let h = st.handles.remove(&fh).ok_or(Errno::EBADF)?;
+            // No longer a writer before its last commit: a change of attributes made while
+            // that commit is under way commits again itself (see `setattr`).
+            if let Some(n) = st.inodes.get_mut(&h.ino).filter(|_| h.write) {
+                n.writers = n.writers.saturating_sub(1);
+            }
+            h
+        };
         // Writes through a shared mapping can arrive after the last flush.
         let r = if h.write {
             self.write_back(h.ino)
@@ -100,9 +109,6 @@ impl Vfs {
         let mut st = self.lock();
         if let Some(n) = st.inodes.get_mut(&h.ino) {
             n.open = n.open.saturating_sub(1);
-            if h.write {
-                n.writers = n.writers.saturating_sub(1);
-            }
             if n.writers == 0 && !n.dirty {
                 if let Some(v) = n.labelled_dirty.take() {
                     // Closed unwritten: the copy is the version it was made as.

@@ -543,6 +543,38 @@ fn a_truncating_create_is_made_on_the_server_by_its_commit() {
     c.release(o.fh).unwrap();
 }
 
+/// rsync sets a new file's time, then its mode, right after its close, while the kernel's
+/// release (on another thread) commits the time: a mode set while that commit is under way is
+/// committed after it, not lost (it was, 1 file in 200 of an `rsync -a` on a busy machine).
+#[test]
+fn a_mode_set_while_the_release_commits_is_not_lost() {
+    use std::os::unix::fs::MetadataExt;
+    let (_t, root, remote, v) = one_client();
+    assert_eq!(v.lookup(ROOT, b"none").unwrap_err(), Errno::ENOENT);
+    let (f, o) = v.create_excl(ROOT, b"f", 0o600).unwrap();
+    v.write(o.fh, 0, b"data").unwrap();
+    v.flush(o.fh).unwrap();
+    let when = 1_500_000_000 * 1_000_000_000i64;
+    v.setattr(f.ino, None, None, Some(when)).unwrap();
+    remote.hold(0);
+    std::thread::scope(|s| {
+        let release = s.spawn(|| v.release(o.fh));
+        remote.wait_held();
+        let chmod = s.spawn(|| v.setattr(f.ino, Some(0o644), None, None));
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while v.getattr(f.ino).unwrap().mode != 0o644 {
+            assert!(Instant::now() < deadline, "the chmod was not made here");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        remote.free();
+        release.join().unwrap().unwrap();
+        chmod.join().unwrap().unwrap();
+    });
+    v.send_changes(Duration::ZERO);
+    let m = std::fs::metadata(root.join("f")).unwrap();
+    assert_eq!((m.mode() & 0o7777, m.mtime()), (0o644, 1_500_000_000));
+}
+
 /// `rsync` and `tar x` set a file's time after its close: the copy here stays the file's (the
 /// server reads a small file again and names the same object at the new version), so the next
 /// open asks nothing.
