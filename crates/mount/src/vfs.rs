@@ -22,11 +22,16 @@
 //!   so), local changes stay in the cache marked dirty and are written back when the link
 //!   returns (a restarted mount too); operations that need the server fail with `EHOSTDOWN`
 //!   after at most the timeout, never hang.
-//! - **Removals** of files whose leased listing and directory say the server will make them
-//!   are acknowledged at once and sent together before the next request of any kind (so in
-//!   order): `rm -rf` costs a round trip a directory. One the server refuses after all is
-//!   logged and the name shows again; one the link's failure leaves unanswered may not have
-//!   been made (as a local file system's unsynced removal may not survive a crash).
+//! - **Removals** of files whose leased listing and directory say the server will make them,
+//!   and **attribute changes** (mode, times) of files whose attributes are leased, are
+//!   acknowledged at once and sent together before the next request of any kind (so in
+//!   order): `rm -rf` costs a round trip a directory, and `cp -a` none for the times it sets.
+//!   One the server refuses after all is logged and the name shows as the server has it; one
+//!   the link's failure leaves unanswered may not have been made (as a local file system's
+//!   unsynced change may not survive a crash).
+//! - **Creates** in a leased directory, exclusive or not, are made here and on the server by
+//!   their commit; **listings** stay leased through others' changes, told name by name
+//!   (`FEATURE_ENTRY_CHANGES`).
 //!
 //! The methods are grouped by what they serve: `attrs` (attributes and leases), `names`
 //! (lookups, listings, inodes), `files` (copies, creates, reads, writes), `writeback` (commits
