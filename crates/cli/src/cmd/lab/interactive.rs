@@ -455,7 +455,13 @@ pub fn markdown(runs: &[Run]) -> String {
             Some(x) if x.status == "ok" => {
                 format!("{} · {:.1} s", x.bytes_up + x.bytes_down, x.seconds)
             }
-            Some(x) => x.status.clone(),
+            // A table cell: the first line of what failed (results.json keeps it whole).
+            Some(x) => x
+                .status
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .replace('|', "\\|"),
             None => String::new(),
         };
         let (f, h) = (find("ferry-mount"), find("sshfs"));
