@@ -1,5 +1,6 @@
 //! Changes acknowledged before the server makes them (the caller knows from its leases that
-//! the server will): removals of files, and changes of a file's permission bits and times.
+//! the server will): removals and renames of files, and changes of a file's permission bits
+//! and times.
 //! Queued here, and sent together right before the requests of the next operation, whatever
 //! it is, in the same round trip. No operation's requests go over another session until the
 //! server has answered them. So the server makes every change in the order made here: a file
@@ -34,13 +35,47 @@ pub(crate) enum Change {
         mode: Option<u32>,
         mtime_ns: Option<i64>,
     },
+    /// The file is renamed (and its attributes asked for after, in the same round trip).
+    Rename { from: WirePath, to: WirePath },
 }
 
 impl Change {
-    fn path(&self) -> &WirePath {
+    /// The paths whose versions the change moves on the server (a removal's: none; a
+    /// commit of a new file under that name needs no version).
+    fn moves(&self) -> Vec<&WirePath> {
         match self {
-            Change::Unlink(p) | Change::SetAttr { path: p, .. } => p,
+            Change::Unlink(_) => vec![],
+            _ => self.paths().1,
         }
+    }
+
+    /// The path whose attributes are asked for after the change (none for a removal), and
+    /// the paths to take as changed on the server if it refuses the change.
+    fn paths(&self) -> (Option<&WirePath>, Vec<&WirePath>) {
+        match self {
+            Change::Unlink(p) => (None, vec![p]),
+            Change::SetAttr { path, .. } => (Some(path), vec![path]),
+            Change::Rename { from, to } => (Some(to), vec![from, to]),
+        }
+    }
+
+    fn requests(&self) -> Vec<Request> {
+        let (after, _) = self.paths();
+        let mut rs = vec![match self.clone() {
+            Change::Unlink(path) => Request::Unlink { path },
+            Change::SetAttr {
+                path,
+                mode,
+                mtime_ns,
+            } => Request::SetAttr {
+                path,
+                mode,
+                mtime_ns,
+            },
+            Change::Rename { from, to } => Request::Rename { from, to },
+        }];
+        rs.extend(after.map(|p| Request::GetAttr { path: p.clone() }));
+        rs
     }
 }
 
@@ -66,10 +101,13 @@ pub(crate) struct Removals {
 struct Flight {
     busy: Mutex<bool>,
     landed: Condvar,
+    /// The paths the changes in flight touch.
+    paths: Mutex<Vec<WirePath>>,
 }
 
 impl Flight {
     fn land(&self) {
+        self.paths.lock().unwrap_or_else(|e| e.into_inner()).clear();
         *self.busy.lock().unwrap_or_else(|e| e.into_inner()) = false;
         self.landed.notify_all();
     }
@@ -102,6 +140,18 @@ impl Removals {
         q.push(change);
         self.queued.notify_all();
         true
+    }
+
+    /// Whether a change queued, or sent and not yet answered, moves the version of `path`.
+    pub(crate) fn touches(&self, path: &WirePath) -> bool {
+        let queued = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        queued.iter().any(|c| c.moves().contains(&path))
+            || (self
+                .in_flight
+                .paths
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()))
+            .contains(path)
     }
 
     /// Whether removals are queued, or sent and not yet answered.
@@ -164,26 +214,15 @@ impl Removals {
         }
         *busy = true;
         drop(busy);
+        *flight.paths.lock().unwrap_or_else(|e| e.into_inner()) = changes
+            .iter()
+            .flat_map(|c| c.moves().into_iter().cloned())
+            .collect();
         sent.flight = Some(flight.clone());
         let n = changes.len();
         for change in changes {
-            let requests = match &change {
-                Change::Unlink(p) => vec![Request::Unlink { path: p.clone() }],
-                Change::SetAttr {
-                    path,
-                    mode,
-                    mtime_ns,
-                } => vec![
-                    Request::SetAttr {
-                        path: path.clone(),
-                        mode: *mode,
-                        mtime_ns: *mtime_ns,
-                    },
-                    Request::GetAttr { path: path.clone() },
-                ],
-            };
             let mut ids = vec![];
-            for r in requests {
+            for r in change.requests() {
                 ids.push(c.send(r).map_err(|e| unknown(n, e))?);
             }
             sent.ids.push((change, ids));
@@ -215,7 +254,7 @@ impl Sent {
         let ids = std::mem::take(&mut self.ids);
         let n = ids.len();
         for (change, ids) in ids {
-            let p = change.path();
+            let (after, touched) = change.paths();
             let mut answers = vec![];
             for id in ids {
                 match c.replies(id) {
@@ -226,17 +265,18 @@ impl Sent {
                     }) if matches!(change, Change::Unlink(_)) => answers.push(None),
                     Err(ConnError::Remote { message, .. }) => {
                         tracing::warn!(
-                            "{p:?}: changed here, but the server refused ({message}); it shows as the server has it"
+                            "{change:?}: made here, but the server refused ({message}); what it has shows"
                         );
-                        out.changed.extend(p.split_last().map(|(dir, _)| dir));
-                        out.changed.push(p.clone());
+                        for p in &touched {
+                            out.changed.extend(p.split_last().map(|(dir, _)| dir));
+                            out.changed.push((*p).clone());
+                        }
                         answers.push(None);
                     }
                     Err(e) => return Err(unknown(n, e)),
                 }
             }
-            if let (Change::SetAttr { .. }, [Some(_), Some(r)]) = (&change, answers.as_mut_slice())
-            {
+            if let (Some(p), [Some(_), Some(r)]) = (after, answers.as_mut_slice()) {
                 if let Some(Reply::Attr(a)) = r.pop() {
                     out.attrs.push((p.clone(), a, self.sent_at));
                 }

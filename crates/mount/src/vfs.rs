@@ -540,7 +540,7 @@ impl Vfs {
         }
         drop(st);
         for (p, before, after) in own {
-            if let Err(e) = self.follow_own_change(&p, Some(before), &after) {
+            if let Err(e) = self.follow_own_change(&p, Some(before), &after, true) {
                 tracing::warn!("{p:?}: cannot relabel the cache's copy: {e:?}");
             }
         }

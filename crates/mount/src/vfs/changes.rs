@@ -286,6 +286,9 @@ impl Vfs {
             self.write_back(i)?;
         }
         let kind = self.lock().attrs.get(&from).map(|l| l.value.kind);
+        if !noreplace && self.rename_later(&from_dir, &from, name, &to_dir, &to, new_name) {
+            return Ok(());
+        }
         let asked = Instant::now();
         let mut dirs = vec![&from_dir];
         if to_dir != from_dir {
@@ -303,24 +306,42 @@ impl Vfs {
             .into_iter();
         let _g = self.copies.lock(&[&from, &to]);
         let mut st = self.lock();
-        // What was at the new name is gone.
-        if st.ino_of.get(&to) != st.ino_of.get(&from) {
-            self.unlinked(&mut st, &to);
+        self.renamed(&mut st, &from, &to);
+        Self::relist(&mut st, &from_dir, name, None);
+        match kind {
+            Some(k) => Self::relist(&mut st, &to_dir, new_name, Some(k)),
+            None => {
+                st.listings.remove(&to_dir);
+            }
+        }
+        self.store_dir(&mut st, &from_dir, got.next(), asked);
+        if to_dir != from_dir {
+            self.store_dir(&mut st, &to_dir, got.next(), asked);
+        }
+        Ok(())
+    }
+
+    /// What a rename of `from` to `to` (made, or queued) changes here: what was at `to` is
+    /// gone; the inodes and cached copies below `from` move with it; what was known of both
+    /// names is dropped.
+    fn renamed(&self, st: &mut State, from: &WirePath, to: &WirePath) {
+        if st.ino_of.get(to) != st.ino_of.get(from) {
+            self.unlinked(st, to);
         }
         // Inodes below the old name move with it, and so do their copies (whose versions
         // are checked on the next open, the rename having changed them on the server).
         let moved: Vec<(WirePath, Ino)> = st
             .ino_of
             .iter()
-            .filter(|(p, _)| is_below(p, &from))
+            .filter(|(p, _)| is_below(p, from))
             .map(|(p, i)| (p.clone(), *i))
             .collect();
         for (p, _) in &moved {
             st.ino_of.remove(p);
         }
-        let copy_moved = moved.iter().any(|(p, _)| p == &from);
+        let copy_moved = moved.iter().any(|(p, _)| p == from);
         for (p, i) in moved {
-            let Some(np) = rebase(&p, &from, &to) else {
+            let Some(np) = rebase(&p, from, to) else {
                 // Too long a path under the new name (past 4096 bytes): the file is out of
                 // this mount's reach, as if removed; its cached copy goes.
                 self.files.remove(&p);
@@ -338,25 +359,80 @@ impl Vfs {
             st.ino_of.insert(np, i);
         }
         if !copy_moved {
-            if let Err(e) = self.files.rename(&from, &to) {
+            if let Err(e) = self.files.rename(from, to) {
                 tracing::debug!("moving the cached copy of {from:?}: {e}");
             }
         }
-        Self::moved_specials(&mut st, &from, &to);
-        Self::drop_below(&mut st, &from);
-        Self::drop_below(&mut st, &to);
-        Self::relist(&mut st, &from_dir, name, None);
-        match kind {
-            Some(k) => Self::relist(&mut st, &to_dir, new_name, Some(k)),
-            None => {
-                st.listings.remove(&to_dir);
-            }
+        Self::moved_specials(st, from, to);
+        Self::drop_below(st, from);
+        Self::drop_below(st, to);
+    }
+
+    /// Renames the file `from` (`name` in `from_dir`) to `to` (`new_name` in `to_dir`) here at
+    /// once and queues the rename for the server (see `Link::queue_change`) when the leases
+    /// say the server will make it: both leased listings hold the names as this mount does
+    /// (`from` a file or symlink; `to` absent, or a file or symlink), and both leased
+    /// directories are writable by their owner and not sticky. An editor's save by rename, or
+    /// rsync's of each temporary file, then costs no round trip of its own; the server's
+    /// attributes of the file come back with it. `false` when it must be made at once.
+    fn rename_later(
+        &self,
+        from_dir: &WirePath,
+        from: &WirePath,
+        name: &[u8],
+        to_dir: &WirePath,
+        to: &WirePath,
+        new_name: &[u8],
+    ) -> bool {
+        let file = |k: Option<FileKind>| k.is_some_and(|k| k != FileKind::Dir);
+        let writable = |d: &WirePath| {
+            self.leased_attr(d)
+                .is_some_and(|a| a.mode & 0o200 != 0 && a.mode & 0o1000 == 0)
+        };
+        let from_kind = self.listed(from_dir, name).flatten();
+        let to_listed = self.listed(to_dir, new_name);
+        let before = self.leased_attr(from);
+        let (Some(before), Some(to_kind)) = (before, to_listed) else {
+            return false;
+        };
+        if !file(from_kind)
+            || to_kind.is_some_and(|k| k == FileKind::Dir)
+            || self.pending_at(from).is_some()
+            || !writable(from_dir)
+            || !writable(to_dir)
+        {
+            return false;
         }
-        self.store_dir(&mut st, &from_dir, got.next(), asked);
-        if to_dir != from_dir {
-            self.store_dir(&mut st, &to_dir, got.next(), asked);
+        let change = Change::Rename {
+            from: from.clone(),
+            to: to.clone(),
+        };
+        if !self.link.queue_change(change) {
+            return false;
         }
-        Ok(())
+        let _g = self.copies.lock(&[from, to]);
+        let mut st = self.lock();
+        let lease = st.attrs.get(from).map(|l| (l.until, l.epoch));
+        self.renamed(&mut st, from, to);
+        if let Some((until, epoch)) = lease {
+            // As the server will have them, about (its attributes come back with the answer).
+            let value = before;
+            st.attrs.insert(
+                to.clone(),
+                Leased {
+                    value,
+                    until,
+                    epoch,
+                },
+            );
+        }
+        Self::edit_listing(&mut st, from_dir, name, None);
+        Self::edit_listing(&mut st, to_dir, new_name, from_kind);
+        let now = specials::now_ns();
+        st.dir_times.insert(from_dir.clone(), now);
+        st.dir_times.insert(to_dir.clone(), now);
+        st.unsynced.get_or_insert_with(Instant::now);
+        true
     }
 
     /// Changes attributes: size (through the copy: the new contents are committed on close,
@@ -435,7 +511,7 @@ impl Vfs {
                     },
                     &path,
                 )?;
-                self.follow_own_change(&path, before, &after)?;
+                self.follow_own_change(&path, before, &after, false)?;
                 if mtime_ns.is_some() {
                     // The time set is the directory's, whatever changed in it here before.
                     self.lock().dir_times.remove(&path);

@@ -435,16 +435,26 @@ impl Vfs {
     /// local copy of the old version is the new version too. A later write-back is then made
     /// against the version the chmod made, not reported as a conflict with itself
     /// (`open(O_CREAT|O_EXCL)`, `fchmod`, write, close: every lock file rsync and git make).
+    /// For a change `queued` here (of mode, times or name: see `crate::removals`), whose
+    /// attributes were asked for right behind it, the same size and modification time are
+    /// taken as the same content when the server does not name the object.
     pub(super) fn follow_own_change(
         &self,
         path: &WirePath,
         before: Option<Attr>,
         after: &Attr,
+        queued: bool,
     ) -> Result<(), Errno> {
         let Some(b) = before else {
             return Ok(());
         };
-        if b.oid.is_none() || b.oid != after.oid || b.version == after.version {
+        let same = match (b.oid, after.oid) {
+            (Some(x), Some(y)) => x == y,
+            // A change of attributes or name this mount queued (its answer right behind it):
+            // the same size and time say no one wrote the file meanwhile.
+            _ => queued && (b.kind, b.size, b.mtime_ns) == (after.kind, after.size, after.mtime_ns),
+        };
+        if !same || b.version == after.version {
             return Ok(());
         }
         // The same content at a new version (the own change was of attributes only): a copy

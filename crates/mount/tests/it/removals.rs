@@ -197,3 +197,45 @@ fn an_attribute_change_the_server_refuses_shows_what_it_has() {
     assert_eq!(v.lookup(ROOT, b"x").unwrap_err(), Errno::ENOENT);
     assert!(!root.join("x").exists());
 }
+
+/// A rename the leases vouch for (an editor's save, rsync's temporary file put in place) is
+/// made here at once and goes in the next operation's round trip; the file's attributes come
+/// back with it.
+#[test]
+fn a_rename_goes_with_the_next_operation() {
+    let (_t, root, _remote, v) = one_client();
+    std::fs::write(root.join("doc"), b"old").unwrap();
+    assert_eq!(names(&v, ROOT), vec![b"doc".to_vec()]);
+    let r0 = rt(&v);
+    make(&v, ROOT, b".doc.tmp", b"new", true);
+    v.rename(ROOT, b".doc.tmp", ROOT, b"doc", false).unwrap();
+    assert_eq!(rt(&v) - r0, 1, "the commit only");
+    assert_eq!(v.lookup(ROOT, b".doc.tmp").unwrap_err(), Errno::ENOENT);
+    assert_eq!(super::read(&v, "doc").unwrap(), b"new");
+    assert_eq!(rt(&v) - r0, 1, "read from the copy here");
+    assert_eq!(std::fs::read(root.join("doc")).unwrap(), b"old");
+    make(&v, ROOT, b"other", b"x", true);
+    assert_eq!(rt(&v) - r0, 2, "the next commit carried the rename");
+    assert_eq!(std::fs::read(root.join("doc")).unwrap(), b"new");
+    assert!(!root.join(".doc.tmp").exists());
+    assert_eq!(names(&v, ROOT), vec![b"doc".to_vec(), b"other".to_vec()]);
+}
+
+/// A file written right after a change of its attributes or name made here and not yet
+/// answered is committed against the version that change made: no conflict, and nothing
+/// replaced as "the last close wins".
+#[test]
+fn a_commit_after_a_queued_change_of_its_file_is_no_conflict() {
+    use std::sync::atomic::Ordering;
+    let (_t, root, _remote, v) = one_client();
+    std::fs::write(root.join("f"), b"1").unwrap();
+    assert_eq!(super::read(&v, "f").unwrap(), b"1");
+    let f = v.lookup(ROOT, b"f").unwrap();
+    v.setattr(f.ino, Some(0o600), None, None).unwrap();
+    super::write(&v, "f", b"2").unwrap();
+    v.rename(ROOT, b"f", ROOT, b"g", false).unwrap();
+    super::write(&v, "g", b"3").unwrap();
+    assert_eq!(v.counters.last_close_wins.load(Ordering::Relaxed), 0);
+    assert_eq!(std::fs::read(root.join("g")).unwrap(), b"3");
+    assert!(!root.join("f").exists());
+}
