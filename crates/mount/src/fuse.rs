@@ -165,7 +165,9 @@ impl Filesystem for FerryFs {
             return reply.error(KErrno::EPERM);
         }
         match self.vfs.setattr(ino.0, mode, size, mtime.map(nanos)) {
-            Ok(s) => reply.attr(&TTL, &self.attr(&s)),
+            // Not kept: a change queued for the server (see `Vfs::setattr`) has its change
+            // time said by the server, asked for at the next look.
+            Ok(s) => reply.attr(&Duration::ZERO, &self.attr(&s)),
             Err(e) => reply.error(errno("setattr", e)),
         }
     }

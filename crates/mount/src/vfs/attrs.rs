@@ -124,6 +124,12 @@ impl Vfs {
     /// Likewise, asked through the open file `fh` if given: a copy being written (or changed
     /// and not yet written back, or removed while open) has the local copy's size and time.
     pub fn getattr_open(&self, ino: Ino, fh: Option<u64>) -> Result<Stat, Errno> {
+        self.stat(ino, fh, true)
+    }
+
+    /// The attributes of `ino`; with `settle`, a change queued for it is sent first (see
+    /// [`settle_queued`](Self::settle_queued)), else it shows as made here.
+    pub(super) fn stat(&self, ino: Ino, fh: Option<u64>, settle: bool) -> Result<Stat, Errno> {
         if let Some(s) = self.getattr_special(ino) {
             return Ok(s);
         }
@@ -137,8 +143,23 @@ impl Vfs {
             .ok_or(Errno::ENOENT)?
             .path
             .clone();
+        if settle {
+            // What a change queued here makes of it is the server's to say (its change time).
+            self.settle_queued(&path);
+        }
         let a = self.attr(&path)?;
         Ok(Self::stat_of(&self.lock(), ino, &a))
+    }
+
+    /// Sends the changes queued here (see `crate::removals`) and takes the answers, if one
+    /// moves the version of `path`: one round trip then, none otherwise.
+    pub(super) fn settle_queued(&self, path: &WirePath) {
+        if self.link.removals.touches(path) {
+            if let Err(f) = self.link.run(|_| Ok(())) {
+                tracing::debug!("sending the changes queued: {f}");
+            }
+            self.apply_invalidations();
+        }
     }
 
     /// The attributes of a file whose local copy is newer than the server's version (being

@@ -518,7 +518,8 @@ impl Vfs {
                 }
             }
         }
-        self.getattr(ino)
+        // As made here (a change queued is not waited for).
+        self.stat(ino, None, false)
     }
 
     /// Sets a file's permission bits and/or modification time here at once, and queues the

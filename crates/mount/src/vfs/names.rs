@@ -32,6 +32,7 @@ impl Vfs {
                 return Ok(s);
             }
         }
+        self.settle_queued(&path);
         let a = match self.leased_attr(&path) {
             Some(a) => a,
             None => match self.listed(&dir, name) {

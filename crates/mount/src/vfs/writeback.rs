@@ -245,14 +245,9 @@ impl Vfs {
         sync: bool,
         exclusive: bool,
     ) -> Result<(Attr, bool), Errno> {
-        if self.link.removals.touches(path) {
-            // A change of its attributes or name made here and not yet answered moves its
-            // version on the server: the commit is made against the version after it.
-            if let Err(f) = self.link.run(|_| Ok(())) {
-                tracing::debug!("sending the changes queued: {f}");
-            }
-            self.apply_invalidations();
-        }
+        // A change of its attributes or name made here and not yet answered moves its version
+        // on the server: the commit is made against the version after it.
+        self.settle_queued(path);
         let meta = self.files.meta(path).ok_or(Errno::EIO)?;
         let data = self.files.data(path);
         if !data.exists() {

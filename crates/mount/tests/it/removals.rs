@@ -210,14 +210,14 @@ fn a_rename_goes_with_the_next_operation() {
     make(&v, ROOT, b".doc.tmp", b"new", true);
     v.rename(ROOT, b".doc.tmp", ROOT, b"doc", false).unwrap();
     assert_eq!(rt(&v) - r0, 1, "the commit only");
-    assert_eq!(v.lookup(ROOT, b".doc.tmp").unwrap_err(), Errno::ENOENT);
-    assert_eq!(super::read(&v, "doc").unwrap(), b"new");
-    assert_eq!(rt(&v) - r0, 1, "read from the copy here");
     assert_eq!(std::fs::read(root.join("doc")).unwrap(), b"old");
     make(&v, ROOT, b"other", b"x", true);
     assert_eq!(rt(&v) - r0, 2, "the next commit carried the rename");
+    assert_eq!(v.lookup(ROOT, b".doc.tmp").unwrap_err(), Errno::ENOENT);
     assert_eq!(std::fs::read(root.join("doc")).unwrap(), b"new");
     assert!(!root.join(".doc.tmp").exists());
+    assert_eq!(super::read(&v, "doc").unwrap(), b"new");
+    assert_eq!(rt(&v) - r0, 2, "read from the copy here, at the version the rename made");
     assert_eq!(names(&v, ROOT), vec![b"doc".to_vec(), b"other".to_vec()]);
 }
 
@@ -238,4 +238,22 @@ fn a_commit_after_a_queued_change_of_its_file_is_no_conflict() {
     assert_eq!(v.counters.last_close_wins.load(Ordering::Relaxed), 0);
     assert_eq!(std::fs::read(root.join("g")).unwrap(), b"3");
     assert!(!root.join("f").exists());
+}
+
+/// A look at a file whose change is queued (`stat` after `chmod`, as the POSIX suite makes)
+/// sends the queue first: the change time is the server's, not a guess.
+#[test]
+fn a_look_at_a_file_with_a_change_queued_is_the_servers() {
+    use std::os::unix::fs::MetadataExt;
+    let (_t, root, _remote, v) = one_client();
+    std::fs::write(root.join("f"), b"1").unwrap();
+    let f = v.lookup(ROOT, b"f").unwrap();
+    let r0 = rt(&v);
+    v.setattr(f.ino, Some(0o600), None, None).unwrap();
+    assert_eq!(rt(&v), r0);
+    let s = v.getattr(f.ino).unwrap();
+    assert_eq!(rt(&v) - r0, 1, "the queue, and the attributes after");
+    let m = std::fs::metadata(root.join("f")).unwrap();
+    assert_eq!(s.ctime_ns, m.ctime() * 1_000_000_000 + m.ctime_nsec());
+    assert_eq!(s.mode, 0o600);
 }
