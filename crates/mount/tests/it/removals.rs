@@ -217,7 +217,11 @@ fn a_rename_goes_with_the_next_operation() {
     assert_eq!(std::fs::read(root.join("doc")).unwrap(), b"new");
     assert!(!root.join(".doc.tmp").exists());
     assert_eq!(super::read(&v, "doc").unwrap(), b"new");
-    assert_eq!(rt(&v) - r0, 2, "read from the copy here, at the version the rename made");
+    assert_eq!(
+        rt(&v) - r0,
+        2,
+        "read from the copy here, at the version the rename made"
+    );
     assert_eq!(names(&v, ROOT), vec![b"doc".to_vec(), b"other".to_vec()]);
 }
 
