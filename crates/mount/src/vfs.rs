@@ -35,8 +35,9 @@
 //!
 //! The methods are grouped by what they serve: `attrs` (attributes and leases), `names`
 //! (lookups, listings, inodes), `files` (copies, creates, reads, writes), `writeback` (commits
-//! on close, fsync), `changes` (changes of names and attributes on the server), `specials`
-//! (FIFOs, sockets, device nodes); upkeep and what they share stay here.
+//! on close, fsync), `changes` (changes of names and attributes on the server), `breaks` (what
+//! the server tells of changes: lease breaks, names changed, answers to queued changes),
+//! `specials` (FIFOs, sockets, device nodes); upkeep and what they share stay here.
 //!
 //! Locks: `state` is held only briefly and never across a message; `copies` serialises, per
 //! path, the decision to fetch a copy with opening it (so a copy being written is never
@@ -44,6 +45,7 @@
 //! messages.
 
 mod attrs;
+mod breaks;
 mod changes;
 mod files;
 mod names;
@@ -507,57 +509,6 @@ impl Vfs {
     }
 
     // ------------------------------------------------------------------ upkeep
-
-    /// Breaks the leases the server broke.
-    fn apply_invalidations(&self) {
-        let paths = self.link.invalidated();
-        if paths.is_empty() {
-            return;
-        }
-        // This mount's own removals not yet answered: a name told as there may be one of them.
-        let removing = self.link.removals.busy();
-        let mut own = vec![];
-        let mut st = self.lock();
-        for b in paths {
-            match b {
-                Break::Lease(p) => Self::lease_broken(&mut st, &p),
-                Break::Attr(p, a, at) => {
-                    // (Unless removed or moved here since.)
-                    if let Some(before) = st.attrs.get(&p).map(|l| l.value.clone()) {
-                        self.store_attr(&mut st, &p, a.clone(), at);
-                        own.push((p, before, a));
-                    }
-                }
-                Break::Entry(p, a) if removing => {
-                    tracing::trace!("{p:?} changed ({a:?}) while removals are on their way");
-                    if let Some((dir, _)) = p.split_last() {
-                        Self::lease_broken(&mut st, &dir);
-                    }
-                    Self::lease_broken(&mut st, &p);
-                }
-                Break::Entry(p, a) => self.entry_changed(&mut st, p, a),
-            }
-        }
-        drop(st);
-        for (p, before, after) in own {
-            if let Err(e) = self.follow_own_change(&p, Some(before), &after, true) {
-                tracing::warn!("{p:?}: cannot relabel the cache's copy: {e:?}");
-            }
-        }
-    }
-
-    fn lease_broken(st: &mut State, p: &WirePath) {
-        tracing::trace!("lease broken: {p:?}");
-        let past = Instant::now() - Duration::from_millis(1);
-        // Kept, expired: the last known attributes still serve while offline.
-        if let Some(l) = st.attrs.get_mut(p) {
-            l.until = past;
-        }
-        if let Some(l) = st.listings.get_mut(p) {
-            l.until = past;
-            st.changing.insert(p.clone());
-        }
-    }
 
     /// Treats every lease held as expired: the next use of each attribute or listing asks the
     /// server again. The state a lease's end leaves, without waiting for it (tests use it
