@@ -101,8 +101,8 @@ pub(crate) struct Removals {
 struct Flight {
     busy: Mutex<bool>,
     landed: Condvar,
-    /// The paths the changes in flight touch.
-    paths: Mutex<Vec<WirePath>>,
+    /// The paths the changes in flight touch, each with whether the change moves its version.
+    paths: Mutex<Vec<(WirePath, bool)>>,
 }
 
 impl Flight {
@@ -144,24 +144,26 @@ impl Removals {
 
     /// Whether a change queued, or sent and not yet answered, moves the version of `path`.
     pub(crate) fn touches(&self, path: &WirePath) -> bool {
-        let queued = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        queued.iter().any(|c| c.moves().contains(&path))
-            || (self
-                .in_flight
-                .paths
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()))
-            .contains(path)
+        self.involves(path, true)
     }
 
-    /// Whether removals are queued, or sent and not yet answered.
-    pub(crate) fn busy(&self) -> bool {
-        self.len() > 0
-            || *self
-                .in_flight
-                .busy
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+    /// Whether a change queued, or sent and not yet answered, names `path` (with `moving`:
+    /// one that moves its version; a removal does not).
+    pub(crate) fn involves(&self, path: &WirePath, moving: bool) -> bool {
+        let queued = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let listed = |c: &Change| match moving {
+            true => c.moves().contains(&path),
+            false => c.paths().1.contains(&path),
+        };
+        let flying = self
+            .in_flight
+            .paths
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        queued.iter().any(listed)
+            || flying
+                .iter()
+                .any(|(p, moves)| p == path && (*moves || !moving))
     }
 
     fn len(&self) -> usize {
@@ -216,7 +218,10 @@ impl Removals {
         drop(busy);
         *flight.paths.lock().unwrap_or_else(|e| e.into_inner()) = changes
             .iter()
-            .flat_map(|c| c.moves().into_iter().cloned())
+            .flat_map(|c| {
+                let moves = !matches!(c, Change::Unlink(_));
+                c.paths().1.into_iter().map(move |p| (p.clone(), moves))
+            })
             .collect();
         sent.flight = Some(flight.clone());
         let n = changes.len();

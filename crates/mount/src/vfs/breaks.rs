@@ -10,8 +10,6 @@ impl Vfs {
         if paths.is_empty() {
             return;
         }
-        // This mount's own removals not yet answered: a name told as there may be one of them.
-        let removing = self.link.removals.busy();
         let mut own = vec![];
         let mut st = self.lock();
         for b in paths {
@@ -24,8 +22,10 @@ impl Vfs {
                         own.push((p, before, a));
                     }
                 }
-                Break::Entry(p, a) if removing => {
-                    tracing::trace!("{p:?} changed ({a:?}) while removals are on their way");
+                // A name this mount changed and the server has not answered for yet: what
+                // is told of it may predate that change.
+                Break::Entry(p, a) if self.link.removals.involves(&p, false) => {
+                    tracing::trace!("{p:?} changed ({a:?}) while a change of it is on its way");
                     if let Some((dir, _)) = p.split_last() {
                         Self::lease_broken(&mut st, &dir);
                     }
