@@ -36,7 +36,7 @@
 mod cache;
 mod fuse;
 mod link;
-mod removals;
+mod queued;
 pub mod vfs;
 
 use std::path::Path;

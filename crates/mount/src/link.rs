@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use ferry_fs::{ConnError, Connection, GetError, LinkReader, LinkWriter, Session};
 use ferry_proto::{ErrorCode, WirePath};
 
-use crate::removals::{Change, Removals, Sent};
+use crate::queued::{Change, Queue, Sent};
 
 /// Opens a new session with the server (runs `ssh host ferry serve --stdio`, say).
 pub type Connector = Box<dyn Fn() -> Result<Session, ConnError> + Send + Sync>;
@@ -76,7 +76,7 @@ pub(crate) struct Link {
     /// What the servers told of changes (lease breaks, names changed), until taken.
     invalidated: Mutex<Vec<Break>>,
     /// Files removed here and not yet on the server.
-    pub(crate) removals: Removals,
+    pub(crate) queued: Queue,
 }
 
 /// A change the server told of.
@@ -115,7 +115,7 @@ impl Link {
             )),
             epoch: Arc::new(AtomicU64::new(1)),
             invalidated: Mutex::new(vec![]),
-            removals: Removals::default(),
+            queued: Queue::default(),
         })
     }
 
@@ -159,13 +159,13 @@ impl Link {
         first
     }
 
-    /// Runs `f` over `c` right behind the removals queued (see `crate::removals`).
+    /// Runs `f` over `c` right behind the changes queued (see `crate::queued`).
     fn run_on<T>(
         &self,
         c: &mut Conn,
         f: impl FnOnce(&mut Conn) -> Result<T, GetError>,
     ) -> Result<T, GetError> {
-        self.removals
+        self.queued
             .send(c)
             .map_err(GetError::from)
             .and_then(|sent| match f(c) {
@@ -207,10 +207,10 @@ impl Link {
     }
 
     /// Queues a change acknowledged before the server makes it (the caller knows from its
-    /// leases that the server will make it): see `crate::removals`. `false` (not queued) when
+    /// leases that the server will make it): see `crate::queued`. `false` (not queued) when
     /// the queue is full or the server unreachable: make it at once.
     pub(crate) fn queue_change(&self, change: Change) -> bool {
-        self.is_up() && self.removals.queue(change)
+        self.is_up() && self.queued.queue(change)
     }
 
     /// The answers to changes sent: refused ones' paths are taken as changed on the server,

@@ -69,7 +69,7 @@ use ferry_store::LocalStore;
 
 use crate::cache::FileCache;
 use crate::link::{Break, Conn, Connector, Failure, Link};
-use crate::removals::Change;
+use crate::queued::Change;
 
 /// An inode number; [`ROOT`] is the mounted directory.
 pub type Ino = u64;
@@ -546,13 +546,13 @@ impl Vfs {
         }
     }
 
-    /// Waits at most `timeout` for changes made here (removals, attributes) to be queued for
+    /// Waits at most `timeout` for changes made here (removals, renames, attributes) to be queued for
     /// the server, and sends them (with those queued meanwhile) when some are, waiting for the
     /// answers: a thread of the mount does this in a loop, so the server has a change within a
     /// round trip or two of its acknowledgement, for every other client to see (see
     /// `Link::queue_change`).
     pub fn send_changes(&self, timeout: Duration) {
-        if !self.link.removals.wait(timeout) {
+        if !self.link.queued.wait(timeout) {
             // Idle: the cached copies of files removed go now.
             self.files.empty_trash();
             return;

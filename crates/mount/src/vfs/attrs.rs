@@ -151,10 +151,10 @@ impl Vfs {
         Ok(Self::stat_of(&self.lock(), ino, &a))
     }
 
-    /// Sends the changes queued here (see `crate::removals`) and takes the answers, if one
+    /// Sends the changes queued here (see `crate::queued`) and takes the answers, if one
     /// moves the version of `path`: one round trip then, none otherwise.
     pub(super) fn settle_queued(&self, path: &WirePath) {
-        if self.link.removals.touches(path) {
+        if self.link.queued.touches(path) {
             if let Err(f) = self.link.run(|_| Ok(())) {
                 tracing::debug!("sending the changes queued: {f}");
             }

@@ -24,7 +24,7 @@ impl Vfs {
                 }
                 // A name this mount changed and the server has not answered for yet: what
                 // is told of it may predate that change.
-                Break::Entry(p, a) if self.link.removals.involves(&p, false) => {
+                Break::Entry(p, a) if self.link.queued.involves(&p, false) => {
                     tracing::trace!("{p:?} changed ({a:?}) while a change of it is on its way");
                     if let Some((dir, _)) = p.split_last() {
                         Self::lease_broken(&mut st, &dir);

@@ -435,7 +435,7 @@ impl Vfs {
     /// local copy of the old version is the new version too. A later write-back is then made
     /// against the version the chmod made, not reported as a conflict with itself
     /// (`open(O_CREAT|O_EXCL)`, `fchmod`, write, close: every lock file rsync and git make).
-    /// For a change `queued` here (of mode, times or name: see `crate::removals`), whose
+    /// For a change `queued` here (of mode, times or name: see `crate::queued`), whose
     /// attributes were asked for right behind it, the same size and modification time are
     /// taken as the same content when the server does not name the object.
     pub(super) fn follow_own_change(

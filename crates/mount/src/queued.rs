@@ -90,10 +90,10 @@ pub(crate) struct Answered {
 }
 
 #[derive(Default)]
-pub(crate) struct Removals {
+pub(crate) struct Queue {
     queue: Mutex<Vec<Change>>,
     queued: Condvar,
-    /// Set from when removals are sent until the server's answers to them have arrived.
+    /// Set from when changes are sent until the server's answers to them have arrived.
     in_flight: Arc<Flight>,
 }
 
@@ -130,7 +130,7 @@ impl Drop for Sent {
     }
 }
 
-impl Removals {
+impl Queue {
     /// Queues `change`; `false` when the queue is full.
     pub(crate) fn queue(&self, change: Change) -> bool {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
@@ -170,7 +170,7 @@ impl Removals {
         self.queue.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    /// Waits at most `timeout` for removals to be queued, then until the queue has been quiet
+    /// Waits at most `timeout` for changes to be queued, then until the queue has been quiet
     /// for [`QUIET`] (at most [`MAX_HOLD`]); whether some are queued.
     pub(crate) fn wait(&self, timeout: Duration) -> bool {
         {
@@ -293,7 +293,7 @@ impl Sent {
 
 fn unknown(n: usize, e: ConnError) -> ConnError {
     tracing::warn!(
-        "the link failed before the server answered {n} changes made here (removals, attributes): they may not have been made (what the server has shows if not)"
+        "the link failed before the server answered {n} changes made here (removals, renames, attributes): they may not have been made (what the server has shows if not)"
     );
     e
 }
@@ -302,11 +302,11 @@ fn unknown(n: usize, e: ConnError) -> ConnError {
 mod tests {
     use super::*;
 
-    /// The mount's thread finds removals queued (and none when there are none), and the queue
+    /// The mount's thread finds changes queued (and none when there are none), and the queue
     /// is bounded: past it, a removal is made at once by its caller.
     #[test]
     fn the_queue_is_found_and_bounded() {
-        let r = Removals::default();
+        let r = Queue::default();
         assert!(!r.wait(Duration::ZERO));
         assert!(r.queue(Change::Unlink("a".into())));
         assert!(r.wait(Duration::ZERO));
