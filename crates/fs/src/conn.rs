@@ -51,6 +51,10 @@ const READ_BUF: usize = 256 * 1024;
 /// of 56 GiB at the default chunk size), a listing of 5 million entries.
 pub const MAX_REPLY: usize = 256 << 20;
 
+/// Lease breaks kept until taken, of each kind; past that they are lost, and
+/// [`Connection::breaks_lost`] says so.
+pub const MAX_BREAKS: usize = 65_536;
+
 /// How the session stream is compressed when nobody says otherwise: the level follows the
 /// link (a thin link is the bottleneck Ferry is built for, so its idle time buys bytes; on a
 /// fast one the compressor must not become the bottleneck).
@@ -322,6 +326,9 @@ pub struct Connection<R, W> {
     /// Names changed in leased listings (Changed, with `FEATURE_ENTRY_CHANGES`): what each is
     /// now (`None`: gone), in arrival order, until taken.
     pub changed: Vec<(ferry_proto::WirePath, Option<ferry_proto::Attr>)>,
+    /// Set when a break arrived with both lists above full: breaks were lost, so every lease
+    /// granted on this session is void. Cleared by whoever takes the lists.
+    pub breaks_lost: bool,
     /// Called when the last reply frame of their request arrives (see
     /// [`on_answered`](Self::on_answered)).
     hooks: Vec<(u32, Box<dyn FnOnce() + Send>)>,
@@ -365,6 +372,7 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             server: None,
             invalidated: vec![],
             changed: vec![],
+            breaks_lost: false,
             hooks: vec![],
         };
         let agent = format!("ferry {}", env!("CARGO_PKG_VERSION"));
@@ -564,17 +572,16 @@ impl<R: Read, W> Connection<R, W> {
             if f.request_id == 0 {
                 // Bounded: a flood from the server cannot grow them without limit.
                 match Message::decode(&f)? {
-                    Message::Invalidate(p) if self.invalidated.len() < 65_536 => {
-                        self.invalidated.push(p);
+                    Message::Changed { path, attr } if self.changed.len() < MAX_BREAKS => {
+                        self.changed.push((path, attr));
                     }
-                    Message::Changed { path, attr } => {
-                        if self.changed.len() < 65_536 {
-                            self.changed.push((path, attr));
-                        } else if self.invalidated.len() < 65_536 {
-                            // Too many to keep: the name's lease is broken instead.
-                            self.invalidated.push(path);
-                        }
+                    // Too many names to keep: the name's lease is broken instead.
+                    Message::Invalidate(path) | Message::Changed { path, .. }
+                        if self.invalidated.len() < MAX_BREAKS =>
+                    {
+                        self.invalidated.push(path);
                     }
+                    Message::Invalidate(_) | Message::Changed { .. } => self.breaks_lost = true,
                     _ => {}
                 }
                 return Ok(None);

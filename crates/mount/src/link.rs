@@ -361,6 +361,10 @@ impl Link {
     }
 
     fn take_invalidations(&self, c: &mut Conn) {
+        if std::mem::take(&mut c.breaks_lost) {
+            tracing::warn!("the server's lease breaks came faster than taken: every lease is void");
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+        }
         if !c.invalidated.is_empty() || !c.changed.is_empty() {
             // A server sends a batch's lease breaks ahead of its names changed.
             let mut all = self.invalidated.lock().unwrap_or_else(|e| e.into_inner());

@@ -10,6 +10,7 @@ use ferry_fs::{Connection, Export, GetError, GetStats, Server, ServerOptions, So
 use ferry_proto::{ErrorCode, Frame, FrameDecoder, Hello, Message, Reply, Request, WirePath};
 use ferry_store::{LocalStore, MemStore, Options};
 
+mod breaks;
 mod escapes;
 mod indexing;
 mod ranges;

@@ -200,6 +200,13 @@ impl Vfs {
         Ok(())
     }
 
+    /// Whether the server will surely let this mount change names in `dir`, as far as its
+    /// lease shows: writable by its owner (the mount's user) and not sticky.
+    fn changeable_later(&self, dir: &WirePath) -> bool {
+        self.leased_attr(dir)
+            .is_some_and(|a| a.mode & 0o200 != 0 && a.mode & 0o1000 == 0)
+    }
+
     /// Removes the file `path` (`name` in `dir`) here and queues its removal on the server
     /// (see `Link::queue_change`) when the leases say the server will make it: the leased
     /// listing names it, not as a directory, and the leased directory is writable by its owner
@@ -207,10 +214,7 @@ impl Vfs {
     /// when it must be removed at once.
     fn remove_later(&self, dir: &WirePath, path: &WirePath, name: &[u8]) -> bool {
         let kind = self.listed(dir, name).flatten();
-        let writable = self
-            .leased_attr(dir)
-            .is_some_and(|a| a.mode & 0o200 != 0 && a.mode & 0o1000 == 0);
-        if !writable
+        if !self.changeable_later(dir)
             || kind.is_none_or(|k| k == FileKind::Dir)
             || !self.link.queue_change(Change::Unlink(path.clone()))
         {
@@ -385,10 +389,6 @@ impl Vfs {
         new_name: &[u8],
     ) -> bool {
         let file = |k: Option<FileKind>| k.is_some_and(|k| k != FileKind::Dir);
-        let writable = |d: &WirePath| {
-            self.leased_attr(d)
-                .is_some_and(|a| a.mode & 0o200 != 0 && a.mode & 0o1000 == 0)
-        };
         let from_kind = self.listed(from_dir, name).flatten();
         let to_listed = self.listed(to_dir, new_name);
         let before = self.leased_attr(from);
@@ -398,8 +398,8 @@ impl Vfs {
         if !file(from_kind)
             || to_kind.is_some_and(|k| k == FileKind::Dir)
             || self.pending_at(from).is_some()
-            || !writable(from_dir)
-            || !writable(to_dir)
+            || !self.changeable_later(from_dir)
+            || !self.changeable_later(to_dir)
         {
             return false;
         }
