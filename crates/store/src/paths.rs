@@ -201,14 +201,21 @@ impl PathIndex {
             .map(|v| v.value().to_vec()))
     }
 
-    /// Forgets where chunk `id` was seen (the bytes there were not it).
-    pub fn forget(&self, id: &Id) -> Result<(), StoreError> {
+    /// Forgets where chunks `ids` were seen (the bytes there were not them), in one
+    /// transaction: a file gone since it was indexed makes every one of its chunks stale at
+    /// once, and a transaction each made a `Have` of 115,000 of them take 1.5 s.
+    pub fn forget(&self, ids: &[Id]) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
         let mut w = self.db.begin_write().map_err(db_err(&self.path))?;
         let _ = w.set_durability(redb::Durability::None);
-        w.open_table(CHUNKS)
-            .map_err(db_err(&self.path))?
-            .remove(id.digest())
-            .map_err(db_err(&self.path))?;
+        {
+            let mut t = w.open_table(CHUNKS).map_err(db_err(&self.path))?;
+            for id in ids {
+                t.remove(id.digest()).map_err(db_err(&self.path))?;
+            }
+        }
         w.commit().map_err(db_err(&self.path))
     }
 
@@ -270,7 +277,7 @@ mod tests {
         let short = u64::from_le_bytes(c.id.digest()[..8].try_into().unwrap());
         assert_eq!(i.find_prefix(short).unwrap(), Some(c.id));
         assert_eq!(i.object(&oid.id()).unwrap(), Some(b"d/f".to_vec()));
-        i.forget(&c.id).unwrap();
+        i.forget(&[c.id]).unwrap();
         assert_eq!(i.locate(&c.id).unwrap(), None);
         // A new version of the file: what only the old one had is forgotten there.
         i.record(b"d/f", &stamp(9), &recipe(&[1, 4]), &oid).unwrap();

@@ -137,6 +137,8 @@ pub struct Server {
     uploads: upload::Uploads,
     /// Where chunks, recipes and objects were seen, across sessions (LBFS's database).
     index: Option<std::sync::Arc<ferry_store::PathIndex>>,
+    /// Chunks the index placed where they no longer are, forgotten together after the request.
+    stale: Vec<Id>,
     /// `None` when change notification is unavailable: then no leases are granted.
     leases: Option<crate::leases::Leases>,
     /// Leases broken by changes seen while handling a request, sent before its reply.
@@ -197,6 +199,7 @@ impl Server {
             ranges: Default::default(),
             uploads: upload::Uploads::default(),
             index: None,
+            stale: vec![],
             leases: match crate::leases::Leases::new() {
                 Ok(l) => Some(l),
                 Err(e) => {
@@ -364,6 +367,11 @@ impl Server {
         // is read for the reply: a lease granted below is broken only by later changes.
         self.take_broken();
         let mut out = self.dispatch(id, r);
+        if let (Some(i), false) = (&self.index, self.stale.is_empty()) {
+            if let Err(e) = i.forget(&std::mem::take(&mut self.stale)) {
+                tracing::debug!("forgetting stale chunk hints: {e}");
+            }
+        }
         if !self.broken.is_empty() || !self.changed.is_empty() {
             let breaks = self.unasked();
             out.splice(0..0, breaks);
@@ -737,7 +745,7 @@ impl Server {
         match read() {
             Ok(buf) if id.matches(&buf) => Some(buf),
             _ => {
-                let _ = i.forget(id);
+                self.stale.push(*id);
                 None
             }
         }

@@ -73,3 +73,34 @@ fn an_indexed_export_serves_every_chunk_by_id_and_reads_only_what_changed() {
         n
     );
 }
+
+/// Chunks the index places in a file gone since are not held (`Have`), and are forgotten
+/// (together, after the request: one transaction, not one a chunk).
+#[test]
+fn chunks_of_a_file_gone_since_are_not_held_and_forgotten() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir_all(&srv).unwrap();
+    let a = crate::bytes(4, 400_000);
+    fs::write(srv.join("a"), &a).unwrap();
+    let index = std::sync::Arc::new(
+        ferry_store::PathIndex::open(&t.path().join("i.redb"), ferry_format::HashAlg::Blake3)
+            .unwrap(),
+    );
+    index_once(&srv, &index);
+    let all = ids(&a);
+    assert!(all.iter().all(|id| index.locate(id).unwrap().is_some()));
+    fs::remove_file(srv.join("a")).unwrap();
+    let shorts = all.iter().map(ferry_proto::short_id).collect();
+    let mut c = connect_indexed(&srv, index.clone());
+    let r = c
+        .call(ferry_proto::Request::Have {
+            ids: ferry_proto::Ids::Short(shorts),
+        })
+        .unwrap();
+    assert!(
+        matches!(&r[..], [ferry_proto::Reply::Have(f)] if f.len() == all.len() && f.iter().all(|&h| !h)),
+        "{r:?}"
+    );
+    assert!(all.iter().all(|id| index.locate(id).unwrap().is_none()));
+}
