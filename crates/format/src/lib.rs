@@ -28,6 +28,7 @@ mod diff;
 mod error;
 mod id;
 mod recipe;
+mod spare;
 pub mod varint;
 
 pub use diff::{DiffOp, RecipeDiff};
@@ -36,3 +37,4 @@ pub use id::{HashAlg, Id, IdHasher, Oid, ID_BYTES, TAGGED_ID_BYTES};
 pub use recipe::{
     chunk_object, chunk_object_parallel, page_key, pages, ChunkRef, Recipe, PAGE_DIVISOR, PAGE_MAX,
 };
+pub use spare::SpareHasher;

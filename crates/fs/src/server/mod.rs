@@ -91,6 +91,8 @@ struct Hint {
     len: u32,
 }
 
+/// Files the index placed chunks in kept open during a request at most.
+const INDEX_FILES_OPEN: usize = 64;
 /// Chunk hints kept per session at most; past this they are forgotten and found again through
 /// the persistent index or by recipes. Each costs ~300 bytes with its short id (measured with
 /// heaptrack: ~195 for the hint, ~110 for the short id), so this bounds them near 80 MB.
@@ -139,6 +141,9 @@ pub struct Server {
     index: Option<std::sync::Arc<ferry_store::PathIndex>>,
     /// Chunks the index placed where they no longer are, forgotten together after the request.
     stale: Vec<Id>,
+    /// The files the index placed chunks in, opened (or not there) during this request: a
+    /// `Have` of a large file's chunks opened it once a chunk.
+    index_files: HashMap<Vec<u8>, Option<std::fs::File>>,
     /// `None` when change notification is unavailable: then no leases are granted.
     leases: Option<crate::leases::Leases>,
     /// Leases broken by changes seen while handling a request, sent before its reply.
@@ -200,6 +205,7 @@ impl Server {
             uploads: upload::Uploads::default(),
             index: None,
             stale: vec![],
+            index_files: HashMap::new(),
             leases: match crate::leases::Leases::new() {
                 Ok(l) => Some(l),
                 Err(e) => {
@@ -367,6 +373,7 @@ impl Server {
         // is read for the reply: a lease granted below is broken only by later changes.
         self.take_broken();
         let mut out = self.dispatch(id, r);
+        self.index_files.clear();
         if let (Some(i), false) = (&self.index, self.stale.is_empty()) {
             if let Err(e) = i.forget(&std::mem::take(&mut self.stale)) {
                 tracing::debug!("forgetting stale chunk hints: {e}");
@@ -734,10 +741,20 @@ impl Server {
         // Seen by an earlier session.
         let i = self.index.clone()?;
         let (path, offset, len) = i.locate(id).ok()??;
+        if !self.index_files.contains_key(&path) {
+            if self.index_files.len() >= INDEX_FILES_OPEN {
+                self.index_files.clear();
+            }
+            let f = WirePath::new(path.clone())
+                .map_err(io::Error::other)
+                .and_then(|p| self.export.open_file(&p));
+            self.index_files.insert(path.clone(), f.ok());
+        }
         let read = || -> io::Result<Vec<u8>> {
             use std::os::unix::fs::FileExt;
-            let path = WirePath::new(path.clone()).map_err(io::Error::other)?;
-            let f = self.export.open_file(&path)?;
+            let f = self.index_files[&path]
+                .as_ref()
+                .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
             let mut buf = vec![0u8; len as usize];
             f.read_exact_at(&mut buf, offset)?;
             Ok(buf)

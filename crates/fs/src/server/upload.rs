@@ -13,13 +13,16 @@ use std::io::{self, BufWriter, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 
-use ferry_format::{ChunkRef, Id, IdHasher, Oid, Recipe};
+use ferry_format::{ChunkRef, Id, Oid, Recipe, SpareHasher};
 use ferry_proto::{ErrorCode, FileKind, Ids, KeyOlds, Keys, Payload, Reply, WirePath, WritePart};
 use ferry_store::VerifiedChunk;
 
 use super::{error, io_error, Server};
 use crate::export::{os, stat_at};
 
+/// Bytes of an upload whose object id is hashed on the session's thread; past that, on a
+/// thread of its own.
+const WHOLE_INLINE: u64 = 8 << 20;
 /// Bytes of a base run read at once.
 const BASE_SLICE: usize = 4 << 20;
 /// Uploads open at once in a session; a client writes one file at a time, so a few suffice.
@@ -105,7 +108,8 @@ struct Upload {
     name: Vec<u8>,
     tmp: String,
     out: BufWriter<File>,
-    whole: IdHasher,
+    /// The object id of what was written, each part given after it is written.
+    whole: SpareHasher,
     size: u64,
     /// The new version's recipe so far.
     chunks: Vec<ChunkRef>,
@@ -350,7 +354,7 @@ impl Server {
             name,
             tmp,
             out: BufWriter::with_capacity(1 << 20, File::from(fd)),
-            whole: IdHasher::new(self.opts.hash),
+            whole: SpareHasher::new(self.opts.hash, WHOLE_INLINE),
             size: 0,
             chunks: vec![],
             sent: vec![],
@@ -403,6 +407,7 @@ impl Server {
                     let data = base.read(at, n)?;
                     let chunks = base.recipe.chunks()[at..at + n].to_vec();
                     u.append(&data, &chunks, false)?;
+                    u.whole.update(data);
                     at += n;
                 }
             }
@@ -410,6 +415,7 @@ impl Server {
                 for c in refs {
                     let bytes = self.find(u, &c)?;
                     u.append(&bytes, &[c], false)?;
+                    u.whole.update(bytes);
                 }
             }
             WritePart::Data { lens, payload } => {
@@ -450,6 +456,7 @@ impl Server {
                     }
                     u.append(chunk, &[ChunkRef { id: *v.id(), len }], true)?;
                 }
+                u.whole.update(bytes);
             }
         }
         Ok(())
@@ -552,7 +559,7 @@ impl Server {
             discard(u);
             return Err(ioe(e));
         }
-        let got = Oid(u.whole.clone().finish());
+        let got = Oid(u.whole.finish());
         if u.size != size || got.id() != oid {
             // Data written against a base that changed in place gives other bytes: say so.
             let r = match self.check_version(&u) {
@@ -768,10 +775,10 @@ impl Server {
 }
 
 impl Upload {
-    /// Appends `bytes`, made of `chunks`; `sent`: they came as data.
+    /// Appends `bytes`, made of `chunks`; `sent`: they came as data. (The caller gives them
+    /// to `whole` after.)
     fn append(&mut self, bytes: &[u8], chunks: &[ChunkRef], sent: bool) -> io::Result<()> {
         self.out.write_all(bytes)?;
-        self.whole.update(bytes);
         self.size += bytes.len() as u64;
         self.chunks.extend_from_slice(chunks);
         self.sent.resize(self.chunks.len(), sent);
