@@ -25,6 +25,7 @@ mod rate;
 pub mod server;
 pub mod session;
 pub mod vault;
+mod writeback;
 
 pub use client::{
     fetch_file, get, list, put, put_file, GetError, GetStats, Mirror, PutOptions, PutStats,

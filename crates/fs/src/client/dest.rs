@@ -18,7 +18,7 @@ use std::path::Path;
 
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 
-use super::writeback::Writeback;
+use crate::writeback::Writeback;
 
 fn no_symlinks() -> ResolveFlags {
     ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS

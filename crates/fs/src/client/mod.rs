@@ -34,7 +34,6 @@ mod recipes;
 mod source;
 mod upload;
 mod walk;
-mod writeback;
 
 pub use source::{Mirror, SessionSource};
 pub use upload::{put, put_file, Replacing};

@@ -91,6 +91,11 @@ struct Hint {
     len: u32,
 }
 
+/// Stale chunk hints forgotten after a request at most (a removal from the index costs about
+/// 10 µs): a file gone since it was indexed is forgotten over several requests or sessions, or
+/// in one stroke when its content is recorded again, while each request that meets the rest
+/// costs a lookup each.
+const FORGET_AT_ONCE: usize = 4096;
 /// Files the index placed chunks in kept open during a request at most.
 const INDEX_FILES_OPEN: usize = 64;
 /// Chunk hints kept per session at most; past this they are forgotten and found again through
@@ -139,7 +144,8 @@ pub struct Server {
     uploads: upload::Uploads,
     /// Where chunks, recipes and objects were seen, across sessions (LBFS's database).
     index: Option<std::sync::Arc<ferry_store::PathIndex>>,
-    /// Chunks the index placed where they no longer are, forgotten together after the request.
+    /// Chunks the index placed where they no longer are, forgotten together after the request
+    /// (the first [`FORGET_AT_ONCE`]).
     stale: Vec<Id>,
     /// The files the index placed chunks in, opened (or not there) during this request: a
     /// `Have` of a large file's chunks opened it once a chunk.
@@ -375,7 +381,8 @@ impl Server {
         let mut out = self.dispatch(id, r);
         self.index_files.clear();
         if let (Some(i), false) = (&self.index, self.stale.is_empty()) {
-            if let Err(e) = i.forget(&std::mem::take(&mut self.stale)) {
+            let stale = std::mem::take(&mut self.stale);
+            if let Err(e) = i.forget(&stale[..stale.len().min(FORGET_AT_ONCE)]) {
                 tracing::debug!("forgetting stale chunk hints: {e}");
             }
         }

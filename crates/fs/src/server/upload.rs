@@ -110,6 +110,9 @@ struct Upload {
     out: BufWriter<File>,
     /// The object id of what was written, each part given after it is written.
     whole: SpareHasher,
+    /// A large upload's bytes go to the disk as they arrive: the sync before its rename then
+    /// waits for the last of them only.
+    writeback: crate::writeback::Writeback,
     size: u64,
     /// The new version's recipe so far.
     chunks: Vec<ChunkRef>,
@@ -355,6 +358,7 @@ impl Server {
             tmp,
             out: BufWriter::with_capacity(1 << 20, File::from(fd)),
             whole: SpareHasher::new(self.opts.hash, WHOLE_INLINE),
+            writeback: Default::default(),
             size: 0,
             chunks: vec![],
             sent: vec![],
@@ -555,7 +559,7 @@ impl Server {
     ) -> Result<Reply, Reply> {
         let path = u.path.clone();
         let ioe = |e: io::Error| io_error(&path, &e);
-        if let Err(e) = u.out.flush() {
+        if let Err(e) = u.out.flush().and_then(|()| u.writeback.finish()) {
             discard(u);
             return Err(ioe(e));
         }
@@ -779,6 +783,7 @@ impl Upload {
     /// to `whole` after.)
     fn append(&mut self, bytes: &[u8], chunks: &[ChunkRef], sent: bool) -> io::Result<()> {
         self.out.write_all(bytes)?;
+        self.writeback.wrote(self.out.get_ref(), bytes.len());
         self.size += bytes.len() as u64;
         self.chunks.extend_from_slice(chunks);
         self.sent.resize(self.chunks.len(), sent);
