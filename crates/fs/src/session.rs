@@ -324,6 +324,11 @@ impl Session {
         })
     }
 
+    /// A number that tells this session from every other one alive in the process.
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.hang_up) as usize
+    }
+
     /// A handle that ends the session's reading from another thread: within 100 ms a wait for
     /// the server fails (the session counts as closed), even one already blocked. For a link
     /// that went silent under a thread that cannot be told otherwise.

@@ -8,7 +8,7 @@
 //! server is unreachable, operations that need it fail at once (until the next attempt is due,
 //! with a backoff up to 30 s) and the file system answers from its cache where it can.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -47,7 +47,13 @@ impl std::fmt::Display for Failure {
 struct Pool {
     idle: Vec<Session>,
     open: usize,
+    /// The ids of the sessions open, idle or in use ([`Session::id`]).
+    ids: std::collections::HashSet<usize>,
 }
+
+/// Sessions that were in use when a sync began, by id: each syncs as it comes back (see
+/// [`Link::sync_all`]). `None` while it has not; then `None` inside when it did, or why not.
+type Owed = std::collections::HashMap<usize, Option<Option<String>>>;
 
 struct Reconnect {
     connecting: bool,
@@ -77,6 +83,11 @@ pub(crate) struct Link {
     invalidated: Mutex<Vec<Break>>,
     /// Files removed here and not yet on the server.
     pub(crate) queued: Queue,
+    owed: Mutex<Owed>,
+    /// Signalled when an owed sync is made (or cannot be).
+    owed_done: Condvar,
+    /// Syncs waiting for sessions in use to come back (for tests).
+    pub(crate) owed_waits: AtomicUsize,
 }
 
 /// A change the server told of.
@@ -99,6 +110,7 @@ impl Link {
             connect: Arc::new(connect),
             timeout,
             pool: Mutex::new(Pool {
+                ids: [s.id()].into(),
                 idle: vec![s],
                 open: 1,
             }),
@@ -116,6 +128,9 @@ impl Link {
             epoch: Arc::new(AtomicU64::new(1)),
             invalidated: Mutex::new(vec![]),
             queued: Queue::default(),
+            owed: Mutex::default(),
+            owed_done: Condvar::new(),
+            owed_waits: AtomicUsize::new(0),
         })
     }
 
@@ -137,26 +152,72 @@ impl Link {
         self.settle(s, r)
     }
 
-    /// Runs `f` over every session open and idle (or, with none idle, one as [`run`](Self::run)
-    /// takes it), one after another: a `Sync` must reach each session that made changes.
-    /// Sessions busy with other operations are left out. The first failure is the answer.
-    pub(crate) fn run_on_idle(
-        &self,
-        f: impl Fn(&mut Conn) -> Result<(), GetError>,
-    ) -> Result<(), Failure> {
-        let mut sessions =
-            std::mem::take(&mut self.pool.lock().unwrap_or_else(|e| e.into_inner()).idle);
-        if sessions.is_empty() {
+    /// Makes the changes of every session durable on the server: each session's server syncs
+    /// the directories that session changed, so a `Sync` must reach each one. The idle ones
+    /// now, one after another (with none open, one as [`run`](Self::run) takes it); those in
+    /// use by other operations as each comes back, waited for. The first failure is the
+    /// answer.
+    pub(crate) fn sync_all(&self) -> Result<(), Failure> {
+        let (mut sessions, busy) = {
+            let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+            let idle = std::mem::take(&mut pool.idle);
+            let busy: Vec<usize> = pool
+                .ids
+                .iter()
+                .filter(|&&id| !idle.iter().any(|s| s.id() == id))
+                .copied()
+                .collect();
+            (idle, busy)
+        };
+        {
+            let mut owed = self.owed.lock().unwrap_or_else(|e| e.into_inner());
+            for &id in &busy {
+                owed.entry(id).or_insert(None);
+            }
+        }
+        if sessions.is_empty() && busy.is_empty() {
             sessions.push(self.take()?);
         }
         let mut first = Ok(());
         for mut s in sessions {
-            let r = self.run_on(&mut s.conn, &f);
+            let r = self.run_on(&mut s.conn, Self::sync_one);
             if let (Err(e), Ok(())) = (self.settle(s, r), &first) {
                 first = Err(e);
             }
         }
+        let mut owed = self.owed.lock().unwrap_or_else(|e| e.into_inner());
+        self.owed_waits.fetch_add(1, Ordering::AcqRel);
+        while !busy
+            .iter()
+            .all(|id| owed.get(id).is_none_or(|o| o.is_some()))
+        {
+            owed = self.owed_done.wait(owed).unwrap_or_else(|e| e.into_inner());
+        }
+        self.owed_waits.fetch_sub(1, Ordering::AcqRel);
+        for id in &busy {
+            if let (Some(Some(Some(why))), true) = (owed.remove(id), first.is_ok()) {
+                first = Err(Failure::Offline(why));
+            }
+        }
         first
+    }
+
+    /// One session's `Sync` (a server without deferred syncs made every change durable
+    /// before its answer).
+    fn sync_one(c: &mut Conn) -> Result<(), GetError> {
+        if c.offers(ferry_proto::FEATURE_DEFERRED_SYNC) {
+            c.call(ferry_proto::Request::Sync)?;
+        }
+        Ok(())
+    }
+
+    /// Notes what became of the sync session `id` owed, if it owed one.
+    fn owed_made(&self, id: usize, outcome: Option<String>) {
+        let mut owed = self.owed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(o @ None) = owed.get_mut(&id) {
+            *o = Some(outcome);
+            self.owed_done.notify_all();
+        }
     }
 
     /// Runs `f` over `c` right behind the changes queued (see `crate::queued`).
@@ -244,9 +305,16 @@ impl Link {
             if pool.open < MAX_SESSIONS {
                 pool.open += 1;
                 drop(pool);
-                return self.wait_connected().inspect_err(|_| {
-                    self.pool.lock().unwrap_or_else(|e| e.into_inner()).open -= 1;
-                });
+                let made = self.wait_connected();
+                let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+                match &made {
+                    Ok(s) => pool.ids.insert(s.id()),
+                    Err(_) => {
+                        pool.open -= 1;
+                        false
+                    }
+                };
+                return made;
             }
             let now = Instant::now();
             if now >= deadline {
@@ -262,7 +330,33 @@ impl Link {
         }
     }
 
-    fn give_back(&self, s: Session) {
+    fn give_back(&self, mut s: Session) {
+        let owes = self
+            .owed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&s.id())
+            .is_some_and(|o| o.is_none());
+        if owes {
+            // In use when a sync began: its changes are made durable before it is idle.
+            let r = self.run_on(&mut s.conn, Self::sync_one);
+            self.take_invalidations(&mut s.conn);
+            match r {
+                Ok(()) => self.owed_made(s.id(), None),
+                Err(GetError::Conn(ConnError::Remote { message, .. })) => {
+                    self.owed_made(s.id(), Some(message))
+                }
+                Err(e) => {
+                    let why = e.to_string();
+                    tracing::warn!("link to the server failed: {why}");
+                    self.drop_session(s);
+                    if matches!(e, GetError::Conn(_)) {
+                        self.failed(why);
+                    }
+                    return;
+                }
+            }
+        }
         self.pool
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -273,8 +367,17 @@ impl Link {
 
     /// Ends a session that cannot go on (without waiting for its orderly end).
     fn drop_session(&self, s: Session) {
+        let id = s.id();
         s.abort();
-        self.pool.lock().unwrap_or_else(|e| e.into_inner()).open -= 1;
+        {
+            let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+            pool.open -= 1;
+            pool.ids.remove(&id);
+        }
+        self.owed_made(
+            id,
+            Some("the session ended before its changes were synced".into()),
+        );
         self.freed.notify_one();
     }
 
@@ -304,6 +407,7 @@ impl Link {
             let (lock, _) = &*self.reconnect;
             let mut rc = lock.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(s) = rc.ready.take() {
+                pool.ids.insert(s.id());
                 pool.idle.push(s);
                 pool.open += 1;
             } else {

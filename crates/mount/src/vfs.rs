@@ -653,6 +653,12 @@ impl Vfs {
     pub fn is_online(&self) -> bool {
         self.link.is_up()
     }
+
+    /// How many syncs wait for sessions in use by other operations (for tests).
+    #[doc(hidden)]
+    pub fn syncs_waiting(&self) -> usize {
+        self.link.owed_waits.load(Ordering::Acquire)
+    }
 }
 
 impl Inode {

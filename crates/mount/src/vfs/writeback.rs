@@ -46,13 +46,9 @@ impl Vfs {
         let Some(since) = self.lock().unsynced.take() else {
             return Ok(());
         };
-        // Each session's server syncs the directories that session changed.
-        let r = self.link.run_on_idle(|c| {
-            if c.offers(ferry_proto::FEATURE_DEFERRED_SYNC) {
-                c.call(Request::Sync)?;
-            }
-            Ok(())
-        });
+        // Each session's server syncs the directories that session changed: every session
+        // gets a Sync, those in use by other operations when they come back.
+        let r = self.link.sync_all();
         if let Err(f) = r {
             tracing::debug!("sync: {f}");
             let mut st = self.lock();

@@ -33,3 +33,45 @@ fn fsync_commits_and_syncs_in_one_round_trip() {
     v.release(o.fh).unwrap();
     assert!(root.join("db.old").exists());
 }
+
+/// Each session's server syncs only the directories that session changed, so a directory's
+/// fsync must reach every session: one in use by another operation gets its Sync when it
+/// comes back, and the fsync waits for that.
+#[test]
+fn fsyncdir_reaches_the_sessions_in_use() {
+    let (_t, root, remote, v) = one_client();
+    let v = std::sync::Arc::new(v);
+    super::write(&v, "a", b"over session 0").unwrap();
+    remote.hold(0);
+    let busy = {
+        let v = v.clone();
+        std::thread::spawn(move || super::write(&v, "b", b"held at the server").unwrap())
+    };
+    remote.wait_held();
+    let syncing = {
+        let v = v.clone();
+        std::thread::spawn(move || v.fsyncdir())
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while v.syncs_waiting() == 0 && !syncing.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fsync neither waited nor ended"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(
+        !syncing.is_finished(),
+        "returned while the session that made `a` was still in use, unsynced"
+    );
+    assert_eq!(remote.syncs(0), 0);
+    remote.free();
+    busy.join().unwrap();
+    syncing.join().unwrap().unwrap();
+    assert_eq!(
+        remote.syncs(0),
+        1,
+        "the session in use got its Sync as it came back"
+    );
+    assert!(root.join("b").exists());
+}

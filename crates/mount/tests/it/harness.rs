@@ -17,6 +17,8 @@ pub struct Remote {
     made: Arc<std::sync::atomic::AtomicUsize>,
     /// The session (by the order made, from 0) whose server takes no request while set.
     held: Arc<(Mutex<Hold>, std::sync::Condvar)>,
+    /// The `Sync` requests each session's server received, by the order made.
+    syncs: Arc<Mutex<Vec<usize>>>,
 }
 
 /// A server's input that passes nothing on while its session is held (see [`Remote::hold`]).
@@ -24,6 +26,9 @@ struct Gated {
     input: UnixStream,
     session: usize,
     held: Arc<(Mutex<Hold>, std::sync::Condvar)>,
+    /// Reads the requests as they pass, to count the Syncs.
+    frames: ferry_proto::Inflow,
+    syncs: Arc<Mutex<Vec<usize>>>,
 }
 
 #[derive(Default)]
@@ -36,6 +41,21 @@ struct Hold {
 impl std::io::Read for Gated {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.input.read(buf)?;
+        self.frames.feed(&buf[..n]);
+        while let Ok(Some(f)) = self.frames.next_frame() {
+            match ferry_proto::Message::decode(&f) {
+                Ok(ferry_proto::Message::Request(ferry_proto::Request::Sync)) => {
+                    self.syncs.lock().unwrap()[self.session] += 1;
+                }
+                // As the server's reader does: one zstd stream after the Hello.
+                Ok(ferry_proto::Message::Hello(h))
+                    if h.features & ferry_proto::FEATURE_ZSTD_STREAM != 0 =>
+                {
+                    let _ = self.frames.start_zstd();
+                }
+                _ => {}
+            }
+        }
         let (lock, changed) = &*self.held;
         let mut h = lock.lock().unwrap();
         if h.session == Some(self.session) {
@@ -66,7 +86,13 @@ impl Remote {
             sockets: Arc::default(),
             made: Arc::default(),
             held: Arc::default(),
+            syncs: Arc::default(),
         }
+    }
+
+    /// The `Sync` requests session `n` (by the order made, from 0) received so far.
+    pub fn syncs(&self, n: usize) -> usize {
+        self.syncs.lock().unwrap().get(n).copied().unwrap_or(0)
     }
 
     /// Holds the requests of session `n` (by the order made, from 0) until [`free`](Self::free):
@@ -104,10 +130,18 @@ impl Remote {
             let (a, b) = UnixStream::pair()?;
             r.sockets.lock().unwrap().push(a.try_clone()?);
             let session = r.made.fetch_add(1, Ordering::AcqRel);
+            {
+                let mut syncs = r.syncs.lock().unwrap();
+                if syncs.len() <= session {
+                    syncs.resize(session + 1, 0);
+                }
+            }
             let input = Gated {
                 input: a.try_clone()?,
                 session,
                 held: r.held.clone(),
+                frames: ferry_proto::Inflow::new(),
+                syncs: r.syncs.clone(),
             };
             let export = Export::open(&r.root)?;
             let opts = ServerOptions {
