@@ -113,6 +113,15 @@ impl PathIndex {
         recipe: &Recipe,
         oid: &Oid,
     ) -> Result<(), StoreError> {
+        self.record_all(&[(path, stamp, recipe, oid)])
+    }
+
+    /// [`record`](Self::record)s each file, in order, in one transaction (a commit each cost
+    /// a server about 40 µs a file of a tree put).
+    pub fn record_all(&self, files: &[(&[u8], &Stamp, &Recipe, &Oid)]) -> Result<(), StoreError> {
+        if files.is_empty() {
+            return Ok(());
+        }
         let e = db_err(&self.path);
         let mut w = self.db.begin_write().map_err(db_err(&self.path))?;
         w.set_durability(redb::Durability::None)
@@ -121,44 +130,64 @@ impl PathIndex {
                 msg: x.to_string(),
             })?;
         {
-            let mut files = w.open_table(FILES).map_err(db_err(&self.path))?;
-            let mut chunks = w.open_table(CHUNKS).map_err(db_err(&self.path))?;
-            let mut objects = w.open_table(OBJECTS).map_err(db_err(&self.path))?;
-            let old = files
-                .get(path)
-                .map_err(db_err(&self.path))?
-                .and_then(|v| Recipe::decode(v.value().get(72..)?).ok());
-            if let Some(old) = old {
-                for c in old.chunks() {
-                    let here = chunks
-                        .get(c.id.digest())
-                        .map_err(db_err(&self.path))?
-                        .is_some_and(|v| v.value().get(12..) == Some(path));
-                    if here {
-                        chunks.remove(c.id.digest()).map_err(db_err(&self.path))?;
-                    }
-                }
+            let mut tables = (
+                w.open_table(FILES).map_err(db_err(&self.path))?,
+                w.open_table(CHUNKS).map_err(db_err(&self.path))?,
+                w.open_table(OBJECTS).map_err(db_err(&self.path))?,
+            );
+            for &(path, stamp, recipe, oid) in files {
+                self.record_in(&mut tables, path, stamp, recipe, oid)?;
             }
-            let mut value = Vec::with_capacity(72 + recipe.len() * 36);
-            value.extend_from_slice(&stamp.encode());
-            value.extend_from_slice(oid.id().digest());
-            value.extend_from_slice(&recipe.encode());
-            files.insert(path, &value[..]).map_err(db_err(&self.path))?;
-            let mut loc = Vec::with_capacity(12 + path.len());
-            for (offset, c) in recipe.with_offsets() {
-                loc.clear();
-                loc.extend_from_slice(&offset.to_le_bytes());
-                loc.extend_from_slice(&c.len.to_le_bytes());
-                loc.extend_from_slice(path);
-                chunks
-                    .insert(c.id.digest(), &loc[..])
-                    .map_err(db_err(&self.path))?;
-            }
-            objects
-                .insert(oid.id().digest(), path)
-                .map_err(db_err(&self.path))?;
         }
         w.commit().map_err(e)
+    }
+
+    fn record_in(
+        &self,
+        (files, chunks, objects): &mut (
+            redb::Table<&[u8], &[u8]>,
+            redb::Table<&[u8; 32], &[u8]>,
+            redb::Table<&[u8; 32], &[u8]>,
+        ),
+        path: &[u8],
+        stamp: &Stamp,
+        recipe: &Recipe,
+        oid: &Oid,
+    ) -> Result<(), StoreError> {
+        let old = files
+            .get(path)
+            .map_err(db_err(&self.path))?
+            .and_then(|v| Recipe::decode(v.value().get(72..)?).ok());
+        if let Some(old) = old {
+            for c in old.chunks() {
+                let here = chunks
+                    .get(c.id.digest())
+                    .map_err(db_err(&self.path))?
+                    .is_some_and(|v| v.value().get(12..) == Some(path));
+                if here {
+                    chunks.remove(c.id.digest()).map_err(db_err(&self.path))?;
+                }
+            }
+        }
+        let mut value = Vec::with_capacity(72 + recipe.len() * 36);
+        value.extend_from_slice(&stamp.encode());
+        value.extend_from_slice(oid.id().digest());
+        value.extend_from_slice(&recipe.encode());
+        files.insert(path, &value[..]).map_err(db_err(&self.path))?;
+        let mut loc = Vec::with_capacity(12 + path.len());
+        for (offset, c) in recipe.with_offsets() {
+            loc.clear();
+            loc.extend_from_slice(&offset.to_le_bytes());
+            loc.extend_from_slice(&c.len.to_le_bytes());
+            loc.extend_from_slice(path);
+            chunks
+                .insert(c.id.digest(), &loc[..])
+                .map_err(db_err(&self.path))?;
+        }
+        objects
+            .insert(oid.id().digest(), path)
+            .map_err(db_err(&self.path))?;
+        Ok(())
     }
 
     /// Where chunk `id` was last seen: (path, offset, length).

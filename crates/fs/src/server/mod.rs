@@ -91,6 +91,8 @@ struct Hint {
     len: u32,
 }
 
+/// Files recorded in the index in one transaction at most.
+const RECORD_AT_ONCE: usize = 256;
 /// Stale chunk hints forgotten after a request at most (a removal from the index costs about
 /// 10 µs): a file gone since it was indexed is forgotten over several requests or sessions, or
 /// in one stroke when its content is recorded again, while each request that meets the rest
@@ -144,6 +146,10 @@ pub struct Server {
     uploads: upload::Uploads,
     /// Where chunks, recipes and objects were seen, across sessions (LBFS's database).
     index: Option<std::sync::Arc<ferry_store::PathIndex>>,
+    /// Files to record in the index ([`remember`](Self::remember)), written together after
+    /// the uploads in a row ([`RECORD_AT_ONCE`] at most): the index is a hint, which this
+    /// session's own hints cover meanwhile.
+    to_record: Vec<(Vec<u8>, ferry_store::Stamp, Recipe, Oid)>,
     /// Chunks the index placed where they no longer are, forgotten together after the request
     /// (the first [`FORGET_AT_ONCE`]).
     stale: Vec<Id>,
@@ -212,6 +218,7 @@ impl Server {
             index: None,
             stale: vec![],
             index_files: HashMap::new(),
+            to_record: vec![],
             leases: match crate::leases::Leases::new() {
                 Ok(l) => Some(l),
                 Err(e) => {
@@ -378,7 +385,14 @@ impl Server {
         // Changes made before this request break the leases they break now, before anything
         // is read for the reply: a lease granted below is broken only by later changes.
         self.take_broken();
+        let upload = matches!(
+            r,
+            Request::Create { .. } | Request::Write { .. } | Request::Commit { .. }
+        );
         let mut out = self.dispatch(id, r);
+        if !upload {
+            self.record_now();
+        }
         self.index_files.clear();
         if let (Some(i), false) = (&self.index, self.stale.is_empty()) {
             let stale = std::mem::take(&mut self.stale);
@@ -719,8 +733,10 @@ impl Server {
         if let Some(i) = &self.index {
             let known = i.recipe(path.as_bytes(), &stamp(&fid)).ok().flatten();
             if known.is_none_or(|(r, o)| r != recipe || o != oid) {
-                if let Err(e) = i.record(path.as_bytes(), &stamp(&fid), &recipe, &oid) {
-                    tracing::debug!("index: {e}");
+                self.to_record
+                    .push((path.as_bytes().to_vec(), stamp(&fid), recipe.clone(), oid));
+                if self.to_record.len() >= RECORD_AT_ONCE {
+                    self.record_now();
                 }
             }
         }
@@ -731,6 +747,22 @@ impl Server {
         }
         self.objects.insert(oid.id(), path.clone());
         self.recipes.insert(fid, (recipe, oid));
+    }
+
+    /// Writes what [`remember`](Self::remember) kept for the index, in one transaction.
+    fn record_now(&mut self) {
+        let (Some(i), false) = (&self.index, self.to_record.is_empty()) else {
+            return;
+        };
+        let files: Vec<_> = self
+            .to_record
+            .iter()
+            .map(|(p, st, r, o)| (&p[..], st, r, o))
+            .collect();
+        if let Err(e) = i.record_all(&files) {
+            tracing::debug!("index: {e}");
+        }
+        self.to_record.clear();
     }
 
     /// A chunk's bytes from wherever it was seen, verified; `None` if no valid copy is known.
@@ -821,6 +853,7 @@ impl Drop for Server {
         if let Err(e) = self.dir_syncs.sync() {
             tracing::warn!("making the session's last changes durable: {e}");
         }
+        self.record_now();
         if let Some(i) = &self.index {
             if let Err(e) = i.sync() {
                 tracing::debug!("index: {e}");
