@@ -28,6 +28,13 @@ const FILES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("files");
 const CHUNKS: TableDefinition<&[u8; 32], &[u8]> = TableDefinition::new("chunks");
 const OBJECTS: TableDefinition<&[u8; 32], &[u8]> = TableDefinition::new("objects");
 
+/// The index's three tables, open for writing.
+type Tables<'t> = (
+    redb::Table<'t, &'static [u8], &'static [u8]>,
+    redb::Table<'t, &'static [u8; 32], &'static [u8]>,
+    redb::Table<'t, &'static [u8; 32], &'static [u8]>,
+);
+
 /// A file version's identity: any change to the file (through Ferry or not) changes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Stamp {
@@ -144,11 +151,7 @@ impl PathIndex {
 
     fn record_in(
         &self,
-        (files, chunks, objects): &mut (
-            redb::Table<&[u8], &[u8]>,
-            redb::Table<&[u8; 32], &[u8]>,
-            redb::Table<&[u8; 32], &[u8]>,
-        ),
+        (files, chunks, objects): &mut Tables<'_>,
         path: &[u8],
         stamp: &Stamp,
         recipe: &Recipe,
