@@ -193,7 +193,20 @@ pub(crate) fn decode_payload(h: &RecordHeader, payload: &[u8]) -> Result<Vec<u8>
     let raw = match h.codec {
         Codec::Raw => payload.to_vec(),
         Codec::Zstd => {
-            zstd::bulk::decompress(payload, h.raw_len as usize).map_err(|e| format!("zstd: {e}"))?
+            // This thread's decompressor, as `compress` keeps its compressor: a fresh context
+            // (allocated and cleared) per record cost more than decoding a chunk.
+            thread_local! {
+                static D: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+                    const { std::cell::RefCell::new(None) };
+            }
+            D.with_borrow_mut(|d| {
+                if d.is_none() {
+                    *d = Some(zstd::bulk::Decompressor::new().map_err(|e| format!("zstd: {e}"))?);
+                }
+                let d = d.as_mut().expect("made above");
+                d.decompress(payload, h.raw_len as usize)
+                    .map_err(|e| format!("zstd: {e}"))
+            })?
         }
     };
     if raw.len() != h.raw_len as usize {
