@@ -107,6 +107,9 @@ fn serve_until_closed(
                 outflow.flush(&mut bytes)?;
                 server.wrote(write_out(&mut outflow, &mut output, &mut bytes)?);
             }
+            if server.fast_link() {
+                outflow.fast_link();
+            }
             if let (Some(level), false) = (server.stream_level(), outflow.is_compressed()) {
                 // The Hello reply went out plain; everything after it is one zstd stream.
                 outflow.start_zstd(level)?;
@@ -473,13 +476,13 @@ impl<R: Read, W> Connection<R, W> {
     pub fn send(&mut self, r: Request) -> Result<u32, ConnError> {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
-        // The measure matters where the server compresses against old data: only there.
-        let against_old = match &r {
-            Request::GetChunks(g) => g.against.is_some(),
-            Request::ReadFiles { files } => files.iter().any(|(_, olds)| !olds.is_empty()),
-            _ => false,
-        };
-        if against_old && self.offers(FEATURE_RATE) {
+        // The measure matters where the server sends bulk: its frames against old data, and its
+        // stream's level (which goes below its start only on a link measured fast).
+        let bulk = matches!(
+            r,
+            Request::GetChunks(_) | Request::ReadFiles { .. } | Request::ReadRange { .. }
+        );
+        if bulk && self.offers(FEATURE_RATE) {
             if let Some(m) = self.rate.news() {
                 tracing::debug!(
                     "the link brings at least {} bytes/s ({} bytes at once), replies after {:?}",

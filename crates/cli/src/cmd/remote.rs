@@ -36,8 +36,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     chunking: Chunking,
     /// zstd level of what the server sends: 1-22 (higher spends CPU to save bytes; 19 is
-    /// about `zstd -19`, a few MB/s, and ~100 MB of memory a session), or `adapt`: from 9 to
-    /// 19 as the link allows, higher while writes wait on a slow link, lower while the link
+    /// about `zstd -19`, a few MB/s, and ~100 MB of memory a session), or `adapt`: from 9, up to
+    /// 19 or down to 3 as the link allows, higher while writes wait on a slow link, lower while the link
     /// waits on the compressor.
     #[arg(long, value_name = "LEVEL", default_value_t = ferry_fs::DEFAULT_ZSTD_LEVEL)]
     zstd_level: ferry_proto::Level,
@@ -161,8 +161,8 @@ pub struct Rsh {
     #[arg(long, default_value_t = 0, value_name = "N")]
     retry: u32,
     /// zstd level of the session, both ways (passed to the far side's `serve` over a remote
-    /// shell): 1-22, or `adapt`: from 9 to 19 as the link allows, higher while writes wait on
-    /// a slow link, lower while the link waits on the compressor [default: adapt].
+    /// shell): 1-22, or `adapt`: from 9, up to 19 or down to 3 as the link allows, higher while
+    /// writes wait on a slow link, lower while the link waits on the compressor [default: adapt].
     #[arg(long, value_name = "LEVEL")]
     zstd_level: Option<ferry_proto::Level>,
     #[command(flatten)]

@@ -87,6 +87,12 @@ const THIN_LINK: u64 = 256 << 10;
 const NEAR: Duration = Duration::from_millis(2);
 const THIN_SAMPLE: u64 = 16 << 10;
 
+/// Whether the receiver's measure shows a broad or near link (a LAN): there, frames start low
+/// and the session's stream may go below its starting level.
+pub fn fast_link(rate: u64, round_trip: Option<Duration>) -> bool {
+    rate >= BROAD_LINK || round_trip.is_some_and(|r| r < NEAR)
+}
+
 impl FrameLevel {
     /// Levels from `floor` (the session's level) up to [`TOP_LEVEL`].
     pub fn new(floor: i32) -> Self {
@@ -125,7 +131,7 @@ impl FrameLevel {
             return;
         }
         let near = round_trip.is_some_and(|r| r < NEAR);
-        if rate >= BROAD_LINK || near {
+        if fast_link(rate, round_trip) {
             self.lowest = 0;
         }
         self.at = if rate >= FAST_LINK {

@@ -146,6 +146,8 @@ pub struct Server {
     uploads: upload::Uploads,
     /// Where chunks, recipes and objects were seen, across sessions (LBFS's database).
     index: Option<std::sync::Arc<ferry_store::PathIndex>>,
+    /// The client measured the link fast (see [`fast_link`](Self::fast_link)).
+    fast_link: bool,
     /// Files to record in the index ([`remember`](Self::remember)), written together after
     /// the uploads in a row ([`RECORD_AT_ONCE`] at most): the index is a hint, which this
     /// session's own hints cover meanwhile.
@@ -219,6 +221,7 @@ impl Server {
             stale: vec![],
             index_files: HashMap::new(),
             to_record: vec![],
+            fast_link: false,
             leases: match crate::leases::Leases::new() {
                 Ok(l) => Some(l),
                 Err(e) => {
@@ -263,6 +266,12 @@ impl Server {
     /// How long the loop may wait for the client now: until its Hello is due, or for ever.
     pub fn wait_limit(&self) -> Option<std::time::Duration> {
         self.opts.hello_timeout.filter(|_| !self.greeted)
+    }
+
+    /// Whether the client measured the link fast (a LAN): the session's stream may then go
+    /// below its starting level where the compressor holds the link up.
+    pub fn fast_link(&self) -> bool {
+        self.fast_link
     }
 
     /// Writing replies out waited `waited` on the transport: large frames against old data
@@ -372,6 +381,7 @@ impl Server {
                     let round_trip =
                         (round_trip > 0).then(|| std::time::Duration::from_micros(round_trip));
                     self.against.level.link_rate(rate, sample, round_trip);
+                    self.fast_link |= crate::delta::fast_link(rate, round_trip);
                 }
                 vec![]
             }
