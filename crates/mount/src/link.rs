@@ -49,11 +49,37 @@ struct Pool {
     open: usize,
     /// The ids of the sessions open, idle or in use ([`Session::id`]).
     ids: std::collections::HashSet<usize>,
+    /// Syncs of every session ([`Link::sync_all`]) are numbered; `wanted` holds, for each
+    /// session that was in use when one began, the newest such number it owes a `Sync` for
+    /// (made as it comes back), and `synced` the newest its last `Sync` answered for.
+    syncs: u64,
+    wanted: std::collections::HashMap<usize, u64>,
+    synced: std::collections::HashMap<usize, u64>,
 }
 
-/// Sessions that were in use when a sync began, by id: each syncs as it comes back (see
-/// [`Link::sync_all`]). `None` while it has not; then `None` inside when it did, or why not.
-type Owed = std::collections::HashMap<usize, Option<Option<String>>>;
+impl Pool {
+    fn new(first: Session) -> Pool {
+        Pool {
+            ids: [first.id()].into(),
+            idle: vec![first],
+            open: 1,
+            syncs: 0,
+            wanted: Default::default(),
+            synced: Default::default(),
+        }
+    }
+
+    /// The sync number session `id` owes a `Sync` for, if it owes one.
+    fn owed(&self, id: usize) -> Option<u64> {
+        let wanted = self.wanted.get(&id).copied().unwrap_or(0);
+        (wanted > self.synced.get(&id).copied().unwrap_or(0)).then_some(wanted)
+    }
+
+    fn synced(&mut self, id: usize, n: u64) {
+        let at = self.synced.entry(id).or_insert(0);
+        *at = (*at).max(n);
+    }
+}
 
 struct Reconnect {
     connecting: bool,
@@ -83,9 +109,6 @@ pub(crate) struct Link {
     invalidated: Mutex<Vec<Break>>,
     /// Files removed here and not yet on the server.
     pub(crate) queued: Queue,
-    owed: Mutex<Owed>,
-    /// Signalled when an owed sync is made (or cannot be).
-    owed_done: Condvar,
     /// Syncs waiting for sessions in use to come back (for tests).
     pub(crate) owed_waits: AtomicUsize,
 }
@@ -109,11 +132,7 @@ impl Link {
         Ok(Link {
             connect: Arc::new(connect),
             timeout,
-            pool: Mutex::new(Pool {
-                ids: [s.id()].into(),
-                idle: vec![s],
-                open: 1,
-            }),
+            pool: Mutex::new(Pool::new(s)),
             freed: Condvar::new(),
             reconnect: Arc::new((
                 Mutex::new(Reconnect {
@@ -128,8 +147,6 @@ impl Link {
             epoch: Arc::new(AtomicU64::new(1)),
             invalidated: Mutex::new(vec![]),
             queued: Queue::default(),
-            owed: Mutex::default(),
-            owed_done: Condvar::new(),
             owed_waits: AtomicUsize::new(0),
         })
     }
@@ -155,11 +172,13 @@ impl Link {
     /// Makes the changes of every session durable on the server: each session's server syncs
     /// the directories that session changed, so a `Sync` must reach each one. The idle ones
     /// now, one after another (with none open, one as [`run`](Self::run) takes it); those in
-    /// use by other operations as each comes back, waited for. The first failure is the
-    /// answer.
-    pub(crate) fn sync_all(&self) -> Result<(), Failure> {
-        let (mut sessions, busy) = {
+    /// use by other operations as each comes back (before another operation takes it), waited
+    /// for with `wait`. The first failure is the answer.
+    pub(crate) fn sync_all(&self, wait: bool) -> Result<(), Failure> {
+        let (mut sessions, mut busy, n) = {
             let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+            pool.syncs += 1;
+            let n = pool.syncs;
             let idle = std::mem::take(&mut pool.idle);
             let busy: Vec<usize> = pool
                 .ids
@@ -167,38 +186,49 @@ impl Link {
                 .filter(|&&id| !idle.iter().any(|s| s.id() == id))
                 .copied()
                 .collect();
-            (idle, busy)
-        };
-        {
-            let mut owed = self.owed.lock().unwrap_or_else(|e| e.into_inner());
             for &id in &busy {
-                owed.entry(id).or_insert(None);
+                let w = pool.wanted.entry(id).or_insert(0);
+                *w = (*w).max(n);
             }
-        }
+            (idle, busy, n)
+        };
         if sessions.is_empty() && busy.is_empty() {
             sessions.push(self.take()?);
         }
         let mut first = Ok(());
         for mut s in sessions {
+            let id = s.id();
             let r = self.run_on(&mut s.conn, Self::sync_one);
+            if r.is_ok() {
+                self.pool
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .synced(id, n);
+            }
             if let (Err(e), Ok(())) = (self.settle(s, r), &first) {
                 first = Err(e);
             }
         }
-        let mut owed = self.owed.lock().unwrap_or_else(|e| e.into_inner());
+        if !wait {
+            return first;
+        }
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         self.owed_waits.fetch_add(1, Ordering::AcqRel);
-        while !busy
-            .iter()
-            .all(|id| owed.get(id).is_none_or(|o| o.is_some()))
-        {
-            owed = self.owed_done.wait(owed).unwrap_or_else(|e| e.into_inner());
+        loop {
+            busy.retain(|id| pool.synced.get(id).is_none_or(|&at| at < n));
+            let gone = busy.len();
+            busy.retain(|id| pool.ids.contains(id));
+            if busy.len() < gone && first.is_ok() {
+                first = Err(Failure::Offline(
+                    "a session ended before its changes were synced".into(),
+                ));
+            }
+            if busy.is_empty() {
+                break;
+            }
+            pool = self.freed.wait(pool).unwrap_or_else(|e| e.into_inner());
         }
         self.owed_waits.fetch_sub(1, Ordering::AcqRel);
-        for id in &busy {
-            if let (Some(Some(Some(why))), true) = (owed.remove(id), first.is_ok()) {
-                first = Err(Failure::Offline(why));
-            }
-        }
         first
     }
 
@@ -209,15 +239,6 @@ impl Link {
             c.call(ferry_proto::Request::Sync)?;
         }
         Ok(())
-    }
-
-    /// Notes what became of the sync session `id` owed, if it owed one.
-    fn owed_made(&self, id: usize, outcome: Option<String>) {
-        let mut owed = self.owed.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(o @ None) = owed.get_mut(&id) {
-            *o = Some(outcome);
-            self.owed_done.notify_all();
-        }
     }
 
     /// Runs `f` over `c` right behind the changes queued (see `crate::queued`).
@@ -330,39 +351,45 @@ impl Link {
         }
     }
 
+    /// Puts `s` back among the idle sessions, after the `Sync` it owes a sync of every
+    /// session begun while it was in use (see [`sync_all`](Self::sync_all)).
     fn give_back(&self, mut s: Session) {
-        let owes = self
-            .owed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&s.id())
-            .is_some_and(|o| o.is_none());
-        if owes {
-            // In use when a sync began: its changes are made durable before it is idle.
+        let id = s.id();
+        loop {
+            let owed = {
+                let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+                match pool.owed(id) {
+                    Some(n) => n,
+                    None => {
+                        pool.idle.push(s);
+                        drop(pool);
+                        // Syncs wait on this too.
+                        self.freed.notify_all();
+                        return;
+                    }
+                }
+            };
             let r = self.run_on(&mut s.conn, Self::sync_one);
             self.take_invalidations(&mut s.conn);
             match r {
-                Ok(()) => self.owed_made(s.id(), None),
-                Err(GetError::Conn(ConnError::Remote { message, .. })) => {
-                    self.owed_made(s.id(), Some(message))
-                }
+                Ok(()) => self
+                    .pool
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .synced(id, owed),
                 Err(e) => {
+                    // Refused or failed: the syncs waiting for it learn it ended unsynced.
                     let why = e.to_string();
-                    tracing::warn!("link to the server failed: {why}");
+                    tracing::warn!("syncing the server's last changes: {why}");
                     self.drop_session(s);
-                    if matches!(e, GetError::Conn(_)) {
+                    if matches!(e, GetError::Conn(ref c) if !matches!(c, ConnError::Remote { .. }))
+                    {
                         self.failed(why);
                     }
                     return;
                 }
             }
         }
-        self.pool
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .idle
-            .push(s);
-        self.freed.notify_one();
     }
 
     /// Ends a session that cannot go on (without waiting for its orderly end).
@@ -373,26 +400,24 @@ impl Link {
             let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
             pool.open -= 1;
             pool.ids.remove(&id);
+            pool.wanted.remove(&id);
+            pool.synced.remove(&id);
         }
-        self.owed_made(
-            id,
-            Some("the session ended before its changes were synced".into()),
-        );
-        self.freed.notify_one();
+        self.freed.notify_all();
     }
 
     /// Takes what the servers sent unasked over the idle sessions without waiting, and
     /// reconnects in the background when none is open. Sessions in use are left alone.
     pub(crate) fn poll(&self) {
         let idle = std::mem::take(&mut self.pool.lock().unwrap_or_else(|e| e.into_inner()).idle);
-        let mut keep = vec![];
         for mut s in idle {
             s.set_read_timeout(Some(Duration::ZERO));
             let r = s.conn.poll();
             s.set_read_timeout(Some(self.timeout));
             self.take_invalidations(&mut s.conn);
             match r {
-                Ok(()) => keep.push(s),
+                // (A sync begun meanwhile found it in use: it owes it a `Sync` now.)
+                Ok(()) => self.give_back(s),
                 Err(e) => {
                     let why = e.to_string();
                     tracing::warn!("link to the server failed: {why}");
@@ -402,7 +427,6 @@ impl Link {
             }
         }
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
-        pool.idle.extend(keep);
         if pool.open == 0 {
             let (lock, _) = &*self.reconnect;
             let mut rc = lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -456,7 +480,16 @@ impl Link {
 
     /// Hangs up (at unmount).
     pub(crate) fn close(&self) {
-        let idle = std::mem::take(&mut self.pool.lock().unwrap_or_else(|e| e.into_inner()).idle);
+        let idle = {
+            let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+            let idle = std::mem::take(&mut pool.idle);
+            for s in &idle {
+                pool.ids.remove(&s.id());
+            }
+            pool.open -= idle.len();
+            idle
+        };
+        self.freed.notify_all();
         for s in idle {
             if let Err(e) = s.close() {
                 tracing::debug!("closing the session: {e}");

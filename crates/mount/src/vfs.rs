@@ -539,7 +539,8 @@ impl Vfs {
             .unsynced
             .is_some_and(|t| t.elapsed() >= SYNC_AFTER);
         if due && self.link.is_up() {
-            if let Err(e) = self.sync_server() {
+            // Not waiting for sessions in use: those are left for the next round.
+            if let Err(e) = self.sync_sessions(false) {
                 let e = std::io::Error::from_raw_os_error(e.0);
                 tracing::debug!("making the changes durable on the server: {e}");
             }

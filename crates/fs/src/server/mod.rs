@@ -157,7 +157,7 @@ pub struct Server {
     stale: Vec<Id>,
     /// The files the index placed chunks in, opened (or not there) during this request: a
     /// `Have` of a large file's chunks opened it once a chunk.
-    index_files: HashMap<Vec<u8>, Option<std::fs::File>>,
+    index_files: HashMap<Vec<u8>, Result<std::fs::File, io::ErrorKind>>,
     /// `None` when change notification is unavailable: then no leases are granted.
     leases: Option<crate::leases::Leases>,
     /// Leases broken by changes seen while handling a request, sent before its reply.
@@ -397,18 +397,24 @@ impl Server {
         self.take_broken();
         let upload = matches!(
             r,
-            Request::Create { .. } | Request::Write { .. } | Request::Commit { .. }
+            Request::Have { .. }
+                | Request::GetKeys { .. }
+                | Request::Create { .. }
+                | Request::Write { .. }
+                | Request::Commit { .. }
         );
         let mut out = self.dispatch(id, r);
-        if !upload {
-            self.record_now();
-        }
         self.index_files.clear();
+        // Stale hints go before new ones are recorded: a chunk found gone from where it was
+        // may have been recorded where it is now.
         if let (Some(i), false) = (&self.index, self.stale.is_empty()) {
             let stale = std::mem::take(&mut self.stale);
             if let Err(e) = i.forget(&stale[..stale.len().min(FORGET_AT_ONCE)]) {
                 tracing::debug!("forgetting stale chunk hints: {e}");
             }
+        }
+        if !upload {
+            self.record_now();
         }
         if !self.broken.is_empty() || !self.changed.is_empty() {
             let breaks = self.unasked();
@@ -797,24 +803,35 @@ impl Server {
             let f = WirePath::new(path.clone())
                 .map_err(io::Error::other)
                 .and_then(|p| self.export.open_file(&p));
-            self.index_files.insert(path.clone(), f.ok());
+            self.index_files
+                .insert(path.clone(), f.map_err(|e| e.kind()));
         }
         let read = || -> io::Result<Vec<u8>> {
             use std::os::unix::fs::FileExt;
             let f = self.index_files[&path]
                 .as_ref()
-                .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+                .map_err(|&kind| io::Error::from(kind))?;
             let mut buf = vec![0u8; len as usize];
             f.read_exact_at(&mut buf, offset)?;
             Ok(buf)
         };
-        match read() {
-            Ok(buf) if id.matches(&buf) => Some(buf),
-            _ => {
-                self.stale.push(*id);
-                None
-            }
+        // Stale: the file is gone, shorter, or holds other bytes there. (Not a failure of this
+        // moment, out of descriptors say.)
+        let stale = match read() {
+            Ok(buf) if id.matches(&buf) => return Some(buf),
+            Ok(_) => true,
+            Err(e) => matches!(
+                e.kind(),
+                io::ErrorKind::NotFound
+                    | io::ErrorKind::UnexpectedEof
+                    | io::ErrorKind::NotADirectory
+                    | io::ErrorKind::IsADirectory
+            ),
+        };
+        if stale {
+            self.stale.push(*id);
         }
+        None
     }
 
     /// A chunk's bytes from where this session saw it, verified.

@@ -43,13 +43,19 @@ impl Vfs {
     /// server at once, and durable there at the next Sync: at `fsync`, about a second later
     /// (upkeep), or at unmount, a local file system's terms for a change not yet fsynced.
     pub(super) fn sync_server(&self) -> Result<(), Errno> {
+        self.sync_sessions(true)
+    }
+
+    /// Like [`sync_server`](Self::sync_server); without `wait`, the sessions in use by other
+    /// operations sync as they come back, unwaited for (upkeep must not wait behind a long
+    /// fetch).
+    pub(super) fn sync_sessions(&self, wait: bool) -> Result<(), Errno> {
         let Some(since) = self.lock().unsynced.take() else {
             return Ok(());
         };
         // Each session's server syncs the directories that session changed: every session
         // gets a Sync, those in use by other operations when they come back.
-        let r = self.link.sync_all();
-        if let Err(f) = r {
+        if let Err(f) = self.link.sync_all(wait) {
             tracing::debug!("sync: {f}");
             let mut st = self.lock();
             let at = st.unsynced.get_or_insert(since);
