@@ -2,43 +2,17 @@
 
 use super::*;
 
-/// A server that answers Hello, then sends `breaks` names changed unasked ahead of its answer
-/// to the first request.
+/// A server that sends `breaks` names changed unasked ahead of each answer.
 fn flooding_server(breaks: usize) -> Connection<UnixStream, UnixStream> {
-    let (a, b) = UnixStream::pair().unwrap();
-    std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        let (mut r, mut w) = (a.try_clone().unwrap(), std::io::BufWriter::new(a));
-        let mut dec = FrameDecoder::new();
-        let mut buf = [0u8; 65536];
-        loop {
-            while let Some(f) = dec.next_frame().unwrap() {
-                let reply = match Message::decode(&f).unwrap() {
-                    Message::Hello(h) => Message::Hello(Hello { features: 0, ..h }),
-                    Message::Request(_) => {
-                        for i in 0..breaks {
-                            let path = WirePath::new(format!("d/{i}").into_bytes()).unwrap();
-                            let told = Message::Changed { path, attr: None };
-                            w.write_all(&told.encode(0, false).unwrap()).unwrap();
-                        }
-                        Message::Reply(Reply::Ok)
-                    }
-                    _ => return,
-                };
-                if w.write_all(&reply.encode(f.request_id, false).unwrap())
-                    .and_then(|_| w.flush())
-                    .is_err()
-                {
-                    return;
-                }
-            }
-            match r.read(&mut buf) {
-                Ok(0) | Err(_) => return,
-                Ok(n) => dec.feed(&buf[..n]),
-            }
-        }
-    });
-    Connection::open(b.try_clone().unwrap(), b).unwrap()
+    crate::fake_server_telling(move |_| {
+        let told = (0..breaks)
+            .map(|i| Message::Changed {
+                path: WirePath::new(format!("d/{i}").into_bytes()).unwrap(),
+                attr: None,
+            })
+            .collect();
+        (told, Reply::Ok)
+    })
 }
 
 /// Names changed past what the client keeps break their leases instead; past that too, the

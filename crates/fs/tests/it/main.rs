@@ -829,23 +829,38 @@ fn requests_before_hello_and_garbage_are_refused() {
 fn fake_server(
     respond: impl Fn(Request) -> Reply + Send + 'static,
 ) -> Connection<UnixStream, UnixStream> {
+    fake_server_telling(move |q| (vec![], respond(q)))
+}
+
+/// Like [`fake_server`], sending what `respond` gives unasked (request id 0: lease breaks)
+/// ahead of each reply.
+pub(crate) fn fake_server_telling(
+    respond: impl Fn(Request) -> (Vec<Message>, Reply) + Send + 'static,
+) -> Connection<UnixStream, UnixStream> {
     let (a, b) = UnixStream::pair().unwrap();
     std::thread::spawn(move || {
         use std::io::{Read, Write};
-        let (mut r, mut w) = (a.try_clone().unwrap(), a);
+        let (mut r, mut w) = (a.try_clone().unwrap(), std::io::BufWriter::new(a));
         let mut dec = FrameDecoder::new();
         let mut buf = [0u8; 65536];
         loop {
             while let Some(f) = dec.next_frame().unwrap() {
-                let reply = match Message::decode(&f).unwrap() {
+                let (told, reply) = match Message::decode(&f).unwrap() {
                     // A plain server: no session compression.
-                    Message::Hello(h) => Message::Hello(ferry_proto::Hello { features: 0, ..h }),
-                    Message::Request(q) => Message::Reply(respond(q)),
+                    Message::Hello(h) => (vec![], Message::Hello(Hello { features: 0, ..h })),
+                    Message::Request(q) => {
+                        let (told, reply) = respond(q);
+                        (told, Message::Reply(reply))
+                    }
                     _ => return,
                 };
-                if w.write_all(&reply.encode(f.request_id, false).unwrap())
-                    .is_err()
-                {
+                let frames = told.iter().map(|m| (m, 0)).chain([(&reply, f.request_id)]);
+                for (m, id) in frames {
+                    if w.write_all(&m.encode(id, false).unwrap()).is_err() {
+                        return;
+                    }
+                }
+                if w.flush().is_err() {
                     return;
                 }
             }
