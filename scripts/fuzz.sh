@@ -28,8 +28,11 @@ for t in "${targets[@]}"; do
   # The api target's daemon runs for the whole process, its threads with their thread-locals
   # alive at exit: LeakSanitizer's report then (after a 1,800 s run with no failure, an empty
   # "crash") is no leak.
-  [[ $t == api ]] && extra=(-detect_leaks=0)
-  cargo +nightly fuzz run -O "$t" -- -max_total_time="$secs" -rss_limit_mb=2048 -print_final_stats=1 "${extra[@]}" >"$log" 2>&1
+  # (-detect_leaks=0 stops libFuzzer's checks between inputs; ASAN_OPTIONS the one at exit,
+  # which otherwise writes an empty "crash" when a 3,700 s run ends.)
+  asan=${ASAN_OPTIONS:-}
+  [[ $t == api ]] && extra=(-detect_leaks=0) && asan=detect_leaks=0
+  ASAN_OPTIONS=$asan cargo +nightly fuzz run -O "$t" -- -max_total_time="$secs" -rss_limit_mb=2048 -print_final_stats=1 "${extra[@]}" >"$log" 2>&1
   rc=$?
   runs=$(grep -a -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
   if ((rc == 0)); then
