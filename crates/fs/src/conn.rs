@@ -329,8 +329,9 @@ pub struct Connection<R, W> {
     /// Names changed in leased listings (Changed, with `FEATURE_ENTRY_CHANGES`): what each is
     /// now (`None`: gone), in arrival order, until taken.
     pub changed: Vec<(ferry_proto::WirePath, Option<ferry_proto::Attr>)>,
-    /// Set when a break arrived with both lists above full: breaks were lost, so every lease
-    /// granted on this session is void. Cleared by whoever takes the lists.
+    /// Set when a break arrived with its list above full: breaks were lost, so every lease
+    /// granted on this session is void (and what the lists hold may be older than what was
+    /// lost). Cleared by whoever takes the lists.
     pub breaks_lost: bool,
     /// Called when the last reply frame of their request arrives (see
     /// [`on_answered`](Self::on_answered)).
@@ -578,12 +579,12 @@ impl<R: Read, W> Connection<R, W> {
                     Message::Changed { path, attr } if self.changed.len() < MAX_BREAKS => {
                         self.changed.push((path, attr));
                     }
-                    // Too many names to keep: the name's lease is broken instead.
-                    Message::Invalidate(path) | Message::Changed { path, .. }
-                        if self.invalidated.len() < MAX_BREAKS =>
-                    {
+                    Message::Invalidate(path) if self.invalidated.len() < MAX_BREAKS => {
                         self.invalidated.push(path);
                     }
+                    // Too many to keep (a name changed past the bound cannot become a lease
+                    // break instead: breaks are taken before names, so an older name's state
+                    // would be taken last).
                     Message::Invalidate(_) | Message::Changed { .. } => self.breaks_lost = true,
                     _ => {}
                 }

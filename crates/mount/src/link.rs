@@ -500,6 +500,13 @@ impl Link {
     fn take_invalidations(&self, c: &mut Conn) {
         if std::mem::take(&mut c.breaks_lost) {
             tracing::warn!("the server's lease breaks came faster than taken: every lease is void");
+            // What was told before the loss may be older than what was lost: none of it is
+            // taken (the listings and attributes are asked again), and no lease stands.
+            c.changed.clear();
+            self.invalidated
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|b| matches!(b, Break::Lease(_)));
             self.epoch.fetch_add(1, Ordering::AcqRel);
         }
         if !c.invalidated.is_empty() || !c.changed.is_empty() {
