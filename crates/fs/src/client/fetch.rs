@@ -702,18 +702,26 @@ fn whole_file(
     stats: &mut GetStats,
     fetched: &mut HashSet<Id>,
 ) -> Result<(Recipe, ferry_format::Oid), GetError> {
-    let mut chunks = vec![];
+    // Each chunk into the cache as it is cut: its id was just hashed from these bytes (no
+    // copy, no second hash).
+    let mut failed = None;
     let (recipe, oid) = ferry_format::chunk_object(data, &src.chunker, HashAlg::Blake3, |c, b| {
-        chunks.push((c.id, b.to_vec()));
+        if failed.is_none() {
+            failed = src
+                .cache
+                .put(&VerifiedChunk::assume_verified(c.id, b))
+                .err();
+        }
         Ok::<_, io::Error>(())
     })
     .map_err(ConnError::Io)?;
-    for (id, bytes) in chunks {
-        let v = VerifiedChunk::check(id, &bytes).map_err(|_| GetError::BadData(id))?;
-        src.cache.put(&v)?;
-        if fetched.insert(id) {
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    for c in recipe.chunks() {
+        if fetched.insert(c.id) {
             stats.from_server += 1;
-            stats.bytes_from_server += bytes.len() as u64;
+            stats.bytes_from_server += c.len as u64;
         }
     }
     Ok((recipe, oid))
