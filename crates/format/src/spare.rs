@@ -41,23 +41,26 @@ impl SpareHasher {
     /// Hashes the next piece.
     pub fn update(&mut self, piece: Vec<u8>) {
         self.taken += piece.len() as u64;
-        let state = std::mem::replace(&mut self.state, State::Here(IdHasher::new(self.alg)));
-        self.state = match state {
-            State::Here(mut h) if self.taken <= self.inline_max => {
-                h.update(&piece);
-                State::Here(h)
+        match &mut self.state {
+            State::Here(h) if self.taken <= self.inline_max => h.update(&piece),
+            State::Here(h) => {
+                let h = std::mem::replace(h, IdHasher::new(self.alg));
+                self.state = self.spawn(h, piece);
             }
-            State::Here(h) => self.spawn(h, piece),
-            State::There { pieces, done } => match pieces.send(piece) {
-                Ok(()) => State::There { pieces, done },
-                // The thread is gone only if it panicked: so does this.
-                Err(_) => std::panic::resume_unwind(
-                    done.join()
-                        .err()
-                        .unwrap_or_else(|| Box::new("the hashing thread ended early")),
-                ),
-            },
-        };
+            State::There { pieces, .. } => {
+                if pieces.send(piece).is_err() {
+                    // The thread is gone only if it panicked: so does this.
+                    let State::There { done, .. } =
+                        std::mem::replace(&mut self.state, State::Here(IdHasher::new(self.alg)))
+                    else {
+                        unreachable!("matched above")
+                    };
+                    std::panic::resume_unwind(done.join().err().unwrap_or_else(|| {
+                        Box::new("the hashing thread ended early")
+                    }));
+                }
+            }
+        }
     }
 
     fn spawn(&mut self, mut h: IdHasher, first: Vec<u8>) -> State {
