@@ -55,9 +55,11 @@ impl SpareHasher {
                     else {
                         unreachable!("matched above")
                     };
-                    std::panic::resume_unwind(done.join().err().unwrap_or_else(|| {
-                        Box::new("the hashing thread ended early")
-                    }));
+                    std::panic::resume_unwind(
+                        done.join()
+                            .err()
+                            .unwrap_or_else(|| Box::new("the hashing thread ended early")),
+                    );
                 }
             }
         }
