@@ -211,6 +211,7 @@ pub fn run(data: &[u8]) {
             chunker: Default::default(),
             lookaside: None,
             providers: Default::default(),
+            strict_close: false,
         };
         Vfs::new(
             connector(&root, &servers, lease_ms),

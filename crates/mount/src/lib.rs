@@ -27,6 +27,7 @@
 //!     chunker: Default::default(),
 //!     lookaside: None,
 //!     providers: Default::default(),
+//!     strict_close: false,
 //! };
 //! let vfs = ferry_mount::Vfs::new(connect, ferry_proto::WirePath::default(), opts)?;
 //! ferry_mount::serve(vfs, "/home/me/src".as_ref(), &ferry_mount::MountOptions::default(), |_| {})?;

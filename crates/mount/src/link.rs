@@ -121,6 +121,8 @@ pub(crate) enum Break {
     Entry(WirePath, Option<ferry_proto::Attr>),
     /// The attributes of a path after a change queued here (asked for at that moment).
     Attr(WirePath, ferry_proto::Attr, Instant),
+    /// The answer to a new file's queued commit.
+    Put(crate::queued::PutAnswer),
 }
 
 impl Link {
@@ -297,13 +299,14 @@ impl Link {
 
     /// The answers to changes sent: refused ones' paths are taken as changed on the server,
     /// and attributes asked for after a change are passed on.
-    fn finished(&self, sent: Sent, c: &mut Conn) -> Result<(), GetError> {
+    fn finished(&self, mut sent: Sent, c: &mut Conn) -> Result<(), GetError> {
         let answered = sent.finish(c)?;
         // What the server said ahead of the answers (its breaks of this mount's own changes'
         // leases) goes first: the attributes after come after it.
         self.take_invalidations(c);
-        if !answered.changed.is_empty() || !answered.attrs.is_empty() {
+        if !answered.changed.is_empty() || !answered.attrs.is_empty() || !answered.puts.is_empty() {
             let mut all = self.invalidated.lock().unwrap_or_else(|e| e.into_inner());
+            all.extend(answered.puts.into_iter().map(Break::Put));
             all.extend(answered.changed.into_iter().map(Break::Lease));
             all.extend(
                 answered
@@ -501,12 +504,13 @@ impl Link {
         if std::mem::take(&mut c.breaks_lost) {
             tracing::warn!("the server's lease breaks came faster than taken: every lease is void");
             // What was told before the loss may be older than what was lost: none of it is
-            // taken (the listings and attributes are asked again), and no lease stands.
+            // taken (the listings and attributes are asked again), and no lease stands. The
+            // answers to new files' commits stay: they say what became of the copies here.
             c.changed.clear();
             self.invalidated
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .retain(|b| matches!(b, Break::Lease(_)));
+                .retain(|b| matches!(b, Break::Lease(_) | Break::Put(_)));
             self.epoch.fetch_add(1, Ordering::AcqRel);
         }
         if !c.invalidated.is_empty() || !c.changed.is_empty() {

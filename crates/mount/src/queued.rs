@@ -1,6 +1,6 @@
 //! Changes acknowledged before the server makes them (the caller knows from its leases that
-//! the server will): removals and renames of files, and changes of a file's permission bits
-//! and times.
+//! the server will): removals and renames of files, changes of a file's permission bits and
+//! times, and small new files made here (their create, data and commit).
 //! Queued here, and sent together right before the requests of the next operation, whatever
 //! it is, in the same round trip. No operation's requests go over another session until the
 //! server has answered them. So the server makes every change in the order made here: a file
@@ -9,13 +9,20 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use ferry_format::Id;
 use ferry_fs::ConnError;
-use ferry_proto::{Attr, ErrorCode, Reply, Request, WirePath};
+use ferry_proto::{Attr, ErrorCode, Payload, Reply, Request, WirePath, WritePart};
 
 use crate::link::Conn;
 
 /// Changes waiting to be sent, at most: one more is made at once.
 const MAX_QUEUED: usize = 1024;
+/// Bytes of new files' data queued at most: past it, a file is committed at once by its
+/// caller.
+const MAX_QUEUED_BYTES: usize = 2 << 20;
+/// The upload handle of a new file's queued commit (one at a time: each is committed, its
+/// handle closed, before the next is created).
+const PUT_HANDLE: u32 = 0xffff_ff00;
 
 /// How long the queue must stay unchanged before the mount's thread sends it (a program
 /// removing files one after another is still going: `rm -rf` sends a directory's removals with
@@ -37,6 +44,43 @@ pub(crate) enum Change {
     },
     /// The file is renamed (and its attributes asked for after, in the same round trip).
     Rename { from: WirePath, to: WirePath },
+    /// A new file made here is created on the server with its data (Create, Write, Commit).
+    Put(Box<NewFile>),
+}
+
+/// A small file made here, its data and what its commit says.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct NewFile {
+    /// The mount's inode, and its count of writes when the data was read: the answer makes
+    /// the copy clean if no write came since.
+    pub ino: u64,
+    pub writes: u64,
+    pub path: WirePath,
+    pub mode: u32,
+    pub mtime_ns: i64,
+    /// Its chunks' lengths and the whole object's id.
+    pub lens: Vec<u32>,
+    pub oid: Id,
+    pub data: Vec<u8>,
+    /// Made with `O_EXCL`: a file someone else made under its name meanwhile is theirs.
+    pub exclusive: bool,
+}
+
+impl std::fmt::Debug for NewFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "new file {:?} ({} bytes)", self.path, self.data.len())
+    }
+}
+
+/// Where a queued new file's commit is (see [`Queue::cancel_put`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum PutState {
+    /// Taken out of the queue before it was sent.
+    Cancelled,
+    /// Sent, not yet answered.
+    InFlight,
+    /// Neither queued nor on its way.
+    None,
 }
 
 impl Change {
@@ -49,6 +93,14 @@ impl Change {
         }
     }
 
+    /// Bytes of data it carries.
+    fn bytes(&self) -> usize {
+        match self {
+            Change::Put(f) => f.data.len(),
+            _ => 0,
+        }
+    }
+
     /// The path whose attributes are asked for after the change (none for a removal), and
     /// the paths to take as changed on the server if it refuses the change.
     fn paths(&self) -> (Option<&WirePath>, Vec<&WirePath>) {
@@ -56,10 +108,38 @@ impl Change {
             Change::Unlink(p) => (None, vec![p]),
             Change::SetAttr { path, .. } => (Some(path), vec![path]),
             Change::Rename { from, to } => (Some(to), vec![from, to]),
+            Change::Put(f) => (None, vec![&f.path]),
         }
     }
 
-    fn requests(&self) -> Vec<Request> {
+    /// The requests that make the change (a new file's data taken out: it is not kept while
+    /// the answer is awaited).
+    fn requests(&mut self) -> Vec<Request> {
+        if let Change::Put(f) = self {
+            let data = std::mem::take(&mut f.data);
+            let mut rs = vec![Request::Create {
+                handle: PUT_HANDLE,
+                path: f.path.clone(),
+                base: None,
+            }];
+            if !data.is_empty() {
+                rs.push(Request::Write {
+                    handle: PUT_HANDLE,
+                    parts: vec![WritePart::Data {
+                        lens: f.lens.clone(),
+                        payload: Payload::Plain(data),
+                    }],
+                });
+            }
+            rs.push(Request::Commit {
+                handle: PUT_HANDLE,
+                mode: f.mode,
+                mtime_ns: f.mtime_ns,
+                size: f.lens.iter().map(|&l| l as u64).sum(),
+                oid: f.oid,
+            });
+            return rs;
+        }
         let (after, _) = self.paths();
         let mut rs = vec![match self.clone() {
             Change::Unlink(path) => Request::Unlink { path },
@@ -73,6 +153,7 @@ impl Change {
                 mtime_ns,
             },
             Change::Rename { from, to } => Request::Rename { from, to },
+            Change::Put(_) => unreachable!("made above"),
         }];
         rs.extend(after.map(|p| Request::GetAttr { path: p.clone() }));
         rs
@@ -87,6 +168,19 @@ pub(crate) struct Answered {
     /// The attributes of files whose attributes were set, after (asked for when the change
     /// was sent).
     pub attrs: Vec<(WirePath, Attr, Instant)>,
+    /// New files' commits: the server's attributes of each, or its refusal.
+    pub puts: Vec<PutAnswer>,
+}
+
+/// The answer to a queued new file's commit.
+#[derive(Debug)]
+pub(crate) struct PutAnswer {
+    pub ino: u64,
+    pub writes: u64,
+    pub exclusive: bool,
+    pub outcome: Result<Attr, (ErrorCode, String)>,
+    /// When it was sent (the attributes' lease runs from then).
+    pub at: Instant,
 }
 
 #[derive(Default)]
@@ -95,6 +189,15 @@ pub(crate) struct Queue {
     queued: Condvar,
     /// Set from when changes are sent until the server's answers to them have arrived.
     in_flight: Arc<Flight>,
+    /// The new files whose commits were sent and whose answers are not yet passed on (see
+    /// [`Queue::wait_answered`]).
+    answering: Arc<Answering>,
+}
+
+#[derive(Default)]
+struct Answering {
+    inos: Mutex<std::collections::HashSet<u64>>,
+    done: Condvar,
 }
 
 #[derive(Default)]
@@ -119,6 +222,9 @@ pub(crate) struct Sent {
     ids: Vec<(Change, Vec<u32>)>,
     flight: Option<Arc<Flight>>,
     sent_at: Instant,
+    /// The new files among them, and the set they are in until their answers are passed on.
+    puts: Vec<u64>,
+    answering: Arc<Answering>,
 }
 
 impl Drop for Sent {
@@ -127,6 +233,18 @@ impl Drop for Sent {
         if let Some(f) = self.flight.take() {
             f.land();
         }
+        // Their answers were passed on (the owner drops it after), or will never come.
+        if !self.puts.is_empty() {
+            let mut set = self
+                .answering
+                .inos
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for ino in &self.puts {
+                set.remove(ino);
+            }
+            self.answering.done.notify_all();
+        }
     }
 }
 
@@ -134,7 +252,10 @@ impl Queue {
     /// Queues `change`; `false` when the queue is full.
     pub(crate) fn queue(&self, change: Change) -> bool {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        if q.len() >= MAX_QUEUED {
+        let bytes = change.bytes();
+        if q.len() >= MAX_QUEUED
+            || (bytes > 0 && q.iter().map(Change::bytes).sum::<usize>() + bytes > MAX_QUEUED_BYTES)
+        {
             return false;
         }
         q.push(change);
@@ -164,6 +285,57 @@ impl Queue {
             || flying
                 .iter()
                 .any(|(p, moves)| p == path && (*moves || !moving))
+    }
+
+    /// Whether a commit of the new file `ino` is queued or on its way.
+    pub(crate) fn has_put(&self, ino: u64) -> bool {
+        self.put_state(ino, false) != PutState::None
+    }
+
+    /// Takes the queued commit of the new file `ino` out of the queue if it has not been
+    /// sent: its caller commits it otherwise (or the file is gone before it reached the
+    /// server). Nothing else queued names its path (a change of its attributes is made in it;
+    /// a removal or rename waits for its answer), so the rest keep their order.
+    pub(crate) fn cancel_put(&self, ino: u64) -> PutState {
+        self.put_state(ino, true)
+    }
+
+    fn put_state(&self, ino: u64, cancel: bool) -> PutState {
+        let mut queued = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = queued
+            .iter()
+            .position(|c| matches!(c, Change::Put(f) if f.ino == ino))
+        {
+            if cancel {
+                queued.remove(i);
+            }
+            return PutState::Cancelled;
+        }
+        drop(queued);
+        let answering = self
+            .answering
+            .inos
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match answering.contains(&ino) {
+            true => PutState::InFlight,
+            false => PutState::None,
+        }
+    }
+
+    /// Waits until the answer to the new file `ino`'s commit has been passed on (as a
+    /// `Break::Put` among the link's breaks), or will never come (the link failed).
+    pub(crate) fn wait_answered(&self, ino: u64) {
+        let set = self
+            .answering
+            .inos
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let _set = self
+            .answering
+            .done
+            .wait_while(set, |s| s.contains(&ino))
+            .unwrap_or_else(|e| e.into_inner());
     }
 
     fn len(&self) -> usize {
@@ -210,6 +382,8 @@ impl Queue {
             ids: Vec::with_capacity(changes.len()),
             flight: None,
             sent_at: Instant::now(),
+            puts: vec![],
+            answering: self.answering.clone(),
         };
         if changes.is_empty() {
             return Ok(sent);
@@ -223,9 +397,24 @@ impl Queue {
                 c.paths().1.into_iter().map(move |p| (p.clone(), moves))
             })
             .collect();
+        sent.puts = changes
+            .iter()
+            .filter_map(|c| match c {
+                Change::Put(f) => Some(f.ino),
+                _ => None,
+            })
+            .collect();
+        if !sent.puts.is_empty() {
+            let mut set = self
+                .answering
+                .inos
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            set.extend(sent.puts.iter().copied());
+        }
         sent.flight = Some(flight.clone());
         let n = changes.len();
-        for change in changes {
+        for mut change in changes {
             let mut ids = vec![];
             for r in change.requests() {
                 ids.push(c.send(r).map_err(|e| unknown(n, e))?);
@@ -254,11 +443,16 @@ impl Sent {
     /// directory are returned as changed on the server: they show as the server has them.
     /// Only a failure of the link is an `Err`; it leaves the changes' fate unknown (the
     /// session's end voids every lease: the server's listings say).
-    pub(crate) fn finish(mut self, c: &mut Conn) -> Result<Answered, ConnError> {
+    pub(crate) fn finish(&mut self, c: &mut Conn) -> Result<Answered, ConnError> {
         let mut out = Answered::default();
         let ids = std::mem::take(&mut self.ids);
         let n = ids.len();
         for (change, ids) in ids {
+            if let Change::Put(f) = &change {
+                out.puts
+                    .push(self.put_answer(c, f, ids).map_err(|e| unknown(n, e))?);
+                continue;
+            }
             let (after, touched) = change.paths();
             let mut answers = vec![];
             for id in ids {
@@ -289,11 +483,38 @@ impl Sent {
         }
         Ok(out)
     }
+
+    /// A new file's answers (its create's, data's and commit's): the commit's attributes, or
+    /// the first refusal (the rest follow from it).
+    fn put_answer(&self, c: &mut Conn, f: &NewFile, ids: Vec<u32>) -> Result<PutAnswer, ConnError> {
+        let mut outcome = Err((ErrorCode::Io, "no answer to the commit".to_string()));
+        let mut refused = None;
+        for id in ids {
+            match c.replies(id) {
+                Ok(mut r) => {
+                    if let Some(Reply::Attr(a)) = r.pop() {
+                        outcome = Ok(a);
+                    }
+                }
+                Err(ConnError::Remote { code, message }) => {
+                    refused.get_or_insert((code, message));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(PutAnswer {
+            ino: f.ino,
+            writes: f.writes,
+            exclusive: f.exclusive,
+            outcome: refused.map_or(outcome, Err),
+            at: self.sent_at,
+        })
+    }
 }
 
 fn unknown(n: usize, e: ConnError) -> ConnError {
     tracing::warn!(
-        "the link failed before the server answered {n} changes made here (removals, renames, attributes): they may not have been made (what the server has shows if not)"
+        "the link failed before the server answered {n} changes made here (removals, renames, attributes, new files): they may not have been made (what the server has shows if not; new files are written back again)"
     );
     e
 }

@@ -49,6 +49,7 @@ mod breaks;
 mod changes;
 mod files;
 mod names;
+mod puts;
 mod specials;
 mod writeback;
 pub use specials::SpecialKind;
@@ -186,6 +187,9 @@ pub struct Options {
     /// Lookaside providers (daemons of the user's on the LAN), asked for chunks by id beside
     /// the server.
     pub providers: Providers,
+    /// Nothing is acknowledged before the server has it: every close, removal, rename and
+    /// change of attributes waits for its answer (see `crate::queued`).
+    pub strict_close: bool,
 }
 
 /// Sessions with lookaside providers (`ferry lookaside add ferry://…`), and what each supplied
@@ -307,6 +311,8 @@ struct Inode {
     /// Created here exclusively (`O_EXCL`) and not yet on the server: its commit does not
     /// replace a file someone else made under its name meanwhile.
     exclusive: bool,
+    /// The count of writes whose data a queued commit carries (see `puts`).
+    put: Option<u64>,
 }
 
 struct Handle {
@@ -405,6 +411,9 @@ pub struct Vfs {
     state: Mutex<State>,
     copies: PathLocks,
     writing: Mutex<()>,
+    /// Held while the server's breaks and answers taken are applied: whoever applies them
+    /// next finds those taken before applied.
+    applying: Mutex<()>,
     /// The link epoch whose leases and dirty copies were last dealt with.
     seen_epoch: AtomicU64,
     /// A write-back failed for want of the server: retry when it is back.
@@ -452,6 +461,7 @@ impl Vfs {
             }),
             copies: PathLocks::default(),
             writing: Mutex::new(()),
+            applying: Mutex::new(()),
             seen_epoch: AtomicU64::new(0),
             retry_dirty: AtomicBool::new(true),
             fetches: AtomicU64::new(0),
@@ -558,10 +568,7 @@ impl Vfs {
             self.files.empty_trash();
             return;
         }
-        if let Err(f) = self.link.run(|_| Ok(())) {
-            tracing::debug!("sending the changes queued: {f}");
-        }
-        self.apply_invalidations();
+        self.send_queued();
     }
 
     /// Writes back every dirty copy that nobody is writing: open inodes' and those a previous
@@ -581,7 +588,8 @@ impl Vfs {
         };
         let mut left = 0;
         for i in inodes {
-            if self.write_back(i).is_err() {
+            // (A commit queued or on its way is the queue's: the mount's thread sends it.)
+            if !self.link.queued.has_put(i) && self.write_back_now(i).is_err() {
                 left += 1;
             }
         }
@@ -678,6 +686,7 @@ impl Inode {
             labelled_dirty: None,
             pending: false,
             exclusive: false,
+            put: None,
         }
     }
 }

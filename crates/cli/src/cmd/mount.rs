@@ -45,6 +45,13 @@ pub struct MountArgs {
     /// Let other users use the mount (root, or user_allow_other in /etc/fuse.conf).
     #[arg(long)]
     allow_other: bool,
+    /// Every close, removal, rename and chmod waits for the server, so another machine sees
+    /// it as soon as the call returns. By default those the leases vouch for (a small new
+    /// file's commit among them) return at once and reach the server together within
+    /// 10-100 ms: `tar x`, `git clone` and `rm -rf` then cost a round trip for many files,
+    /// not one a file.
+    #[arg(long)]
+    strict_close: bool,
     /// The background mount's log [default: mount.log in the cache directory].
     #[arg(long, value_name = "FILE")]
     log: Option<PathBuf>,
@@ -110,6 +117,7 @@ fn run(a: &MountArgs, cache: &Path, daemon: bool) -> Result<()> {
         chunker: a.rsh.chunker(),
         lookaside: Some(devices.lookaside.clone()),
         providers: providers.clone(),
+        strict_close: a.strict_close,
     };
     let vfs = ferry_mount::Vfs::new(connect, root, opts)
         .with_context(|| format!("cannot mount {}", a.remote))?;

@@ -67,6 +67,10 @@ fn fake_ssh(dir: &Path) -> PathBuf {
 }
 
 fn mount(t: &Path, srv: &Path, at: &Path, cache: &Path) -> Mounted {
+    mount_with(t, srv, at, cache, &[])
+}
+
+fn mount_with(t: &Path, srv: &Path, at: &Path, cache: &Path, extra: &[&str]) -> Mounted {
     std::fs::create_dir_all(at).unwrap();
     let rsh = fake_ssh(t);
     let o = Command::new(env!("CARGO_BIN_EXE_ferry"))
@@ -83,6 +87,7 @@ fn mount(t: &Path, srv: &Path, at: &Path, cache: &Path) -> Mounted {
             &format!("host:{}", srv.display()),
             s(at),
         ])
+        .args(extra)
         .env("XDG_CACHE_HOME", test_cache())
         .output()
         .unwrap();
@@ -138,8 +143,8 @@ fn programs_work_in_a_real_mount() {
     let out = sh(
         &at,
         r#"
-        # a removal, rename, chmod or utimes the leases vouch for reaches the server before the
-        # next operation, or within 100 ms or so
+        # a removal, rename, chmod or utimes the leases vouch for, and a small new file's commit,
+        # reach the server before the next operation, or within 100 ms or so
         gone() { for _ in $(seq 100); do test ! -e "$1" && return 0; sleep 0.1; done; return 1; }
         settled() {
           for _ in $(seq 100); do eval "$1" && return 0; sleep 0.1; done
@@ -147,7 +152,7 @@ fn programs_work_in_a_real_mount() {
         }
         cmp existing.bin ../srv/existing.bin
         # write, append, truncate, overwrite
-        echo one > f; echo two >> f; test "$(cat ../srv/f)" = "$(printf 'one\ntwo')"
+        echo one > f; echo two >> f; settled 'test "$(cat ../srv/f)" = "$(printf "one\ntwo")"'
         truncate -s 3 f; test "$(cat ../srv/f)" = one
         : > f; test ! -s ../srv/f
         # a big file, written and read back through the cache
@@ -166,7 +171,7 @@ with open('big', 'r+b') as f:
         echo 'saved by vim' > .f.swp; mv .f.swp f; settled 'test "$(cat ../srv/f)" = "saved by vim"'
         # emacs: autosave file, backup by rename, new version, autosave removed
         echo draft > '#f#'; mv f f~; echo 'saved by emacs' > f; rm '#f#'
-        settled 'test "$(cat ../srv/f~)" = "saved by vim"'; test "$(cat ../srv/f)" = 'saved by emacs'; gone '../srv/#f#'
+        settled 'test "$(cat ../srv/f~)" = "saved by vim"'; settled 'test "$(cat ../srv/f)" = "saved by emacs"'; gone '../srv/#f#'
         # a file removed while open stays readable through its descriptor
         exec 3<f~; rm f~; test "$(cat <&3)" = 'saved by vim'; exec 3<&-; gone ../srv/f~
         # directories, symlinks, modes, times
@@ -250,6 +255,36 @@ assert os.listxattr('f') == []
         fsck.status.success(),
         "{}",
         String::from_utf8_lossy(&fsck.stderr)
+    );
+}
+
+/// With `--strict-close`, a small new file is on the server when its close returns, and a
+/// removal when the unlink does (by default both reach it within 100 ms or so).
+#[test]
+fn with_strict_close_the_server_has_each_change_when_the_call_returns() {
+    if !can_mount() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    std::fs::create_dir_all(srv.join("d")).unwrap();
+    let at = t.path().join("mnt");
+    let _m = mount_with(
+        t.path(),
+        &srv,
+        &at,
+        &t.path().join("cache"),
+        &["--strict-close"],
+    );
+    sh(
+        &at,
+        r#"
+        ls d >/dev/null
+        for i in 1 2 3 4 5; do
+          echo "note $i" > d/n$i; test "$(cat ../srv/d/n$i)" = "note $i"
+          rm d/n$i; test ! -e ../srv/d/n$i
+        done
+        "#,
     );
 }
 

@@ -72,6 +72,7 @@ impl Remote {
             chunker: Default::default(),
             lookaside: None,
             providers: Default::default(),
+            strict_close: false,
         };
         Vfs::new(connect, WirePath::default(), opts).unwrap()
     }

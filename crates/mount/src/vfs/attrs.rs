@@ -133,6 +133,18 @@ impl Vfs {
         if let Some(s) = self.getattr_special(ino) {
             return Ok(s);
         }
+        let closed_new = || {
+            self.lock()
+                .inodes
+                .get(&ino)
+                .is_some_and(|n| n.put.is_some() && n.writers == 0)
+        };
+        if settle && closed_new() {
+            // A new file whose commit is queued: what is seen (its change time) is the
+            // server's, as for any change queued (one round trip for all that are queued).
+            // Refused, its name someone else's: gone here, as the copy is.
+            let _ = self.settle_put(ino, false);
+        }
         if let Some(s) = self.local_stat(ino, fh)? {
             return Ok(s);
         }
@@ -155,11 +167,16 @@ impl Vfs {
     /// moves the version of `path`: one round trip then, none otherwise.
     pub(super) fn settle_queued(&self, path: &WirePath) {
         if self.link.queued.touches(path) {
-            if let Err(f) = self.link.run(|_| Ok(())) {
-                tracing::debug!("sending the changes queued: {f}");
-            }
-            self.apply_invalidations();
+            self.send_queued();
         }
+    }
+
+    /// Sends the changes queued here and takes the answers.
+    pub(super) fn send_queued(&self) {
+        if let Err(f) = self.link.run(|_| Ok(())) {
+            tracing::debug!("sending the changes queued: {f}");
+        }
+        self.apply_invalidations();
     }
 
     /// The attributes of a file whose local copy is newer than the server's version (being

@@ -6,14 +6,17 @@ use super::*;
 impl Vfs {
     /// Breaks the leases the server broke.
     pub(super) fn apply_invalidations(&self) {
+        let _a = self.applying.lock().unwrap_or_else(|e| e.into_inner());
         let paths = self.link.invalidated();
         if paths.is_empty() {
             return;
         }
         let mut own = vec![];
+        let mut puts = vec![];
         let mut st = self.lock();
         for b in paths {
             match b {
+                Break::Put(ans) => puts.push(ans),
                 Break::Lease(p) => Self::lease_broken(&mut st, &p),
                 Break::Attr(p, a, at) => {
                     // (Unless removed or moved here since.)
@@ -35,6 +38,9 @@ impl Vfs {
             }
         }
         drop(st);
+        for ans in puts {
+            self.put_answered(ans);
+        }
         for (p, before, after) in own {
             if let Err(e) = self.follow_own_change(&p, Some(before), &after, true) {
                 tracing::warn!("{p:?}: cannot relabel the cache's copy: {e:?}");

@@ -171,6 +171,14 @@ impl Vfs {
             // Empty on the server, not here: its files made here are not there yet.
             return Err(Errno::ENOTEMPTY);
         }
+        let ino = self.lock().ino_of.get(&path).copied();
+        if let (false, Some(ino)) = (dir, ino) {
+            // A commit of it queued is taken back (it never reaches the server), or waited
+            // for. Refused, someone else's file holding the name: this one is gone already.
+            if self.settle_put(ino, true) == Err(Errno::EEXIST) {
+                return Ok(());
+            }
+        }
         if let (false, Some(_)) = (dir, self.pending_at(&path)) {
             // Never on the server: removed here only (an open descriptor keeps its copy).
             let _w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
@@ -202,9 +210,15 @@ impl Vfs {
 
     /// Whether the server will surely let this mount change names in `dir`, as far as its
     /// lease shows: writable by its owner (the mount's user) and not sticky.
-    fn changeable_later(&self, dir: &WirePath) -> bool {
+    pub(super) fn changeable_later(&self, dir: &WirePath) -> bool {
         self.leased_attr(dir)
             .is_some_and(|a| a.mode & 0o200 != 0 && a.mode & 0o1000 == 0)
+    }
+
+    /// Queues a change acknowledged before the server makes it (see `Link::queue_change`);
+    /// `false` when it must be made at once (as every one is with `strict_close`).
+    pub(super) fn queue_change(&self, change: Change) -> bool {
+        !self.opts.strict_close && self.link.queue_change(change)
     }
 
     /// Removes the file `path` (`name` in `dir`) here and queues its removal on the server
@@ -216,7 +230,7 @@ impl Vfs {
         let kind = self.listed(dir, name).flatten();
         if !self.changeable_later(dir)
             || kind.is_none_or(|k| k == FileKind::Dir)
-            || !self.link.queue_change(Change::Unlink(path.clone()))
+            || !self.queue_change(Change::Unlink(path.clone()))
         {
             return false;
         }
@@ -286,8 +300,17 @@ impl Vfs {
                 .map(|(_, i)| *i)
                 .collect()
         };
+        let from_ino = self.lock().ino_of.get(&from).copied();
+        if self.lock().inodes.values().any(|n| n.put.is_some()) {
+            // New files' commits queued go first, together (one round trip, not one a file).
+            self.send_queued();
+        }
         for i in moving {
-            self.write_back(i)?;
+            self.write_back_now(i)?;
+        }
+        if from_ino.is_some_and(|i| self.lock().inodes.get(&i).is_none_or(|n| n.unlinked)) {
+            // A new file whose commit found someone else's file holding its name: gone.
+            return Err(Errno::ENOENT);
         }
         let kind = self.lock().attrs.get(&from).map(|l| l.value.kind);
         if !noreplace && self.rename_later(&from_dir, &from, name, &to_dir, &to, new_name) {
@@ -407,7 +430,7 @@ impl Vfs {
             from: from.clone(),
             to: to.clone(),
         };
-        if !self.link.queue_change(change) {
+        if !self.queue_change(change) {
             return false;
         }
         let _g = self.copies.lock(&[from, to]);
@@ -538,7 +561,7 @@ impl Vfs {
             mode,
             mtime_ns,
         };
-        if !self.link.queue_change(change) {
+        if !self.queue_change(change) {
             return false;
         }
         let mut st = self.lock();

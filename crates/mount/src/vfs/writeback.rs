@@ -2,6 +2,18 @@
 //! release.
 
 use super::*;
+use crate::queued::PutState;
+
+/// How a write-back is made.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Back {
+    /// At a close: a small new file's commit may be queued.
+    Close,
+    /// Committed before it returns.
+    Now,
+    /// Committed and made durable on the server before it returns.
+    Sync,
+}
 
 impl Vfs {
     /// A file descriptor of `fh` was closed (close-to-open: local changes are committed now,
@@ -21,7 +33,7 @@ impl Vfs {
     pub fn fsync(&self, fh: u64) -> Result<(), Errno> {
         let (ino, _, write) = self.handle(fh)?;
         let began = Instant::now();
-        if write && self.write_back_with(ino, true)? {
+        if write && self.write_back_with(ino, Back::Sync)? {
             // With one session, every change made before this one went over it: all durable
             // now. (Others' are left to the directory's fsync, which reaches every session.)
             let mut st = self.lock();
@@ -146,14 +158,25 @@ impl Vfs {
         }
     }
 
-    /// Commits `ino`'s copy if it holds local changes.
+    /// Commits `ino`'s copy if it holds local changes (a small new file's commit may be
+    /// queued: see `puts`).
     pub(super) fn write_back(&self, ino: Ino) -> Result<(), Errno> {
-        self.write_back_with(ino, false).map(drop)
+        self.write_back_with(ino, Back::Close).map(drop)
     }
 
-    /// Likewise, and (`sync`) makes the commit durable on the server in its round trip;
-    /// whether it did (`false`: nothing to commit, or not asked).
-    fn write_back_with(&self, ino: Ino, sync: bool) -> Result<bool, Errno> {
+    /// Likewise, the server holding the changes when it returns (no commit left queued).
+    pub(super) fn write_back_now(&self, ino: Ino) -> Result<(), Errno> {
+        self.write_back_with(ino, Back::Now).map(drop)
+    }
+
+    /// Commits `ino`'s copy if it holds local changes, as `how` says; whether the commit was
+    /// made durable on the server in its round trip (`false`: nothing to commit, or not asked).
+    fn write_back_with(&self, ino: Ino, how: Back) -> Result<bool, Errno> {
+        if how != Back::Close {
+            self.settle_put(ino, true)?;
+        } else {
+            self.put_answer_taken(ino);
+        }
         let _w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
         let (path, writes, mode) = {
             let mut st = self.lock();
@@ -169,12 +192,22 @@ impl Vfs {
                 n.dirty = false;
                 return Ok(false);
             }
+            if n.put == Some(n.writes) && self.link.queued.has_put(ino) {
+                // Its commit is queued with these very changes.
+                return Ok(false);
+            }
             let (path, writes, mode) = (n.path.clone(), n.writes, n.mode);
             let known = st.attrs.get(&path).map(|l| l.value.mode);
             (path, writes, mode.or(known).unwrap_or(0o644))
         };
+        if how == Back::Close
+            && self.link.queued.cancel_put(ino) != PutState::InFlight
+            && self.queue_put(ino, &path, writes, mode)?
+        {
+            return Ok(false);
+        }
         let exclusive = self.lock().inodes.get(&ino).is_some_and(|n| n.exclusive);
-        match self.commit(&path, mode, sync, exclusive) {
+        match self.commit(&path, mode, how == Back::Sync, exclusive) {
             Ok((a, synced)) => {
                 let mut st = self.lock();
                 let clean = st.inodes.get(&ino).is_some_and(|n| n.writes == writes);

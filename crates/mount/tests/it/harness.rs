@@ -112,6 +112,11 @@ impl Remote {
         assert!(h.holding, "no request of the session held came");
     }
 
+    /// Sessions made so far.
+    pub fn sessions_made(&self) -> usize {
+        self.made.load(Ordering::Acquire)
+    }
+
     pub fn free(&self) {
         self.held.0.lock().unwrap().session = None;
         self.held.1.notify_all();
@@ -177,6 +182,11 @@ impl Remote {
 }
 
 pub fn client(remote: &Remote, cache: &Path, timeout: Duration) -> Vfs {
+    client_with(remote, cache, timeout, false)
+}
+
+/// A client, `strict_close` as given.
+pub fn client_with(remote: &Remote, cache: &Path, timeout: Duration, strict_close: bool) -> Vfs {
     let opts = Options {
         cache_dir: cache.to_path_buf(),
         cache_size: 1 << 30,
@@ -184,6 +194,7 @@ pub fn client(remote: &Remote, cache: &Path, timeout: Duration) -> Vfs {
         chunker: Default::default(),
         lookaside: None,
         providers: Default::default(),
+        strict_close,
     };
     Vfs::new(remote.connector(), WirePath::default(), opts).unwrap()
 }

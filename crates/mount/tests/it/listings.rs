@@ -70,6 +70,8 @@ fn a_change_made_over_another_session_keeps_the_listing() {
         let busy = s.spawn(|| v.statfs());
         remote.wait_held();
         make(&v, ROOT, b"new", b"made over the second session", false);
+        // (Its commit queued, sent now: over a second session.)
+        v.send_changes(std::time::Duration::ZERO);
         remote.free();
         busy.join().unwrap();
     });

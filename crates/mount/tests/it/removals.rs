@@ -143,6 +143,9 @@ fn the_next_operation_carries_the_removals_in_its_round_trip() {
     let r0 = rt(&v);
     v.unlink(ROOT, b"old").unwrap();
     make(&v, ROOT, b"new", b"new", false);
+    assert_eq!(rt(&v), r0, "both queued");
+    assert!(root.join("old").exists());
+    v.send_changes(Duration::ZERO);
     assert_eq!(rt(&v) - r0, 1, "the removal and the commit, together");
     assert!(!root.join("old").exists());
     assert_eq!(std::fs::read(root.join("new")).unwrap(), b"new");
@@ -158,6 +161,7 @@ fn attribute_changes_go_with_the_next_operation() {
     assert_eq!(v.lookup(ROOT, b"none").unwrap_err(), Errno::ENOENT);
     let r0 = rt(&v);
     make(&v, ROOT, b"a", b"first", true);
+    v.send_changes(Duration::ZERO);
     let a = v.lookup(ROOT, b"a").unwrap();
     let when = 1_500_000_000 * 1_000_000_000i64;
     let s = v.setattr(a.ino, Some(0o640), None, Some(when)).unwrap();
@@ -168,6 +172,7 @@ fn attribute_changes_go_with_the_next_operation() {
         0o644
     );
     make(&v, ROOT, b"b", b"second", true);
+    v.send_changes(Duration::ZERO);
     assert_eq!(
         rt(&v) - r0,
         2,
@@ -212,6 +217,7 @@ fn a_rename_goes_with_the_next_operation() {
     assert_eq!(rt(&v) - r0, 1, "the commit only");
     assert_eq!(std::fs::read(root.join("doc")).unwrap(), b"old");
     make(&v, ROOT, b"other", b"x", true);
+    v.send_changes(Duration::ZERO);
     assert_eq!(rt(&v) - r0, 2, "the next commit carried the rename");
     assert_eq!(v.lookup(ROOT, b".doc.tmp").unwrap_err(), Errno::ENOENT);
     assert_eq!(std::fs::read(root.join("doc")).unwrap(), b"new");

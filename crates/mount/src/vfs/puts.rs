@@ -1,0 +1,240 @@
+//! New small files committed without waiting: a file made here (its name absent from the
+//! leased listing), of a few kilobytes, is queued at its close with its data (Create, Write and
+//! Commit in the queue the removals use: see `crate::queued`) and goes to the server with the
+//! next operation's requests, or from the mount's thread within 10–100 ms. `tar x`, `cp -r`
+//! and `git`'s checkout then cost a round trip for many files, not one a file.
+//!
+//! Until the answer, the copy stays dirty (read, stat'ed and written here as any copy being
+//! written back); a change of its attributes is made in the queued commit; its removal takes
+//! the commit out of the queue (it never reaches the server) or waits for its answer; a rename
+//! or `fsync` waits for it. Refused (someone else made the name meanwhile, unseen here):
+//! an exclusive create's file is theirs, and this one's data is dropped, said so in the log;
+//! any other is written back again over theirs, as the last close wins.
+
+use std::io::Read;
+
+use ferry_format::HashAlg;
+use ferry_store::ChunkStore;
+
+use super::*;
+use crate::queued::{NewFile, PutAnswer, PutState};
+
+/// New files this small or smaller are queued (with less than 8 KiB, whatever their data; up
+/// to this, when the cache here holds none of their chunks: data new to the server too).
+const QUEUED_NEW_FILE: u64 = 32 * 1024;
+const ALWAYS_WHOLE: usize = 8 * 1024;
+
+impl Vfs {
+    /// Queues the commit of the new file `ino` (at `path`, its copy's writes numbered up to
+    /// `writes`) if it qualifies: made here and not yet on the server, small, in a directory the
+    /// leases say the server will let this mount change. `false`: commit it now.
+    pub(super) fn queue_put(
+        &self,
+        ino: Ino,
+        path: &WirePath,
+        writes: u64,
+        mode: u32,
+    ) -> Result<bool, Errno> {
+        let exclusive = {
+            let st = self.lock();
+            match st.inodes.get(&ino) {
+                Some(n) if n.pending && !n.unlinked => n.exclusive,
+                _ => return Ok(false),
+            }
+        };
+        let Some((dir, _)) = path.split_last() else {
+            return Ok(false);
+        };
+        if !self.changeable_later(&dir) {
+            return Ok(false);
+        }
+        let mut file = File::open(self.files.data(path))?;
+        let m = file.metadata()?;
+        if m.len() > QUEUED_NEW_FILE {
+            return Ok(false);
+        }
+        let mut data = Vec::with_capacity(m.len() as usize);
+        file.read_to_end(&mut data)?;
+        let (recipe, oid) = ferry_format::chunk_object::<_, io::Error, _>(
+            &data[..],
+            &self.opts.chunker,
+            HashAlg::Blake3,
+            |_, _| Ok(()),
+        )?;
+        let held = |c: &ferry_format::ChunkRef| self.chunks.contains(&c.id).unwrap_or(true);
+        if data.len() >= ALWAYS_WHOLE && recipe.chunks().iter().any(held) {
+            // Some of it came from the server: asking what it holds saves the link more.
+            return Ok(false);
+        }
+        use std::os::unix::fs::MetadataExt;
+        let change = Change::Put(Box::new(NewFile {
+            ino,
+            writes,
+            path: path.clone(),
+            mode,
+            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            lens: recipe.chunks().iter().map(|c| c.len).collect(),
+            oid: oid.id(),
+            data,
+            exclusive,
+        }));
+        if !self.queue_change(change) {
+            return Ok(false);
+        }
+        let mut st = self.lock();
+        if let Some(n) = st.inodes.get_mut(&ino) {
+            n.put = Some(writes);
+        }
+        // The directory's times as the server will set them, about.
+        st.dir_times.insert(dir, specials::now_ns());
+        st.unsynced.get_or_insert_with(Instant::now);
+        Ok(true)
+    }
+
+    /// Makes sure no commit of the new file `ino` is queued or on its way: with `take_back`,
+    /// one still queued is taken out (its caller commits the file now, or removes it before it
+    /// reached the server); else it is sent. One on its way is waited for, and its answer
+    /// applied. `EEXIST`: it was refused, someone else's file holding the name (this one is
+    /// gone).
+    pub(super) fn settle_put(&self, ino: Ino, take_back: bool) -> Result<(), Errno> {
+        let Some(was_unlinked) = self
+            .lock()
+            .inodes
+            .get(&ino)
+            .filter(|n| n.put.is_some())
+            .map(|n| n.unlinked)
+        else {
+            return Ok(());
+        };
+        if take_back && self.link.queued.cancel_put(ino) == PutState::Cancelled {
+            if let Some(n) = self.lock().inodes.get_mut(&ino) {
+                n.put = None;
+            }
+            return Ok(());
+        }
+        if self.link.queued.has_put(ino) {
+            // Sends it (or, if it is on its way, what was queued since, behind it); its answer
+            // is passed on by the thread that sent it.
+            self.send_queued();
+            self.link.queued.wait_answered(ino);
+        }
+        self.put_answer_taken(ino);
+        match self.lock().inodes.get(&ino) {
+            Some(n) if n.unlinked && !was_unlinked => Err(Errno::EEXIST),
+            _ => Ok(()),
+        }
+    }
+
+    /// For a new file whose commit was sent and is no longer awaited: applies its answer if
+    /// passed on and not yet applied. If none came (the link failed first), the commit may
+    /// have been made or not: the file is written back again by upkeep, replacing what the
+    /// server has (the last close wins: its own commit, if that was made). Removed here before
+    /// that, it is removed here only, and shows again if the server has it (as a removal cut
+    /// by the link).
+    pub(super) fn put_answer_taken(&self, ino: Ino) {
+        let sent = |v: &Vfs| {
+            v.lock().inodes.get(&ino).is_some_and(|n| n.put.is_some())
+                && !v.link.queued.has_put(ino)
+        };
+        if !sent(self) {
+            return;
+        }
+        self.apply_invalidations();
+        if !sent(self) {
+            return;
+        }
+        if let Some(n) = self.lock().inodes.get_mut(&ino) {
+            n.put = None;
+            n.exclusive = false;
+        }
+        self.retry_dirty.store(true, Ordering::Release);
+    }
+
+    /// Takes the server's answer to a new file's queued commit.
+    pub(super) fn put_answered(&self, ans: PutAnswer) {
+        let (path, clean, writing) = {
+            let mut st = self.lock();
+            let Some(n) = st.inodes.get_mut(&ans.ino) else {
+                return;
+            };
+            if n.put == Some(ans.writes) {
+                n.put = None;
+            }
+            if n.unlinked {
+                // Removed or replaced here since (after the answer was waited for).
+                return;
+            }
+            let path = n.path.clone();
+            match &ans.outcome {
+                Ok(a) => {
+                    let (clean, writing) = (n.writes == ans.writes, n.writers > 0);
+                    n.kernel_version = Some(a.version);
+                    n.pending = false;
+                    n.exclusive = false;
+                    if clean {
+                        n.dirty = false;
+                        n.mode = None;
+                        if writing {
+                            n.labelled_dirty = Some(a.version);
+                        }
+                    }
+                    (path, clean, writing)
+                }
+                Err((code, m)) if *code == ErrorCode::Conflict && ans.exclusive => {
+                    tracing::warn!(
+                        "{path:?}: created here exclusively, but someone else made it meanwhile ({m}); theirs is kept, and the data written here is dropped"
+                    );
+                    n.dirty = false;
+                    self.unlinked(&mut st, &path);
+                    if let Some((dir, name)) = path.split_last() {
+                        Self::relist(&mut st, &dir, name, Some(FileKind::File));
+                    }
+                    Self::forget_unused(&mut st, ans.ino);
+                    return;
+                }
+                Err((code, m)) => {
+                    // Left dirty: written back again (over theirs, on a conflict: the last
+                    // close wins) by upkeep.
+                    n.pending = false;
+                    n.exclusive = false;
+                    tracing::warn!("{path:?}: the server refused the new file's commit ({m}); the changes are kept in the cache and written back again");
+                    if *code == ErrorCode::Conflict {
+                        self.retry_dirty.store(true, Ordering::Release);
+                    }
+                    return;
+                }
+            }
+        };
+        let Ok(a) = ans.outcome else { return };
+        if let Err(e) = self
+            .files
+            .set_meta(&path, Some(a.version), !clean || writing)
+        {
+            tracing::warn!("{path:?}: cannot label the cache's copy: {e:?}");
+        }
+        let mut st = self.lock();
+        self.store_attr(&mut st, &path, a, ans.at);
+        // (The listing names it since its create here; the directory's attributes keep their
+        // lease, its times as made here: see `queue_put`.)
+        if let Some((dir, name)) = path.split_last() {
+            Self::edit_listing(&mut st, &dir, name, Some(FileKind::File));
+        }
+        Self::forget_unused(&mut st, ans.ino);
+        self.counters.commits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Drops `ino` if nothing refers to it any more and nothing is left to write back (a file
+    /// closed and forgotten while its commit was on its way).
+    fn forget_unused(st: &mut State, ino: Ino) {
+        let Some(n) = st.inodes.get(&ino) else {
+            return;
+        };
+        if n.open == 0 && n.lookups == 0 && !n.dirty && ino != ROOT {
+            let (path, unlinked) = (n.path.clone(), n.unlinked);
+            st.inodes.remove(&ino);
+            if !unlinked && st.ino_of.get(&path) == Some(&ino) {
+                st.ino_of.remove(&path);
+            }
+        }
+    }
+}
