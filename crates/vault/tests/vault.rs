@@ -124,9 +124,10 @@ fn a_small_edit_sends_a_small_update() {
     let before = v.traffic();
     let r = v.update(&[put("big", &b)]).unwrap();
     let up = v.traffic().bytes_up - before.bytes_up;
-    // The blocks around the edit (cut points are keyed, so how many varies: a few), the
-    // catalog's block, the paths of nodes, the head: a small part of the 4 MiB file.
-    assert!(r.blocks_sent <= 8, "{r:?}");
+    // The blocks around the edit (cut points are keyed by the vault's random key, so how many
+    // varies: a few; 9 were seen once in some hundreds of runs), the catalog's block, the
+    // paths of nodes, the head: a small part of the 4 MiB file.
+    assert!(r.blocks_sent <= 12, "{r:?}");
     assert!(up < 420_000, "{up} bytes up for a 300-byte edit: {r:?}");
     assert_eq!(read(&v, "big").unwrap(), b);
 }
