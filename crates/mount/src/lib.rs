@@ -38,6 +38,7 @@ mod cache;
 mod fuse;
 mod link;
 mod queued;
+mod recipes;
 pub mod vfs;
 
 use std::path::Path;

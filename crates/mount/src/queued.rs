@@ -58,8 +58,9 @@ pub(crate) struct NewFile {
     pub path: WirePath,
     pub mode: u32,
     pub mtime_ns: i64,
-    /// Its chunks' lengths and the whole object's id.
-    pub lens: Vec<u32>,
+    /// Its recipe (kept for the next commit of the file: see `crate::recipes`) and the whole
+    /// object's id.
+    pub recipe: Arc<ferry_format::Recipe>,
     pub oid: Id,
     pub data: Vec<u8>,
     /// Made with `O_EXCL`: a file someone else made under its name meanwhile is theirs.
@@ -126,7 +127,7 @@ impl Change {
                 rs.push(Request::Write {
                     handle: PUT_HANDLE,
                     parts: vec![WritePart::Data {
-                        lens: f.lens.clone(),
+                        lens: f.recipe.chunks().iter().map(|c| c.len).collect(),
                         payload: Payload::Plain(data),
                     }],
                 });
@@ -135,7 +136,7 @@ impl Change {
                 handle: PUT_HANDLE,
                 mode: f.mode,
                 mtime_ns: f.mtime_ns,
-                size: f.lens.iter().map(|&l| l as u64).sum(),
+                size: f.recipe.total_len(),
                 oid: f.oid,
             });
             return rs;
@@ -177,6 +178,7 @@ pub(crate) struct Answered {
 pub(crate) struct PutAnswer {
     pub ino: u64,
     pub writes: u64,
+    pub recipe: Arc<ferry_format::Recipe>,
     pub exclusive: bool,
     pub outcome: Result<Attr, (ErrorCode, String)>,
     /// When it was sent (the attributes' lease runs from then).
@@ -505,6 +507,7 @@ impl Sent {
         Ok(PutAnswer {
             ino: f.ino,
             writes: f.writes,
+            recipe: f.recipe.clone(),
             exclusive: f.exclusive,
             outcome: refused.map_or(outcome, Err),
             at: self.sent_at,

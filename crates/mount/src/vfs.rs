@@ -414,6 +414,8 @@ pub struct Vfs {
     /// Held while the server's breaks and answers taken are applied: whoever applies them
     /// next finds those taken before applied.
     applying: Mutex<()>,
+    /// The recipes of versions committed here (see `crate::recipes`).
+    recipes: crate::recipes::Recipes,
     /// The link epoch whose leases and dirty copies were last dealt with.
     seen_epoch: AtomicU64,
     /// A write-back failed for want of the server: retry when it is back.
@@ -462,6 +464,7 @@ impl Vfs {
             copies: PathLocks::default(),
             writing: Mutex::new(()),
             applying: Mutex::new(()),
+            recipes: Default::default(),
             seen_epoch: AtomicU64::new(0),
             retry_dirty: AtomicBool::new(true),
             fetches: AtomicU64::new(0),

@@ -138,12 +138,21 @@ fn a_commit_with_its_sync_is_durable_once_answered() {
             };
             let mut stats = ferry_fs::PutStats::default();
             let remote = "f".into();
-            let a = ferry_fs::put_file(&mut c, &src, &remote, replacing, 0o644, &opts, &mut stats)
-                .unwrap();
+            let a = ferry_fs::put_file(
+                &mut c,
+                &src,
+                &remote,
+                replacing.clone(),
+                0o644,
+                &opts,
+                &mut stats,
+            )
+            .unwrap();
             assert!(stats.synced);
             replacing = Some(ferry_fs::Replacing {
                 version: a.version,
                 empty: false,
+                recipe: None,
             });
             rec.mark(format!("{v}"));
         }

@@ -272,4 +272,8 @@ pub struct PutStats {
     /// The commits are durable on the server, and so is every change of names this session
     /// made before them (asked by [`PutOptions::sync_after`]).
     pub synced: bool,
+    /// With [`PutOptions::fewer_round_trips`], the recipe of the last file committed (as the
+    /// server keeps it: a later upload replacing that version can name it, see
+    /// [`Replacing::recipe`](crate::Replacing)).
+    pub last_recipe: Option<std::sync::Arc<ferry_format::Recipe>>,
 }

@@ -79,6 +79,8 @@ pub(crate) struct PutJob {
     /// That version is known to be empty: nothing of it is asked for (a file a mount's create
     /// made, written at its close, asked for the recipe and keys of nothing).
     pub(crate) base_empty: bool,
+    /// That version's recipe, known (see `Replacing::recipe`): nothing is asked.
+    pub(crate) base_recipe: Option<std::sync::Arc<Recipe>>,
 }
 
 /// The version on the server that an upload replaces, as the client learns it.
@@ -223,6 +225,9 @@ pub(crate) fn put_files<R: io::Read, W: Write>(
                 if let Some(p) = opts.progress {
                     p(c.recipe.total_len());
                 }
+                if opts.fewer_round_trips {
+                    stats.last_recipe = Some(std::sync::Arc::new(c.recipe));
+                }
                 attrs.push(a);
             }
             // A reference the server could not follow (a short id that led elsewhere, a chunk
@@ -251,6 +256,9 @@ pub(crate) fn put_files<R: io::Read, W: Write>(
                 stats.files += 1;
                 stats.bytes += c.recipe.total_len();
                 stats.chunks += c.recipe.len() as u64;
+                if opts.fewer_round_trips {
+                    stats.last_recipe = Some(std::sync::Arc::new(c.recipe));
+                }
                 attrs.push(a);
             }
             Some(Err(e)) => return Err(e.into()),
@@ -271,7 +279,27 @@ fn chunk_file<R: io::Read, W: Write>(
         return Ok(c);
     }
     c.how = vec![How::Data; c.recipe.len()];
-    if j.if_version.is_some() && !j.base_empty {
+    if let (Some(version), Some(known), false) = (j.if_version, &j.base_recipe, j.base_empty) {
+        // The base's recipe known: every chunk of it goes by reference, the rest as data
+        // against it, with nothing asked (Have and GetKeys left out: one round trip).
+        let mut v = BaseView {
+            version,
+            chunks: known
+                .chunks()
+                .iter()
+                .map(|ch| (ch.len, short_id(&ch.id)))
+                .collect(),
+            by_short: HashMap::new(),
+            known_pages: HashSet::new(),
+            shared: HashMap::new(),
+        };
+        for (i, &(_, s)) in v.chunks.iter().enumerate() {
+            v.by_short.entry(s).or_insert(i);
+        }
+        c.base = Some(v);
+        c.asked_all = true;
+        plan_against_base(conn, j, &mut c, opts)?;
+    } else if j.if_version.is_some() && !j.base_empty {
         // The version being replaced: its recipe, against the new version's pages.
         let known = match c.pages.len() {
             0 | 1 => vec![],

@@ -140,11 +140,16 @@ pub fn put<R: io::Read, W: Write>(
 }
 
 /// The version of a file an upload replaces, as the client knows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Replacing {
     pub version: u64,
     /// That version is empty (nothing of it is asked for).
     pub empty: bool,
+    /// Its recipe as the server keeps it (the client committed that version itself, say):
+    /// nothing is asked first, and the upload is one round trip. The server checks the whole
+    /// object at the commit, so a recipe that is not the server's costs only a refusal
+    /// (`BadRequest`, or `MissingChunks`): ask again without it.
+    pub recipe: Option<std::sync::Arc<ferry_format::Recipe>>,
 }
 
 /// Uploads the local file `local` to `remote` as one new version, committed against the
@@ -166,8 +171,9 @@ pub fn put_file<R: io::Read, W: Write>(
         meta,
         mode: mode & 0o7777,
         remote: remote.clone(),
-        if_version: replacing.map(|r| r.version),
-        base_empty: replacing.is_some_and(|r| r.empty),
+        if_version: replacing.as_ref().map(|r| r.version),
+        base_empty: replacing.as_ref().is_some_and(|r| r.empty),
+        base_recipe: replacing.and_then(|r| r.recipe),
     };
     let mut attrs = put_files(conn, vec![job], &mut vec![], opts, stats)?;
     attrs
@@ -363,6 +369,7 @@ fn put_note(
                 remote: remote.clone(),
                 if_version: current.as_ref().map(|a| a.version),
                 base_empty: current.is_some_and(|a| a.size == 0),
+                base_recipe: None,
             });
         }
     } else {

@@ -14,6 +14,7 @@ mod breaks;
 mod escapes;
 mod indexing;
 mod ranges;
+mod replace;
 
 fn bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0; len];

@@ -73,7 +73,7 @@ impl Vfs {
             path: path.clone(),
             mode,
             mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-            lens: recipe.chunks().iter().map(|c| c.len).collect(),
+            recipe: std::sync::Arc::new(recipe),
             oid: oid.id(),
             data,
             exclusive,
@@ -206,6 +206,7 @@ impl Vfs {
             }
         };
         let Ok(a) = ans.outcome else { return };
+        self.recipes.put(&path, a.version, ans.recipe);
         if let Err(e) = self
             .files
             .set_meta(&path, Some(a.version), !clean || writing)

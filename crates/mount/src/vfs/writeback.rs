@@ -297,11 +297,13 @@ impl Vfs {
         let mut base = meta.version;
         let opts = self.put_options(path, sync);
         let mut attempt = 0;
+        let mut known = true;
         loop {
             attempt += 1;
             let asked = Instant::now();
             let mut stats = PutStats::default();
-            // A version known to be empty (this client's create made it) is not asked for.
+            // A version known to be empty (this client's create made it) is not asked for,
+            // nor one whose recipe is known (this client committed it).
             let replacing = base.map(|version| ferry_fs::Replacing {
                 version,
                 empty: self
@@ -309,13 +311,18 @@ impl Vfs {
                     .attrs
                     .get(path)
                     .is_some_and(|l| l.value.version == version && l.value.size == 0),
+                recipe: known.then(|| self.recipes.get(path, version)).flatten(),
             });
+            let with_recipe = replacing.as_ref().is_some_and(|r| r.recipe.is_some());
             let r = self
                 .link
                 .run(|c| ferry_fs::put_file(c, &data, path, replacing, mode, &opts, &mut stats));
             self.apply_invalidations();
             match r {
                 Ok(a) => {
+                    if let Some(r) = stats.last_recipe.take() {
+                        self.recipes.put(path, a.version, r);
+                    }
                     self.files.set_meta(path, Some(a.version), false)?;
                     let mut st = self.lock();
                     self.store_attr(&mut st, path, a.clone(), asked);
@@ -331,6 +338,14 @@ impl Vfs {
                         stats.chunks_sent
                     );
                     return Ok((a, stats.synced));
+                }
+                Err(Failure::Remote(code, m)) if with_recipe && code != ErrorCode::Conflict => {
+                    // The base's recipe named is not the server's: asked for after all.
+                    tracing::debug!(
+                        "{path:?}: committed against a known recipe, refused ({m}); again, asking"
+                    );
+                    self.recipes.forget(path);
+                    known = false;
                 }
                 Err(Failure::Remote(ErrorCode::Conflict, m)) if exclusive && base.is_none() => {
                     tracing::warn!(

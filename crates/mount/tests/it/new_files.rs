@@ -238,3 +238,25 @@ fn a_new_directory_is_listed_in_its_round_trip() {
     assert_eq!(rt(&v) - r0, 2, "the mkdir, then the file's commit");
     assert_eq!(std::fs::read(root.join("d/a.rs")).unwrap(), b"fn main() {}");
 }
+
+/// A file this mount committed, written again (SQLite's database, a log, an editor's in-place
+/// save): the next commit names the chunks it keeps of the version committed here, with
+/// nothing asked first: one round trip, not two.
+#[test]
+fn a_file_committed_here_is_committed_again_in_one_round_trip() {
+    let (_t, root, _remote, v) = one_client();
+    assert_eq!(v.lookup(ROOT, b"none").unwrap_err(), Errno::ENOENT);
+    let mut data = bytes(9, 200_000);
+    super::make(&v, ROOT, b"db", &data, false);
+    let f = v.lookup(ROOT, b"db").unwrap();
+    for round in 0..3u8 {
+        data[50_000 + round as usize * 1000] ^= 0xff;
+        let o = v.open(f.ino, true, false).unwrap();
+        let r0 = rt(&v);
+        v.write(o.fh, 50_000, &data[50_000..53_000]).unwrap();
+        v.flush(o.fh).unwrap();
+        assert_eq!(rt(&v) - r0, 1, "round {round}");
+        v.release(o.fh).unwrap();
+        assert_eq!(std::fs::read(root.join("db")).unwrap(), data);
+    }
+}
