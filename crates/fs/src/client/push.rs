@@ -47,6 +47,11 @@ const SMALL_AGAINST: u64 = 2 * 1024;
 const NEW_SMALL_FILE: u64 = 32 * 1024;
 /// Chunk ids per Have request.
 const HAVE_IDS: usize = 64 << 10;
+/// With `fewer_round_trips` (the mount's write-back), the chunks of a file smaller than this
+/// are kept in the client's chunk cache as they are cut: the next commit of the file (SQLite's
+/// database, a document saved again) compresses what it changed against them, old data held
+/// here, with nothing asked (see `Replacing::recipe`).
+const KEEP_CHUNKS_UNDER: u64 = 16 << 20;
 /// With `fewer_round_trips`, a file replacing a version, of at most this many chunks, asks in
 /// one round trip what a larger one asks in two: the old recipe, which of its own chunks the
 /// server holds, and keys of every old chunk it dropped.
@@ -340,10 +345,22 @@ fn chunk_file_plain(j: &PutJob, opts: &PutOptions<'_>) -> Result<Chunked, GetErr
     let mut small = j.meta.len() < SMALL_FILE
         && (j.if_version.is_none() || j.meta.len() < SMALL_AGAINST || opts.fewer_round_trips);
     let new_small = !small && opts.fewer_round_trips && new && j.meta.len() < NEW_SMALL_FILE;
+    let cache = opts
+        .cache
+        .filter(|_| opts.fewer_round_trips && j.meta.len() < KEEP_CHUNKS_UNDER);
     let mut bytes = vec![];
-    let keep = |_: &ferry_format::ChunkRef, data: &[u8]| {
+    // Whether the cache held a chunk of it before (it came from the server, or went there).
+    let mut was_held = false;
+    let keep = |c: &ferry_format::ChunkRef, data: &[u8]| {
         if small || new_small {
             bytes.extend_from_slice(data);
+        }
+        if let Some(cache) = cache {
+            // (A chunk that cannot be kept costs only compression later.)
+            match cache.put(&ferry_store::VerifiedChunk::assume_verified(c.id, data)) {
+                Ok(added) => was_held |= !added,
+                Err(e) => tracing::debug!("keeping a chunk in the cache: {e}"),
+            }
         }
         Ok::<_, io::Error>(())
     };
@@ -359,7 +376,10 @@ fn chunk_file_plain(j: &PutJob, opts: &PutOptions<'_>) -> Result<Chunked, GetErr
             opts.cache
                 .is_some_and(|cache| cache.contains(&c.id).unwrap_or(true))
         };
-        small = !recipe.chunks().iter().any(held);
+        small = match cache {
+            Some(_) => !was_held,
+            None => !recipe.chunks().iter().any(held),
+        };
     }
     let offsets = recipe.with_offsets().map(|(o, _)| o).collect();
     let mut pages = vec![];

@@ -66,6 +66,14 @@ impl Vfs {
             // Some of it came from the server: asking what it holds saves the link more.
             return Ok(false);
         }
+        // Kept here: the next commit of the file compresses its changes against them.
+        for (at, c) in recipe.with_offsets() {
+            let bytes = &data[at as usize..at as usize + c.len as usize];
+            let chunk = ferry_store::VerifiedChunk::assume_verified(c.id, bytes);
+            if let Err(e) = self.chunks.put(&chunk) {
+                tracing::debug!("keeping a chunk in the cache: {e}");
+            }
+        }
         use std::os::unix::fs::MetadataExt;
         let change = Change::Put(Box::new(NewFile {
             ino,
