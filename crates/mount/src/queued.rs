@@ -76,8 +76,8 @@ impl std::fmt::Debug for NewFile {
 /// Where a queued new file's commit is (see [`Queue::cancel_put`]).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum PutState {
-    /// Taken out of the queue before it was sent.
-    Cancelled,
+    /// In the queue, not sent (taken out, if asked by [`Queue::cancel_put`]).
+    Queued,
     /// Sent, not yet answered.
     InFlight,
     /// Neither queued nor on its way.
@@ -178,6 +178,8 @@ pub(crate) struct Answered {
 pub(crate) struct PutAnswer {
     pub ino: u64,
     pub writes: u64,
+    /// The path it was sent for (a directory renamed meanwhile moved the file here).
+    pub path: WirePath,
     pub recipe: Arc<ferry_format::Recipe>,
     pub exclusive: bool,
     pub outcome: Result<Attr, (ErrorCode, String)>,
@@ -294,6 +296,11 @@ impl Queue {
         self.put_state(ino, false) != PutState::None
     }
 
+    /// Where a commit of the new file `ino` is.
+    pub(crate) fn put_of(&self, ino: u64) -> PutState {
+        self.put_state(ino, false)
+    }
+
     /// Takes the queued commit of the new file `ino` out of the queue if it has not been
     /// sent: its caller commits it otherwise (or the file is gone before it reached the
     /// server). Nothing else queued names its path (a change of its attributes is made in it;
@@ -311,7 +318,7 @@ impl Queue {
             if cancel {
                 queued.remove(i);
             }
-            return PutState::Cancelled;
+            return PutState::Queued;
         }
         drop(queued);
         let answering = self
@@ -379,7 +386,21 @@ impl Queue {
         while *busy {
             busy = flight.landed.wait(busy).unwrap_or_else(|e| e.into_inner());
         }
-        let changes = std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()));
+        let changes = {
+            let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            // The new files among them are awaited from now on, before the queue is let go:
+            // a look in between finds each queued or awaited, never neither.
+            let mut set = self
+                .answering
+                .inos
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            set.extend(q.iter().filter_map(|c| match c {
+                Change::Put(f) => Some(f.ino),
+                _ => None,
+            }));
+            std::mem::take(&mut *q)
+        };
         let mut sent = Sent {
             ids: Vec::with_capacity(changes.len()),
             flight: None,
@@ -406,14 +427,6 @@ impl Queue {
                 _ => None,
             })
             .collect();
-        if !sent.puts.is_empty() {
-            let mut set = self
-                .answering
-                .inos
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            set.extend(sent.puts.iter().copied());
-        }
         sent.flight = Some(flight.clone());
         let n = changes.len();
         for mut change in changes {
@@ -507,6 +520,7 @@ impl Sent {
         Ok(PutAnswer {
             ino: f.ino,
             writes: f.writes,
+            path: f.path.clone(),
             recipe: f.recipe.clone(),
             exclusive: f.exclusive,
             outcome: refused.map_or(outcome, Err),

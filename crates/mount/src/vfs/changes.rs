@@ -2,6 +2,7 @@
 //! each with the new attributes in its round trip.
 
 use super::*;
+use crate::queued::PutState;
 
 impl Vfs {
     /// Sends `r` and asks for the attributes of `paths` in the same round trip (what the change
@@ -171,23 +172,31 @@ impl Vfs {
             // Empty on the server, not here: its files made here are not there yet.
             return Err(Errno::ENOTEMPTY);
         }
-        let ino = self.lock().ino_of.get(&path).copied();
-        if let (false, Some(ino)) = (dir, ino) {
-            // A commit of it queued is taken back (it never reaches the server), or waited
-            // for. Refused, someone else's file holding the name: this one is gone already.
+        while let (false, Some(ino)) = (dir, self.pending_at(&path)) {
+            // A commit of it queued is taken back (it never reaches the server), one on its
+            // way waited for. Refused, someone else's file holding the name: this one is gone
+            // already.
             if self.settle_put(ino, true) == Err(Errno::EEXIST) {
                 return Ok(());
             }
-        }
-        if let (false, Some(_)) = (dir, self.pending_at(&path)) {
-            // Never on the server: removed here only (an open descriptor keeps its copy).
+            // Never on the server: removed here only (an open descriptor keeps its copy). A
+            // commit queued meanwhile (a close on another descriptor) is taken back, and one
+            // sent meanwhile waited for: the writer's lock keeps new ones out.
             let _w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
-            if self.pending_at(&path).is_some() {
+            if self.link.queued.cancel_put(ino) == PutState::InFlight {
+                continue;
+            }
+            self.put_answer_taken(ino);
+            if self.pending_at(&path) == Some(ino) {
                 let mut st = self.lock();
+                if let Some(n) = st.inodes.get_mut(&ino) {
+                    n.put = None;
+                }
                 self.unlinked(&mut st, &path);
                 Self::edit_listing(&mut st, &parent_path, name, None);
                 return Ok(());
             }
+            break;
         }
         if !dir && self.remove_later(&parent_path, &path, name) {
             return Ok(());
@@ -306,7 +315,12 @@ impl Vfs {
             self.send_queued();
         }
         for i in moving {
-            self.write_back_now(i)?;
+            match self.write_back_now(i) {
+                // A new file whose exclusive commit found the name someone else's: gone, and
+                // theirs moves with its directory (`from` itself is checked below).
+                Err(Errno::EEXIST) => {}
+                r => r?,
+            }
         }
         if from_ino.is_some_and(|i| self.lock().inodes.get(&i).is_none_or(|n| n.unlinked)) {
             // A new file whose commit found someone else's file holding its name: gone.

@@ -6,10 +6,12 @@
 //!
 //! Until the answer, the copy stays dirty (read, stat'ed and written here as any copy being
 //! written back); a change of its attributes is made in the queued commit; its removal takes
-//! the commit out of the queue (it never reaches the server) or waits for its answer; a rename
-//! or `fsync` waits for it. Refused (someone else made the name meanwhile, unseen here):
-//! an exclusive create's file is theirs, and this one's data is dropped, said so in the log;
-//! any other is written back again over theirs, as the last close wins.
+//! the commit out of the queue (it never reaches the server) or waits for its answer; a rename,
+//! `fsync`, or any commit of it waits for it, and so does a look at it once it is closed.
+//! Waiting means until the answer is applied here (see `Queue::wait_answered`), and a commit
+//! is never both queued and on its way. Refused (someone else made the name meanwhile, unseen
+//! here): an exclusive create's file is theirs, and this one's data is dropped, said so in the
+//! log; any other is written back again over theirs, as the last close wins.
 
 use std::io::Read;
 
@@ -27,14 +29,20 @@ const ALWAYS_WHOLE: usize = 8 * 1024;
 impl Vfs {
     /// Queues the commit of the new file `ino` (at `path`, its copy's writes numbered up to
     /// `writes`) if it qualifies: made here and not yet on the server, small, in a directory the
-    /// leases say the server will let this mount change. `false`: commit it now.
+    /// leases say the server will let this mount change. `again`: an earlier queued commit of
+    /// it was taken back (its chunks are in the cache because of that one). `false`: commit it
+    /// now. Called with `self.writing` held.
     pub(super) fn queue_put(
         &self,
         ino: Ino,
         path: &WirePath,
         writes: u64,
         mode: u32,
+        again: bool,
     ) -> Result<bool, Errno> {
+        if self.opts.strict_close {
+            return Ok(false);
+        }
         let exclusive = {
             let st = self.lock();
             match st.inodes.get(&ino) {
@@ -62,8 +70,37 @@ impl Vfs {
             |_, _| Ok(()),
         )?;
         let held = |c: &ferry_format::ChunkRef| self.chunks.contains(&c.id).unwrap_or(true);
-        if data.len() >= ALWAYS_WHOLE && recipe.chunks().iter().any(held) {
+        if !again && data.len() >= ALWAYS_WHOLE && recipe.chunks().iter().any(held) {
             // Some of it came from the server: asking what it holds saves the link more.
+            return Ok(false);
+        }
+        use std::os::unix::fs::MetadataExt;
+        let recipe = std::sync::Arc::new(recipe);
+        let change = Change::Put(Box::new(NewFile {
+            ino,
+            writes,
+            path: path.clone(),
+            mode,
+            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            recipe: recipe.clone(),
+            oid: oid.id(),
+            data,
+            exclusive,
+        }));
+        // Marked before it is queued: whoever looks finds the mark once it can be sent.
+        let before = self
+            .lock()
+            .inodes
+            .get_mut(&ino)
+            .map(|n| n.put.replace(writes));
+        let Change::Put(f) = &change else {
+            unreachable!()
+        };
+        let data = f.data.clone();
+        if !self.queue_change(change) {
+            if let (Some(n), Some(b)) = (self.lock().inodes.get_mut(&ino), before) {
+                n.put = b;
+            }
             return Ok(false);
         }
         // Kept here: the next commit of the file compresses its changes against them.
@@ -74,25 +111,7 @@ impl Vfs {
                 tracing::debug!("keeping a chunk in the cache: {e}");
             }
         }
-        use std::os::unix::fs::MetadataExt;
-        let change = Change::Put(Box::new(NewFile {
-            ino,
-            writes,
-            path: path.clone(),
-            mode,
-            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-            recipe: std::sync::Arc::new(recipe),
-            oid: oid.id(),
-            data,
-            exclusive,
-        }));
-        if !self.queue_change(change) {
-            return Ok(false);
-        }
         let mut st = self.lock();
-        if let Some(n) = st.inodes.get_mut(&ino) {
-            n.put = Some(writes);
-        }
         // The directory's times as the server will set them, about.
         st.dir_times.insert(dir, specials::now_ns());
         st.unsynced.get_or_insert_with(Instant::now);
@@ -114,7 +133,7 @@ impl Vfs {
         else {
             return Ok(());
         };
-        if take_back && self.link.queued.cancel_put(ino) == PutState::Cancelled {
+        if take_back && self.link.queued.cancel_put(ino) == PutState::Queued {
             if let Some(n) = self.lock().inodes.get_mut(&ino) {
                 n.put = None;
             }
@@ -135,10 +154,10 @@ impl Vfs {
 
     /// For a new file whose commit was sent and is no longer awaited: applies its answer if
     /// passed on and not yet applied. If none came (the link failed first), the commit may
-    /// have been made or not: the file is written back again by upkeep, replacing what the
-    /// server has (the last close wins: its own commit, if that was made). Removed here before
-    /// that, it is removed here only, and shows again if the server has it (as a removal cut
-    /// by the link).
+    /// have been made or not: the file is written back again by upkeep (an exclusive create
+    /// that finds its own commit made drops its copy, the server's being the same). Removed
+    /// here before that, it is removed here only, and shows again if the server has it (as a
+    /// removal cut by the link).
     pub(super) fn put_answer_taken(&self, ino: Ino) {
         let sent = |v: &Vfs| {
             v.lock().inodes.get(&ino).is_some_and(|n| n.put.is_some())
@@ -153,75 +172,84 @@ impl Vfs {
         }
         if let Some(n) = self.lock().inodes.get_mut(&ino) {
             n.put = None;
-            n.exclusive = false;
         }
         self.retry_dirty.store(true, Ordering::Release);
     }
 
     /// Takes the server's answer to a new file's queued commit.
     pub(super) fn put_answered(&self, ans: PutAnswer) {
-        let (path, clean, writing) = {
-            let mut st = self.lock();
-            let Some(n) = st.inodes.get_mut(&ans.ino) else {
+        let mut st = self.lock();
+        let Some(n) = st.inodes.get_mut(&ans.ino) else {
+            return;
+        };
+        if n.put == Some(ans.writes) {
+            n.put = None;
+        }
+        if n.unlinked || !n.pending {
+            // Removed or replaced here since, or committed since by a commit of its own (which
+            // waited for this answer, but may have found it taken by another thread).
+            return;
+        }
+        let path = n.path.clone();
+        if path != ans.path {
+            // Its directory was renamed while the commit was on its way: what the server made
+            // of it is not this name's. Written back again.
+            tracing::warn!(
+                "{path:?}: moved while its commit (as {:?}) was on its way; written back again",
+                ans.path
+            );
+            self.retry_dirty.store(true, Ordering::Release);
+            return;
+        }
+        let a = match ans.outcome {
+            Ok(a) => a,
+            Err((code, m)) if code == ErrorCode::Conflict && ans.exclusive => {
+                tracing::warn!(
+                    "{path:?}: created here exclusively, but someone else made it meanwhile ({m}); theirs is kept, and the data written here is dropped"
+                );
+                n.dirty = false;
+                self.unlinked(&mut st, &path);
+                if let Some((dir, name)) = path.split_last() {
+                    Self::relist(&mut st, &dir, name, Some(FileKind::File));
+                }
+                Self::forget_unused(&mut st, ans.ino);
                 return;
-            };
-            if n.put == Some(ans.writes) {
-                n.put = None;
             }
-            if n.unlinked {
-                // Removed or replaced here since (after the answer was waited for).
-                return;
-            }
-            let path = n.path.clone();
-            match &ans.outcome {
-                Ok(a) => {
-                    let (clean, writing) = (n.writes == ans.writes, n.writers > 0);
-                    n.kernel_version = Some(a.version);
+            Err((code, m)) => {
+                // Left dirty. On a conflict it is written back again by upkeep, over theirs
+                // (the last close wins); else (the directory gone, no space, no permission) at
+                // its next close or when the link is made again, as a failed close's changes.
+                tracing::warn!(
+                    "{path:?}: the server refused the new file's commit ({m}); the changes are kept in the cache"
+                );
+                if code == ErrorCode::Conflict {
                     n.pending = false;
                     n.exclusive = false;
-                    if clean {
-                        n.dirty = false;
-                        n.mode = None;
-                        if writing {
-                            n.labelled_dirty = Some(a.version);
-                        }
-                    }
-                    (path, clean, writing)
+                    self.retry_dirty.store(true, Ordering::Release);
                 }
-                Err((code, m)) if *code == ErrorCode::Conflict && ans.exclusive => {
-                    tracing::warn!(
-                        "{path:?}: created here exclusively, but someone else made it meanwhile ({m}); theirs is kept, and the data written here is dropped"
-                    );
-                    n.dirty = false;
-                    self.unlinked(&mut st, &path);
-                    if let Some((dir, name)) = path.split_last() {
-                        Self::relist(&mut st, &dir, name, Some(FileKind::File));
-                    }
-                    Self::forget_unused(&mut st, ans.ino);
-                    return;
-                }
-                Err((code, m)) => {
-                    // Left dirty: written back again (over theirs, on a conflict: the last
-                    // close wins) by upkeep.
-                    n.pending = false;
-                    n.exclusive = false;
-                    tracing::warn!("{path:?}: the server refused the new file's commit ({m}); the changes are kept in the cache and written back again");
-                    if *code == ErrorCode::Conflict {
-                        self.retry_dirty.store(true, Ordering::Release);
-                    }
-                    return;
-                }
+                return;
             }
         };
-        let Ok(a) = ans.outcome else { return };
-        self.recipes.put(&path, a.version, ans.recipe);
+        let (clean, writing) = (n.writes == ans.writes, n.writers > 0);
+        n.kernel_version = Some(a.version);
+        n.pending = false;
+        n.exclusive = false;
+        if clean {
+            n.dirty = false;
+            n.mode = None;
+            if writing {
+                n.labelled_dirty = Some(a.version);
+            }
+        }
+        // Labelled under the state's lock, as a commit's result is (a release between would
+        // label it otherwise).
         if let Err(e) = self
             .files
             .set_meta(&path, Some(a.version), !clean || writing)
         {
             tracing::warn!("{path:?}: cannot label the cache's copy: {e:?}");
         }
-        let mut st = self.lock();
+        self.recipes.put(&path, a.version, ans.recipe);
         self.store_attr(&mut st, &path, a, ans.at);
         // (The listing names it since its create here; the directory's attributes keep their
         // lease, its times as made here: see `queue_put`.)

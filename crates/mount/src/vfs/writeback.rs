@@ -172,17 +172,38 @@ impl Vfs {
     /// Commits `ino`'s copy if it holds local changes, as `how` says; whether the commit was
     /// made durable on the server in its round trip (`false`: nothing to commit, or not asked).
     fn write_back_with(&self, ino: Ino, how: Back) -> Result<bool, Errno> {
-        if how != Back::Close {
-            self.settle_put(ino, true)?;
-        } else {
+        let covered = |v: &Vfs| {
+            let n = v.lock().inodes.get(&ino).map(|n| (n.put, n.writes));
+            n.is_some_and(|(put, writes)| put == Some(writes)) && v.link.queued.has_put(ino)
+        };
+        let (_w, path, writes, mode, again) = loop {
+            // A close whose changes a queued commit carries has nothing to add.
+            if how == Back::Close && covered(self) {
+                return Ok(false);
+            }
+            // A commit of it on its way moves its version: waited for, and its answer applied.
+            if self.link.queued.put_of(ino) == PutState::InFlight {
+                self.settle_put(ino, false)?;
+            }
             self.put_answer_taken(ino);
-        }
-        let _w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
-        let (path, writes, mode) = {
+            let w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+            if how == Back::Close && covered(self) {
+                return Ok(false);
+            }
+            // One still queued carries older changes, or must go now: taken back (a close
+            // queues the file again). One sent meanwhile: waited for, as above.
+            let again = match self.link.queued.cancel_put(ino) {
+                PutState::InFlight => continue,
+                PutState::Queued => true,
+                PutState::None => false,
+            };
             let mut st = self.lock();
             let Some(n) = st.inodes.get_mut(&ino) else {
                 return Ok(false);
             };
+            if again {
+                n.put = None;
+            }
             if !n.dirty {
                 return Ok(false);
             }
@@ -192,18 +213,11 @@ impl Vfs {
                 n.dirty = false;
                 return Ok(false);
             }
-            if n.put == Some(n.writes) && self.link.queued.has_put(ino) {
-                // Its commit is queued with these very changes.
-                return Ok(false);
-            }
             let (path, writes, mode) = (n.path.clone(), n.writes, n.mode);
             let known = st.attrs.get(&path).map(|l| l.value.mode);
-            (path, writes, mode.or(known).unwrap_or(0o644))
+            break (w, path, writes, mode.or(known).unwrap_or(0o644), again);
         };
-        if how == Back::Close
-            && self.link.queued.cancel_put(ino) != PutState::InFlight
-            && self.queue_put(ino, &path, writes, mode)?
-        {
+        if how == Back::Close && self.queue_put(ino, &path, writes, mode, again)? {
             return Ok(false);
         }
         let exclusive = self.lock().inodes.get(&ino).is_some_and(|n| n.exclusive);

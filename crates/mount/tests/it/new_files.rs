@@ -169,6 +169,45 @@ fn a_new_file_removed_while_its_commit_is_on_its_way_goes_on_the_server_too() {
     assert_eq!(v.lookup(ROOT, b"f").unwrap_err(), Errno::ENOENT);
 }
 
+/// A new file written again and closed while its queued commit is on its way (mkstemp, write,
+/// close, reopen, append): the second commit waits for the first's answer and goes against
+/// the version it made. (It could go as a second create when the first answer had arrived but
+/// was not yet applied, and the exclusive create's conflict with its own first commit dropped
+/// the file.)
+#[test]
+fn a_new_file_written_again_while_its_commit_is_on_its_way_keeps_both_writes() {
+    let (_t, root, remote, v) = one_client();
+    assert_eq!(v.lookup(ROOT, b"none").unwrap_err(), Errno::ENOENT);
+    let (f, o) = v.create_excl(ROOT, b"f", 0o600).unwrap();
+    v.write(o.fh, 0, b"first").unwrap();
+    v.flush(o.fh).unwrap();
+    remote.hold(0);
+    std::thread::scope(|s| {
+        let sender = s.spawn(|| v.send_changes(Duration::ZERO));
+        remote.wait_held();
+        let again = s.spawn(|| {
+            v.write(o.fh, 5, b", second").unwrap();
+            v.flush(o.fh)
+        });
+        // The second close waits for the first commit, over a second session.
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while remote.sessions_made() < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the close never waited"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        remote.free();
+        sender.join().unwrap();
+        again.join().unwrap().unwrap();
+    });
+    v.release(o.fh).unwrap();
+    v.send_changes(Duration::ZERO);
+    assert_eq!(std::fs::read(root.join("f")).unwrap(), b"first, second");
+    assert_eq!(v.getattr(f.ino).unwrap().size, 13);
+}
+
 /// An exclusive create (`cp`, `tar x`, `git`'s checkout and lock files) where the leased
 /// listing says the name is absent is made by its commit: no round trip of its own.
 #[test]
