@@ -296,6 +296,12 @@ impl Queue {
         self.put_state(ino, false) != PutState::None
     }
 
+    /// Whether a new file's commit is queued.
+    pub(crate) fn holds_puts(&self) -> bool {
+        let q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.iter().any(|c| matches!(c, Change::Put(_)))
+    }
+
     /// Where a commit of the new file `ino` is.
     pub(crate) fn put_of(&self, ino: u64) -> PutState {
         self.put_state(ino, false)

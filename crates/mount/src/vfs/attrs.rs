@@ -171,6 +171,15 @@ impl Vfs {
         }
     }
 
+    /// Before an operation that may take long (a fetch, a large commit): new files' commits
+    /// queued go first, on their own, so their answers are applied here at once, not when
+    /// that operation ends (whoever looks at one of them waits for its answer).
+    pub(super) fn send_puts_first(&self) {
+        if self.link.queued.holds_puts() {
+            self.send_queued();
+        }
+    }
+
     /// Sends the changes queued here and takes the answers.
     pub(super) fn send_queued(&self) {
         if let Err(f) = self.link.run(|_| Ok(())) {

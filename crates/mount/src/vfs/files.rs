@@ -106,6 +106,7 @@ impl Vfs {
         }
         let mut stats = GetStats::default();
         let src = self.sources();
+        self.send_puts_first();
         let r = self
             .link
             .run(|c| ferry_fs::fetch_file(c, path, &attr, &data, &src, &mut stats));

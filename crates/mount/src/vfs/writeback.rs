@@ -4,6 +4,10 @@
 use super::*;
 use crate::queued::PutState;
 
+/// A commit of more than this may take long on a slow link: new files' commits queued go
+/// ahead of it on their own (see `send_puts_first`).
+const LONG_COMMIT: u64 = 1 << 20;
+
 /// How a write-back is made.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Back {
@@ -328,6 +332,9 @@ impl Vfs {
                 recipe: known.then(|| self.recipes.get(path, version)).flatten(),
             });
             let with_recipe = replacing.as_ref().is_some_and(|r| r.recipe.is_some());
+            if std::fs::metadata(&data).is_ok_and(|m| m.len() > LONG_COMMIT) {
+                self.send_puts_first();
+            }
             let r = self
                 .link
                 .run(|c| ferry_fs::put_file(c, &data, path, replacing, mode, &opts, &mut stats));
