@@ -674,6 +674,23 @@ impl Vfs {
 }
 
 impl Inode {
+    /// The server holds this file's copy at `version`, committed with its writes up to now
+    /// (`clean`) or fewer: the version the kernel's pages are of, on the server, and (clean)
+    /// nothing left to write back; still open for writing, its record is labelled dirty at that
+    /// version (as a create labels its copy: the next write syncs no record).
+    fn committed(&mut self, version: u64, clean: bool) {
+        self.kernel_version = Some(version);
+        self.pending = false;
+        self.exclusive = false;
+        if clean {
+            self.dirty = false;
+            self.mode = None;
+            if self.writers > 0 {
+                self.labelled_dirty = Some(version);
+            }
+        }
+    }
+
     fn new(path: WirePath, kind: FileKind) -> Inode {
         Inode {
             path,

@@ -231,16 +231,7 @@ impl Vfs {
             }
         };
         let (clean, writing) = (n.writes == ans.writes, n.writers > 0);
-        n.kernel_version = Some(a.version);
-        n.pending = false;
-        n.exclusive = false;
-        if clean {
-            n.dirty = false;
-            n.mode = None;
-            if writing {
-                n.labelled_dirty = Some(a.version);
-            }
-        }
+        n.committed(a.version, clean);
         // Labelled under the state's lock, as a commit's result is (a release between would
         // label it otherwise).
         if let Err(e) = self

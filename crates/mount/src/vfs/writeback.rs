@@ -239,16 +239,7 @@ impl Vfs {
                     self.files.set_meta(&path, Some(a.version), true)?;
                 }
                 if let Some(n) = st.inodes.get_mut(&ino) {
-                    n.kernel_version = Some(a.version);
-                    n.pending = false;
-                    n.exclusive = false;
-                    if clean {
-                        n.dirty = false;
-                        n.mode = None;
-                        if writing {
-                            n.labelled_dirty = Some(a.version);
-                        }
-                    }
+                    n.committed(a.version, clean);
                 }
                 Ok(synced)
             }
