@@ -76,6 +76,8 @@ impl Vfs {
         }
         use std::os::unix::fs::MetadataExt;
         let recipe = std::sync::Arc::new(recipe);
+        // (Kept for the chunk cache, once the commit is queued.)
+        let kept = data.clone();
         let change = Change::Put(Box::new(NewFile {
             ino,
             writes,
@@ -93,10 +95,6 @@ impl Vfs {
             .inodes
             .get_mut(&ino)
             .map(|n| n.put.replace(writes));
-        let Change::Put(f) = &change else {
-            unreachable!()
-        };
-        let data = f.data.clone();
         if !self.queue_change(change) {
             if let (Some(n), Some(b)) = (self.lock().inodes.get_mut(&ino), before) {
                 n.put = b;
@@ -105,7 +103,7 @@ impl Vfs {
         }
         // Kept here: the next commit of the file compresses its changes against them.
         for (at, c) in recipe.with_offsets() {
-            let bytes = &data[at as usize..at as usize + c.len as usize];
+            let bytes = &kept[at as usize..at as usize + c.len as usize];
             let chunk = ferry_store::VerifiedChunk::assume_verified(c.id, bytes);
             if let Err(e) = self.chunks.put(&chunk) {
                 tracing::debug!("keeping a chunk in the cache: {e}");
