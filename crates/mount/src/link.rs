@@ -298,7 +298,9 @@ impl Link {
     }
 
     /// The answers to changes sent: refused ones' paths are taken as changed on the server,
-    /// and attributes asked for after a change are passed on.
+    /// and attributes asked for after a change are passed on, as are new files' answers.
+    /// (`sent` is dropped at the end, after: its new files are awaited until their answers are
+    /// among the breaks, see `Queue::wait_answered`.)
     fn finished(&self, mut sent: Sent, c: &mut Conn) -> Result<(), GetError> {
         let answered = sent.finish(c)?;
         // What the server said ahead of the answers (its breaks of this mount's own changes'
