@@ -562,7 +562,13 @@ impl History {
         if self.bytes == 0 {
             return None;
         }
-        match LocalStore::open_or_create(&self.dir, cache_options()) {
+        // Not waited for: a session alongside another (a mount's second, for a second program
+        // at work in it) went without after a second's wait, and the program waited with it.
+        let opts = ferry_store::Options {
+            wait_for_lock: false,
+            ..cache_options()
+        };
+        match LocalStore::open_or_create(&self.dir, opts) {
             Ok(s) => Some(std::sync::Arc::new(s)),
             Err(e) => {
                 tracing::info!("no history this session ({}): {e}", self.dir.display());
