@@ -528,8 +528,13 @@ impl Vfs {
         };
         let mut left = 0;
         for i in inodes {
-            // (A commit queued or on its way is the queue's: the mount's thread sends it.)
-            if !self.link.queued.has_put(i) && self.write_back_now(i).is_err() {
+            if self.link.queued.has_put(i) {
+                // The queue's: the mount's thread sends it (not yet, while the server is
+                // unreachable: counted as left, its copy kept dirty for the next mount).
+                left += usize::from(!self.link.is_up());
+                continue;
+            }
+            if self.write_back_now(i).is_err() {
                 left += 1;
             }
         }
