@@ -294,7 +294,7 @@ impl Vfs {
         self.settle_queued(path);
         let meta = self.files.meta(path).ok_or(Errno::EIO)?;
         let data = self.files.data(path);
-        if !data.exists() {
+        let Ok(size) = std::fs::metadata(&data).map(|m| m.len()) else {
             // A record whose copy is gone has nothing left to write back: it is dropped (once,
             // said so) instead of being tried again at every retry of the others.
             tracing::warn!(
@@ -302,7 +302,7 @@ impl Vfs {
             );
             self.files.remove(path);
             return Err(Errno::ENOENT);
-        }
+        };
         let mut base = meta.version;
         let opts = self.put_options(path, sync);
         let mut attempt = 0;
@@ -323,7 +323,7 @@ impl Vfs {
                 recipe: known.then(|| self.recipes.get(path, version)).flatten(),
             });
             let with_recipe = replacing.as_ref().is_some_and(|r| r.recipe.is_some());
-            if std::fs::metadata(&data).is_ok_and(|m| m.len() > LONG_COMMIT) {
+            if size > LONG_COMMIT {
                 self.send_puts_first();
             }
             let r = self
