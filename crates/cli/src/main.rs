@@ -37,7 +37,7 @@ enum Command {
     Store(cmd::store::Args),
     /// Export a directory: to one client over a remote shell (`ssh host ferry serve --stdio
     /// DIR`), or to authorized clients over TLS (`ferry serve --listen DIR`).
-    Serve(cmd::remote::ServeArgs),
+    Serve(cmd::serve::ServeArgs),
     /// This user's key, and which keys to trust (for the TLS daemon and `ferry://` remotes).
     Key(cmd::key::Args),
     /// List a remote directory (HOST:PATH).
@@ -86,7 +86,7 @@ fn main() -> ExitCode {
         Command::Chunk(a) => cmd::chunk::run(a),
         Command::Similarity(a) => cmd::similarity::run(a, &ui),
         Command::Store(a) => cmd::store::run(a, &ui),
-        Command::Serve(a) => cmd::remote::serve(a),
+        Command::Serve(a) => cmd::serve::serve(a),
         Command::Key(a) => cmd::key::run(a),
         Command::Ls(a) => cmd::remote::ls(a),
         Command::Get(a) => cmd::remote::get(a),

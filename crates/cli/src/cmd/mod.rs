@@ -10,6 +10,7 @@ pub mod mount;
 pub mod object;
 pub mod remote;
 pub mod s3;
+pub mod serve;
 pub mod similarity;
 mod staging;
 pub mod store;
