@@ -128,6 +128,13 @@ pub trait Source {
         None
     }
 
+    /// How long an answer takes before its first byte (a link's round trip and the far end's
+    /// work), if known: a batch asked alone waits this long besides its bytes, which must not
+    /// pass for a slow rate (a small probe over a link of 10 ms would measure the round trip).
+    fn latency_hint(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// Requests kept outstanding: enough to keep a link's pipe full.
     fn depth(&self) -> usize {
         4

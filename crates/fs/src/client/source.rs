@@ -139,6 +139,10 @@ impl<R: io::Read + Send, W: Write> Source for SessionSource<'_, R, W> {
         self.conn.link_rate().map(|r| r as f64)
     }
 
+    fn latency_hint(&self) -> Option<std::time::Duration> {
+        self.conn.round_trip()
+    }
+
     fn batch(&self) -> Batch {
         BATCH
     }

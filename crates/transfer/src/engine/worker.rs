@@ -95,20 +95,20 @@ pub(super) fn work(
             }
         };
         let got = Instant::now();
-        let from = answered.filter(|&a| a > since).unwrap_or(since);
+        let served = served_alone(since, answered, got, src.latency_hint());
         answered = Some(got);
         match deliver(&batch, answers, wants, done, sink) {
             Ok(mut event) => {
                 if let Event::Answered {
                     source,
                     busy: b,
-                    served,
+                    served: slot,
                     ..
                 } = &mut event
                 {
                     *source = s;
                     *b = since.elapsed();
-                    *served = got - from;
+                    *slot = served;
                 }
                 if events.send(event).is_err() {
                     return;
@@ -118,6 +118,27 @@ pub(super) fn work(
                 let _ = events.send(Event::Sink(e));
                 return;
             }
+        }
+    }
+}
+
+/// How long a source took over a batch asked at `since` and answered at `got`, the previous
+/// answer having come at `before`: from the later of the two, since a batch queued behind
+/// another waits for it; and a batch that waited for nothing else but its request also waited
+/// the source's `latency`, which is not its rate (at least a tenth of the time is kept, should
+/// the latency known be too long).
+fn served_alone(
+    since: Instant,
+    before: Option<Instant>,
+    got: Instant,
+    latency: Option<Duration>,
+) -> Duration {
+    match before.filter(|&a| a > since) {
+        Some(from) => got - from,
+        None => {
+            let all = got - since;
+            all.saturating_sub(latency.unwrap_or_default())
+                .max(all / 10)
         }
     }
 }
@@ -193,4 +214,34 @@ fn deliver(
         served: Duration::ZERO,
         carried: bytes + dup.1 + rej.1,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_asked_alone_is_timed_without_the_latency_and_one_queued_from_the_answer_before() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // A 16 KiB probe over a 10 ms link, its bytes taking 2 ms: the rate is the 2 ms's.
+        assert_eq!(served_alone(t0, None, t0 + ms(12), Some(ms(10))), ms(2));
+        // Latency unknown: the whole wait.
+        assert_eq!(served_alone(t0, None, t0 + ms(12), None), ms(12));
+        // A latency known too long leaves a tenth of the wait, never nothing.
+        assert_eq!(served_alone(t0, None, t0 + ms(10), Some(ms(50))), ms(1));
+        // Queued behind an answer that came after it was asked: from that answer, with no
+        // latency taken off (the link was busy with the answer before).
+        assert_eq!(
+            served_alone(t0, Some(t0 + ms(5)), t0 + ms(8), Some(ms(10))),
+            ms(3)
+        );
+        // The answer before came before this was asked: this one waited alone.
+        let before = t0;
+        let asked = t0 + ms(1);
+        assert_eq!(
+            served_alone(asked, Some(before), asked + ms(12), Some(ms(10))),
+            ms(2)
+        );
+    }
 }

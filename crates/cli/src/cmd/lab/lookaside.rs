@@ -48,7 +48,9 @@ pub struct LkRun {
     pub device: String,
     /// "chunks" (Ferry), "whole-files" (the paper's design), "none" (no lookaside).
     pub mode: String,
+    /// The median of the runs' times (`--repeat`), each in `times`.
     pub seconds: Option<f64>,
+    pub times: Vec<f64>,
     pub bytes_down: u64,
     pub bytes_up: u64,
     /// Chunk bytes the stick supplied.
@@ -91,8 +93,29 @@ fn releases(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// Runs both experiments with the releases under `dir`; returns the stick's description and
 /// the runs.
-pub fn run(lab: &Lab, dir: &Path) -> Result<(String, Vec<LkRun>)> {
+/// Which cells to run, and how often each.
+pub struct Select<'a> {
+    /// Bandwidths by name without spaces (`100Mb/s`); empty: all.
+    pub bandwidths: &'a [String],
+    /// 5, 7 or both; empty: both.
+    pub figures: &'a [u32],
+    pub repeat: usize,
+}
+
+pub fn run(lab: &Lab, dir: &Path, select: &Select<'_>) -> Result<(String, Vec<LkRun>)> {
     let rels = releases(dir)?;
+    let (only, repeat) = (select.bandwidths, select.repeat);
+    let bandwidths: Vec<_> = BANDWIDTHS
+        .iter()
+        .filter(|(name, ..)| only.is_empty() || only.iter().any(|o| *o == name.replace(' ', "")))
+        .collect();
+    if bandwidths.is_empty() {
+        bail!("none of the bandwidths {only:?} (100Mb/s, 10Mb/s, 1Mb/s, 100kb/s)");
+    }
+    let figure = |n: u32| select.figures.is_empty() || select.figures.contains(&n);
+    if !figure(5) && !figure(7) {
+        bail!("the figures are 5 and 7, not {:?}", select.figures);
+    }
     let work = lab.work.join("lookaside");
     let src = work.join("src");
     fs::create_dir_all(&src)?;
@@ -122,12 +145,15 @@ pub fn run(lab: &Lab, dir: &Path) -> Result<(String, Vec<LkRun>)> {
         }
     };
     let tree = src.join("tree");
-    for i in (0..rels.len()).rev() {
+    let fig5 = if figure(5) { rels.len() } else { 0 };
+    for i in (0..fig5).rev() {
         stick.fill(&rels[i])?;
         index(lab, stick.root())?;
-        for &(bw, bps, rtt) in BANDWIDTHS {
+        for &&(bw, bps, rtt) in &bandwidths {
             for mode in ["chunks", "whole-files"] {
-                let r = one(lab, &work, &stick, "fig5", &tree, shape(bps, rtt), mode)?;
+                let r = repeated(repeat, || {
+                    one(lab, &work, &stick, "fig5", &tree, shape(bps, rtt), mode)
+                })?;
                 runs.push(LkRun {
                     bandwidth: bw.into(),
                     device: name(i),
@@ -137,14 +163,19 @@ pub fn run(lab: &Lab, dir: &Path) -> Result<(String, Vec<LkRun>)> {
             }
         }
     }
-    for &(bw, bps, rtt) in BANDWIDTHS {
-        let r = one(lab, &work, &stick, "fig5", &tree, shape(bps, rtt), "none")?;
+    for &&(bw, bps, rtt) in bandwidths.iter().filter(|_| figure(5)) {
+        let r = repeated(repeat, || {
+            one(lab, &work, &stick, "fig5", &tree, shape(bps, rtt), "none")
+        })?;
         runs.push(LkRun {
             bandwidth: bw.into(),
             device: "none".into(),
             ..r
         });
         log(runs.last().expect("pushed"));
+    }
+    if !figure(7) {
+        return Ok((stick.describe(), runs));
     }
     // Figure 7: the stick holds the image.
     let img_dir = work.join("image");
@@ -153,7 +184,7 @@ pub fn run(lab: &Lab, dir: &Path) -> Result<(String, Vec<LkRun>)> {
     stick.fill(&img_dir)?;
     index(lab, stick.root())?;
     let img = src.join("memory.img");
-    for &(bw, bps, rtt) in BANDWIDTHS {
+    for &&(bw, bps, rtt) in &bandwidths {
         for mode in ["chunks", "none"] {
             let expected = IMAGE_BYTES as f64 * 8.0 / bps as f64;
             let r = if mode == "none" && expected > LONGEST.as_secs_f64() {
@@ -163,13 +194,16 @@ pub fn run(lab: &Lab, dir: &Path) -> Result<(String, Vec<LkRun>)> {
                     device: String::new(),
                     mode: mode.into(),
                     seconds: None,
+                    times: vec![],
                     bytes_down: 0,
                     bytes_up: 0,
                     from_device: 0,
                     status: format!("not run: about {expected:.0} s at the link's rate"),
                 }
             } else {
-                one(lab, &work, &stick, "fig7", &img, shape(bps, rtt), mode)?
+                repeated(repeat, || {
+                    one(lab, &work, &stick, "fig7", &img, shape(bps, rtt), mode)
+                })?
             };
             runs.push(LkRun {
                 bandwidth: bw.into(),
@@ -295,11 +329,33 @@ fn one(
         device: String::new(),
         mode: mode.into(),
         seconds: Some(seconds),
+        times: vec![seconds],
         bytes_down: down,
         bytes_up: up,
         from_device: json["chunk_bytes_from_lookaside"].as_u64().unwrap_or(0),
         status,
     })
+}
+
+/// `run` `repeat` times: the last run, with every time and their median (the first failure
+/// instead, if one fails).
+fn repeated(repeat: usize, mut run: impl FnMut() -> Result<LkRun>) -> Result<LkRun> {
+    let mut times = vec![];
+    let mut last = None;
+    for _ in 0..repeat.max(1) {
+        let r = run()?;
+        if r.status != "ok" {
+            return Ok(r);
+        }
+        times.extend(r.seconds);
+        last = Some(r);
+    }
+    let mut r = last.expect("ran once at least");
+    let mut sorted = times.clone();
+    sorted.sort_by(f64::total_cmp);
+    r.seconds = sorted.get(sorted.len() / 2).copied();
+    r.times = times;
+    Ok(r)
 }
 
 /// [`run_bounded`] with standard output to `out`.
@@ -318,59 +374,75 @@ pub fn markdown(device: &str, runs: &[LkRun]) -> String {
     };
     let secs = |r: Option<&LkRun>| {
         r.and_then(|r| r.seconds.filter(|_| r.status == "ok"))
-            .map_or("–".to_string(), |s| format!("{s:.1}"))
+            .map_or("–".to_string(), |s| match s < 10.0 {
+                true => format!("{s:.2}"),
+                false => format!("{s:.1}"),
+            })
     };
     let ok = |r: Option<&LkRun>| r.filter(|r| r.status == "ok").and_then(|r| r.seconds);
     let win = |r: Option<&LkRun>, base: Option<&LkRun>| match (ok(r), ok(base)) {
         (Some(s), Some(b)) => format!("{:+.1} %", (b - s) / b * 100.0),
         _ => "–".into(),
     };
-    let mut s = format!(
-        "The stick: {device}.\n\n### Figure 5: the newest release, the stick holding an older one\n\n\
-         | bandwidth | stick holds | no lookaside s | chunks s | win | whole files s | win | bytes down (chunks) | from the stick (chunks) |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|\n"
-    );
-    let mut devices: Vec<&str> = vec![];
-    for r in runs
+    let repeat = runs.iter().map(|r| r.times.len()).max().unwrap_or(1);
+    // The bandwidths run (`--bandwidth`), in the paper's order.
+    let ran: Vec<&str> = BANDWIDTHS
         .iter()
-        .filter(|r| r.experiment == "fig5" && r.device != "none")
-    {
-        if !devices.contains(&r.device.as_str()) {
-            devices.push(&r.device);
+        .map(|b| b.0)
+        .filter(|bw| runs.iter().any(|r| r.bandwidth == *bw))
+        .collect();
+    let mut s = format!("The stick: {device}.\n\n");
+    if repeat > 1 {
+        s += &format!("Each time is the median of {repeat} runs (all are in the JSON).\n\n");
+    }
+    if runs.iter().any(|r| r.experiment == "fig5") {
+        s += "### Figure 5: the newest release, the stick holding an older one\n\n\
+             | bandwidth | stick holds | no lookaside s | chunks s | win | whole files s | win | bytes down (chunks) | from the stick (chunks) |\n\
+             |---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+        let mut devices: Vec<&str> = vec![];
+        for r in runs
+            .iter()
+            .filter(|r| r.experiment == "fig5" && r.device != "none")
+        {
+            if !devices.contains(&r.device.as_str()) {
+                devices.push(&r.device);
+            }
+        }
+        for bw in &ran {
+            let base = find("fig5", bw, "none", "none");
+            for dev in &devices {
+                let c = find("fig5", bw, dev, "chunks");
+                let w = find("fig5", bw, dev, "whole-files");
+                s += &format!(
+                    "| {bw} | {dev} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    secs(base),
+                    secs(c),
+                    win(c, base),
+                    secs(w),
+                    win(w, base),
+                    c.map_or(0, |r| r.bytes_down),
+                    c.map_or(0, |r| r.from_device),
+                );
+            }
         }
     }
-    for &(bw, _, _) in BANDWIDTHS {
-        let base = find("fig5", bw, "none", "none");
-        for dev in &devices {
-            let c = find("fig5", bw, dev, "chunks");
-            let w = find("fig5", bw, dev, "whole-files");
+    if runs.iter().any(|r| r.experiment == "fig7") {
+        s += "\n### Figure 7: a 41 MB memory image, the stick holding it\n\n\
+              | bandwidth | no lookaside s | lookaside s | win | bytes down (lookaside) |\n|---|---:|---:|---:|---:|\n";
+        for bw in &ran {
+            let base = find("fig7", bw, "none", "none");
+            let with = find("fig7", bw, "memory.img (current)", "chunks");
+            let base_s = match base {
+                Some(b) if b.seconds.is_none() => b.status.clone(),
+                b => secs(b),
+            };
             s += &format!(
-                "| {bw} | {dev} | {} | {} | {} | {} | {} | {} | {} |\n",
-                secs(base),
-                secs(c),
-                win(c, base),
-                secs(w),
-                win(w, base),
-                c.map_or(0, |r| r.bytes_down),
-                c.map_or(0, |r| r.from_device),
+                "| {bw} | {base_s} | {} | {} | {} |\n",
+                secs(with),
+                win(with, base),
+                with.map_or(0, |r| r.bytes_down)
             );
         }
-    }
-    s += "\n### Figure 7: a 41 MB memory image, the stick holding it\n\n\
-          | bandwidth | no lookaside s | lookaside s | win | bytes down (lookaside) |\n|---|---:|---:|---:|---:|\n";
-    for &(bw, _, _) in BANDWIDTHS {
-        let base = find("fig7", bw, "none", "none");
-        let with = find("fig7", bw, "memory.img (current)", "chunks");
-        let base_s = match base {
-            Some(b) if b.seconds.is_none() => b.status.clone(),
-            b => secs(b),
-        };
-        s += &format!(
-            "| {bw} | {base_s} | {} | {} | {} |\n",
-            secs(with),
-            win(with, base),
-            with.map_or(0, |r| r.bytes_down)
-        );
     }
     let failed: Vec<&LkRun> = runs
         .iter()

@@ -100,6 +100,17 @@ pub struct Args {
     /// emulates the stick (a throttled loop device). Writes lookaside.md and lookaside.json.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["quick", "profiles", "down", "interactive", "from_json", "multipath"])]
     lookaside: Option<PathBuf>,
+    /// With --lookaside: only these of the four bandwidths (100Mb/s, 10Mb/s, 1Mb/s, 100kb/s),
+    /// in both figures.
+    #[arg(long = "bandwidth", value_name = "NAME", requires = "lookaside")]
+    bandwidths: Vec<String>,
+    /// With --lookaside: run each cell this many times and report the median (every time is
+    /// in the JSON).
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "lookaside")]
+    repeat: usize,
+    /// With --lookaside: only this figure (5 or 7).
+    #[arg(long, value_name = "N", requires = "lookaside", value_parser = clap::value_parser!(u32).range(5..=7))]
+    figure: Vec<u32>,
     /// Run the Bullet paper's Figures 2 and 3 instead: read and create+delete, delay and
     /// bandwidth, objects of 1 B to 64 MiB, over loopback: Ferry's object service at
     /// durability 0, 1 and 2 against an S3 server (versitygw) and a file server (sshfs), and
@@ -859,7 +870,15 @@ fn multipath_report(lab: &Lab, a: &Args) -> Result<ExitCode> {
 /// Runs the lookaside paper's experiments and writes their results.
 fn lookaside_report(lab: &Lab, a: &Args, dir: &Path) -> Result<ExitCode> {
     let started = Instant::now();
-    let (stick, runs) = lookaside::run(lab, dir)?;
+    let (stick, runs) = lookaside::run(
+        lab,
+        dir,
+        &lookaside::Select {
+            bandwidths: &a.bandwidths,
+            figures: &a.figure,
+            repeat: a.repeat,
+        },
+    )?;
     let md = lookaside::markdown(&stick, &runs);
     let failed = runs
         .iter()
