@@ -213,6 +213,9 @@ enum Outgoing {
     StartZstd(Level),
     /// Send what is queued now: the caller is about to wait for a reply.
     Flush,
+    /// The link is known to be fast (a LAN, a local pipe): an adaptive stream may go below
+    /// its start, and judges each level by what it carries.
+    FastLink,
 }
 
 /// Sends frames from a thread of its own, so the caller can pipeline any number of requests
@@ -255,6 +258,10 @@ impl FrameWriter {
                         Ok(Outgoing::Flush) => {
                             out.flush(&mut bytes)?;
                             (true, false)
+                        }
+                        Ok(Outgoing::FastLink) => {
+                            out.fast_link();
+                            (false, false)
                         }
                         // The connection is gone: what is queued still goes out.
                         Err(_) => {
@@ -323,6 +330,8 @@ pub struct Connection<R, W> {
     flushed: Option<(u32, std::time::Instant)>,
     /// How fast replies arrive, for the server's choice of levels.
     rate: crate::rate::RateMeter,
+    /// Whether the sending thread was told the link is fast ([`Outgoing::FastLink`]).
+    told_fast: bool,
     pub server: Option<Hello>,
     /// Paths whose leases the server broke (Invalidate), in arrival order, until taken.
     pub invalidated: Vec<ferry_proto::WirePath>,
@@ -369,6 +378,7 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             forgotten: Default::default(),
             outstanding: HashMap::from([(0, 0)]),
             traffic: Traffic::default(),
+            told_fast: false,
             unflushed: false,
             newest: 0,
             flushed: None,
@@ -501,6 +511,15 @@ impl<R: Read, W> Connection<R, W> {
                     .to_frame(0),
                 )?;
             }
+        }
+        // This end's stream follows the link as the server's does: below its start only on a
+        // link measured fast (an upload over a local pipe otherwise climbed to level 19 on
+        // writes that waited for a server busy with its own share of the cores).
+        if !self.told_fast
+            && crate::delta::fast_link(self.rate.best().unwrap_or(0), self.rate.round_trip())
+        {
+            self.told_fast = true;
+            self.writer.send(Outgoing::FastLink)?;
         }
         let f = Message::Request(r).to_frame(id);
         tracing::trace!(target: "ferry::sizes", "request {:#04x} {}", f.msg_type, f.body.len());
