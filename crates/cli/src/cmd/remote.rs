@@ -116,7 +116,7 @@ pub struct Rsh {
     #[arg(long, default_value_t = 0, value_name = "N")]
     retry: u32,
     /// zstd level of the session, both ways (passed to the far side's `serve` over a remote
-    /// shell): 1-22, or `adapt`: from 9, up to 19 or down to 3 as the link allows, higher while
+    /// shell): 1-22, or `adapt`: from 9, up to 19 or down to 1 as the link allows, higher while
     /// writes wait on a slow link, lower while the link waits on the compressor [default: adapt].
     #[arg(long, value_name = "LEVEL")]
     zstd_level: Option<ferry_proto::Level>,

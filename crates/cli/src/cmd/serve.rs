@@ -34,7 +34,7 @@ pub struct ServeArgs {
     chunking: Chunking,
     /// zstd level of what the server sends: 1-22 (higher spends CPU to save bytes; 19 is
     /// about `zstd -19`, a few MB/s, and ~100 MB of memory a session), or `adapt`: from 9, up to
-    /// 19 or down to 3 as the link allows, higher while writes wait on a slow link, lower while the link
+    /// 19 or down to 1 as the link allows, higher while writes wait on a slow link, lower while the link
     /// waits on the compressor.
     #[arg(long, value_name = "LEVEL", default_value_t = ferry_fs::DEFAULT_ZSTD_LEVEL)]
     zstd_level: ferry_proto::Level,
