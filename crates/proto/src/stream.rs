@@ -208,8 +208,8 @@ impl Governor {
     /// nothing of the link, and a higher level only takes CPU from it. Every move is a trial
     /// judged by the plain bytes a second (`rate`) of the span after it: a step up is kept if
     /// it paid, a step down unless it cost (the cheaper level wins a tie); one that did not is
-    /// undone, and its level held out of reach for a while. With no move due by the rules
-    /// above, a step down is tried.
+    /// undone, and its level held out of reach for a while. The move tried: up one level when
+    /// writes waited longer than compressing took, else down one.
     fn fast(
         &mut self,
         rate: f64,
