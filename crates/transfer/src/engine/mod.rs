@@ -477,9 +477,10 @@ fn requeue(w: usize, from: usize, seats: &mut [Seat], may: &[u64]) {
     }
 }
 
-/// The most bytes of a batch for a source that takes at most `max`: alone, or local, that; one
-/// of several remote sources, [`BATCH_TIME`] of its measured rate (before it is measured,
-/// [`FIRST_BATCH_BYTES`]).
+/// The most bytes of a batch for a source that takes at most `max`: alone, or local, that; a
+/// remote source beside others (remote ones, or a device it may race from the other end),
+/// [`BATCH_TIME`] of its measured rate (before it is measured, [`FIRST_BATCH_BYTES`]): what it
+/// has asked for and not received is what the others cannot take over.
 fn batch_bytes(shared: bool, rate: Option<f64>, max: usize) -> usize {
     match (shared, rate) {
         (false, _) => max,
@@ -516,8 +517,9 @@ fn fill(
         ..
     } = *ws;
     let remote = seats.iter().filter(|x| x.alive && !x.local).count();
+    let local = seats.iter().any(|x| x.alive && x.local);
     let max_bytes = batch_bytes(
-        remote > 1 && !seats[s].local,
+        (remote > 1 || local) && !seats[s].local,
         seats[s].rate,
         seats[s].batch.bytes,
     );
