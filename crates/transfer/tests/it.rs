@@ -79,6 +79,9 @@ struct Remote<'a> {
     gate_limit: Option<std::time::Duration>,
     /// Opens `opens` when first asked for something.
     opens_on_request: bool,
+    /// The most one request may name, and the bytes each request named.
+    batch: ferry_transfer::Batch,
+    sizes: Vec<u64>,
 }
 
 impl<'a> Remote<'a> {
@@ -100,6 +103,11 @@ impl<'a> Remote<'a> {
             asked: vec![],
             gate_limit: None,
             opens_on_request: false,
+            batch: ferry_transfer::Batch {
+                chunks: 8,
+                bytes: 1 << 20,
+            },
+            sizes: vec![],
         }
     }
 }
@@ -112,10 +120,7 @@ impl Source for Remote<'_> {
         self.depth
     }
     fn batch(&self) -> ferry_transfer::Batch {
-        ferry_transfer::Batch {
-            chunks: 8,
-            bytes: 1 << 20,
-        }
+        self.batch
     }
     fn local(&self) -> bool {
         self.local
@@ -125,6 +130,7 @@ impl Source for Remote<'_> {
     }
     fn request(&mut self, wants: &[Want]) -> Result<(), SourceError> {
         self.asked.extend(wants.iter().map(|w| w.id));
+        self.sizes.push(wants.iter().map(|w| w.len as u64).sum());
         if let (true, Some(g)) = (self.opens_on_request, &self.opens) {
             g.open();
         }
@@ -525,6 +531,42 @@ fn a_link_of_unknown_rate_probes_and_takes_over_from_a_slower_device() {
     holds_all(&near, &w);
     assert!(!remote.asked.is_empty(), "the link was never asked: {r:?}");
     assert!(r.sources[1].requests > 0, "{r:?}");
+}
+
+#[test]
+fn a_remote_source_beside_a_device_asks_for_little_before_it_is_measured() {
+    // What a remote source has asked for and not yet received is what a device racing it
+    // from the other end cannot take over: with a device present, its batches are sized by
+    // its rate (a quarter second), 256 KiB before it is measured, not its largest (here 4 MiB,
+    // which would be the whole fetch in one request).
+    let stick = MemStore::new(HashAlg::Blake3);
+    let far = store_of(0..1000);
+    let near = MemStore::new(HashAlg::Blake3);
+    let w = wants(1000);
+    let mut device = StoreSource::new("stick", &stick);
+    let mut remote = Remote::new("far", &far);
+    remote.batch = ferry_transfer::Batch {
+        chunks: 4096,
+        bytes: 4 << 20,
+    };
+    fetch(
+        &mut [&mut device, &mut remote],
+        &w,
+        &near,
+        &Options::default(),
+    )
+    .unwrap();
+    holds_all(&near, &w);
+    assert!(remote.sizes[0] <= 256 << 10, "{:?}", remote.sizes);
+    // Alone, it asks for everything at once.
+    let near = MemStore::new(HashAlg::Blake3);
+    let mut remote = Remote::new("far", &far);
+    remote.batch = ferry_transfer::Batch {
+        chunks: 4096,
+        bytes: 4 << 20,
+    };
+    fetch(&mut [&mut remote], &w, &near, &Options::default()).unwrap();
+    assert_eq!(remote.sizes.len(), 1, "{:?}", remote.sizes);
 }
 
 #[test]
