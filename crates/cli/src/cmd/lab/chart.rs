@@ -39,6 +39,14 @@ fn present<'a>(runs: &[Run], profiles: &[&str]) -> Vec<&'a str> {
         .collect()
 }
 
+/// [`plot`] when gnuplot is installed.
+pub fn plot_if_found(out: &Path, name: &str, script: &str, data: &str) -> Result<Option<String>> {
+    match gnuplot_found() {
+        true => plot(out, name, script, data).map(Some),
+        false => Ok(None),
+    }
+}
+
 fn plot(out: &Path, name: &str, script: &str, data: &str) -> Result<String> {
     let png = format!("{name}.png");
     fs::write(out.join(format!("{name}.dat")), data)?;

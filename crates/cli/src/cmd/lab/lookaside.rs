@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::link::{Relay, Shape};
 use super::stick::Stick;
@@ -38,7 +38,7 @@ const IMAGE_BYTES: usize = 41_000_000;
 const LONGEST: Duration = Duration::from_secs(1800);
 
 /// One run.
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub struct LkRun {
     /// "fig5" or "fig7".
     pub experiment: String,
@@ -50,6 +50,7 @@ pub struct LkRun {
     pub mode: String,
     /// The median of the runs' times (`--repeat`), each in `times`.
     pub seconds: Option<f64>,
+    #[serde(default)]
     pub times: Vec<f64>,
     pub bytes_down: u64,
     pub bytes_up: u64,
@@ -455,4 +456,68 @@ pub fn markdown(device: &str, runs: &[LkRun]) -> String {
         );
     }
     s
+}
+
+/// Figure 5 as the paper draws it: for each bandwidth, the time with a stick of each age
+/// relative to no lookaside (under 1: a win), chunk-level and whole-file lookaside side by
+/// side. Written as lookaside.png into `out` when gnuplot is installed; `None` otherwise, or
+/// when the runs hold no Figure 5.
+pub fn chart(out: &Path, runs: &[LkRun]) -> Result<Option<String>> {
+    let ok = |bw: &str, dev: &str, mode: &str| {
+        runs.iter()
+            .find(|r| {
+                r.experiment == "fig5"
+                    && r.bandwidth == bw
+                    && r.device == dev
+                    && r.mode == mode
+                    && r.status == "ok"
+            })
+            .and_then(|r| r.seconds)
+    };
+    let mut devices: Vec<&str> = vec![];
+    for r in runs
+        .iter()
+        .filter(|r| r.experiment == "fig5" && r.device != "none")
+    {
+        if !devices.contains(&r.device.as_str()) {
+            devices.push(&r.device);
+        }
+    }
+    let mut data = String::new();
+    let mut panels = vec![];
+    for &(bw, _, _) in BANDWIDTHS {
+        let Some(base) = ok(bw, "none", "none") else {
+            continue;
+        };
+        data += &format!("# {bw}: stick, chunks, whole files\n");
+        for dev in &devices {
+            // "1.41.0 (1 older)" → "1 older"
+            let label = dev
+                .split_once('(')
+                .map_or(*dev, |(_, l)| l.trim_end_matches(')'));
+            let rel = |mode| ok(bw, dev, mode).map_or("NaN".into(), |s| format!("{:.4}", s / base));
+            data += &format!("\"{label}\" {} {}\n", rel("chunks"), rel("whole-files"));
+        }
+        data += "\n\n";
+        panels.push(bw);
+    }
+    if panels.is_empty() {
+        return Ok(None);
+    }
+    let mut script = format!(
+        "set multiplot layout {},2 title \"The lookaside paper's Figure 5: time with a stick, relative to none\"\n\
+         set style data histogram\nset style histogram clustered gap 1\n\
+         set style fill solid 0.8 border -1\nset yrange [0:1.6]\nset grid ytics\n\
+         set xtics rotate by -30\nset key top left\n",
+        panels.len().div_ceil(2)
+    );
+    for (i, bw) in panels.iter().enumerate() {
+        script += &format!(
+            "set title '{bw}'\nset ylabel '{}'\n\
+             plot 'lookaside.dat' index {i} using 2:xtic(1) title 'chunks', '' index {i} using 3 title 'whole files', 1 notitle lc rgb 'black'\n",
+            if i == 0 { "time / no lookaside" } else { "" }
+        );
+    }
+    script += "unset multiplot\n";
+    super::chart::plot_if_found(out, "lookaside", &script, &data)
 }

@@ -609,6 +609,21 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if let Some(file) = &a.from_json {
         let text =
             fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+        if let Some(r) = lookaside_json(&text) {
+            // An earlier `--lookaside` run's lookaside.json: its tables and chart.
+            let (stick, runs, note) = r?;
+            fs::create_dir_all(&a.out)?;
+            let md = note + &lookaside::markdown(&stick, &runs);
+            fs::write(a.out.join("lookaside.md"), &md)?;
+            let png = lookaside::chart(&a.out, &runs)?;
+            print!("{md}");
+            eprintln!(
+                "lab: wrote {} ({})",
+                a.out.display(),
+                png.unwrap_or_default()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
         let r: Report = serde_json::from_str(&text)
             .with_context(|| format!("{} is not a lab's results.json", file.display()))?;
         let (md, charts) = render(&a.out, &r)?;
@@ -885,7 +900,27 @@ fn lookaside_report(lab: &Lab, a: &Args, dir: &Path) -> Result<ExitCode> {
         .filter(|r| r.status.starts_with("failed"))
         .count();
     let report = serde_json::json!({ "stick": stick, "runs": runs });
+    fs::create_dir_all(&a.out)?;
+    if let Some(png) = lookaside::chart(&a.out, &runs)? {
+        eprintln!("lab: wrote {}", a.out.join(png).display());
+    }
     experiment_out(a, "lookaside", started, report, &md, failed)
+}
+
+/// The stick, the runs and the note (markdown, if any) of a lookaside.json; `None` when the
+/// text is not one (no "stick").
+fn lookaside_json(text: &str) -> Option<Result<(String, Vec<lookaside::LkRun>, String)>> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    let stick = v.get("stick")?.as_str()?.to_string();
+    let note = v
+        .get("note")
+        .and_then(|n| n.as_str())
+        .map_or(String::new(), |n| format!("{n}\n\n"));
+    Some(
+        serde_json::from_value(v["runs"].clone())
+            .map(|runs| (stick, runs, note))
+            .context("the runs of a lookaside.json"),
+    )
 }
 
 /// Writes an experiment's `report` (with the command, the machine and the time it took) and
