@@ -97,7 +97,8 @@ pub struct Args {
     /// in DIR (one directory per release, as lab/workloads.sh puts in releases/tokio): the
     /// newest fetched at four bandwidths with an emulated USB stick holding it, older ones or
     /// nothing, with chunk-level and whole-file lookaside; and a 41 MB memory image. Root
-    /// emulates the stick (a throttled loop device). Writes lookaside.md and lookaside.json.
+    /// emulates the stick (a throttled loop device). Writes lookaside.md, lookaside.json and
+    /// (with gnuplot) lookaside.png.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["quick", "profiles", "down", "interactive", "from_json", "multipath"])]
     lookaside: Option<PathBuf>,
     /// With --lookaside: only these of the four bandwidths (100Mb/s, 10Mb/s, 1Mb/s, 100kb/s),
@@ -137,7 +138,8 @@ pub struct Args {
     /// Print the results as JSON too.
     #[arg(long)]
     json: bool,
-    /// Run nothing: write the tables and charts of an earlier run's results.json into --out.
+    /// Run nothing: write the tables and charts of an earlier run's results.json (or
+    /// lookaside.json) into --out.
     #[arg(long, value_name = "FILE")]
     from_json: Option<PathBuf>,
 }
