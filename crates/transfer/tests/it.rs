@@ -544,11 +544,15 @@ fn a_remote_source_beside_a_device_asks_for_little_before_it_is_measured() {
     let near = MemStore::new(HashAlg::Blake3);
     let w = wants(1000);
     let mut device = StoreSource::new("stick", &stick);
-    let mut remote = Remote::new("far", &far);
-    remote.batch = ferry_transfer::Batch {
-        chunks: 4096,
-        bytes: 4 << 20,
+    let large = |name| {
+        let mut r = Remote::new(name, &far);
+        r.batch = ferry_transfer::Batch {
+            chunks: 4096,
+            bytes: 4 << 20,
+        };
+        r
     };
+    let mut remote = large("far");
     fetch(
         &mut [&mut device, &mut remote],
         &w,
@@ -560,11 +564,7 @@ fn a_remote_source_beside_a_device_asks_for_little_before_it_is_measured() {
     assert!(remote.sizes[0] <= 256 << 10, "{:?}", remote.sizes);
     // Alone, it asks for everything at once.
     let near = MemStore::new(HashAlg::Blake3);
-    let mut remote = Remote::new("far", &far);
-    remote.batch = ferry_transfer::Batch {
-        chunks: 4096,
-        bytes: 4 << 20,
-    };
+    let mut remote = large("far");
     fetch(&mut [&mut remote], &w, &near, &Options::default()).unwrap();
     assert_eq!(remote.sizes.len(), 1, "{:?}", remote.sizes);
 }

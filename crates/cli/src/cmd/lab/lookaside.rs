@@ -400,15 +400,7 @@ pub fn markdown(device: &str, runs: &[LkRun]) -> String {
         s += "### Figure 5: the newest release, the stick holding an older one\n\n\
              | bandwidth | stick holds | no lookaside s | chunks s | win | whole files s | win | bytes down (chunks) | from the stick (chunks) |\n\
              |---|---|---:|---:|---:|---:|---:|---:|---:|\n";
-        let mut devices: Vec<&str> = vec![];
-        for r in runs
-            .iter()
-            .filter(|r| r.experiment == "fig5" && r.device != "none")
-        {
-            if !devices.contains(&r.device.as_str()) {
-                devices.push(&r.device);
-            }
-        }
+        let devices = fig5_devices(runs);
         for bw in &ran {
             let base = find("fig5", bw, "none", "none");
             for dev in &devices {
@@ -474,15 +466,7 @@ pub fn chart(out: &Path, runs: &[LkRun]) -> Result<Option<String>> {
             })
             .and_then(|r| r.seconds)
     };
-    let mut devices: Vec<&str> = vec![];
-    for r in runs
-        .iter()
-        .filter(|r| r.experiment == "fig5" && r.device != "none")
-    {
-        if !devices.contains(&r.device.as_str()) {
-            devices.push(&r.device);
-        }
-    }
+    let devices = fig5_devices(runs);
     let mut data = String::new();
     let mut panels = vec![];
     for &(bw, _, _) in BANDWIDTHS {
@@ -520,4 +504,18 @@ pub fn chart(out: &Path, runs: &[LkRun]) -> Result<Option<String>> {
     }
     script += "unset multiplot\n";
     super::chart::plot_if_found(out, "lookaside", &script, &data)
+}
+
+/// The sticks of Figure 5's runs, in the order first run.
+fn fig5_devices(runs: &[LkRun]) -> Vec<&str> {
+    let mut devices: Vec<&str> = vec![];
+    for r in runs
+        .iter()
+        .filter(|r| r.experiment == "fig5" && r.device != "none")
+    {
+        if !devices.contains(&r.device.as_str()) {
+            devices.push(&r.device);
+        }
+    }
+    devices
 }
