@@ -286,6 +286,8 @@ struct State {
     /// When the oldest change made here that the server has not made durable yet was made
     /// (`FEATURE_DEFERRED_SYNC`: see [`Vfs::sync_server`]).
     unsynced: Option<Instant>,
+    /// Names this mount changed lately (see [`names::Recent`]).
+    recent: names::Recent,
 }
 
 /// Paths whose cached copies are being decided on, fetched or moved: one holder per path.

@@ -35,7 +35,7 @@ impl Vfs {
         st.listings.remove(path);
         st.changing.remove(path);
         if let Some((dir, name)) = path.split_last() {
-            Self::edit_listing(&mut st, &dir, name, None);
+            Self::set_listed(&mut st, &dir, name, None);
         }
     }
 

@@ -101,6 +101,13 @@ impl Vfs {
         if own {
             return;
         }
+        if st.recent.contains(&path) {
+            // Maybe older than this mount's own change of it: asked for again when wanted.
+            tracing::trace!("{path:?} changed here lately: its leases are broken instead");
+            Self::lease_broken(st, &dir);
+            Self::lease_broken(st, &path);
+            return;
+        }
         if let Some(a) = st.attrs.get_mut(&dir) {
             a.until = past;
         }
@@ -114,7 +121,7 @@ impl Vfs {
         match attr {
             Some(a) => {
                 let until = until.min(Instant::now() + Duration::from_millis(a.lease_ms as u64));
-                Self::edit_listing(st, &dir, name, Some(a.kind));
+                Self::set_listed(st, &dir, name, Some(a.kind));
                 st.attrs.insert(
                     path,
                     Leased {
@@ -129,7 +136,7 @@ impl Vfs {
                 st.listings.remove(&path);
                 if !pending {
                     // (A file made here and not yet on the server stays.)
-                    Self::edit_listing(st, &dir, name, None);
+                    Self::set_listed(st, &dir, name, None);
                 }
             }
         }

@@ -244,14 +244,22 @@ impl Vfs {
         Self::edit_listing(st, dir, name, kind);
     }
 
-    /// Adds `name` (of `kind`) to the cached listing of `dir`, or removes it (`None`); nothing
-    /// without one.
+    /// Adds `name` (of `kind`) to the cached listing of `dir`, or removes it (`None`), after a
+    /// change made here (kept among the [`Recent`] names); nothing without a listing.
     pub(super) fn edit_listing(
         st: &mut State,
         dir: &WirePath,
         name: &[u8],
         kind: Option<FileKind>,
     ) {
+        if let Ok(path) = dir.join(name) {
+            st.recent.note(path);
+        }
+        Self::set_listed(st, dir, name, kind);
+    }
+
+    /// As [`edit_listing`](Self::edit_listing), for what the server told.
+    pub(super) fn set_listed(st: &mut State, dir: &WirePath, name: &[u8], kind: Option<FileKind>) {
         if let Some(l) = st.listings.get_mut(dir) {
             match (l.value.binary_search_by(|e| e.0.as_slice().cmp(name)), kind) {
                 (Ok(i), Some(k)) => l.value[i].1 = k,
@@ -302,4 +310,40 @@ pub(super) fn listing_of(
         }
     }
     Ok((out, attr_of(rs.next().expect("asked")?)?))
+}
+
+/// The names this mount changed lately (made, removed, renamed from or to), the latest
+/// [`Recent::KEPT`]. What another of its sessions tells of such a name may predate the change:
+/// that session's server looked before the change was made, and its message waited in the
+/// pipe while the change went over another session (`git`'s `index.lock`, made, renamed to
+/// `index` and made again, was told as still there after the rename, and the next exclusive
+/// create failed). Such news breaks the leases instead of being taken.
+#[derive(Default)]
+pub(super) struct Recent {
+    order: std::collections::VecDeque<WirePath>,
+    counts: HashMap<WirePath, u32>,
+}
+
+impl Recent {
+    /// How many changes are remembered: far more than the messages any session can hold back
+    /// between two of its replies.
+    pub(super) const KEPT: usize = 4096;
+
+    pub(super) fn note(&mut self, path: WirePath) {
+        *self.counts.entry(path.clone()).or_default() += 1;
+        self.order.push_back(path);
+        if self.order.len() > Self::KEPT {
+            let old = self.order.pop_front().expect("longer than KEPT");
+            if let std::collections::hash_map::Entry::Occupied(mut e) = self.counts.entry(old) {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                }
+            }
+        }
+    }
+
+    pub(super) fn contains(&self, path: &WirePath) -> bool {
+        self.counts.contains_key(path)
+    }
 }

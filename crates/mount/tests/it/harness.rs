@@ -2,6 +2,7 @@
 //! refused or held, and helpers that act as programs do.
 
 use super::*;
+use std::io::Write as _;
 
 /// An export served to any number of clients, each session on a thread of its own; the
 /// server can be made unreachable and every open session cut.
@@ -19,6 +20,56 @@ pub struct Remote {
     held: Arc<(Mutex<Hold>, std::sync::Condvar)>,
     /// The `Sync` requests each session's server received, by the order made.
     syncs: Arc<Mutex<Vec<usize>>>,
+    outputs: Arc<Mutex<Outputs>>,
+}
+
+/// What the servers sent, per session: bytes held back while a session's output is held
+/// (see [`Remote::hold_output`]), and the names its `Changed` frames told.
+#[derive(Default)]
+struct Outputs {
+    held: Option<usize>,
+    /// Per session: the bytes held back, and the names told in them.
+    waiting: Vec<(Vec<u8>, Vec<WirePath>)>,
+    sockets: Vec<Option<UnixStream>>,
+}
+
+/// A server's output that holds back what it writes while its session's output is held.
+struct Valve {
+    session: usize,
+    frames: ferry_proto::Inflow,
+    outputs: Arc<Mutex<Outputs>>,
+}
+
+impl std::io::Write for Valve {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut told = vec![];
+        self.frames.feed(buf);
+        while let Ok(Some(f)) = self.frames.next_frame() {
+            match ferry_proto::Message::decode(&f) {
+                Ok(ferry_proto::Message::Changed { path, .. }) => told.push(path),
+                Ok(ferry_proto::Message::Hello(h))
+                    if h.features & ferry_proto::FEATURE_ZSTD_STREAM != 0 =>
+                {
+                    let _ = self.frames.start_zstd();
+                }
+                _ => {}
+            }
+        }
+        let mut o = self.outputs.lock().unwrap();
+        if o.held == Some(self.session) {
+            let (bytes, names) = &mut o.waiting[self.session];
+            bytes.extend_from_slice(buf);
+            names.extend(told);
+            return Ok(buf.len());
+        }
+        let socket = o.sockets[self.session].as_mut().expect("kept");
+        socket.write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A server's input that passes nothing on while its session is held (see [`Remote::hold`]).
@@ -87,6 +138,47 @@ impl Remote {
             made: Arc::default(),
             held: Arc::default(),
             syncs: Arc::default(),
+            outputs: Arc::default(),
+        }
+    }
+
+    /// Holds back what the server of session `n` (by the order made, from 0) sends, replies
+    /// and news alike, until [`pass_output`](Self::pass_output): a slow pipe.
+    pub fn hold_output(&self, n: usize) {
+        self.outputs.lock().unwrap().held = Some(n);
+    }
+
+    /// The names told in `Changed` frames held back so far.
+    pub fn output_told(&self, n: usize) -> Vec<WirePath> {
+        let o = self.outputs.lock().unwrap();
+        o.waiting.get(n).map(|w| w.1.clone()).unwrap_or_default()
+    }
+
+    /// How many bytes session `n`'s server sent that are held back.
+    pub fn output_held(&self, n: usize) -> usize {
+        let o = self.outputs.lock().unwrap();
+        o.waiting.get(n).map_or(0, |w| w.0.len())
+    }
+
+    /// Sends on the first `len` bytes held back (see [`output_held`](Self::output_held)), and
+    /// holds back the rest and what follows.
+    pub fn pass_output_upto(&self, len: usize) {
+        let mut o = self.outputs.lock().unwrap();
+        let Some(n) = o.held else { return };
+        let bytes: Vec<u8> = o.waiting[n].0.drain(..len).collect();
+        if let Some(s) = o.sockets[n].as_mut() {
+            let _ = s.write_all(&bytes);
+        }
+    }
+
+    /// Sends on what the held session's server sent, and holds nothing back from now on.
+    pub fn pass_output(&self) {
+        let mut o = self.outputs.lock().unwrap();
+        let Some(n) = o.held.take() else { return };
+        let bytes = std::mem::take(&mut o.waiting[n].0);
+        o.waiting[n].1.clear();
+        if let Some(s) = o.sockets[n].as_mut() {
+            let _ = s.write_all(&bytes);
         }
     }
 
@@ -153,10 +245,21 @@ impl Remote {
                 lease_ms: r.lease_ms,
                 ..ServerOptions::default()
             };
+            {
+                let mut o = r.outputs.lock().unwrap();
+                o.waiting.resize_with(session + 1, Default::default);
+                o.sockets.resize_with(session + 1, || None);
+                o.sockets[session] = Some(a.try_clone()?);
+            }
+            let output = Valve {
+                session,
+                frames: ferry_proto::Inflow::new(),
+                outputs: r.outputs.clone(),
+            };
             std::thread::spawn(move || {
                 let staging = Arc::new(ferry_store::MemStore::new(ferry_format::HashAlg::Blake3));
                 let mut server = Server::new(export, opts, staging);
-                let _ = ferry_fs::serve(&mut server, input, a);
+                let _ = ferry_fs::serve(&mut server, input, output);
             });
             // As `ferry mount` does.
             Session::over_asking(

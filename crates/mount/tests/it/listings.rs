@@ -87,3 +87,50 @@ fn a_change_made_over_another_session_keeps_the_listing() {
     v.getattr(ROOT).unwrap();
     assert_eq!(requests(&v), n, "the listing and the directory stay leased");
 }
+
+/// News of a name this mount changed lately, told by another of its sessions late, is not
+/// taken as it stands: it may predate the change. `git` makes `index.lock` (over one session),
+/// renames it to `index`, and makes `index.lock` again; the other session's server had told of
+/// the first `index.lock`, and its message, read after the rename, once put the name back in
+/// the listing: the next exclusive create failed with `EEXIST` (`git commit`: "Unable to
+/// create 'index.lock': File exists").
+#[test]
+fn news_older_than_a_change_made_here_does_not_bring_a_name_back() {
+    let (_t, root, remote, v) = one_client();
+    // Session 1's server lists the directory (leased) while session 0 is busy; the changes
+    // below then go over session 0, the one idle on top.
+    remote.hold(0);
+    std::thread::scope(|s| {
+        let busy = s.spawn(|| v.statfs());
+        remote.wait_held();
+        assert_eq!(v.lookup(ROOT, b"none").unwrap_err(), Errno::ENOENT);
+        remote.free();
+        busy.join().unwrap();
+    });
+    assert_eq!(remote.sessions_made(), 2);
+    remote.hold_output(1);
+    make(&v, ROOT, b"index.lock", b"first", true);
+    v.send_changes(std::time::Duration::ZERO);
+    let lock = ferry_proto::WirePath::new(b"index.lock".to_vec()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !remote.output_told(1).contains(&lock) {
+        assert!(
+            Instant::now() < deadline,
+            "session 1's server never told of it"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let told = remote.output_held(1);
+    v.rename(ROOT, b"index.lock", ROOT, b"index", false)
+        .unwrap();
+    v.send_changes(std::time::Duration::ZERO);
+    assert!(!root.join("index.lock").exists());
+    // What session 1's server told before the rename arrives now; what it told after, later.
+    remote.pass_output_upto(told);
+    v.tick();
+    remote.pass_output();
+    make(&v, ROOT, b"index.lock", b"second", true);
+    v.send_changes(std::time::Duration::ZERO);
+    assert_eq!(std::fs::read(root.join("index")).unwrap(), b"first");
+    assert_eq!(std::fs::read(root.join("index.lock")).unwrap(), b"second");
+}
