@@ -106,7 +106,7 @@ fn path(rng: &mut Rng) -> WirePath {
 
 fn request(rng: &mut Rng) -> Request {
     let p = path(rng);
-    match rng.below(10) {
+    match rng.below(11) {
         0 => Request::GetAttr { path: p },
         1 => Request::ReadDir {
             path: p,
@@ -138,6 +138,10 @@ fn request(rng: &mut Rng) -> Request {
             handle: rng.below(3) as u32,
             path: p,
             base: None,
+        },
+        9 => Request::Link {
+            from: p,
+            to: path(rng),
         },
         _ => Request::GetChunks(GetChunks {
             ids: Ids::Short(vec![rng.next(), rng.next()]),

@@ -326,6 +326,16 @@ impl Export {
     }
 }
 
+/// A file's identity as a client sees it (`StatExtra::id`): its device and inode numbers,
+/// hashed (the same for every name of one file).
+fn identity(dev: u64, ino: u64) -> u64 {
+    let mut h = [0u8; 16];
+    h[..8].copy_from_slice(&dev.to_le_bytes());
+    h[8..].copy_from_slice(&ino.to_le_bytes());
+    let d = ferry_format::Id::hash(ferry_format::HashAlg::Blake3, &h);
+    u64::from_le_bytes(d.digest()[..8].try_into().unwrap())
+}
+
 /// Attributes from a stat. The version is derived from identity, size and both times, so any
 /// change to the file (by Ferry or by a local program) gives a new version.
 #[allow(clippy::unnecessary_cast)] // stat field types differ between platforms
@@ -366,6 +376,7 @@ pub fn attr_of(st: &rustix::fs::Stat) -> (Attr, FileId) {
             ctime_ns,
             blocks: st.st_blocks as u64,
             nlink: st.st_nlink as u32,
+            id: Some(identity(st.st_dev as u64, st.st_ino as u64)),
         }),
     };
     (attr, id)

@@ -148,6 +148,10 @@ impl Server {
     pub(super) fn keep_extra(&self, attr: &mut ferry_proto::Attr) {
         if self.features & ferry_proto::FEATURE_STAT_EXTRA == 0 {
             attr.extra = None;
+        } else if self.features & ferry_proto::FEATURE_HARD_LINKS == 0 {
+            if let Some(x) = &mut attr.extra {
+                x.id = None;
+            }
         }
     }
 

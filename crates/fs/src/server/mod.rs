@@ -495,6 +495,7 @@ impl Server {
                 | Request::Unlink { .. }
                 | Request::Rmdir { .. }
                 | Request::Rename { .. }
+                | Request::Link { .. }
                 | Request::Symlink { .. }
                 | Request::SetAttr { .. }
                 | Request::Vault { .. }
@@ -545,6 +546,7 @@ impl Server {
                 Ok(())
             })),
             Request::Rename { from, to } => one(self.rename(&from, &to)),
+            Request::Link { from, to } => one(self.link(&from, &to)),
             Request::Sync => one(match self.dir_syncs.sync() {
                 Ok(()) => Reply::Ok,
                 Err(e) => error(ErrorCode::Io, format!("syncing the changes: {e}")),
@@ -630,6 +632,30 @@ impl Server {
             rustix::fs::renameat(&fd, os(&fname), &td, os(&tname))?;
             self.dir_syncs.changed(&td)?;
             self.dir_syncs.changed(&fd)?;
+            Ok(())
+        })();
+        match r {
+            Ok(()) => {
+                self.take_broken_own(&[from, to]);
+                Reply::Ok
+            }
+            Err(e) => io_error(from, &e),
+        }
+    }
+
+    /// Makes `to` a new name of the file or symlink `from` (not following it).
+    fn link(&mut self, from: &WirePath, to: &WirePath) -> Reply {
+        let r = (|| -> io::Result<()> {
+            let (fd, fname) = self.export.parent(from)?;
+            let (td, tname) = self.export.parent(to)?;
+            rustix::fs::linkat(
+                &fd,
+                os(&fname),
+                &td,
+                os(&tname),
+                rustix::fs::AtFlags::empty(),
+            )?;
+            self.dir_syncs.changed(&td)?;
             Ok(())
         })();
         match r {

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, Seek, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 
@@ -568,7 +568,7 @@ impl Server {
             // Data written against a base that changed in place gives other bytes: say so.
             let r = match self.check_version(&u) {
                 Err(r) => r,
-                Ok(()) => error(
+                Ok(_) => error(
                     ErrorCode::BadRequest,
                     format!("{path:?}: what was written is not the object the commit names"),
                 ),
@@ -602,25 +602,42 @@ impl Server {
             discard(u);
             return Err(ioe(e));
         }
-        // Check, keep the old version, rename: one at a time per directory.
-        let installed = (|| -> Result<(), Reply> {
+        // Check, keep the old version, rename: one at a time per directory. A file of several
+        // names is written in place instead, so that every name keeps it.
+        let installed = (|| -> Result<Option<File>, Reply> {
             let _lock = DirLock::new(&u.dir).map_err(ioe)?;
-            self.check_version(&u)?;
+            let linked = self.check_version(&u)?;
+            if linked {
+                return write_in_place(&u, mode, mtime_ns).map(Some).map_err(ioe);
+            }
             if u.base.is_some() {
                 self.keep_in_trash(&u.dir, &u.name);
             }
             rustix::fs::renameat(&u.dir, os(u.tmp.as_bytes()), &u.dir, os(&u.name))
                 .map_err(|e| ioe(e.into()))?;
-            self.dir_syncs.changed(&u.dir).map_err(ioe)
+            self.dir_syncs.changed(&u.dir).map_err(ioe)?;
+            Ok(None)
         })();
-        if let Err(r) = installed {
-            discard(u);
-            return Err(r);
-        }
+        let in_place = match installed {
+            Ok(f) => f,
+            Err(r) => {
+                discard(u);
+                return Err(r);
+            }
+        };
         // This commit's own change breaks the leases granted before it (sent ahead of the
         // reply), not the one the reply carries; and that one is granted only if the name
         // still holds what was written.
-        let st = rustix::fs::fstat(u.out.get_ref()).map_err(|e| ioe(e.into()))?;
+        let st = match &in_place {
+            Some(f) => rustix::fs::fstat(f),
+            None => rustix::fs::fstat(u.out.get_ref()),
+        }
+        .map_err(|e| ioe(e.into()))?;
+        if in_place.is_some() {
+            let _ =
+                rustix::fs::unlinkat(&u.dir, os(u.tmp.as_bytes()), rustix::fs::AtFlags::empty());
+        }
+        drop(in_place);
         let Upload {
             dir,
             name,
@@ -646,16 +663,18 @@ impl Server {
     }
 
     /// Whether the file an upload replaces is still the version it was written against (or
-    /// still absent).
-    fn check_version(&self, u: &Upload) -> Result<(), Reply> {
+    /// still absent); if so, whether it has other names (hard links).
+    fn check_version(&self, u: &Upload) -> Result<bool, Reply> {
         let path = &u.path;
         let cur = stat_at(&u.dir, &u.name).map_err(|e| io_error(path, &e))?;
         match (cur, u.base.as_ref().map(|b| b.version)) {
             (Some((a, _)), _) if a.kind == FileKind::Dir => {
                 Err(error(ErrorCode::IsDir, format!("{path:?} is a directory")))
             }
-            (Some((a, _)), Some(v)) if a.version == v => Ok(()),
-            (None, None) => Ok(()),
+            (Some((a, _)), Some(v)) if a.version == v => {
+                Ok(a.kind == FileKind::File && a.extra.is_some_and(|x| x.nlink > 1))
+            }
+            (None, None) => Ok(false),
             (Some(_), None) => Err(error(
                 ErrorCode::Conflict,
                 format!("{path:?} was created since"),
@@ -792,6 +811,38 @@ impl Upload {
 }
 
 /// Drops an upload: its temporary file goes.
+/// Writes what upload `u` wrote into the file it replaces, in place (a file of several names:
+/// each keeps the new content, as when a local program writes it), with the mode and time
+/// asked for, and syncs it. Not atomic, as such a write never is: a crash in it can leave the
+/// file part old, part new. Returns the file.
+fn write_in_place(u: &Upload, mode: u32, mtime_ns: i64) -> io::Result<File> {
+    let target = File::from(rustix::fs::openat(
+        &u.dir,
+        os(&u.name),
+        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?);
+    let mut from = u.out.get_ref();
+    (&mut from).seek(io::SeekFrom::Start(0))?;
+    let mut to = &target;
+    to.set_len(0)?;
+    io::copy(&mut from, &mut to)?;
+    rustix::fs::fchmod(&target, rustix::fs::Mode::from_raw_mode(mode & 0o7777))?;
+    let t = rustix::fs::Timespec {
+        tv_sec: mtime_ns.div_euclid(1_000_000_000),
+        tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
+    };
+    rustix::fs::futimens(
+        &target,
+        &rustix::fs::Timestamps {
+            last_access: t,
+            last_modification: t,
+        },
+    )?;
+    target.sync_all()?;
+    Ok(target)
+}
+
 fn discard(u: Upload) {
     let _ = rustix::fs::unlinkat(&u.dir, os(u.tmp.as_bytes()), rustix::fs::AtFlags::empty());
 }

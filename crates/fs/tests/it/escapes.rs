@@ -87,6 +87,10 @@ fn outside_intact(root: &Path, modes_before: &[u32]) {
             OUTSIDE_BYTES,
             "{n} changed"
         );
+        // No name of it inside the export (a hard link).
+        use std::os::unix::fs::MetadataExt;
+        let links = std::fs::symlink_metadata(out.join(n)).unwrap().nlink();
+        assert!(links == 1 || n != "f", "{n} has {links} names");
     }
 }
 
@@ -99,7 +103,7 @@ fn request(rng: &mut u64, handle: &mut u32) -> Request {
     };
     let mut name = || -> WirePath { NAMES[(next() % NAMES.len() as u64) as usize].into() };
     let (a, b) = (name(), name());
-    match next() % 12 {
+    match next() % 13 {
         0 => Request::GetAttr { path: a },
         1 => Request::ReadDir {
             path: a,
@@ -130,6 +134,7 @@ fn request(rng: &mut u64, handle: &mut u32) -> Request {
             mode: Some(0o777),
             mtime_ns: Some(0),
         },
+        11 => Request::Link { from: a, to: b },
         _ => {
             *handle += 1;
             Request::Create {

@@ -13,6 +13,7 @@ use ferry_store::{LocalStore, MemStore, Options};
 mod breaks;
 mod escapes;
 mod indexing;
+mod links;
 mod ranges;
 mod replace;
 

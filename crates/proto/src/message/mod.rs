@@ -80,10 +80,16 @@ pub const FEATURE_OWN_CHANGES: u64 = 128;
 /// would void the whole listing. So a busy directory (another client's or another session's
 /// work) keeps answering lookups of every other name. Not in a client's Hello unless asked for.
 pub const FEATURE_ENTRY_CHANGES: u64 = 256;
+/// Hello feature bit, asked for by a client that shows hard links (a mount): the server takes
+/// [`Request::Link`], and every [`StatExtra`] it sends carries the file's identity
+/// ([`StatExtra::id`]: equal for two names of one file). Not in a client's Hello unless asked
+/// for.
+pub const FEATURE_HARD_LINKS: u64 = 512;
 /// Feature bits this build understands: [`crate::FEATURE_ZSTD_STREAM`], [`FEATURE_HISTORY`],
 /// [`FEATURE_RATE`], [`FEATURE_STATFS`], [`FEATURE_NO_TREE_DIGESTS`],
-/// [`FEATURE_STAT_EXTRA`], [`FEATURE_DEFERRED_SYNC`], [`FEATURE_OWN_CHANGES`] and
-/// [`FEATURE_ENTRY_CHANGES`]. Everything else of version 2 is always there.
+/// [`FEATURE_STAT_EXTRA`], [`FEATURE_DEFERRED_SYNC`], [`FEATURE_OWN_CHANGES`],
+/// [`FEATURE_ENTRY_CHANGES`] and [`FEATURE_HARD_LINKS`]. Everything else of version 2 is
+/// always there.
 pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | FEATURE_HISTORY
     | FEATURE_RATE
@@ -92,13 +98,15 @@ pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | FEATURE_STAT_EXTRA
     | FEATURE_DEFERRED_SYNC
     | FEATURE_OWN_CHANGES
-    | FEATURE_ENTRY_CHANGES;
+    | FEATURE_ENTRY_CHANGES
+    | FEATURE_HARD_LINKS;
 /// Feature bits a client sends only when asked to ([`FEATURES`] minus these is its default).
 pub const ASKED_FEATURES: u64 = FEATURE_NO_TREE_DIGESTS
     | FEATURE_STAT_EXTRA
     | FEATURE_DEFERRED_SYNC
     | FEATURE_OWN_CHANGES
-    | FEATURE_ENTRY_CHANGES;
+    | FEATURE_ENTRY_CHANGES
+    | FEATURE_HARD_LINKS;
 /// Largest file a client reads whole with no old version (ReadFiles with no olds) rather than
 /// by recipe.
 pub const MAX_READ_FILE: usize = 64 << 10;
@@ -128,6 +136,12 @@ pub enum Request {
     },
     Unlink {
         path: WirePath,
+    },
+    /// Makes `to` a new name of the file or symlink `from` (a hard link; with
+    /// [`FEATURE_HARD_LINKS`]).
+    Link {
+        from: WirePath,
+        to: WirePath,
     },
     Rmdir {
         path: WirePath,
@@ -345,6 +359,7 @@ pub(crate) mod code {
     pub const SET_ATTR: u8 = 0x18;
     pub const STAT_FS: u8 = 0x19;
     pub const SYNC: u8 = 0x1a;
+    pub const LINK: u8 = 0x1b;
     pub const GET_RECIPE: u8 = 0x20;
     pub const GET_CHUNKS: u8 = 0x21;
     pub const READ_FILES: u8 = 0x22;

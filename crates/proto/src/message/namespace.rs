@@ -14,6 +14,7 @@
 //! | 0x18 | SetAttr | path · mode *option* u32 · mtime_ns *option* i64 | Ok |
 //! | 0x19 | StatFs | path | FsStats |
 //! | 0x1a | Sync | (nothing) | Ok |
+//! | 0x1b | Link | from path · to path | Ok |
 
 use super::types::{get_attr, get_bits, get_path, put_attr, put_bits, put_opt, put_path};
 use super::types::{get_opt, DirEntry, FsStats};
@@ -78,6 +79,11 @@ pub(super) fn put_request(q: &Request, w: &mut Writer) -> Option<u8> {
             code::STAT_FS
         }
         Request::Sync => code::SYNC,
+        Request::Link { from, to } => {
+            put_path(w, from);
+            put_path(w, to);
+            code::LINK
+        }
         _ => return None,
     })
 }
@@ -119,6 +125,10 @@ pub(super) fn get_request(t: u8, r: &mut Reader<'_>) -> Result<Option<Request>, 
         },
         code::STAT_FS => Request::StatFs { path: path(r)? },
         code::SYNC => Request::Sync,
+        code::LINK => Request::Link {
+            from: path(r)?,
+            to: path(r)?,
+        },
         _ => return Ok(None),
     }))
 }

@@ -27,6 +27,7 @@ fn stat_extra() -> StatExtra {
         ctime_ns: 7,
         blocks: 8,
         nlink: 2,
+        id: None,
     }
 }
 
@@ -76,6 +77,7 @@ pub(crate) fn samples() -> Vec<Message> {
                     ctime_ns: 2,
                     blocks: 8,
                     nlink: 3,
+                    id: Some(u64::MAX),
                 }),
             }),
         },
@@ -108,6 +110,10 @@ pub(crate) fn samples() -> Vec<Message> {
             to: "b/c".into(),
         }),
         q(Request::Unlink { path: "a".into() }),
+        q(Request::Link {
+            from: "a".into(),
+            to: "b/c".into(),
+        }),
         q(Request::Rmdir { path: "d".into() }),
         q(Request::Symlink {
             path: "l".into(),
@@ -503,6 +509,13 @@ fn exact_bytes_of_every_message() {
             "0a000000 14 00 05000000 | 01 61 | 01 62".into(),
         ),
         (
+            Message::Request(Request::Link {
+                from: "a".into(),
+                to: "b".into(),
+            }),
+            "0a000000 1b 00 05000000 | 01 61 | 01 62".into(),
+        ),
+        (
             Message::Request(Request::Unlink { path: "a".into() }),
             "08000000 15 00 05000000 | 01 61".into(),
         ),
@@ -763,6 +776,22 @@ fn exact_bytes_of_every_message() {
                 .into(),
         ),
         (
+            // With the file's identity after it (0x40; `FEATURE_HARD_LINKS`).
+            Message::Reply(Reply::Attr(Attr {
+                kind: FileKind::File,
+                oid: None,
+                extra: Some(StatExtra {
+                    id: Some(0x0102030405060708),
+                    ..stat_extra()
+                }),
+                ..attr()
+            })),
+            "4c000000 40 00 05000000 | c1 a4010000 3930000000000000 fbffffffffffffff \
+             0900000000000000 00 60ea0000 | ffffffffffffffff 0700000000000000 \
+             0800000000000000 02000000 | 0807060504030201"
+                .into(),
+        ),
+        (
             Message::Request(Request::StatFs { path: "ab".into() }),
             "09000000 19 00 05000000 | 02 6162".into(),
         ),
@@ -938,6 +967,12 @@ fn out_of_range_fields_are_refused() {
     assert!(decode(&b).is_err());
     // More than MAX_CONTEXT bytes of context.
     let b = hex("13000000 21 00 05000000 | 01 00 | 00 | 01 24 00 00 01 66 01 00 8180 8002");
+    assert!(decode(&b).is_err());
+    // A file identity without the rest of stat (0x40 without 0x80).
+    let b = hex(
+        "30000000 40 00 05000000 | 41 a4010000 3930000000000000 fbffffffffffffff \
+         0900000000000000 00 60ea0000 | 0807060504030201",
+    );
     assert!(decode(&b).is_err());
     // Old indices in GetKeys that do not increase.
     let b = hex("15000000 31 00 05000000 | 01 66 01 0300000000000000 00 02 05 00 00");

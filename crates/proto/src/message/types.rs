@@ -161,6 +161,10 @@ pub struct StatExtra {
     pub blocks: u64,
     /// Hard links (a directory: 2 and one per subdirectory, on most file systems).
     pub nlink: u32,
+    /// The file's identity on the server, with [`crate::FEATURE_HARD_LINKS`]: the same for
+    /// every name of one file, different for different files of the export (a hash of its
+    /// device and inode numbers).
+    pub id: Option<u64>,
 }
 
 /// The size and use of the file system holding the export, as statvfs(3) gives them (block
@@ -435,9 +439,17 @@ pub(crate) fn get_short_refs(
 
 /// Set in an attributes' kind byte when [`StatExtra`] follows them.
 const KIND_EXTRA: u8 = 0x80;
+/// Set in an attributes' kind byte (with [`KIND_EXTRA`]) when the file's identity follows the
+/// [`StatExtra`] ([`StatExtra::id`]).
+const KIND_ID: u8 = 0x40;
 
 pub(crate) fn put_attr(w: &mut Writer, a: &Attr) {
-    w.u8(a.kind as u8 | if a.extra.is_some() { KIND_EXTRA } else { 0 });
+    let flags = match &a.extra {
+        Some(x) if x.id.is_some() => KIND_EXTRA | KIND_ID,
+        Some(_) => KIND_EXTRA,
+        None => 0,
+    };
+    w.u8(a.kind as u8 | flags);
     w.u32(a.mode);
     w.u64(a.size);
     w.i64(a.mtime_ns);
@@ -449,12 +461,21 @@ pub(crate) fn put_attr(w: &mut Writer, a: &Attr) {
         w.i64(x.ctime_ns);
         w.u64(x.blocks);
         w.u32(x.nlink);
+        if let Some(id) = x.id {
+            w.u64(id);
+        }
     }
 }
 
 pub(crate) fn get_attr(r: &mut Reader<'_>) -> Result<Attr, ProtoError> {
     let byte = r.u8()?;
-    let kind = match byte & !KIND_EXTRA {
+    if byte & (KIND_EXTRA | KIND_ID) == KIND_ID {
+        return Err(ProtoError::Invalid {
+            what: "attributes",
+            why: "a file identity without the rest of stat".into(),
+        });
+    }
+    let kind = match byte & !(KIND_EXTRA | KIND_ID) {
         1 => FileKind::File,
         2 => FileKind::Dir,
         3 => FileKind::Symlink,
@@ -479,6 +500,10 @@ pub(crate) fn get_attr(r: &mut Reader<'_>) -> Result<Attr, ProtoError> {
                 ctime_ns: r.i64()?,
                 blocks: r.u64()?,
                 nlink: r.u32()?,
+                id: match byte & KIND_ID {
+                    0 => None,
+                    _ => Some(r.u64()?),
+                },
             })
         } else {
             None

@@ -1,0 +1,115 @@
+//! Hard links (`FEATURE_HARD_LINKS`): `Link` makes a second name of a file, every name shows
+//! the file's identity, and a commit to a file of several names writes it in place, so every
+//! name keeps the new content.
+
+use super::*;
+use ferry_proto::{Attr, FEATURE_HARD_LINKS, FEATURE_STAT_EXTRA};
+
+fn asking(root: &Path, ask: u64) -> Connection<UnixStream, UnixStream> {
+    let (a, b) = UnixStream::pair().unwrap();
+    let export = Export::open(root).unwrap();
+    std::thread::spawn(move || {
+        let mut server = Server::new(export, ServerOptions::default(), staging());
+        let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
+    });
+    Connection::open_asking(b.try_clone().unwrap(), b, ferry_fs::DEFAULT_ZSTD_LEVEL, ask).unwrap()
+}
+
+fn attr(c: &mut Connection<UnixStream, UnixStream>, path: &str) -> Attr {
+    match c
+        .call(Request::GetAttr { path: path.into() })
+        .unwrap()
+        .pop()
+    {
+        Some(Reply::Attr(a)) => a,
+        r => panic!("{r:?}"),
+    }
+}
+
+#[test]
+fn a_link_is_a_second_name_of_the_same_file() {
+    let t = tempfile::tempdir().unwrap();
+    fs::create_dir(t.path().join("d")).unwrap();
+    fs::write(t.path().join("f"), b"shared").unwrap();
+    fs::write(t.path().join("other"), b"shared").unwrap();
+    let mut c = asking(t.path(), FEATURE_STAT_EXTRA | FEATURE_HARD_LINKS);
+    c.call(Request::Link {
+        from: "f".into(),
+        to: "d/g".into(),
+    })
+    .unwrap();
+    assert_eq!(fs::read(t.path().join("d/g")).unwrap(), b"shared");
+    let (f, g, other) = (
+        attr(&mut c, "f"),
+        attr(&mut c, "d/g"),
+        attr(&mut c, "other"),
+    );
+    let x = |a: &Attr| a.extra.unwrap();
+    assert_eq!((x(&f).nlink, x(&g).nlink, x(&other).nlink), (2, 2, 1));
+    assert!(x(&f).id.is_some());
+    assert_eq!(x(&f).id, x(&g).id);
+    assert_ne!(x(&f).id, x(&other).id);
+    // Refused: a name taken, a directory, a path out of the export, a missing file.
+    let code = |c: &mut Connection<UnixStream, UnixStream>, from: &str, to: &str| match c.call(
+        Request::Link {
+            from: from.into(),
+            to: to.into(),
+        },
+    ) {
+        Err(ferry_fs::ConnError::Remote { code, .. }) => code,
+        r => panic!("{from} → {to}: {r:?}"),
+    };
+    assert_eq!(code(&mut c, "f", "other"), ErrorCode::Exists);
+    assert_eq!(code(&mut c, "d", "d2"), ErrorCode::Permission);
+    assert_eq!(code(&mut c, "none", "n2"), ErrorCode::NotFound);
+    // (A symlink out of the export on either side.)
+    let outside = tempfile::tempdir().unwrap();
+    fs::write(outside.path().join("secret"), b"x").unwrap();
+    std::os::unix::fs::symlink(outside.path(), t.path().join("esc")).unwrap();
+    assert_eq!(code(&mut c, "f", "esc/out"), ErrorCode::Escape);
+    assert_eq!(code(&mut c, "esc/secret", "s"), ErrorCode::Escape);
+    assert!(!outside.path().join("out").exists() && !t.path().join("s").exists());
+    // A session that did not ask sees no identity.
+    let mut plain = asking(t.path(), FEATURE_STAT_EXTRA);
+    assert_eq!(attr(&mut plain, "f").extra.unwrap().id, None);
+}
+
+#[test]
+fn a_commit_to_a_file_of_several_names_reaches_every_name() {
+    let t = tempfile::tempdir().unwrap();
+    fs::write(t.path().join("f"), b"old content").unwrap();
+    fs::hard_link(t.path().join("f"), t.path().join("g")).unwrap();
+    let mut c = asking(t.path(), FEATURE_STAT_EXTRA | FEATURE_HARD_LINKS);
+    let before = attr(&mut c, "f");
+    upload(&mut c, 1, "f", Some(before.version), b"new content, longer").unwrap();
+    let replies = commit(&mut c, 1, b"new content, longer").unwrap();
+    let Some(Reply::Attr(after)) = replies.last() else {
+        panic!("{replies:?}")
+    };
+    for name in ["f", "g"] {
+        assert_eq!(
+            fs::read(t.path().join(name)).unwrap(),
+            b"new content, longer"
+        );
+    }
+    let x = after.extra.unwrap();
+    assert_eq!(x.nlink, 2);
+    assert_eq!(x.id, before.extra.unwrap().id, "the same file");
+    assert_eq!(after.version, attr(&mut c, "g").version);
+    // Nothing left beside them, and nothing in the trash (the old bytes are gone).
+    let mut names: Vec<String> = fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["f", "g"]);
+    // A file of one name is still replaced whole (a new inode, the old one in the trash).
+    fs::remove_file(t.path().join("g")).unwrap();
+    let one = attr(&mut c, "f");
+    upload(&mut c, 2, "f", Some(one.version), b"third").unwrap();
+    let replies = commit(&mut c, 2, b"third").unwrap();
+    let Some(Reply::Attr(third)) = replies.last() else {
+        panic!("{replies:?}")
+    };
+    assert_ne!(third.extra.unwrap().id, x.id);
+}
