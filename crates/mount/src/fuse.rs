@@ -20,6 +20,15 @@ use crate::vfs::{Errno, Stat, Vfs};
 /// leases live in the [`Vfs`], which answers from them without a message.
 const TTL: Duration = Duration::from_secs(1);
 
+/// How long the kernel may keep `s`: no time for a file of several names (changed through
+/// another name, on the server or here, it is not told; see `vfs::links`).
+fn ttl(s: &Stat) -> Duration {
+    match s.nlink > 1 && s.kind == FileKind::File {
+        true => Duration::ZERO,
+        false => TTL,
+    }
+}
+
 pub(crate) struct FerryFs {
     pub(crate) vfs: Arc<Vfs>,
     pub(crate) uid: u32,
@@ -98,7 +107,7 @@ impl FerryFs {
 
     fn entry(&self, op: &str, r: Result<Stat, Errno>, reply: ReplyEntry) {
         match r {
-            Ok(s) => reply.entry(&TTL, &self.attr(&s), Generation(0)),
+            Ok(s) => reply.entry(&ttl(&s), &self.attr(&s), Generation(0)),
             Err(e) => reply.error(errno(op, e)),
         }
     }
@@ -137,7 +146,7 @@ impl Filesystem for FerryFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.vfs.getattr_open(ino.0, fh.map(|f| f.0)) {
-            Ok(s) => reply.attr(&TTL, &self.attr(&s)),
+            Ok(s) => reply.attr(&ttl(&s), &self.attr(&s)),
             Err(e) => reply.error(errno("getattr", e)),
         }
     }
@@ -274,13 +283,13 @@ impl Filesystem for FerryFs {
     fn link(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _newparent: INodeNo,
-        _newname: &OsStr,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        // link(2)'s answer for a file system without hard links.
-        reply.error(KErrno::EPERM);
+        let r = self.vfs.link(ino.0, newparent.0, newname.as_bytes());
+        self.entry("link", r, reply);
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {

@@ -50,13 +50,14 @@ pub use link::Connector;
 
 /// The optional features a mount's sessions ask for (the [`Connector`] passes them on): a
 /// mount never compares trees by digest, shows all of stat(2), makes changes durable at
-/// `fsync` or about a second later, keeps its own listings up to date after its changes, and
-/// follows others' changes in them name by name.
+/// `fsync` or about a second later, keeps its own listings up to date after its changes,
+/// follows others' changes in them name by name, and shows hard links.
 pub const FEATURES: u64 = ferry_proto::FEATURE_NO_TREE_DIGESTS
     | ferry_proto::FEATURE_STAT_EXTRA
     | ferry_proto::FEATURE_DEFERRED_SYNC
     | ferry_proto::FEATURE_OWN_CHANGES
-    | ferry_proto::FEATURE_ENTRY_CHANGES;
+    | ferry_proto::FEATURE_ENTRY_CHANGES
+    | ferry_proto::FEATURE_HARD_LINKS;
 pub use vfs::{Errno, Ino, MountError, Options, Providers, SpecialKind, Stat, Vfs, ROOT};
 
 /// How the kernel side is set up.

@@ -48,6 +48,7 @@ mod attrs;
 mod breaks;
 mod changes;
 mod files;
+mod links;
 mod names;
 mod providers;
 mod puts;
@@ -250,6 +251,9 @@ struct Inode {
     exclusive: bool,
     /// The count of writes whose data a queued commit carries (see `puts`).
     put: Option<u64>,
+    /// Given another name here (a hard link): its names are the paths `ino_of` maps to it,
+    /// and `path` is one of them.
+    linked: bool,
 }
 
 struct Handle {
@@ -651,6 +655,7 @@ impl Inode {
             pending: false,
             exclusive: false,
             put: None,
+            linked: false,
         }
     }
 }

@@ -18,13 +18,14 @@ impl Vfs {
         );
     }
 
-    /// The attributes of `path` under a valid lease, if cached.
+    /// The attributes of `path` under a valid lease, if cached (never a file of several names:
+    /// see `links`).
     pub(super) fn leased_attr(&self, path: &WirePath) -> Option<Attr> {
         let epoch = self.link.epoch();
         let st = self.lock();
         st.attrs
             .get(path)
-            .filter(|l| l.valid(epoch))
+            .filter(|l| l.valid(epoch) && !links::several_names(&l.value))
             .map(|l| l.value.clone())
     }
 

@@ -154,10 +154,19 @@ impl Vfs {
             .collect();
         for (p, i) in gone {
             st.ino_of.remove(&p);
-            if let Some(n) = st.inodes.get_mut(&i) {
-                n.unlinked = true;
-            }
             self.files.remove(&p);
+            // A file with another name here lives on under it.
+            let other = Self::other_name(st, i, path);
+            if let Some(n) = st.inodes.get_mut(&i) {
+                match other {
+                    Some(o) => {
+                        if n.path == p {
+                            n.path = o;
+                        }
+                    }
+                    None => n.unlinked = true,
+                }
+            }
         }
         self.files.remove(path);
         Self::drop_below(st, path);
@@ -282,6 +291,13 @@ impl Vfs {
         }
         if let Some(r) = self.rename_special(&from, &to, noreplace) {
             return r;
+        }
+        {
+            let st = self.lock();
+            if st.ino_of.get(&from).is_some() && st.ino_of.get(&from) == st.ino_of.get(&to) {
+                // Two names of one file: nothing to do (rename(2)).
+                return Ok(());
+            }
         }
         let onto_dir = self
             .lock()

@@ -101,9 +101,11 @@ impl Vfs {
         node.lookups = node.lookups.saturating_sub(n);
         if ino != ROOT && node.lookups == 0 && node.open == 0 && !node.dirty {
             let path = node.path.clone();
-            let unlinked = node.unlinked;
+            let (unlinked, linked) = (node.unlinked, node.linked);
             st.inodes.remove(&ino);
-            if !unlinked && st.ino_of.get(&path) == Some(&ino) {
+            if linked {
+                Self::forget_names(&mut st, ino);
+            } else if !unlinked && st.ino_of.get(&path) == Some(&ino) {
                 st.ino_of.remove(&path);
             }
         }

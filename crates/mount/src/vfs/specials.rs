@@ -64,30 +64,80 @@ impl Special {
     }
 }
 
-/// The special files of the mount, by path.
+/// The special files of the mount, by path: each name leads to a record, which hard links
+/// share (one record, several names).
 #[derive(Default)]
-pub(crate) struct Specials(HashMap<WirePath, Special>);
+pub(crate) struct Specials {
+    paths: HashMap<WirePath, u64>,
+    /// Each record, with its count of names.
+    records: HashMap<u64, (Special, u32)>,
+    next: u64,
+}
 
 impl Specials {
     pub fn get(&self, p: &WirePath) -> Option<&Special> {
-        self.0.get(p)
+        self.records.get(self.paths.get(p)?).map(|r| &r.0)
     }
 
     pub fn get_mut(&mut self, p: &WirePath) -> Option<&mut Special> {
-        self.0.get_mut(p)
+        self.records.get_mut(self.paths.get(p)?).map(|r| &mut r.0)
+    }
+
+    /// How many names the special file at `p` has (0: none there).
+    pub fn names(&self, p: &WirePath) -> u32 {
+        self.paths
+            .get(p)
+            .and_then(|r| self.records.get(r))
+            .map_or(0, |r| r.1)
     }
 
     pub fn insert(&mut self, p: WirePath, s: Special) {
-        self.0.insert(p, s);
+        self.remove(&p);
+        self.next += 1;
+        self.records.insert(self.next, (s, 1));
+        self.paths.insert(p, self.next);
     }
 
+    /// Removes the name `p`; the file goes with its last name (until then, its change time
+    /// is now).
     pub fn remove(&mut self, p: &WirePath) -> Option<Special> {
-        self.0.remove(p)
+        let r = self.paths.remove(p)?;
+        let rec = self.records.get_mut(&r)?;
+        rec.1 -= 1;
+        let s = rec.0.clone();
+        match rec.1 {
+            0 => {
+                self.records.remove(&r);
+            }
+            _ => rec.0.ctime_ns = now_ns(),
+        }
+        Some(s)
+    }
+
+    /// Makes `to` another name of the special file at `from` (`false`: none there).
+    pub fn link(&mut self, from: &WirePath, to: WirePath) -> bool {
+        let Some(&r) = self.paths.get(from) else {
+            return false;
+        };
+        self.remove(&to);
+        if let Some(rec) = self.records.get_mut(&r) {
+            rec.1 += 1;
+        }
+        self.paths.insert(to, r);
+        true
+    }
+
+    /// Moves the name `from` to `to` (what `to` named loses that name).
+    pub fn rename(&mut self, from: &WirePath, to: WirePath) {
+        if let Some(r) = self.paths.remove(from) {
+            self.remove(&to);
+            self.paths.insert(to, r);
+        }
     }
 
     /// Those directly in `dir`, by name.
     pub fn children(&self, dir: &WirePath) -> Vec<Vec<u8>> {
-        self.0
+        self.paths
             .keys()
             .filter_map(|p| match p.split_last() {
                 Some((d, name)) if &d == dir => Some(name.to_vec()),
@@ -98,7 +148,7 @@ impl Specials {
 
     /// Every path that is `dir` or below it.
     pub fn below(&self, dir: &WirePath) -> Vec<WirePath> {
-        self.0
+        self.paths
             .keys()
             .filter(|p| is_below(p, dir))
             .cloned()
@@ -226,12 +276,12 @@ impl Vfs {
         let (from_s, to_s, to_full) = {
             let st = self.lock();
             (
-                st.specials.get(from).cloned(),
+                st.specials.get(from).is_some(),
                 st.specials.get(to).is_some(),
                 st.specials.below(to).iter().any(|p| p != to),
             )
         };
-        if from_s.is_none() {
+        if !from_s {
             let from_dir = self.lock().attrs.get(from).map(|l| l.value.kind) == Some(FileKind::Dir);
             return match () {
                 _ if to_s && noreplace => Some(Err(Errno::EEXIST)),
@@ -240,7 +290,6 @@ impl Vfs {
                 _ => None,
             };
         }
-        let s = from_s.expect("special");
         if to_s && noreplace {
             return Some(Err(Errno::EEXIST));
         }
@@ -267,15 +316,15 @@ impl Vfs {
             }
         }
         let mut st = self.lock();
+        if st.ino_of.get(from).is_some() && st.ino_of.get(from) == st.ino_of.get(to) {
+            // Two names of one file: nothing to do (rename(2)).
+            return Some(Ok(()));
+        }
         self.unlinked(&mut st, to);
-        st.specials.remove(from);
-        st.specials.insert(
-            to.clone(),
-            Special {
-                ctime_ns: now_ns(),
-                ..s
-            },
-        );
+        st.specials.rename(from, to.clone());
+        if let Some(m) = st.specials.get_mut(to) {
+            m.ctime_ns = now_ns();
+        }
         changed_in(&mut st, from);
         changed_in(&mut st, to);
         if let Some(i) = st.ino_of.remove(from) {
@@ -287,14 +336,47 @@ impl Vfs {
         Some(Ok(()))
     }
 
+    /// `link` of a special file `ino` to `to`: a second name here. `None` if `ino` is not one.
+    pub(super) fn link_special(&self, ino: Ino, to: &WirePath) -> Option<Result<Stat, Errno>> {
+        let from = {
+            let st = self.lock();
+            let n = st.inodes.get(&ino).filter(|n| !n.unlinked)?;
+            st.specials.get(&n.path)?;
+            n.path.clone()
+        };
+        if self.lock().specials.get(to).is_some() {
+            return Some(Err(Errno::EEXIST));
+        }
+        match self.fresh_attr(to) {
+            Ok(_) => return Some(Err(Errno::EEXIST)),
+            Err(Failure::Remote(ErrorCode::NotFound, _)) => {}
+            Err(f) => return Some(Err(errno_of(&f))),
+        }
+        let mut st = self.lock();
+        if !st.specials.link(&from, to.clone()) {
+            return Some(Err(Errno::ENOENT));
+        }
+        if let Some(s) = st.specials.get_mut(to) {
+            s.ctime_ns = now_ns();
+        }
+        changed_in(&mut st, to);
+        st.ino_of.insert(to.clone(), ino);
+        if let Some(n) = st.inodes.get_mut(&ino) {
+            n.lookups += 1;
+            n.linked = true;
+        }
+        Some(Ok(special_stat(&st, ino, to).expect("made")))
+    }
+
     /// After the server renamed `from` to `to`: special files below `from` move too, and one
     /// at `to` was replaced.
     pub(super) fn moved_specials(st: &mut State, from: &WirePath, to: &WirePath) {
         st.specials.remove(to);
         for p in st.specials.below(from) {
-            if let Some(s) = st.specials.remove(&p) {
-                if let Some(np) = rebase(&p, from, to) {
-                    st.specials.insert(np, s);
+            match rebase(&p, from, to) {
+                Some(np) => st.specials.rename(&p, np),
+                None => {
+                    st.specials.remove(&p);
                 }
             }
         }
@@ -313,7 +395,7 @@ fn special_stat(st: &State, ino: Ino, path: &WirePath) -> Option<Stat> {
         atime_ns: s.atime_ns,
         ctime_ns: s.ctime_ns,
         blocks: 0,
-        nlink: 1,
+        nlink: st.specials.names(path),
         special: Some((s.kind, s.rdev)),
     })
 }

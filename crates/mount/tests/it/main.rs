@@ -5,6 +5,7 @@
 mod attrs;
 mod durability;
 mod harness;
+mod links;
 mod listings;
 mod model;
 mod new_files;
