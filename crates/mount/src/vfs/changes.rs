@@ -292,12 +292,8 @@ impl Vfs {
         if let Some(r) = self.rename_special(&from, &to, noreplace) {
             return r;
         }
-        {
-            let st = self.lock();
-            if st.ino_of.get(&from).is_some() && st.ino_of.get(&from) == st.ino_of.get(&to) {
-                // Two names of one file: nothing to do (rename(2)).
-                return Ok(());
-            }
+        if Self::same_file(&self.lock(), &from, &to) {
+            return Ok(());
         }
         let onto_dir = self
             .lock()

@@ -93,6 +93,12 @@ impl Vfs {
             .map(|(p, _)| p.clone())
     }
 
+    /// Whether `a` and `b` are two names of one file here (a rename of one onto the other does
+    /// nothing: rename(2)).
+    pub(super) fn same_file(st: &State, a: &WirePath, b: &WirePath) -> bool {
+        st.ino_of.get(a).is_some_and(|i| st.ino_of.get(b) == Some(i))
+    }
+
     /// Forgets every name of the inode `ino` (the kernel forgot it).
     pub(super) fn forget_names(st: &mut State, ino: Ino) {
         st.ino_of.retain(|_, i| *i != ino);

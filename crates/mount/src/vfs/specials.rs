@@ -316,8 +316,7 @@ impl Vfs {
             }
         }
         let mut st = self.lock();
-        if st.ino_of.get(from).is_some() && st.ino_of.get(from) == st.ino_of.get(to) {
-            // Two names of one file: nothing to do (rename(2)).
+        if Self::same_file(&st, from, to) {
             return Some(Ok(()));
         }
         self.unlinked(&mut st, to);
