@@ -101,6 +101,9 @@ impl Vfs {
         if own {
             return;
         }
+        if let Some(a) = &attr {
+            Self::names_changed(st, a);
+        }
         if st.recent.contains(&path) {
             // Maybe older than this mount's own change of it: asked for again when wanted.
             tracing::trace!("{path:?} changed here lately: its leases are broken instead");

@@ -292,7 +292,7 @@ impl Vfs {
         if let Some(r) = self.rename_special(&from, &to, noreplace) {
             return r;
         }
-        if Self::same_file(&self.lock(), &from, &to) {
+        if Self::same_file(&self.lock(), &from, &to) || self.same_file_there(&from, &to) {
             return Ok(());
         }
         let onto_dir = self

@@ -96,7 +96,40 @@ impl Vfs {
     /// Whether `a` and `b` are two names of one file here (a rename of one onto the other does
     /// nothing: rename(2)).
     pub(super) fn same_file(st: &State, a: &WirePath, b: &WirePath) -> bool {
-        st.ino_of.get(a).is_some_and(|i| st.ino_of.get(b) == Some(i))
+        st.ino_of
+            .get(a)
+            .is_some_and(|i| st.ino_of.get(b) == Some(i))
+    }
+
+    /// Whether `a` and `b` are two names of one file on the server, as far as can be told
+    /// without a round trip unless `a` has several names (then both are asked for).
+    pub(super) fn same_file_there(&self, a: &WirePath, b: &WirePath) -> bool {
+        let linked = self
+            .lock()
+            .attrs
+            .get(a)
+            .is_some_and(|l| several_names(&l.value));
+        if !linked {
+            return false;
+        }
+        let id = |p: &WirePath| self.fresh_attr(p).ok().and_then(|a| a.extra?.id);
+        id(a).is_some_and(|i| id(b) == Some(i))
+    }
+
+    /// Told that a name of the file `a` describes, a file of several names, was made or
+    /// changed: the leases of its other names known here are broken. (A new name changes the
+    /// file's link count, which the server, watching directories, sees only under the new
+    /// name.)
+    pub(super) fn names_changed(st: &mut State, a: &Attr) {
+        let Some(id) = a.extra.and_then(|x| x.id).filter(|_| several_names(a)) else {
+            return;
+        };
+        let past = Instant::now() - Duration::from_millis(1);
+        for l in st.attrs.values_mut() {
+            if l.value.extra.and_then(|x| x.id) == Some(id) {
+                l.until = past;
+            }
+        }
     }
 
     /// Forgets every name of the inode `ino` (the kernel forgot it).

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ferry_mount::{Errno, SpecialKind, ROOT};
 
-use super::{one_client, read, write};
+use super::{client, one_client, read, write, Remote};
 
 #[test]
 fn a_link_is_one_inode_with_two_names_here_and_there() {
@@ -104,4 +104,39 @@ fn a_special_file_gets_names_here() {
         "a name removed is a change of the file"
     );
     assert_eq!(v.lookup(ROOT, b"fifo").unwrap_err(), Errno::ENOENT);
+}
+
+/// Two names linked by another client are two inodes here, but one file: a rename of one onto
+/// the other does nothing (rename(2)), here as on the server.
+#[test]
+fn a_rename_between_two_names_of_one_file_linked_elsewhere_does_nothing() {
+    // Leases that outlast the test: what `v` learns, the server told.
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    let remote = Remote::new(&root, 3_600_000);
+    let v = client(&remote, &t.path().join("c1"), Duration::from_secs(5));
+    let other = client(&remote, &t.path().join("c2"), Duration::from_secs(5));
+    write(&v, "f", b"one file").unwrap();
+    let f = other.lookup(ROOT, b"f").unwrap();
+    other.link(f.ino, ROOT, b"g").unwrap();
+    // Told by the server: `g` made, and so `f`'s link count changed (which the server sees
+    // under `g` only: `v` breaks the lease of every name of the file it knows).
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let links = |n: &[u8]| v.lookup(ROOT, n).map(|s| s.nlink);
+    while links(b"g").is_err() || links(b"f") != Ok(2) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never told of the link"
+        );
+        v.tick();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (a, b) = (v.lookup(ROOT, b"f").unwrap(), v.lookup(ROOT, b"g").unwrap());
+    assert_eq!((a.nlink, b.nlink), (2, 2));
+    v.rename(ROOT, b"f", ROOT, b"g", false).unwrap();
+    v.send_changes(Duration::ZERO);
+    assert!(root.join("f").exists() && root.join("g").exists());
+    assert_eq!(read(&v, "f").unwrap(), b"one file");
+    assert_eq!(read(&v, "g").unwrap(), b"one file");
 }

@@ -1,6 +1,7 @@
-//! Sequences of opens, writes, closes, renames and removals from two clients of one export,
-//! checked against a reference model: a map from names to contents. Close-to-open means each
-//! operation, once its close returned, is what every later open sees, whichever client.
+//! Sequences of opens, writes, closes, renames, hard links and removals from two clients of one
+//! export, checked against a reference model: a map from names to files, and from files to
+//! contents. Close-to-open means each operation, once its close returned, is what every later
+//! open sees, whichever client and whichever name.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -31,6 +32,11 @@ enum Op {
         client: usize,
         file: u8,
     },
+    Link {
+        client: usize,
+        from: u8,
+        to: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -41,6 +47,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(client, file, seed, len)| Op::Write { client, file, seed, len }),
         4 => (c.clone(), f.clone()).prop_map(|(client, file)| Op::Read { client, file }),
         1 => (c.clone(), f.clone(), f.clone()).prop_map(|(client, from, to)| Op::Rename { client, from, to }),
+        1 => (c.clone(), f.clone(), f.clone()).prop_map(|(client, from, to)| Op::Link { client, from, to }),
         1 => (c, f).prop_map(|(client, file)| Op::Unlink { client, file }),
     ]
 }
@@ -72,34 +79,61 @@ proptest! {
             client(&remote, &t.path().join("a"), Duration::from_secs(5)),
             client(&remote, &t.path().join("b"), Duration::from_secs(5)),
         ];
-        let mut model: BTreeMap<u8, Vec<u8>> = BTreeMap::new();
+        // Names to files, files to contents.
+        let mut names: BTreeMap<u8, usize> = BTreeMap::new();
+        let mut files: Vec<Vec<u8>> = vec![];
         for op in ops {
             match op {
                 Op::Write { client, file, seed, len } => {
                     let data = content(seed, len);
                     write(&clients[client], &name(file), &data).unwrap();
-                    model.insert(file, data);
+                    match names.get(&file) {
+                        Some(&i) => files[i] = data,
+                        None => {
+                            files.push(data);
+                            names.insert(file, files.len() - 1);
+                        }
+                    }
                 }
                 Op::Read { client, file } => {
                     let got = read(&clients[client], &name(file));
-                    match model.get(&file) {
-                        Some(want) => prop_assert_eq!(&got.unwrap(), want),
+                    match names.get(&file) {
+                        Some(&i) => prop_assert_eq!(&got.unwrap(), &files[i]),
                         None => prop_assert_eq!(got.unwrap_err(), Errno::ENOENT),
                     }
                 }
                 Op::Rename { client, from, to } => {
                     let r = clients[client].rename(ROOT, name(from).as_bytes(), ROOT, name(to).as_bytes(), false);
-                    match model.remove(&from) {
-                        Some(data) => {
+                    match names.get(&from).copied() {
+                        // Two names of one file: nothing happens (rename(2)).
+                        Some(i) if names.get(&to) == Some(&i) => r.unwrap(),
+                        Some(i) => {
                             r.unwrap();
-                            model.insert(to, data);
+                            names.remove(&from);
+                            names.insert(to, i);
                         }
                         None => prop_assert_eq!(r.unwrap_err(), Errno::ENOENT),
                     }
                 }
+                Op::Link { client, from, to } => {
+                    let v = &clients[client];
+                    let r = v.lookup(ROOT, name(from).as_bytes()).and_then(|s| {
+                        let r = v.link(s.ino, ROOT, name(to).as_bytes());
+                        v.forget(s.ino, 1);
+                        r.map(|made| v.forget(made.ino, 1))
+                    });
+                    match (names.get(&from).copied(), names.contains_key(&to)) {
+                        (None, _) => prop_assert_eq!(r.unwrap_err(), Errno::ENOENT),
+                        (Some(_), true) => prop_assert_eq!(r.unwrap_err(), Errno::EEXIST),
+                        (Some(i), false) => {
+                            r.unwrap();
+                            names.insert(to, i);
+                        }
+                    }
+                }
                 Op::Unlink { client, file } => {
                     let r = clients[client].unlink(ROOT, name(file).as_bytes());
-                    match model.remove(&file) {
+                    match names.remove(&file) {
                         Some(_) => r.unwrap(),
                         None => prop_assert_eq!(r.unwrap_err(), Errno::ENOENT),
                     }
@@ -108,7 +142,15 @@ proptest! {
             // The server holds exactly the model.
             for f in 0..3u8 {
                 let on_server = std::fs::read(root.join(name(f))).ok();
-                prop_assert_eq!(on_server.as_ref(), model.get(&f));
+                prop_assert_eq!(on_server.as_ref(), names.get(&f).map(|&i| &files[i]));
+            }
+            // And its names of one file are one file there.
+            for (a, i) in &names {
+                for (b, j) in &names {
+                    use std::os::unix::fs::MetadataExt;
+                    let ino = |f: &u8| std::fs::metadata(root.join(name(*f))).unwrap().ino();
+                    prop_assert_eq!(i == j, ino(a) == ino(b), "{} and {}", a, b);
+                }
             }
         }
     }
