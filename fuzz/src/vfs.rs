@@ -1,12 +1,13 @@
 //! The mount's file system logic (`ferry_mount::Vfs`, no kernel) under arbitrary operation
 //! sequences from two clients of one export, each session served in-process on a thread,
-//! against a model: a map from paths to files (their bytes) and directories.
+//! against a model: a map from paths to files (their bytes, shared by a file's hard links)
+//! and directories.
 //!
 //! Every operation is whole, as a program's open, write and close are: so after each one,
 //! close-to-open says every later open (either client's) sees it. After each operation: the
 //! answer agrees with the model (the same success, or one of the error numbers POSIX allows),
 //! what a client reads is the model's, and the export on the server's disk holds exactly the
-//! model. No panic, no hang.
+//! model, its names of one file being one file there. No panic, no hang.
 //!
 //! The first byte of the input chooses two clients without leases, or one with leases alone
 //! (its cached listings and attributes must follow its own changes: the server breaks none of
@@ -16,7 +17,9 @@
 //! bytes of arguments. With one client, a code from 248 up makes a special file (FIFO, socket
 //! or device node: the client's own, never on the server's disk).
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::rc::Rc;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
@@ -26,13 +29,22 @@ use ferry_fs::{Export, Server, ServerOptions, Session};
 use ferry_mount::{Errno, Ino, Options, Vfs, ROOT};
 use ferry_proto::{FileKind, WirePath};
 
+/// A file's bytes, shared by its names (hard links).
+type Bytes = Rc<RefCell<Vec<u8>>>;
+
 /// What the model holds at a path.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Node {
-    File(Vec<u8>),
+    File(Bytes),
     Dir,
     /// A FIFO, socket or device node: the client's own, never on the server.
     Special,
+}
+
+impl Node {
+    fn default_file() -> Node {
+        Node::File(Rc::new(RefCell::new(vec![])))
+    }
 }
 
 type Model = BTreeMap<Vec<String>, Node>;
@@ -184,7 +196,8 @@ fn on_disk(root: &Path) -> Model {
                 out.insert(at.clone(), Node::Dir);
                 walk(&e.path(), at, out);
             } else {
-                out.insert(at.clone(), Node::File(std::fs::read(e.path()).unwrap()));
+                let data = std::fs::read(e.path()).unwrap();
+                out.insert(at.clone(), Node::File(Rc::new(RefCell::new(data))));
             }
             at.pop();
         }
@@ -247,10 +260,29 @@ pub fn run(data: &[u8]) {
             .map(|(k, n)| (k.clone(), n.clone()))
             .collect();
         assert_eq!(on_disk(&root), served, "the export after {op:?}");
+        same_files(&root, &model);
     }
     drop(clients);
     for s in std::mem::take(&mut *servers.lock().unwrap()) {
         s.join().unwrap();
+    }
+}
+
+/// The model's names of one file are one file in the export, and its different files are
+/// different files there.
+fn same_files(root: &Path, model: &Model) {
+    use std::os::unix::fs::MetadataExt;
+    let files: Vec<(&Vec<String>, &Bytes, u64)> = model
+        .iter()
+        .filter_map(|(p, n)| match n {
+            Node::File(b) => Some((p, b, std::fs::metadata(root.join(p.join("/"))).ok()?.ino())),
+            _ => None,
+        })
+        .collect();
+    for (p, a, i) in &files {
+        for (q, b, j) in &files {
+            assert_eq!(Rc::ptr_eq(a, b), i == j, "{p:?} and {q:?}: one file?");
+        }
     }
 }
 
@@ -278,10 +310,10 @@ fn step(clients: &[&Vfs; 2], model: &mut Model, op: &[u8]) {
     let what = format!("{:?} {}", op, p.join("/"));
     // The kernel opens a special file itself: writes and reads never reach the mount.
     let special = parent_ok(model, &p).is_ok() && model.get(&p) == Some(&Node::Special);
-    if special && matches!(op[0] % 8, 0 | 2) {
+    if special && matches!(op[0] % 9, 0 | 2) {
         return;
     }
-    match op[0] % 8 {
+    match op[0] % 9 {
         // Write: at an offset up to 48 KiB, up to 24 KiB (across chunk boundaries).
         0 => {
             let (offset, len) = ((x << 8) % (48 << 10), (y << 7) as usize % (24 << 10));
@@ -292,9 +324,9 @@ fn step(clients: &[&Vfs; 2], model: &mut Model, op: &[u8]) {
             });
             let r = write(v, &p, offset, &data);
             if allowed.is_ok() {
-                let Node::File(f) = model.entry(p.clone()).or_insert(Node::File(vec![])) else {
-                    unreachable!()
-                };
+                let node = model.entry(p.clone()).or_insert_with(Node::default_file);
+                let Node::File(f) = node else { unreachable!() };
+                let mut f = f.borrow_mut();
                 // An empty write changes nothing, wherever it is.
                 if !data.is_empty() {
                     let end = offset as usize + data.len();
@@ -312,7 +344,7 @@ fn step(clients: &[&Vfs; 2], model: &mut Model, op: &[u8]) {
             let r = resolve(v, &p).and_then(|ino| v.setattr(ino, None, Some(size), None).map(drop));
             let allowed = parent_ok(model, &p).and_then(|()| match model.get_mut(&p) {
                 Some(Node::File(f)) => {
-                    f.resize(size as usize, 0);
+                    f.borrow_mut().resize(size as usize, 0);
                     Ok(())
                 }
                 Some(Node::Dir) => Err(vec![Errno::EISDIR]),
@@ -325,7 +357,7 @@ fn step(clients: &[&Vfs; 2], model: &mut Model, op: &[u8]) {
             let r = read(v, &p);
             match (parent_ok(model, &p), model.get(&p)) {
                 (Ok(()), Some(Node::File(want))) => {
-                    assert_eq!(r.as_deref(), Ok(&want[..]), "{what}: read")
+                    assert_eq!(r.as_deref(), Ok(&want.borrow()[..]), "{what}: read")
                 }
                 (Ok(()), Some(Node::Dir)) => expect(r.map(drop), Err(vec![Errno::EISDIR]), &what),
                 // Not read through the mount (returned above).
@@ -388,6 +420,21 @@ fn step(clients: &[&Vfs; 2], model: &mut Model, op: &[u8]) {
             let allowed = rename(model, &p, &to);
             expect(r, allowed, &format!("{what} -> {}", to.join("/")));
         }
+        7 => {
+            let to = path(op[2]);
+            // As the kernel does: the source is looked up, then the new name (EEXIST if it
+            // is there, before the mount is asked).
+            let r = resolve(v, &p).and_then(|ino| {
+                let (d, n) = resolve_parent(v, &to)?;
+                match v.lookup(d, n) {
+                    Ok(_) => Err(Errno::EEXIST),
+                    Err(Errno::ENOENT) => v.link(ino, d, n).map(drop),
+                    Err(e) => Err(e),
+                }
+            });
+            let allowed = link(model, &p, &to);
+            expect(r, allowed, &format!("{what} => {}", to.join("/")));
+        }
         _ => {
             let r = resolve(v, &p).and_then(|ino| v.readdir(ino));
             match (parent_ok(model, &p), model.get(&p)) {
@@ -416,6 +463,22 @@ fn step(clients: &[&Vfs; 2], model: &mut Model, op: &[u8]) {
     }
 }
 
+/// A hard link in the model, as POSIX has it; `Err` with the error numbers it may fail with.
+fn link(model: &mut Model, from: &[String], to: &[String]) -> Result<(), Vec<Errno>> {
+    // Linux's order: the source, the new name, then the source's kind.
+    parent_ok(model, from)?;
+    let node = model.get(from).cloned().ok_or(vec![Errno::ENOENT])?;
+    parent_ok(model, to)?;
+    if model.contains_key(to) {
+        return Err(vec![Errno::EEXIST]);
+    }
+    if node == Node::Dir {
+        return Err(vec![Errno::EPERM]);
+    }
+    model.insert(to.to_vec(), node);
+    Ok(())
+}
+
 /// A rename in the model, as POSIX has it; `Err` with the error numbers it may fail with.
 fn rename(model: &mut Model, from: &[String], to: &[String]) -> Result<(), Vec<Errno>> {
     let mut errs = vec![];
@@ -429,6 +492,8 @@ fn rename(model: &mut Model, from: &[String], to: &[String]) -> Result<(), Vec<E
     match (&src, &dst) {
         (None, _) => errs.push(Errno::ENOENT),
         _ if from == to => {}
+        // Two names of one file: nothing happens.
+        (Some(Node::File(a)), Some(Node::File(b))) if Rc::ptr_eq(a, b) => return Ok(()),
         // Into itself.
         (Some(Node::Dir), _) if to.starts_with(from) => errs.push(Errno::EINVAL),
         // Over a directory holding it (Linux: ENOTEMPTY, before the kinds are compared).
