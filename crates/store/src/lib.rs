@@ -165,6 +165,14 @@ pub trait ChunkStore: Send + Sync {
         let _ = ids;
     }
 
+    /// A hint that what is put from now on arrives faster than compressing it would go (a
+    /// transfer over a fast link, where a compressor on the receiving end would be its
+    /// bottleneck): a store that compresses what it keeps keeps it as it is instead (`false`:
+    /// compressing again). Others ignore it.
+    fn prefer_speed(&self, yes: bool) {
+        let _ = yes;
+    }
+
     /// Stores a chunk; returns whether it was new. May be called any number of times with the
     /// same chunk.
     fn put(&self, chunk: &VerifiedChunk<'_>) -> Result<bool, StoreError>;

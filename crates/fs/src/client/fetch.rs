@@ -88,6 +88,9 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
     // whole transfer (the lookaside paper's loss at 100 Mb/s); large files still race the link
     // from the devices.
     let fast = crate::delta::fast_link(conn.link_rate().unwrap_or(0), conn.round_trip());
+    // Chunks arriving over a fast link are kept as they are: compressing them for the cache
+    // made the receiver the bottleneck of a LAN transfer (a fifth of a tree's fetch).
+    src.cache.prefer_speed(fast);
     let (whole_new, by_ranges) = match src.devices() {
         None => (src.cold, src.ranges),
         Some(_) => (src.cold && fast, false),

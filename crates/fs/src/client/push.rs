@@ -148,6 +148,13 @@ pub(crate) fn put_files<R: io::Read, W: Write>(
     opts: &PutOptions<'_>,
     stats: &mut PutStats,
 ) -> Result<Vec<Attr>, GetError> {
+    if let Some(cache) = opts.cache {
+        // Over a fast link, compressing what the cache keeps would hold the upload up.
+        cache.prefer_speed(crate::delta::fast_link(
+            conn.link_rate().unwrap_or(0),
+            conn.round_trip(),
+        ));
+    }
     let mut files = Vec::with_capacity(jobs.len());
     for j in &jobs {
         files.push(chunk_file(conn, j, opts)?);

@@ -382,7 +382,15 @@ impl Server {
                     let round_trip =
                         (round_trip > 0).then(|| std::time::Duration::from_micros(round_trip));
                     self.against.level.link_rate(rate, sample, round_trip);
-                    self.fast_link |= crate::delta::fast_link(rate, round_trip);
+                    if !self.fast_link && crate::delta::fast_link(rate, round_trip) {
+                        self.fast_link = true;
+                        // What arrives over a fast link, and the history of what goes out,
+                        // are kept as they are: compressing them would hold the link up.
+                        self.staging.prefer_speed(true);
+                        if let Some(h) = &self.history {
+                            h.prefer_speed(true);
+                        }
+                    }
                 }
                 vec![]
             }

@@ -172,6 +172,9 @@ pub struct LocalStore {
     /// A read snapshot of the chunk table, so lookups skip opening a transaction. Replaced after
     /// each commit that changes the table (lookups of pending chunks go to `State::pending`).
     chunk_table: Mutex<Option<Arc<ChunkTable>>>,
+    /// The zstd level chunks are put at now: `Options::zstd_level`, or 0 while the store was
+    /// asked to prefer speed ([`ChunkStore::prefer_speed`]).
+    level: std::sync::atomic::AtomicI32,
     recovery: RebuildReport,
     _lock: File,
 }
@@ -299,6 +302,7 @@ impl LocalStore {
         let db = crate::index_builder()
             .create(&index_path)
             .map_err(db_err(&index_path))?;
+        let level = opts.zstd_level;
         let mut store = LocalStore {
             dir,
             packs_dir,
@@ -322,6 +326,7 @@ impl LocalStore {
             touched: Mutex::new(HashMap::new()),
             packs_lock: RwLock::new(()),
             chunk_table: Mutex::new(None),
+            level: std::sync::atomic::AtomicI32::new(level),
             recovery: RebuildReport::default(),
             _lock: lock,
         };
@@ -947,7 +952,8 @@ impl ChunkStore for LocalStore {
             }
         }
         // Compress before taking the lock, so other threads can append meanwhile.
-        let rec = encode_record(Kind::Chunk, id, chunk.data(), self.opts.zstd_level);
+        let level = self.level.load(std::sync::atomic::Ordering::Relaxed);
+        let rec = encode_record(Kind::Chunk, id, chunk.data(), level);
         let mut st = self.state.lock().unwrap();
         if !damaged && st.pending.contains_key(&id) {
             return Ok(false);
@@ -972,6 +978,12 @@ impl ChunkStore for LocalStore {
     fn flush(&self) -> Result<(), StoreError> {
         let mut st = self.state.lock().unwrap();
         self.flush_locked(&mut st)
+    }
+
+    fn prefer_speed(&self, yes: bool) {
+        let level = if yes { 0 } else { self.opts.zstd_level };
+        self.level
+            .store(level, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn put_object(&self, oid: &Oid, recipe: &Recipe) -> Result<(), StoreError> {

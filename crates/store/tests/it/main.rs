@@ -39,3 +39,44 @@ pub fn new_local(dir: &std::path::Path) -> LocalStore {
 pub fn reopen(dir: &std::path::Path) -> LocalStore {
     LocalStore::open(dir.join("store"), small_opts()).unwrap()
 }
+
+/// A store asked to prefer speed keeps chunks as they are (no compression), and compresses
+/// again once asked not to; either way every chunk reads back whole.
+#[test]
+fn a_store_preferring_speed_keeps_chunks_uncompressed() {
+    use ferry_store::{ChunkStore, VerifiedChunk};
+    let t = tempfile::tempdir().unwrap();
+    let s = new_local(t.path());
+    let text = |seed: u64| -> Vec<u8> { format!("line {seed}\n").repeat(2000).into_bytes() };
+    let put = |seed: u64| {
+        let data = text(seed);
+        let c = VerifiedChunk::hash(HashAlg::Blake3, &data);
+        assert!(s.put(&c).unwrap());
+        s.flush().unwrap();
+        (*c.id(), data)
+    };
+    let stored = || s.stats().unwrap().stored_bytes;
+    let (a, da) = put(1);
+    let compressed = stored();
+    assert!(
+        compressed < da.len() as u64 / 4,
+        "compressed at first: {compressed}"
+    );
+    s.prefer_speed(true);
+    let (b, db) = put(2);
+    let raw = stored() - compressed;
+    assert!(
+        raw >= db.len() as u64,
+        "kept as it is: {raw} of {}",
+        db.len()
+    );
+    s.prefer_speed(false);
+    let (c, dc) = put(3);
+    assert!(
+        stored() - compressed - raw < dc.len() as u64 / 4,
+        "compressed again"
+    );
+    for (id, data) in [(a, da), (b, db), (c, dc)] {
+        assert_eq!(s.get(&id).unwrap().unwrap(), data);
+    }
+}
