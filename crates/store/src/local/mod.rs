@@ -209,7 +209,8 @@ fn new_index(dir: &Path, path: &Path) -> Result<(), StoreError> {
 /// Whether an entry of a store's directory is one a [`LocalStore::create`] cut short leaves (an
 /// empty `packs`, the marker's temporary file): such a directory is made a store again.
 fn unborn_entry(dir: &Path, name: &std::ffi::OsStr) -> bool {
-    if name == std::ffi::OsStr::new(&format!("{MARKER}.tmp")) || name == "index.redb.tmp" {
+    let b = name.as_encoded_bytes();
+    if (b.starts_with(MARKER.as_bytes()) && b.ends_with(b".tmp")) || name == "index.redb.tmp" {
         return true;
     }
     name == "packs" && fs::read_dir(dir.join(name)).is_ok_and(|mut it| it.next().is_none())
@@ -242,7 +243,11 @@ impl LocalStore {
         let dir = dir.as_ref();
         fs::create_dir_all(dir.join("packs")).map_err(StoreError::io("create directory", dir))?;
         let marker = format!("{MARKER_VERSION}\nhash {}\n", opts.hash_alg.name());
-        let tmp = dir.join(format!("{MARKER}.tmp"));
+        // A name of this creation's own: two processes creating the store at once (two
+        // servers started together) each rename theirs into place, and both open it.
+        static CREATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = CREATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!("{MARKER}.{}.{n}.tmp", std::process::id()));
         fs::write(&tmp, marker)
             .and_then(|_| File::open(&tmp)?.sync_all())
             .and_then(|_| fs::rename(&tmp, dir.join(MARKER)))

@@ -80,3 +80,29 @@ fn a_store_preferring_speed_keeps_chunks_uncompressed() {
         assert_eq!(s.get(&id).unwrap().unwrap(), data);
     }
 }
+
+/// Two processes creating one store at once (two servers started together on one staging
+/// directory): both open it. Each creation's marker went through one temporary name, and the
+/// second rename found it gone ("write …/ferry-store: No such file or directory").
+#[test]
+fn two_creations_of_one_store_at_once_both_open_it() {
+    for _ in 0..40 {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("store");
+        let start = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            let open = || {
+                start.wait();
+                LocalStore::open_or_create(&dir, small_opts()).map(drop)
+            };
+            let (a, b) = (s.spawn(open), s.spawn(open));
+            a.join().unwrap().unwrap();
+            b.join().unwrap().unwrap();
+        });
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(!names.iter().any(|n| n.ends_with(".tmp")), "{names:?}");
+    }
+}
