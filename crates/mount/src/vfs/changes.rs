@@ -154,18 +154,22 @@ impl Vfs {
             .collect();
         for (p, i) in gone {
             st.ino_of.remove(&p);
-            self.files.remove(&p);
-            // A file with another name here lives on under it.
+            // A file with another name here lives on under it, with its copy (which may hold
+            // writes not yet committed).
             let other = Self::other_name(st, i, path);
-            if let Some(n) = st.inodes.get_mut(&i) {
-                match other {
-                    Some(o) => {
-                        if n.path == p {
-                            n.path = o;
-                        }
+            match (st.inodes.get_mut(&i), other) {
+                (Some(n), Some(o)) if n.path == p => {
+                    if let Err(e) = self.files.rename(&p, &o) {
+                        tracing::debug!("moving the cached copy of {p:?}: {e}");
                     }
-                    None => n.unlinked = true,
+                    n.path = o;
                 }
+                (Some(_), Some(_)) => self.files.remove(&p),
+                (Some(n), None) => {
+                    n.unlinked = true;
+                    self.files.remove(&p);
+                }
+                (None, _) => self.files.remove(&p),
             }
         }
         self.files.remove(path);
@@ -406,7 +410,8 @@ impl Vfs {
             if let Err(e) = self.files.rename(&p, &np) {
                 tracing::debug!("moving the cached copy of {p:?}: {e}");
             }
-            if let Some(n) = st.inodes.get_mut(&i) {
+            // (An inode of several names keeps its own name when another of them moves.)
+            if let Some(n) = st.inodes.get_mut(&i).filter(|n| n.path == p) {
                 n.path = np.clone();
             }
             st.ino_of.insert(np, i);

@@ -32,7 +32,9 @@ impl Vfs {
         if kind == FileKind::Dir {
             return Err(Errno::EPERM);
         }
-        if self.listed(&to_dir, new_name).flatten().is_some() {
+        if self.listed(&to_dir, new_name).flatten().is_some()
+            || self.lock().specials.get(&to).is_some()
+        {
             return Err(Errno::EEXIST);
         }
         // The server's file must be this one: a new file made here goes first, and local
@@ -59,26 +61,34 @@ impl Vfs {
             )
             .map_err(|f| errno_of(&f))?
             .into_iter();
-        let mut st = self.lock();
-        st.ino_of.insert(to.clone(), ino);
-        if let Some(n) = st.inodes.get_mut(&ino) {
-            n.lookups += 1;
-            n.linked = true;
-        }
-        Self::relist(&mut st, &to_dir, new_name, Some(kind));
-        if let Some(Ok(a)) = got.next() {
-            self.store_attr(&mut st, &to, a.clone(), asked);
-            self.store_attr(&mut st, &from, a.clone(), asked);
-        }
-        self.store_dir(&mut st, &to_dir, got.next(), asked);
-        let a = st.attrs.get(&from).map(|l| l.value.clone());
-        match a {
-            Some(a) => Ok(Self::stat_of(&st, ino, &a)),
-            None => {
-                drop(st);
-                self.stat(ino, None, false)
+        {
+            let mut st = self.lock();
+            st.ino_of.insert(to.clone(), ino);
+            if let Some(n) = st.inodes.get_mut(&ino) {
+                n.linked = true;
             }
+            Self::relist(&mut st, &to_dir, new_name, Some(kind));
+            if let Some(Ok(a)) = got.next() {
+                self.store_attr(&mut st, &to, a.clone(), asked);
+                self.store_attr(&mut st, &from, a, asked);
+            }
+            self.store_dir(&mut st, &to_dir, got.next(), asked);
         }
+        // As the server answered with the link (no round trip more).
+        let told = {
+            let st = self.lock();
+            let a = st.attrs.get(&from).map(|l| l.value.clone());
+            a.map(|a| Self::stat_of(&st, ino, &a))
+        };
+        let s = match told {
+            Some(s) => s,
+            None => self.stat(ino, None, false)?,
+        };
+        // The kernel holds one more reference to the inode once the link is answered.
+        if let Some(n) = self.lock().inodes.get_mut(&ino) {
+            n.lookups += 1;
+        }
+        Ok(s)
     }
 
     /// Another name of the inode `ino` than `except` (and than the names below it), if it has
@@ -132,8 +142,15 @@ impl Vfs {
         }
     }
 
-    /// Forgets every name of the inode `ino` (the kernel forgot it).
-    pub(super) fn forget_names(st: &mut State, ino: Ino) {
-        st.ino_of.retain(|_, i| *i != ino);
+    /// Drops the inode `ino` (nothing refers to it any more) and the names that lead to it.
+    pub(super) fn drop_inode(st: &mut State, ino: Ino) {
+        let Some(n) = st.inodes.remove(&ino) else {
+            return;
+        };
+        if n.linked {
+            st.ino_of.retain(|_, i| *i != ino);
+        } else if !n.unlinked && st.ino_of.get(&n.path) == Some(&ino) {
+            st.ino_of.remove(&n.path);
+        }
     }
 }

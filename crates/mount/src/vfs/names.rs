@@ -100,14 +100,7 @@ impl Vfs {
         };
         node.lookups = node.lookups.saturating_sub(n);
         if ino != ROOT && node.lookups == 0 && node.open == 0 && !node.dirty {
-            let path = node.path.clone();
-            let (unlinked, linked) = (node.unlinked, node.linked);
-            st.inodes.remove(&ino);
-            if linked {
-                Self::forget_names(&mut st, ino);
-            } else if !unlinked && st.ino_of.get(&path) == Some(&ino) {
-                st.ino_of.remove(&path);
-            }
+            Self::drop_inode(&mut st, ino);
         }
     }
 

@@ -256,11 +256,7 @@ impl Vfs {
             return;
         };
         if n.open == 0 && n.lookups == 0 && !n.dirty && ino != ROOT {
-            let (path, unlinked) = (n.path.clone(), n.unlinked);
-            st.inodes.remove(&ino);
-            if !unlinked && st.ino_of.get(&path) == Some(&ino) {
-                st.ino_of.remove(&path);
-            }
+            Self::drop_inode(st, ino);
         }
     }
 }

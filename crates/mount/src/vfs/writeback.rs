@@ -137,11 +137,7 @@ impl Vfs {
                 }
             }
             if n.open == 0 && n.lookups == 0 && !n.dirty && h.ino != ROOT {
-                let (path, unlinked) = (n.path.clone(), n.unlinked);
-                st.inodes.remove(&h.ino);
-                if !unlinked && st.ino_of.get(&path) == Some(&h.ino) {
-                    st.ino_of.remove(&path);
-                }
+                Self::drop_inode(&mut st, h.ino);
             }
         }
         r

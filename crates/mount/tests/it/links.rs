@@ -140,3 +140,48 @@ fn a_rename_between_two_names_of_one_file_linked_elsewhere_does_nothing() {
     assert_eq!(read(&v, "f").unwrap(), b"one file");
     assert_eq!(read(&v, "g").unwrap(), b"one file");
 }
+
+/// Writes through a descriptor of a file that loses the name it was opened by (removed, or
+/// renamed while another name stays) are kept: the copy follows the inode to its other name,
+/// and the close commits them there.
+#[test]
+fn writes_through_a_file_that_loses_its_first_name_are_kept() {
+    let (_t, root, _remote, v) = one_client();
+    write(&v, "a", b"first").unwrap();
+    let a = v.lookup(ROOT, b"a").unwrap();
+    let o = v.open(a.ino, true, false).unwrap();
+    v.link(a.ino, ROOT, b"b").unwrap();
+    v.write(o.fh, 5, b", then more").unwrap();
+    v.unlink(ROOT, b"a").unwrap();
+    v.write(o.fh, 16, b", and after the unlink").unwrap();
+    v.flush(o.fh).unwrap();
+    v.send_changes(Duration::ZERO);
+    let want = b"first, then more, and after the unlink";
+    assert_eq!(std::fs::read(root.join("b")).unwrap(), want);
+    // Renamed: the open name moves, the inode stays one file.
+    v.link(a.ino, ROOT, b"c").unwrap();
+    v.rename(ROOT, b"c", ROOT, b"d", false).unwrap();
+    v.write(o.fh, 0, b"FIRST").unwrap();
+    v.flush(o.fh).unwrap();
+    v.release(o.fh).unwrap();
+    v.send_changes(Duration::ZERO);
+    for name in ["b", "d"] {
+        assert_eq!(
+            &std::fs::read(root.join(name)).unwrap()[..5],
+            b"FIRST",
+            "{name}"
+        );
+    }
+    // Forgotten by the kernel: every name of it still looks up.
+    v.forget(a.ino, 3);
+    for name in [&b"b"[..], b"d"] {
+        let s = v.lookup(ROOT, name).unwrap();
+        assert_eq!(s.nlink, 2);
+        v.forget(s.ino, 1);
+    }
+    // A special file of this mount holds a name: no link onto it.
+    v.mknod(ROOT, b"fifo", SpecialKind::Fifo, 0o644, 0).unwrap();
+    let b = v.lookup(ROOT, b"b").unwrap();
+    assert_eq!(v.link(b.ino, ROOT, b"fifo").unwrap_err(), Errno::EEXIST);
+    assert!(!root.join("fifo").exists());
+}
