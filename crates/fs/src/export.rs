@@ -68,6 +68,13 @@ fn commit_temp_pid(name: &[u8]) -> Option<u32> {
         .flatten()
 }
 
+/// Whether `p` is the server's own: the trash or beneath it, or a commit's temporary file.
+/// Requests that make or move names refuse such paths.
+pub(crate) fn is_internal(p: &WirePath) -> bool {
+    let mut parts = p.components();
+    parts.next() == Some(TRASH.as_bytes()) || p.components().any(is_commit_temp)
+}
+
 pub(crate) fn is_commit_temp(name: &[u8]) -> bool {
     commit_temp_pid(name).is_some()
 }

@@ -545,17 +545,29 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
         // With mirrors, files come by recipe, chunks by full id: a mirror serves those.
         let cold = ferry_store::ChunkStore::is_empty(&cache)?;
         // The mirrors' sessions start beside the first server's (each an ssh handshake: one
-        // after the other, they cost a tenth of a 40 MB fetch over two 20 Mbit/s links).
+        // after the other, they cost a tenth of a 40 MB fetch over two 20 Mbit/s links);
+        // unless a remote shell could ask something on the terminal (a password, a host key):
+        // two asking at once would take each other's answers.
         let wire = remote_wire(&a.remote)?;
+        let all = || std::iter::once(&a.remote).chain(&a.mirror);
+        let daemons = all().all(|r| r.starts_with("ferry://"));
+        let together = daemons || std::fs::File::open("/dev/tty").is_err();
+        if all().any(|r| r.starts_with("ferry://")) {
+            // Made once, before sessions start at once.
+            identity()?;
+        }
+        let (rsh, of) = (&a.rsh, &wire);
         let (first, reached) = std::thread::scope(|sc| {
-            let mirrors: Vec<_> = (a.mirror.iter())
-                .map(|m| sc.spawn(|| mirror(m, &a.rsh, &wire)))
+            let started: Vec<_> = (a.mirror.iter().filter(|_| together))
+                .map(|m| sc.spawn(move || mirror(m, rsh, of)))
                 .collect();
-            let first = connect(&a.remote, &a.rsh);
-            let reached: Vec<_> = mirrors
-                .into_iter()
+            let first = connect(&a.remote, rsh);
+            let mut reached: Vec<_> = (started.into_iter())
                 .map(|h| h.join().expect("a mirror's connecting thread panicked"))
                 .collect();
+            if !together && first.is_ok() {
+                reached.extend(a.mirror.iter().map(|m| mirror(m, rsh, of)));
+            }
             (first, reached)
         });
         let (mut s, wire) = first?;

@@ -78,11 +78,6 @@ impl History {
         }
     }
 
-    /// See [`ferry_store::ChunkStore::prefer_speed`].
-    pub(crate) fn prefer_speed(&self, yes: bool) {
-        self.store.prefer_speed(yes);
-    }
-
     /// The store, once every chunk kept so far is in it.
     pub(crate) fn settled(&self) -> &Staging {
         let (n, done) = &*self.pending;

@@ -382,15 +382,7 @@ impl Server {
                     let round_trip =
                         (round_trip > 0).then(|| std::time::Duration::from_micros(round_trip));
                     self.against.level.link_rate(rate, sample, round_trip);
-                    if !self.fast_link && crate::delta::fast_link(rate, round_trip) {
-                        self.fast_link = true;
-                        // What arrives over a fast link, and the history of what goes out,
-                        // are kept as they are: compressing them would hold the link up.
-                        self.staging.prefer_speed(true);
-                        if let Some(h) = &self.history {
-                            h.prefer_speed(true);
-                        }
-                    }
+                    self.fast_link |= crate::delta::fast_link(rate, round_trip);
                 }
                 vec![]
             }
@@ -651,8 +643,15 @@ impl Server {
         }
     }
 
-    /// Makes `to` a new name of the file or symlink `from` (not following it).
+    /// Makes `to` a new name of the file or symlink `from` (not following it). Never of the
+    /// server's own files (the trash, commits' temporary files), nor as one.
     fn link(&mut self, from: &WirePath, to: &WirePath) -> Reply {
+        if crate::export::is_internal(from) || crate::export::is_internal(to) {
+            return error(
+                ErrorCode::Permission,
+                format!("{from:?} -> {to:?}: the server's own"),
+            );
+        }
         let r = (|| -> io::Result<()> {
             let (fd, fname) = self.export.parent(from)?;
             let (td, tname) = self.export.parent(to)?;
@@ -664,6 +663,17 @@ impl Server {
                 rustix::fs::AtFlags::empty(),
             )?;
             self.dir_syncs.changed(&td)?;
+            // The file's link count changed, which those watching `from`'s directory do not
+            // see (the kernel tells it to the new name's directory only): a change of mode to
+            // the same mode tells them, so their leases on `from` break.
+            // (Best effort: the link is made.)
+            let st = rustix::fs::statat(&fd, os(&fname), rustix::fs::AtFlags::SYMLINK_NOFOLLOW);
+            if let Some(st) = st.ok().filter(|st| {
+                rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile
+            }) {
+                let mode = rustix::fs::Mode::from_raw_mode(st.st_mode & 0o7777);
+                let _ = rustix::fs::chmodat(&fd, os(&fname), mode, rustix::fs::AtFlags::empty());
+            }
             Ok(())
         })();
         match r {

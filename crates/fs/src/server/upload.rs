@@ -606,9 +606,9 @@ impl Server {
         // names is written in place instead, so that every name keeps it.
         let installed = (|| -> Result<Option<File>, Reply> {
             let _lock = DirLock::new(&u.dir).map_err(ioe)?;
-            let linked = self.check_version(&u)?;
-            if linked {
-                return write_in_place(&u, mode, mtime_ns).map(Some).map_err(ioe);
+            if self.check_version(&u)? {
+                let version = u.base.as_ref().map_or(0, |b| b.version);
+                return write_in_place(&u, version, mode, mtime_ns).map(Some);
             }
             if u.base.is_some() {
                 self.keep_in_trash(&u.dir, &u.name);
@@ -810,39 +810,68 @@ impl Upload {
     }
 }
 
-/// Drops an upload: its temporary file goes.
 /// Writes what upload `u` wrote into the file it replaces, in place (a file of several names:
 /// each keeps the new content, as when a local program writes it), with the mode and time
-/// asked for, and syncs it. Not atomic, as such a write never is: a crash in it can leave the
-/// file part old, part new. Returns the file.
-fn write_in_place(u: &Upload, mode: u32, mtime_ns: i64) -> io::Result<File> {
-    let target = File::from(rustix::fs::openat(
-        &u.dir,
-        os(&u.name),
-        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )?);
-    let mut from = u.out.get_ref();
-    (&mut from).seek(io::SeekFrom::Start(0))?;
-    let mut to = &target;
-    to.set_len(0)?;
-    io::copy(&mut from, &mut to)?;
-    rustix::fs::fchmod(&target, rustix::fs::Mode::from_raw_mode(mode & 0o7777))?;
-    let t = rustix::fs::Timespec {
-        tv_sec: mtime_ns.div_euclid(1_000_000_000),
-        tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
-    };
-    rustix::fs::futimens(
+/// asked for, and syncs it; returns the file. The file is locked (`flock`) and its version
+/// checked again through the descriptor written: two sessions committing through names in
+/// different directories (whose locks differ) take turns, and the loser is told of the
+/// conflict. Not atomic, as such a write never is: a crash in it can leave the file part new,
+/// part old (the new bytes are written over the old, then the length set, so never emptied).
+fn write_in_place(u: &Upload, version: u64, mode: u32, mtime_ns: i64) -> Result<File, Reply> {
+    let path = &u.path;
+    let ioe = |e: io::Error| io_error(path, &e);
+    let target = File::from(
+        rustix::fs::openat(
+            &u.dir,
+            os(&u.name),
+            rustix::fs::OFlags::WRONLY
+                | rustix::fs::OFlags::NOFOLLOW
+                | rustix::fs::OFlags::NONBLOCK
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| ioe(e.into()))?,
+    );
+    let conflict = |why: &str| error(ErrorCode::Conflict, format!("{path:?}: {why}"));
+    match rustix::fs::flock(
         &target,
-        &rustix::fs::Timestamps {
-            last_access: t,
-            last_modification: t,
-        },
-    )?;
-    target.sync_all()?;
+        rustix::fs::FlockOperation::NonBlockingLockExclusive,
+    ) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => return Err(conflict("locked by another writer")),
+        Err(e) => return Err(ioe(e.into())),
+    }
+    let st = rustix::fs::fstat(&target).map_err(|e| ioe(e.into()))?;
+    let (now, _) = crate::export::attr_of(&st);
+    if now.kind != FileKind::File || now.version != version {
+        return Err(conflict(&format!("changed since version {version}")));
+    }
+    let write = || -> io::Result<()> {
+        let mut from = u.out.get_ref();
+        (&mut from).seek(io::SeekFrom::Start(0))?;
+        let mut to = &target;
+        to.seek(io::SeekFrom::Start(0))?;
+        let len = io::copy(&mut from, &mut to)?;
+        target.set_len(len)?;
+        rustix::fs::fchmod(&target, rustix::fs::Mode::from_raw_mode(mode & 0o7777))?;
+        let t = rustix::fs::Timespec {
+            tv_sec: mtime_ns.div_euclid(1_000_000_000),
+            tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
+        };
+        rustix::fs::futimens(
+            &target,
+            &rustix::fs::Timestamps {
+                last_access: t,
+                last_modification: t,
+            },
+        )?;
+        target.sync_all()
+    };
+    write().map_err(ioe)?;
     Ok(target)
 }
 
+/// Drops an upload: its temporary file goes.
 fn discard(u: Upload) {
     let _ = rustix::fs::unlinkat(&u.dir, os(u.tmp.as_bytes()), rustix::fs::AtFlags::empty());
 }
