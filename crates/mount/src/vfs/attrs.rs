@@ -204,12 +204,14 @@ impl Vfs {
                 .filter(|h| h.ino == ino)
                 .or_else(|| st.handles.values().find(|h| h.ino == ino))
                 .map(|h| h.file.clone());
-            let known = st.attrs.get(&n.path).map(|l| l.value.mode);
+            let known = st.attrs.get(&n.path).map(|l| &l.value);
+            // A file of several names shows them all (and so is kept no time by the kernel).
+            let names = known.and_then(|a| a.extra).map_or(1, |x| x.nlink.max(1));
             (
                 n.path.clone(),
                 file,
-                n.mode.or(known).unwrap_or(0o644),
-                !n.unlinked as u32,
+                n.mode.or(known.map(|a| a.mode)).unwrap_or(0o644),
+                if n.unlinked { 0 } else { names },
             )
         };
         use std::os::unix::fs::MetadataExt;

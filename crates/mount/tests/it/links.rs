@@ -152,6 +152,8 @@ fn writes_through_a_file_that_loses_its_first_name_are_kept() {
     let o = v.open(a.ino, true, false).unwrap();
     v.link(a.ino, ROOT, b"b").unwrap();
     v.write(o.fh, 5, b", then more").unwrap();
+    // Being written, it still shows both names.
+    assert_eq!(v.getattr_open(a.ino, Some(o.fh)).unwrap().nlink, 2);
     v.unlink(ROOT, b"a").unwrap();
     v.write(o.fh, 16, b", and after the unlink").unwrap();
     v.flush(o.fh).unwrap();
