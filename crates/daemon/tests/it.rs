@@ -1304,6 +1304,10 @@ fn every_request(oid: ferry_format::Id, cap: &[u8], ticket: &[u8]) -> Vec<ferry_
             to: "g".into(),
         },
         Request::Unlink { path: p() },
+        Request::Link {
+            from: p(),
+            to: "h".into(),
+        },
         Request::Rmdir { path: p() },
         Request::Symlink {
             path: p(),
@@ -1416,6 +1420,7 @@ fn kind(r: &ferry_proto::Request) -> &'static str {
         | R::Mkdir { .. }
         | R::Rename { .. }
         | R::Unlink { .. }
+        | R::Link { .. }
         | R::Rmdir { .. }
         | R::Symlink { .. }
         | R::SetAttr { .. }
