@@ -578,18 +578,7 @@ impl Server {
         }
         let file = u.out.get_ref();
         let finished = (|| -> io::Result<()> {
-            rustix::fs::fchmod(file, rustix::fs::Mode::from_raw_mode(mode & 0o7777))?;
-            let t = rustix::fs::Timespec {
-                tv_sec: mtime_ns.div_euclid(1_000_000_000),
-                tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
-            };
-            rustix::fs::futimens(
-                file,
-                &rustix::fs::Timestamps {
-                    last_access: t,
-                    last_modification: t,
-                },
-            )?;
+            set_mode_and_time(file, mode, mtime_ns)?;
             // An empty file has no bytes to sync, and its inode is made durable with the
             // directory's entry by the fsync after the rename (a create through the mount
             // commits one before every first write-back: one sync fewer each).
@@ -853,22 +842,28 @@ fn write_in_place(u: &Upload, version: u64, mode: u32, mtime_ns: i64) -> Result<
         to.seek(io::SeekFrom::Start(0))?;
         let len = io::copy(&mut from, &mut to)?;
         target.set_len(len)?;
-        rustix::fs::fchmod(&target, rustix::fs::Mode::from_raw_mode(mode & 0o7777))?;
-        let t = rustix::fs::Timespec {
-            tv_sec: mtime_ns.div_euclid(1_000_000_000),
-            tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
-        };
-        rustix::fs::futimens(
-            &target,
-            &rustix::fs::Timestamps {
-                last_access: t,
-                last_modification: t,
-            },
-        )?;
+        set_mode_and_time(&target, mode, mtime_ns)?;
         target.sync_all()
     };
     write().map_err(ioe)?;
     Ok(target)
+}
+
+/// Gives a committed file the mode and modification time asked for (its access time too).
+fn set_mode_and_time(file: &File, mode: u32, mtime_ns: i64) -> io::Result<()> {
+    rustix::fs::fchmod(file, rustix::fs::Mode::from_raw_mode(mode & 0o7777))?;
+    let t = rustix::fs::Timespec {
+        tv_sec: mtime_ns.div_euclid(1_000_000_000),
+        tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
+    };
+    rustix::fs::futimens(
+        file,
+        &rustix::fs::Timestamps {
+            last_access: t,
+            last_modification: t,
+        },
+    )?;
+    Ok(())
 }
 
 /// Drops an upload: its temporary file goes.

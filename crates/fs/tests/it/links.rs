@@ -5,16 +5,6 @@
 use super::*;
 use ferry_proto::{Attr, FEATURE_HARD_LINKS, FEATURE_STAT_EXTRA};
 
-fn asking(root: &Path, ask: u64) -> Connection<UnixStream, UnixStream> {
-    let (a, b) = UnixStream::pair().unwrap();
-    let export = Export::open(root).unwrap();
-    std::thread::spawn(move || {
-        let mut server = Server::new(export, ServerOptions::default(), staging());
-        let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
-    });
-    Connection::open_asking(b.try_clone().unwrap(), b, ferry_fs::DEFAULT_ZSTD_LEVEL, ask).unwrap()
-}
-
 fn attr(c: &mut Connection<UnixStream, UnixStream>, path: &str) -> Attr {
     match c
         .call(Request::GetAttr { path: path.into() })
@@ -32,7 +22,7 @@ fn a_link_is_a_second_name_of_the_same_file() {
     fs::create_dir(t.path().join("d")).unwrap();
     fs::write(t.path().join("f"), b"shared").unwrap();
     fs::write(t.path().join("other"), b"shared").unwrap();
-    let mut c = asking(t.path(), FEATURE_STAT_EXTRA | FEATURE_HARD_LINKS);
+    let mut c = connect_asking(t.path(), FEATURE_STAT_EXTRA | FEATURE_HARD_LINKS);
     c.call(Request::Link {
         from: "f".into(),
         to: "d/g".into(),
@@ -70,7 +60,7 @@ fn a_link_is_a_second_name_of_the_same_file() {
     assert_eq!(code(&mut c, "esc/secret", "s"), ErrorCode::Escape);
     assert!(!outside.path().join("out").exists() && !t.path().join("s").exists());
     // A session that did not ask sees no identity.
-    let mut plain = asking(t.path(), FEATURE_STAT_EXTRA);
+    let mut plain = connect_asking(t.path(), FEATURE_STAT_EXTRA);
     assert_eq!(attr(&mut plain, "f").extra.unwrap().id, None);
 }
 
@@ -79,7 +69,7 @@ fn a_commit_to_a_file_of_several_names_reaches_every_name() {
     let t = tempfile::tempdir().unwrap();
     fs::write(t.path().join("f"), b"old content").unwrap();
     fs::hard_link(t.path().join("f"), t.path().join("g")).unwrap();
-    let mut c = asking(t.path(), FEATURE_STAT_EXTRA | FEATURE_HARD_LINKS);
+    let mut c = connect_asking(t.path(), FEATURE_STAT_EXTRA | FEATURE_HARD_LINKS);
     let before = attr(&mut c, "f");
     upload(&mut c, 1, "f", Some(before.version), b"new content, longer").unwrap();
     let replies = commit(&mut c, 1, b"new content, longer").unwrap();
@@ -124,7 +114,7 @@ fn a_commit_through_one_name_after_another_names_is_a_conflict() {
     fs::create_dir(t.path().join("d")).unwrap();
     fs::write(t.path().join("f"), b"base").unwrap();
     fs::hard_link(t.path().join("f"), t.path().join("d/g")).unwrap();
-    let mut c = asking(t.path(), FEATURE_STAT_EXTRA | FEATURE_HARD_LINKS);
+    let mut c = connect_asking(t.path(), FEATURE_STAT_EXTRA | FEATURE_HARD_LINKS);
     let base = attr(&mut c, "f").version;
     upload(&mut c, 1, "d/g", Some(base), b"through g").unwrap();
     upload(&mut c, 2, "f", Some(base), b"through f").unwrap();

@@ -31,6 +31,17 @@ fn connect(root: &Path) -> Connection<UnixStream, UnixStream> {
     connect_with(root, None)
 }
 
+/// Likewise, asking for the Hello features in `ask` besides the usual ones.
+fn connect_asking(root: &Path, ask: u64) -> Connection<UnixStream, UnixStream> {
+    let (a, b) = UnixStream::pair().unwrap();
+    let export = Export::open(root).unwrap();
+    std::thread::spawn(move || {
+        let mut server = Server::new(export, ServerOptions::default(), staging());
+        let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
+    });
+    Connection::open_asking(b.try_clone().unwrap(), b, ferry_fs::DEFAULT_ZSTD_LEVEL, ask).unwrap()
+}
+
 /// Likewise, with the server keeping a history of what it cuts in `history`.
 fn connect_with(
     root: &Path,
@@ -1921,16 +1932,7 @@ fn own_changes_keep_the_listing_lease_when_asked() {
     fs::create_dir_all(srv.join("d")).unwrap();
     fs::write(srv.join("d/f"), b"one").unwrap();
     fs::write(srv.join("other"), b"x").unwrap();
-    let session = |ask: u64| {
-        let (a, b) = UnixStream::pair().unwrap();
-        let export = Export::open(&srv).unwrap();
-        std::thread::spawn(move || {
-            let mut server = Server::new(export, ServerOptions::default(), staging());
-            let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
-        });
-        Connection::open_asking(b.try_clone().unwrap(), b, ferry_fs::DEFAULT_ZSTD_LEVEL, ask)
-            .unwrap()
-    };
+    let session = |ask: u64| connect_asking(&srv, ask);
     let names = |c: &Connection<UnixStream, UnixStream>| -> Vec<String> {
         c.invalidated
             .iter()
