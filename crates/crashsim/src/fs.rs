@@ -69,7 +69,10 @@ impl Live {
             crtime: t,
             kind,
             perm: (perm & 0o7777) as u16,
-            nlink: 1,
+            nlink: match node {
+                Node::File { .. } => self.tree.links(ino),
+                _ => 1,
+            },
             uid: 0,
             gid: 0,
             rdev: 0,

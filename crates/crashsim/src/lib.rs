@@ -280,11 +280,13 @@ fn describe(op: &Op) -> String {
     }
 }
 
-/// Writes a tree to a real directory (which exists and is empty).
+/// Writes a tree to a real directory (which exists and is empty); a file of several names is
+/// one file of several names there too.
 pub fn materialize(tree: &Tree, dir: &Path) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::PermissionsExt;
     let mut stack: Vec<(u64, PathBuf)> = vec![(ROOT, dir.to_path_buf())];
+    let mut written: std::collections::HashMap<u64, PathBuf> = Default::default();
     while let Some((ino, path)) = stack.pop() {
         let Ok(entries) = tree.entries(ino) else {
             continue;
@@ -292,9 +294,13 @@ pub fn materialize(tree: &Tree, dir: &Path) -> std::io::Result<()> {
         for (name, &child) in entries {
             let p = path.join(std::ffi::OsStr::from_bytes(name));
             match tree.nodes.get(&child) {
+                Some(Node::File { .. }) if written.contains_key(&child) => {
+                    std::fs::hard_link(&written[&child], &p)?;
+                }
                 Some(Node::File { data, mode }) => {
                     std::fs::write(&p, data)?;
                     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(*mode))?;
+                    written.insert(child, p);
                 }
                 Some(Node::Dir { mode, .. }) => {
                     std::fs::create_dir(&p)?;

@@ -157,6 +157,15 @@ impl Default for Tree {
 }
 
 impl Tree {
+    /// How many names inode `ino` has (hard links).
+    pub fn links(&self, ino: u64) -> u32 {
+        let names = self.nodes.values().map(|n| match n {
+            Node::Dir { entries, .. } => entries.values().filter(|&&i| i == ino).count(),
+            _ => 0,
+        });
+        names.sum::<usize>() as u32
+    }
+
     pub fn entries(&self, dir: u64) -> Result<&BTreeMap<Vec<u8>, u64>, Refused> {
         match self.nodes.get(&dir) {
             Some(Node::Dir { entries, .. }) => Ok(entries),

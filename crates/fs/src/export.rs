@@ -45,6 +45,15 @@ fn wire_to_rel(p: &WirePath) -> PathBuf {
 /// Hidden from listings (at any level: the export root depends on how a client names a path).
 pub const TRASH: &str = ".ferry-trash";
 
+/// The records of commits written in place (see `inplace`), at the export's root. Hidden and
+/// refused like the trash.
+pub const REDO: &str = ".ferry-redo";
+
+/// Whether `name` is one of the server's own directories (the trash, the redo records).
+pub(crate) fn is_server_dir(name: &[u8]) -> bool {
+    name == TRASH.as_bytes() || name == REDO.as_bytes()
+}
+
 /// The name of an upload's temporary file: `.ferry-<pid>-<tag>-<n>.tmp`, `tag` 16 hex digits
 /// of the session's own (sessions of one daemon share its pid). Not user data: hidden from
 /// listings, and removed once the process that made it is gone. The pattern is strict, so a
@@ -68,11 +77,11 @@ fn commit_temp_pid(name: &[u8]) -> Option<u32> {
         .flatten()
 }
 
-/// Whether `p` is the server's own: the trash or beneath it, or a commit's temporary file.
-/// Requests that make or move names refuse such paths.
+/// Whether `p` is the server's own: the trash or the redo records or beneath them, or a
+/// commit's temporary file. Requests that make or move names refuse such paths.
 pub(crate) fn is_internal(p: &WirePath) -> bool {
     let mut parts = p.components();
-    parts.next() == Some(TRASH.as_bytes()) || p.components().any(is_commit_temp)
+    parts.next().is_some_and(is_server_dir) || p.components().any(is_commit_temp)
 }
 
 pub(crate) fn is_commit_temp(name: &[u8]) -> bool {
@@ -301,6 +310,40 @@ impl Export {
         self.open_dir(&WirePath::new(TRASH.as_bytes().to_vec()).map_err(io::Error::other)?)
     }
 
+    /// The redo records' directory, created on first use.
+    pub(crate) fn redo_dir(&self) -> io::Result<OwnedFd> {
+        match rustix::fs::mkdirat(&self.root, REDO, Mode::from_raw_mode(0o700)) {
+            Ok(()) => rustix::fs::fsync(&self.root)?,
+            Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.open_dir(&WirePath::new(REDO.as_bytes().to_vec()).map_err(io::Error::other)?)
+    }
+
+    /// The redo records' directory, if it exists.
+    pub(crate) fn existing_redo_dir(&self) -> io::Result<Option<OwnedFd>> {
+        let p = WirePath::new(REDO.as_bytes().to_vec()).map_err(io::Error::other)?;
+        match self.open_dir(&p) {
+            Ok(d) => Ok(Some(d)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether any redo record is there (finished ones leave none).
+    pub(crate) fn redo_pending(&self) -> io::Result<bool> {
+        let Some(d) = self.existing_redo_dir()? else {
+            return Ok(false);
+        };
+        for e in rustix::fs::Dir::read_from(&d)? {
+            let n = e?.file_name().to_bytes().to_vec();
+            if n != b"." && n != b".." {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// Entries of directory `p` with their attributes, sorted by name.
     pub fn read_dir(&self, p: &WirePath) -> io::Result<Vec<(Vec<u8>, Attr)>> {
         let dir = self.open_dir(p)?;
@@ -312,7 +355,7 @@ impl Export {
                 || name == b".."
                 || is_commit_temp(name)
                 || is_partial(name)
-                || name == TRASH.as_bytes()
+                || is_server_dir(name)
             {
                 continue;
             }

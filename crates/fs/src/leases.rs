@@ -240,7 +240,7 @@ impl Leases {
             }
             let name = ev.file_name().map(|n| n.to_bytes());
             let unseen =
-                |n: &[u8]| crate::export::is_commit_temp(n) || n == crate::export::TRASH.as_bytes();
+                |n: &[u8]| crate::export::is_commit_temp(n) || crate::export::is_server_dir(n);
             if name.is_some_and(unseen) {
                 continue;
             }

@@ -20,6 +20,7 @@ pub mod client;
 pub mod conn;
 pub mod delta;
 pub mod export;
+pub mod inplace;
 mod leases;
 mod rate;
 pub mod server;

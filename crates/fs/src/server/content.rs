@@ -52,6 +52,7 @@ impl Server {
     pub(super) fn recipe(&mut self, path: &WirePath) -> io::Result<(Recipe, u64, Oid)> {
         for _ in 0..3 {
             let file = self.export.open_file(path)?;
+            let _lock = crate::inplace::read_guard(&self.export, &file)?;
             let st = rustix::fs::fstat(&file)?;
             let (attr, fid) = crate::export::attr_of(&st);
             if attr.kind != FileKind::File {
@@ -382,6 +383,7 @@ impl Server {
     fn read_whole(&self, path: &WirePath, limit: u64) -> io::Result<Vec<u8>> {
         use std::io::Read;
         let file = self.export.open_file(path)?;
+        let _lock = crate::inplace::read_guard(&self.export, &file)?;
         let st = rustix::fs::fstat(&file)?;
         if crate::export::attr_of(&st).0.kind != FileKind::File {
             return Err(io::Error::from(io::ErrorKind::IsADirectory));

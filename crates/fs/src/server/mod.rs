@@ -198,7 +198,14 @@ pub(crate) fn io_error(path: &WirePath, e: &io::Error) -> Reply {
 }
 
 impl Server {
+    /// A session serving `export`. Commits written in place that a crashed or killed server
+    /// left part-done are finished first (see `crate::inplace`).
     pub fn new(export: Export, opts: ServerOptions, staging: Staging) -> Self {
+        match crate::inplace::finish_interrupted(&export) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("finished {n} interrupted in-place commits"),
+            Err(e) => tracing::warn!("finishing interrupted in-place commits: {e}"),
+        }
         Server {
             against: content::AgainstState::new(crate::delta::frame_floor(opts.zstd_level)),
             export,

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, BufWriter, Seek, Write};
+use std::io::{self, BufWriter, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 
@@ -596,8 +596,7 @@ impl Server {
         let installed = (|| -> Result<Option<File>, Reply> {
             let _lock = DirLock::new(&u.dir).map_err(ioe)?;
             if self.check_version(&u)? {
-                let version = u.base.as_ref().map_or(0, |b| b.version);
-                return write_in_place(&u, version, mode, mtime_ns).map(Some);
+                return self.write_in_place(&u).map(Some);
             }
             if u.base.is_some() {
                 self.keep_in_trash(&u.dir, &u.name);
@@ -622,10 +621,6 @@ impl Server {
             None => rustix::fs::fstat(u.out.get_ref()),
         }
         .map_err(|e| ioe(e.into()))?;
-        if in_place.is_some() {
-            let _ =
-                rustix::fs::unlinkat(&u.dir, os(u.tmp.as_bytes()), rustix::fs::AtFlags::empty());
-        }
         drop(in_place);
         let Upload {
             dir,
@@ -649,6 +644,34 @@ impl Server {
             attr.lease_ms = self.lease(&path, false);
         }
         Ok(Reply::Attr(attr))
+    }
+
+    /// Writes what upload `u` wrote (synced, its mode and time set) into the file it replaces,
+    /// in place: a file of several names, each of which keeps the new content, as when a local
+    /// program writes it. Made whole at any crash by a redo record (see `crate::inplace`).
+    /// Returns the file written.
+    fn write_in_place(&self, u: &Upload) -> Result<File, Reply> {
+        let path = &u.path;
+        let version = u.base.as_ref().map_or(0, |b| b.version);
+        let w = crate::inplace::InPlace {
+            dir: &u.dir,
+            name: &u.name,
+            tmp: &u.tmp,
+            new: u.out.get_ref(),
+            id: u.tmp.trim_start_matches('.').trim_end_matches(".tmp"),
+        };
+        let same = |st: &rustix::fs::Stat| {
+            let (now, _) = crate::export::attr_of(st);
+            now.kind == FileKind::File && now.version == version
+        };
+        let conflict = |why: &str| error(ErrorCode::Conflict, format!("{path:?}: {why}"));
+        crate::inplace::write(&self.export, &w, same).map_err(|e| match e {
+            crate::inplace::Refused::Locked => conflict("locked by another writer"),
+            crate::inplace::Refused::Changed => {
+                conflict(&format!("changed since version {version}"))
+            }
+            crate::inplace::Refused::Io(e) => io_error(path, &e),
+        })
     }
 
     /// Whether the file an upload replaces is still the version it was written against (or
@@ -797,56 +820,6 @@ impl Upload {
         self.sent.resize(self.chunks.len(), sent);
         Ok(())
     }
-}
-
-/// Writes what upload `u` wrote into the file it replaces, in place (a file of several names:
-/// each keeps the new content, as when a local program writes it), with the mode and time
-/// asked for, and syncs it; returns the file. The file is locked (`flock`) and its version
-/// checked again through the descriptor written: two sessions committing through names in
-/// different directories (whose locks differ) take turns, and the loser is told of the
-/// conflict. Not atomic, as such a write never is: a crash in it can leave the file part new,
-/// part old (the new bytes are written over the old, then the length set, so never emptied).
-fn write_in_place(u: &Upload, version: u64, mode: u32, mtime_ns: i64) -> Result<File, Reply> {
-    let path = &u.path;
-    let ioe = |e: io::Error| io_error(path, &e);
-    let target = File::from(
-        rustix::fs::openat(
-            &u.dir,
-            os(&u.name),
-            rustix::fs::OFlags::WRONLY
-                | rustix::fs::OFlags::NOFOLLOW
-                | rustix::fs::OFlags::NONBLOCK
-                | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .map_err(|e| ioe(e.into()))?,
-    );
-    let conflict = |why: &str| error(ErrorCode::Conflict, format!("{path:?}: {why}"));
-    match rustix::fs::flock(
-        &target,
-        rustix::fs::FlockOperation::NonBlockingLockExclusive,
-    ) {
-        Ok(()) => {}
-        Err(rustix::io::Errno::WOULDBLOCK) => return Err(conflict("locked by another writer")),
-        Err(e) => return Err(ioe(e.into())),
-    }
-    let st = rustix::fs::fstat(&target).map_err(|e| ioe(e.into()))?;
-    let (now, _) = crate::export::attr_of(&st);
-    if now.kind != FileKind::File || now.version != version {
-        return Err(conflict(&format!("changed since version {version}")));
-    }
-    let write = || -> io::Result<()> {
-        let mut from = u.out.get_ref();
-        (&mut from).seek(io::SeekFrom::Start(0))?;
-        let mut to = &target;
-        to.seek(io::SeekFrom::Start(0))?;
-        let len = io::copy(&mut from, &mut to)?;
-        target.set_len(len)?;
-        set_mode_and_time(&target, mode, mtime_ns)?;
-        target.sync_all()
-    };
-    write().map_err(ioe)?;
-    Ok(target)
 }
 
 /// Gives a committed file the mode and modification time asked for (its access time too).

@@ -86,13 +86,10 @@ fn a_commit_to_a_file_of_several_names_reaches_every_name() {
     assert_eq!(x.nlink, 2);
     assert_eq!(x.id, before.extra.unwrap().id, "the same file");
     assert_eq!(after.version, attr(&mut c, "g").version);
-    // Nothing left beside them, and nothing in the trash (the old bytes are gone).
-    let mut names: Vec<String> = fs::read_dir(t.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    assert_eq!(names, ["f", "g"]);
+    // Nothing left beside them, nothing in the trash (the old bytes are gone), and no redo
+    // record once done.
+    assert_eq!(names(t.path()), [".ferry-redo", "f", "g"]);
+    assert!(names(&t.path().join(".ferry-redo")).is_empty());
     // A file of one name is still replaced whole (a new inode, the old one in the trash).
     fs::remove_file(t.path().join("g")).unwrap();
     let one = attr(&mut c, "f");
@@ -140,4 +137,119 @@ fn a_commit_through_one_name_after_another_names_is_a_conflict() {
     fs::create_dir(t.path().join(".ferry-trash")).unwrap();
     assert!(refused(&mut c, "f", ".ferry-trash/kept"));
     assert!(!t.path().join(".ferry-trash/kept").exists());
+}
+
+fn names(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Leaves in export `root` what a server killed in the middle of writing `new` over the file
+/// of two names `f` and `d/g` leaves: its redo record (`ID.target`, `ID.new` with mode 0640 and
+/// an old time) and the file part-written.
+fn interrupted_in_place_commit(root: &std::path::Path, new: &[u8]) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::create_dir_all(root.join("d")).unwrap();
+    let old = bytes(7, new.len() + 1000);
+    fs::write(root.join("f"), &old).unwrap();
+    fs::hard_link(root.join("f"), root.join("d/g")).unwrap();
+    let redo = root.join(".ferry-redo");
+    fs::create_dir(&redo).unwrap();
+    fs::hard_link(
+        root.join("f"),
+        redo.join("ferry-1-00000000000000ab-3.target"),
+    )
+    .unwrap();
+    let n = redo.join("ferry-1-00000000000000ab-3.new");
+    fs::write(&n, new).unwrap();
+    fs::set_permissions(&n, fs::Permissions::from_mode(0o640)).unwrap();
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    fs::File::options()
+        .write(true)
+        .open(&n)
+        .unwrap()
+        .set_modified(t)
+        .unwrap();
+    // Half of the new bytes written over the old.
+    let mut torn = new[..new.len() / 2].to_vec();
+    torn.extend_from_slice(&old[new.len() / 2..]);
+    fs::write(root.join("f"), &torn).unwrap();
+}
+
+/// A server killed in the middle of an in-place commit leaves the file part-written: the next
+/// session finishes the copy from its record before serving anything, so every name holds the
+/// whole new version (its mode and time too), and the record is gone.
+#[test]
+fn an_in_place_commit_cut_short_is_finished_by_the_next_session() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let t = tempfile::tempdir().unwrap();
+    let new = bytes(8, 5000);
+    interrupted_in_place_commit(t.path(), &new);
+    // Records that lost a part: the new content alone (the copy never began), the target alone.
+    let redo = t.path().join(".ferry-redo");
+    fs::write(redo.join("ferry-1-00000000000000ab-4.new"), b"never copied").unwrap();
+    fs::write(t.path().join("h"), b"untouched").unwrap();
+    fs::hard_link(
+        t.path().join("h"),
+        redo.join("ferry-1-00000000000000ab-5.target"),
+    )
+    .unwrap();
+    let mut c = connect_asking(t.path(), FEATURE_STAT_EXTRA | FEATURE_HARD_LINKS);
+    for name in ["f", "d/g"] {
+        assert_eq!(fs::read(t.path().join(name)).unwrap(), new, "{name}");
+    }
+    let m = fs::metadata(t.path().join("d/g")).unwrap();
+    assert_eq!(m.permissions().mode() & 0o7777, 0o640);
+    assert_eq!(m.mtime(), 1_000_000_000);
+    assert_eq!(m.nlink(), 2);
+    assert_eq!(fs::read(t.path().join("h")).unwrap(), b"untouched");
+    assert_eq!(fs::metadata(t.path().join("h")).unwrap().nlink(), 1);
+    assert!(names(&redo).is_empty(), "{:?}", names(&redo));
+    // The records are the server's own: not linked into.
+    assert!(matches!(
+        c.call(Request::Link {
+            from: "f".into(),
+            to: ".ferry-redo/x.target".into()
+        }),
+        Err(ferry_fs::ConnError::Remote {
+            code: ErrorCode::Permission,
+            ..
+        })
+    ));
+}
+
+/// A record whose writer still runs (it holds the file's lock) is left to it by a session
+/// starting meanwhile; and a session already running, asked to read the file after that writer
+/// died, finishes the record first: no reader is served the part-written file.
+#[test]
+fn a_live_writers_record_is_left_to_it_and_a_reader_finishes_a_dead_ones() {
+    for size in [3_000usize, 300_000] {
+        let t = tempfile::tempdir().unwrap();
+        let new = bytes(9, size);
+        interrupted_in_place_commit(t.path(), &new);
+        let torn = fs::read(t.path().join("f")).unwrap();
+        let writer = fs::File::open(t.path().join("f")).unwrap();
+        rustix::fs::flock(&writer, rustix::fs::FlockOperation::LockExclusive).unwrap();
+        let mut c = connect(t.path());
+        assert_eq!(
+            fs::read(t.path().join("f")).unwrap(),
+            torn,
+            "left to its writer"
+        );
+        assert_eq!(names(&t.path().join(".ferry-redo")).len(), 2);
+        drop(writer);
+        let dest = tempfile::tempdir().unwrap();
+        let cache = ferry_store::MemStore::new(ferry_format::HashAlg::Blake3);
+        get_with(&mut c, "d", dest.path(), &cache, false, false, true).unwrap();
+        assert_eq!(
+            fs::read(dest.path().join("g")).unwrap(),
+            new,
+            "{size} bytes"
+        );
+        assert_eq!(fs::read(t.path().join("f")).unwrap(), new);
+    }
 }
