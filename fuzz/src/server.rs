@@ -22,6 +22,8 @@ fn setup(root: &Path) {
             .collect::<Vec<_>>(),
     )
     .unwrap();
+    // A file of two names: commits to it are written in place, under a redo record.
+    std::fs::hard_link(ex.join("a"), ex.join("d/a2")).unwrap();
     std::os::unix::fs::symlink("a", ex.join("link")).unwrap();
     std::os::unix::fs::symlink("../outside", ex.join("escape")).unwrap();
     std::os::unix::fs::symlink("/etc", ex.join("abs")).unwrap();

@@ -37,6 +37,7 @@
 mod cache;
 mod fuse;
 mod link;
+mod owner;
 mod queued;
 mod recipes;
 pub mod vfs;
@@ -82,12 +83,16 @@ impl Default for MountOptions {
     }
 }
 
-/// Unmounts a running [`serve`] from another thread (a signal handler's, say).
-pub struct Unmounter(fuser::SessionUnmounter);
+/// Unmounts a running [`serve`] from another thread (a signal handler's, say); nothing once
+/// its mount is gone (another mount may be at the path by then).
+pub struct Unmounter(Arc<owner::Owner>);
 
 impl Unmounter {
     pub fn unmount(&mut self) -> std::io::Result<()> {
-        self.0.unmount()
+        if !self.0.connected() {
+            return Ok(());
+        }
+        unmount(self.0.path())
     }
 }
 
@@ -127,7 +132,8 @@ pub fn serve(
         uid,
         gid,
     };
-    let mut session = fuser::Session::new(fs, mountpoint, &config)?;
+    let session = fuser::Session::new(fs, mountpoint, &config)?;
+    let owner = Arc::new(owner::Owner::new(mountpoint, &session)?);
     let stop = Arc::new(AtomicBool::new(false));
     // Upkeep, and the sending of changes queued (which waits for them itself).
     let keeper = until_stopped("ferry-upkeep", &stop, {
@@ -141,13 +147,24 @@ pub fn serve(
         let vfs = vfs.clone();
         move || vfs.send_changes(TICK)
     })?;
-    let mut after = session.unmount_callable();
-    ready(Unmounter(session.unmount_callable()));
-    let r = session.run();
-    // Unmounted already when `ferry umount` (or fusermount -u) ended the session: saying so at
-    // debug level here keeps fuser from warning "Failed to umount filesystem" on every exit.
-    if let Err(e) = after.unmount() {
-        tracing::debug!("unmount after the session ended: {e}");
+    ready(Unmounter(owner.clone()));
+    // Run on a thread of fuser's that does not unmount at its end: fuser unmounts by path,
+    // which, once `ferry umount` has ended this mount, would unmount the next one made there
+    // (`ferry umount M; ferry mount … M` while this one still finishes its last requests).
+    let mut running = session.spawn()?;
+    let dummy = std::thread::spawn(|| Ok(()));
+    let r = std::mem::replace(&mut running.guard, dummy)
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the mount's thread panicked")));
+    // (fuser's own unmount of the path is never run.)
+    std::mem::forget(running);
+    if let Some(path) = owner.left_behind() {
+        if let Err(e) = unmount(path) {
+            tracing::warn!(
+                "cannot unmount {} after the session ended: {e}",
+                path.display()
+            );
+        }
     }
     stop.store(true, Ordering::Release);
     let _ = keeper.join();

@@ -392,3 +392,63 @@ fn killing_the_server_during_write_back_leaves_the_old_or_the_new_file() {
         outcomes.0, outcomes.1
     );
 }
+
+/// The last line of `pids` (a fake remote shell's): the server it started last.
+fn last_pid(pids: &Path) -> String {
+    let all = std::fs::read_to_string(pids).unwrap();
+    all.lines().last().unwrap().to_string()
+}
+
+/// Whether a mount of `srv` (its source `host:SRV`) is the topmost at `at`.
+fn mounted_there(at: &Path, srv: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let at = at.canonicalize().unwrap();
+    let top = info
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == Some(s(&at)))
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    top.contains(&format!(" host:{} ", srv.display()))
+}
+
+/// A mount that is still ending (its last write-back waiting for its server) when the next
+/// mount is made at the same place leaves that one alone: unmounts go by path, and the first
+/// mount's end used to unmount the second (`ferry umount M; ferry mount … M`).
+#[test]
+fn a_mount_still_ending_leaves_the_next_mount_made_there_alone() {
+    if !can_mount() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let (ta, tb) = (t.path().join("a"), t.path().join("b"));
+    let (srv_a, srv_b) = (ta.join("srv"), tb.join("srv"));
+    std::fs::create_dir_all(&srv_a).unwrap();
+    std::fs::create_dir_all(&srv_b).unwrap();
+    let at = t.path().join("mnt");
+    let a = mount(&ta, &srv_a, &at, &ta.join("cache"));
+    assert!(mounted_there(&at, &srv_a));
+    std::fs::write(at.join("f"), b"from a").unwrap();
+    // A's server stops: A's end (its last changes sent and synced) waits for it.
+    let server = last_pid(&ta.join("pids"));
+    assert!(Command::new("kill")
+        .args(["-STOP", &server])
+        .status()
+        .unwrap()
+        .success());
+    ferry_mount::unmount(&at).unwrap();
+    let b = mount(&tb, &srv_b, &at, &tb.join("cache"));
+    assert!(mounted_there(&at, &srv_b));
+    assert!(Command::new("kill")
+        .args(["-CONT", &server])
+        .status()
+        .unwrap()
+        .success());
+    // (Not dropped: that would unmount whatever is at the path, as `ferry umount` does.)
+    let pid = a.pid.expect("the mount's process");
+    std::mem::forget(a);
+    wait_ended(pid);
+    assert!(mounted_there(&at, &srv_b), "the second mount was unmounted");
+    assert_eq!(std::fs::read(srv_a.join("f")).unwrap(), b"from a");
+    drop(b);
+}
