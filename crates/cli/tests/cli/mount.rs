@@ -405,8 +405,7 @@ fn mounted_there(at: &Path, srv: &Path) -> bool {
     let at = at.canonicalize().unwrap();
     let top = info
         .lines()
-        .filter(|l| l.split(' ').nth(4) == Some(s(&at)))
-        .last()
+        .rfind(|l| l.split(' ').nth(4) == Some(s(&at)))
         .unwrap_or_default()
         .to_string();
     top.contains(&format!(" host:{} ", srv.display()))
