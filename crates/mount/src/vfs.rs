@@ -521,7 +521,13 @@ impl Vfs {
     /// run left. Returns the number that could not be (yet).
     pub fn write_back_all(&self) -> usize {
         self.retry_dirty.store(false, Ordering::Release);
-        let (inodes, busy): (Vec<Ino>, Vec<WirePath>) = {
+        // The cache's dirty copies are listed before the inodes are looked at: a file made
+        // while the list is read (its record dirty, its inode new) is then among the inodes,
+        // and left to them. Listed after, it was written back here beside its own queued
+        // commit (`cp -a` or a loop of `echo > f` right after mounting), and a removal could
+        // then find the file back on the server.
+        let dirty = self.files.dirty();
+        let (inodes, busy): (Vec<Ino>, std::collections::HashSet<WirePath>) = {
             let st = self.lock();
             let inodes = st
                 .inodes
@@ -544,14 +550,19 @@ impl Vfs {
                 left += 1;
             }
         }
-        for m in self.files.dirty() {
+        for m in dirty {
             let Ok(path) = WirePath::new(m.path) else {
                 continue;
             };
-            if busy.contains(&path) {
+            // A change of it queued or on its way (a new file's commit, a removal) decides.
+            if busy.contains(&path) || self.link.queued.involves(&path, false) {
                 continue;
             }
             let _w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+            // Written back, or removed, since it was listed.
+            if !self.files.meta(&path).is_some_and(|m| m.dirty) {
+                continue;
+            }
             let mode = self.lock().attrs.get(&path).map_or(0o644, |l| l.value.mode);
             match self.commit(&path, mode, false, false) {
                 Ok(_) => tracing::info!("{path:?}: changes kept from before written back"),
