@@ -42,6 +42,9 @@ pub fn run(data: &[u8]) {
     };
     let staging = Arc::new(MemStore::new(ferry_format::HashAlg::Blake3));
     let mut server = Server::new(export, opts, staging);
+    // As a session's loop does: commits may wait to be synced together, settled whenever the
+    // input runs dry (here, after frames whose flags byte has its top bit set, and at the end).
+    server.group_commits();
     // Greeted first, so that every handler can be reached; every feature the server has.
     let hello = Message::Hello(Hello {
         version: VERSION,
@@ -53,7 +56,7 @@ pub fn run(data: &[u8]) {
     let mut id = 1u32;
     let mut answered = 0usize;
     while rest.len() >= 4 {
-        let (msg_type, flags) = (rest[0], rest[1] & FLAG_MORE);
+        let (msg_type, flags, settle) = (rest[0], rest[1] & FLAG_MORE, rest[1] & 0x80 != 0);
         let len = (u16::from_le_bytes([rest[2], rest[3]]) as usize).min(rest.len() - 4);
         let body = rest[4..4 + len].to_vec();
         rest = &rest[4 + len..];
@@ -64,7 +67,11 @@ pub fn run(data: &[u8]) {
             body,
         };
         id += 1;
-        for f in server.handle(&frame) {
+        let mut out = server.handle(&frame);
+        if settle || rest.len() < 4 {
+            out.extend(server.settle());
+        }
+        for f in out {
             answered += f.body.len();
             Message::decode(&f).expect("the server's own frames decode");
         }

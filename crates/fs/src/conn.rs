@@ -93,6 +93,7 @@ fn serve_until_closed(
     let mut bytes = Vec::with_capacity(READ_BUF);
     let mut buf = vec![0u8; READ_BUF];
     let hello_due = server.wait_limit().map(|t| std::time::Instant::now() + t);
+    server.group_commits();
     loop {
         while let Some(f) = inflow.next_frame()? {
             for reply in server.handle(&f) {
@@ -115,6 +116,10 @@ fn serve_until_closed(
                 outflow.start_zstd(level)?;
                 inflow.start_zstd()?;
             }
+        }
+        // Nothing more has come: the commits that came together are installed together.
+        for reply in server.settle() {
+            outflow.push(&reply, &mut bytes)?;
         }
         outflow.flush(&mut bytes)?;
         let waited = write_out(&mut outflow, &mut output, &mut bytes)?;

@@ -63,7 +63,7 @@ pub fn write_tree(dir: &Path, t: &BTreeMap<String, Vec<u8>>) {
 }
 
 /// The regular files beneath `root`, by path, without the server's own (trash, temporaries).
-pub fn files(root: &Path) -> Result<BTreeMap<String, Vec<u8>>, String> {
+pub fn files_of(root: &Path) -> Result<BTreeMap<String, Vec<u8>>, String> {
     let mut out = BTreeMap::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -159,6 +159,111 @@ fn a_commit_with_its_sync_is_durable_once_answered() {
         drop(c);
         crash_all("commit-sync", &rec.finish(), export_holds(&versions))
     });
+}
+
+/// Small files whose Create, Write and Commit go together, as a mount's queue sends them: the
+/// server syncs their temporary files as a group before it renames each, and at any crash
+/// every file is absent or whole; once their answers came, all are there (a session that
+/// does not defer its syncs), or once a Sync is answered (one that does).
+#[test]
+fn commits_sent_together_are_synced_as_a_group_and_whole_at_any_crash() {
+    for deferred in [false, true] {
+        rounds("group", |r| {
+            let rec = recorder();
+            let export = rec.path().join("export");
+            std::fs::create_dir(&export).unwrap();
+            let ask = if deferred {
+                ferry_proto::FEATURE_DEFERRED_SYNC
+            } else {
+                0
+            };
+            let mut c = connect_asking(&export, ask);
+            let files: BTreeMap<String, Vec<u8>> = (0..12u64)
+                .map(|i| {
+                    (
+                        format!("f{i}"),
+                        bytes((r << 32) | i, 200 + (i as usize * 997) % 5_000),
+                    )
+                })
+                .collect();
+            let mut ids = vec![];
+            for (h, (name, data)) in files.iter().enumerate() {
+                let h = h as u32 + 1;
+                c.send(ferry_proto::Request::Create {
+                    handle: h,
+                    path: name.as_str().into(),
+                    base: None,
+                })
+                .unwrap();
+                c.send(ferry_proto::Request::Write {
+                    handle: h,
+                    parts: vec![ferry_proto::WritePart::Data {
+                        lens: vec![data.len() as u32],
+                        payload: ferry_proto::Payload::Plain(data.clone()),
+                    }],
+                })
+                .unwrap();
+                ids.push(
+                    c.send(ferry_proto::Request::Commit {
+                        handle: h,
+                        mode: 0o644,
+                        mtime_ns: 0,
+                        size: data.len() as u64,
+                        oid: ferry_format::Id::hash(ferry_format::HashAlg::Blake3, data),
+                    })
+                    .unwrap(),
+                );
+            }
+            for id in ids {
+                let replies = c.replies(id).unwrap();
+                assert!(
+                    matches!(replies.last(), Some(ferry_proto::Reply::Attr(_))),
+                    "{replies:?}"
+                );
+            }
+            if deferred {
+                c.call(ferry_proto::Request::Sync).unwrap();
+            }
+            rec.mark("all");
+            drop(c);
+            let trace = rec.finish();
+            // Grouped: temporary files synced one after another before the first rename.
+            let first_rename = trace
+                .ops
+                .iter()
+                .position(|o| matches!(o, ferry_crashsim::model::Op::Rename { .. }))
+                .unwrap();
+            let syncs_before = trace.ops[..first_rename]
+                .iter()
+                .filter(|o| matches!(o, ferry_crashsim::model::Op::Fsync { .. }))
+                .count();
+            assert!(
+                syncs_before >= 2,
+                "not grouped: {syncs_before} syncs before the first rename"
+            );
+            crash_all("group", &trace, |c| {
+                let export = c.dir.join("export");
+                let have = if export.exists() {
+                    files_of(&export)?
+                } else {
+                    BTreeMap::new()
+                };
+                for (name, data) in &have {
+                    if files.get(name) != Some(data) {
+                        return Err(format!("{name} is not whole"));
+                    }
+                }
+                if !c.acked.is_empty() && have.len() != files.len() {
+                    return Err(format!(
+                        "{} of {} files after their answers",
+                        have.len(),
+                        files.len()
+                    ));
+                }
+                Ok(())
+            })
+        });
+    }
 }
 
 /// A file of two names (`f` and `g`, one inode) committed to in place: at any crash, once the
@@ -340,7 +445,7 @@ pub fn same_or_newer(
     acked: Option<usize>,
 ) -> Result<(), String> {
     let have = if root.exists() {
-        files(root)?
+        files_of(root)?
     } else {
         BTreeMap::new()
     };

@@ -22,6 +22,16 @@ impl DirSyncs {
         self.deferred = true;
     }
 
+    /// Whether syncs wait to be asked for.
+    pub(super) fn deferring(&self) -> bool {
+        self.deferred
+    }
+
+    /// Back to syncing each change at once (after a group of commits, which the caller syncs).
+    pub(super) fn undefer(&mut self) {
+        self.deferred = false;
+    }
+
     /// `dir`'s entries changed: fsynced now, or kept for the next [`sync`](Self::sync).
     pub(super) fn changed(&mut self, dir: &OwnedFd) -> io::Result<()> {
         if !self.deferred {

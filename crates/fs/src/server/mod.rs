@@ -22,6 +22,7 @@ use crate::export::{os, Export, FileId};
 
 mod content;
 mod dirsync;
+mod group;
 mod hints;
 mod history;
 mod indexing;
@@ -145,6 +146,8 @@ pub struct Server {
     trees: HashMap<WirePath, (std::time::Instant, [u8; 32])>,
     /// Uploads in progress, by the client's handle.
     uploads: upload::Uploads,
+    /// Commits waiting to be synced together.
+    group: group::Group,
     /// Where chunks, recipes and objects were seen, across sessions (LBFS's database).
     index: Option<std::sync::Arc<ferry_store::PathIndex>>,
     /// The client measured the link fast (see [`fast_link`](Self::fast_link)).
@@ -225,6 +228,7 @@ impl Server {
             history_file_max: 0,
             ranges: Default::default(),
             uploads: upload::Uploads::default(),
+            group: Default::default(),
             index: None,
             stale: vec![],
             index_files: HashMap::new(),
@@ -400,6 +404,12 @@ impl Server {
     }
 
     fn request(&mut self, id: u32, r: Request) -> Vec<Frame> {
+        // Commits parked so far are installed before any request that could see them.
+        let settled = if self.may_pass_parked(&r) {
+            vec![]
+        } else {
+            self.settle_parked()
+        };
         // Changes made before this request break the leases they break now, before anything
         // is read for the reply: a lease granted below is broken only by later changes.
         self.take_broken();
@@ -411,7 +421,8 @@ impl Server {
                 | Request::Write { .. }
                 | Request::Commit { .. }
         );
-        let mut out = self.dispatch(id, r);
+        let mut out = settled;
+        out.extend(self.dispatch(id, r));
         self.index_files.clear();
         // Stale hints go before new ones are recorded: a chunk found gone from where it was
         // may have been recorded where it is now.
@@ -590,7 +601,9 @@ impl Server {
                 mtime_ns,
                 size,
                 oid,
-            } => one(self.commit(handle, mode, mtime_ns, size, oid)),
+            } => self
+                .commit(id, handle, mode, mtime_ns, size, oid)
+                .map_or_else(Vec::new, one),
             Request::Abort { handle } => one(self.abort(handle)),
             Request::ObjectRecipe { oid, cap, from } => one(self.object_recipe(&oid, &cap, from)),
             Request::ObjectChunks { oid, cap, ids } => self.object_chunks(id, &oid, &cap, &ids),
@@ -740,6 +753,8 @@ impl Drop for Server {
     /// abandoned.
     fn drop(&mut self) {
         self.abandon_create();
+        // Commits asked for are made, even with no one left to answer.
+        self.settle_parked();
         self.abandon_uploads();
         if let Err(e) = self.dir_syncs.sync() {
             tracing::warn!("making the session's last changes durable: {e}");

@@ -102,7 +102,7 @@ struct Keyed {
 }
 
 /// A new version being written.
-struct Upload {
+pub(super) struct Upload {
     path: WirePath,
     dir: OwnedFd,
     name: Vec<u8>,
@@ -119,6 +119,8 @@ struct Upload {
     /// Which of them came as data (not yet staged, unless every write is).
     sent: Vec<bool>,
     base: Option<Base>,
+    /// The object id the commit named, once checked (`prepare`).
+    oid: Option<Id>,
 }
 
 /// The version an upload is written against.
@@ -363,6 +365,7 @@ impl Server {
             chunks: vec![],
             sent: vec![],
             base,
+            oid: None,
         })
     }
 
@@ -532,31 +535,52 @@ impl Server {
     /// COMMITTMP: installs what upload `handle` wrote, if it is `size` bytes hashing to `oid`
     /// and the file is still the version it was written against. A reader sees the old file or
     /// the new one; a crash at any point leaves one of them (and perhaps a temporary file,
-    /// which the next upload into the directory removes once its process is gone).
+    /// which the next upload into the directory removes once its process is gone). `None`: the
+    /// commit waits with others for their temporary files to be synced together (request `id`
+    /// is answered when they are: see `group`).
     pub(super) fn commit(
         &mut self,
+        id: u32,
         handle: u32,
         mode: u32,
         mtime_ns: i64,
         size: u64,
         oid: ferry_format::Id,
-    ) -> Reply {
+    ) -> Option<Reply> {
         let Some(u) = self.uploads.open.remove(&handle) else {
-            return error(ErrorCode::BadRequest, format!("no upload {handle}"));
+            return Some(error(ErrorCode::BadRequest, format!("no upload {handle}")));
         };
-        match self.install(u, mode, mtime_ns, size, oid) {
-            Ok(r) | Err(r) => r,
-        }
+        let u = match self.prepare(u, mode, mtime_ns, size, oid) {
+            Ok(u) => u,
+            Err(r) => return Some(r),
+        };
+        // Parked: answered with the others of its group.
+        let u = self.park(id, u)?;
+        let synced = if u.size > 0 {
+            u.out.get_ref().sync_all()
+        } else {
+            Ok(())
+        };
+        Some(match synced {
+            Ok(()) => self.finish(u),
+            Err(e) => {
+                let r = io_error(&u.path, &e);
+                discard(u);
+                r
+            }
+        })
     }
 
-    fn install(
+    /// Checks what upload `u` wrote against the commit's size and object id, and gives the
+    /// temporary file the mode and time asked for; the upload is dropped if that fails.
+    fn prepare(
         &mut self,
         mut u: Upload,
         mode: u32,
         mtime_ns: i64,
         size: u64,
         oid: Id,
-    ) -> Result<Reply, Reply> {
+    ) -> Result<Upload, Reply> {
         let path = u.path.clone();
         let ioe = |e: io::Error| io_error(&path, &e);
         if let Err(e) = u.out.flush().and_then(|()| u.writeback.finish()) {
@@ -576,21 +600,30 @@ impl Server {
             discard(u);
             return Err(r);
         }
-        let file = u.out.get_ref();
-        let finished = (|| -> io::Result<()> {
-            set_mode_and_time(file, mode, mtime_ns)?;
-            // An empty file has no bytes to sync, and its inode is made durable with the
-            // directory's entry by the fsync after the rename (a create through the mount
-            // commits one before every first write-back: one sync fewer each).
-            if size > 0 {
-                file.sync_all()?;
-            }
-            Ok(())
-        })();
-        if let Err(e) = finished {
+        u.oid = Some(oid);
+        if let Err(e) = set_mode_and_time(u.out.get_ref(), mode, mtime_ns) {
             discard(u);
             return Err(ioe(e));
         }
+        Ok(u)
+    }
+
+    /// Installs upload `u`, prepared and its temporary file synced (an empty one is not: its
+    /// inode is made durable with the directory's entry by the fsync after the rename, and a
+    /// create through the mount commits one before every first write-back).
+    pub(super) fn finish(&mut self, u: Upload) -> Reply {
+        match self.install(u) {
+            Ok(r) | Err(r) => r,
+        }
+    }
+
+    fn install(&mut self, u: Upload) -> Result<Reply, Reply> {
+        let path = u.path.clone();
+        let ioe = |e: io::Error| io_error(&path, &e);
+        let Some(oid) = u.oid else {
+            discard(u);
+            return Err(error(ErrorCode::Io, format!("{path:?}: not prepared")));
+        };
         // Check, keep the old version, rename: one at a time per directory. A file of several
         // names is written in place instead, so that every name keeps it.
         let installed = (|| -> Result<Option<File>, Reply> {
@@ -810,6 +843,19 @@ impl Server {
 }
 
 impl Upload {
+    pub(super) fn size(&self) -> u64 {
+        self.size
+    }
+
+    pub(super) fn path(&self) -> &WirePath {
+        &self.path
+    }
+
+    /// The temporary file written.
+    pub(super) fn file(&self) -> &File {
+        self.out.get_ref()
+    }
+
     /// Appends `bytes`, made of `chunks`; `sent`: they came as data. (The caller gives them
     /// to `whole` after.)
     fn append(&mut self, bytes: &[u8], chunks: &[ChunkRef], sent: bool) -> io::Result<()> {
@@ -840,7 +886,7 @@ fn set_mode_and_time(file: &File, mode: u32, mtime_ns: i64) -> io::Result<()> {
 }
 
 /// Drops an upload: its temporary file goes.
-fn discard(u: Upload) {
+pub(super) fn discard(u: Upload) {
     let _ = rustix::fs::unlinkat(&u.dir, os(u.tmp.as_bytes()), rustix::fs::AtFlags::empty());
 }
 

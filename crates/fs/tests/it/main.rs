@@ -2790,3 +2790,75 @@ fn a_hook_runs_when_its_answer_arrives() {
     );
     assert_eq!(fired.load(Ordering::SeqCst), 2, "answered already: at once");
 }
+
+/// Commits sent together (grouped by the server: their files synced side by side) are each
+/// answered as alone: one refused among them (its Create named a stale version) is refused
+/// alone, and a request after them sees them made.
+#[test]
+fn commits_sent_together_are_answered_each_and_seen_by_the_next_request() {
+    let t = tempfile::tempdir().unwrap();
+    fs::write(t.path().join("old"), b"v0").unwrap();
+    let mut c = connect(t.path());
+    let base = version(&mut c, "old");
+    fs::write(t.path().join("old"), b"changed on the server since").unwrap();
+    let mut commits = vec![];
+    for (h, (name, base)) in [("f1", None), ("old", Some(base)), ("d/f3", None)]
+        .into_iter()
+        .enumerate()
+    {
+        if name == "d/f3" {
+            fs::create_dir(t.path().join("d")).unwrap();
+        }
+        let data = format!("content of {name}").into_bytes();
+        let h = h as u32 + 1;
+        c.send(Request::Create {
+            handle: h,
+            path: name.into(),
+            base,
+        })
+        .unwrap();
+        c.send(Request::Write {
+            handle: h,
+            parts: vec![ferry_proto::WritePart::Data {
+                lens: vec![data.len() as u32],
+                payload: ferry_proto::Payload::Plain(data.clone()),
+            }],
+        })
+        .unwrap();
+        let id = c
+            .send(Request::Commit {
+                handle: h,
+                mode: 0o640,
+                mtime_ns: 0,
+                size: data.len() as u64,
+                oid: ferry_format::Id::hash(ferry_format::HashAlg::Blake3, &data),
+            })
+            .unwrap();
+        commits.push((name, id, data));
+    }
+    let look = c.send(Request::GetAttr { path: "f1".into() }).unwrap();
+    let mut f1_version = 0;
+    for (name, id, data) in commits {
+        let r = c.replies(id);
+        if name == "old" {
+            assert!(r.is_err(), "{r:?}");
+            assert_eq!(
+                fs::read(t.path().join("old")).unwrap(),
+                b"changed on the server since"
+            );
+            continue;
+        }
+        let Some(Reply::Attr(a)) = r.unwrap().pop() else {
+            panic!("{name}: no attributes")
+        };
+        assert_eq!(fs::read(t.path().join(name)).unwrap(), data);
+        assert_eq!(a.mode & 0o7777, 0o640);
+        if name == "f1" {
+            f1_version = a.version;
+        }
+    }
+    match c.replies(look).unwrap().pop() {
+        Some(Reply::Attr(a)) => assert_eq!(a.version, f1_version),
+        r => panic!("{r:?}"),
+    }
+}
