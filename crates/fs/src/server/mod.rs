@@ -521,6 +521,24 @@ impl Server {
             // The tree changes: digests computed before no longer hold.
             self.trees.clear();
         }
+        // Names are never made, changed or removed among the server's own (the trash, the
+        // redo records, commits' temporary files).
+        let named: &[&WirePath] = match &r {
+            Request::Create { path, .. }
+            | Request::Mkdir { path, .. }
+            | Request::Unlink { path }
+            | Request::Rmdir { path }
+            | Request::Symlink { path, .. }
+            | Request::SetAttr { path, .. } => &[path],
+            Request::Rename { from, to } | Request::Link { from, to } => &[from, to],
+            _ => &[],
+        };
+        if let Some(p) = named.iter().find(|p| crate::export::is_internal(p)) {
+            return one(error(
+                ErrorCode::Permission,
+                format!("{p:?}: the server's own"),
+            ));
+        }
         match r {
             Request::GetAttr { path } => one(self.get_attr(&path)),
             Request::ReadDir { path, keys } => self.read_dir(id, &path, &keys),
@@ -663,15 +681,9 @@ impl Server {
         }
     }
 
-    /// Makes `to` a new name of the file or symlink `from` (not following it). Never of the
-    /// server's own files (the trash, commits' temporary files), nor as one.
+    /// Makes `to` a new name of the file or symlink `from` (not following it). (Never of the
+    /// server's own files, nor as one: refused before.)
     fn link(&mut self, from: &WirePath, to: &WirePath) -> Reply {
-        if crate::export::is_internal(from) || crate::export::is_internal(to) {
-            return error(
-                ErrorCode::Permission,
-                format!("{from:?} -> {to:?}: the server's own"),
-            );
-        }
         let r = (|| -> io::Result<()> {
             let (fd, fname) = self.export.parent(from)?;
             let (td, tname) = self.export.parent(to)?;

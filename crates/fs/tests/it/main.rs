@@ -2862,3 +2862,72 @@ fn commits_sent_together_are_answered_each_and_seen_by_the_next_request() {
         r => panic!("{r:?}"),
     }
 }
+
+/// The server's own names (the trash, the redo records of in-place commits, commits'
+/// temporary files) are refused to every request that makes, changes, moves or removes a
+/// name; a user's own file named like them is not.
+#[test]
+fn no_request_changes_the_servers_own_names() {
+    let t = tempfile::tempdir().unwrap();
+    for d in [".ferry-trash", ".ferry-redo"] {
+        fs::create_dir(t.path().join(d)).unwrap();
+        fs::write(t.path().join(d).join("x"), b"kept").unwrap();
+    }
+    let temp = ".ferry-1-00000000000000ab-1.tmp";
+    fs::write(t.path().join(temp), b"a commit's").unwrap();
+    fs::write(t.path().join("f"), b"user's").unwrap();
+    let mut c = connect(t.path());
+    let own = [".ferry-trash/x", ".ferry-redo/x", ".ferry-redo/y.new", temp];
+    for p in own {
+        let requests = [
+            Request::Create {
+                handle: 1,
+                path: p.into(),
+                base: None,
+            },
+            Request::Mkdir {
+                path: format!("{p}/d").as_str().into(),
+                mode: 0o755,
+            },
+            Request::Unlink { path: p.into() },
+            Request::Rmdir { path: p.into() },
+            Request::Symlink {
+                path: p.into(),
+                target: b"f".to_vec(),
+            },
+            Request::SetAttr {
+                path: p.into(),
+                mode: Some(0o600),
+                mtime_ns: None,
+            },
+            Request::Rename {
+                from: "f".into(),
+                to: p.into(),
+            },
+            Request::Rename {
+                from: p.into(),
+                to: "g".into(),
+            },
+            Request::Link {
+                from: p.into(),
+                to: "h".into(),
+            },
+        ];
+        for r in requests {
+            let what = format!("{r:?}");
+            let got = c.call(r);
+            assert!(is_code(&got, ErrorCode::Permission), "{what}: {got:?}");
+        }
+    }
+    assert_eq!(fs::read(t.path().join(".ferry-trash/x")).unwrap(), b"kept");
+    assert_eq!(fs::read(t.path().join(".ferry-redo/x")).unwrap(), b"kept");
+    assert_eq!(fs::read(t.path().join(temp)).unwrap(), b"a commit's");
+    assert_eq!(fs::read(t.path().join("f")).unwrap(), b"user's");
+    // A user's file named like them is the user's.
+    c.call(Request::Rename {
+        from: "f".into(),
+        to: ".ferry-notes.tmp".into(),
+    })
+    .unwrap();
+    assert!(t.path().join(".ferry-notes.tmp").exists());
+}
