@@ -68,7 +68,9 @@ impl Server {
                 let kept = |h: &super::history::History| {
                     r.chunks()
                         .first()
-                        .is_none_or(|c| h.settled().contains(&c.id).unwrap_or(false))
+                        .is_none_or(|c| {
+                            h.settled_for([&c.id]).contains(&c.id).unwrap_or(false)
+                        })
                 };
                 if history.is_none_or(kept) {
                     self.remember(path, fid, r.clone(), oid);
@@ -270,7 +272,8 @@ impl Server {
     /// and whether that is every one of them.
     fn olds_in_history(&self, olds: &[Option<Id>]) -> (Vec<u32>, Vec<u8>, bool) {
         let (mut used, mut prefix) = (vec![], vec![]);
-        let Some(h) = self.history.as_ref().map(|h| h.settled()) else {
+        let asked = olds.iter().flatten();
+        let Some(h) = self.history.as_ref().map(|h| h.settled_for(asked)) else {
             return (used, prefix, false);
         };
         let mut every = !olds.is_empty();
@@ -299,7 +302,7 @@ impl Server {
     /// more than a prefix can hold (a client names at most 8 MiB of old chunks, of 2 KiB at
     /// least); the rest are `None`.
     fn find_olds(&self, short: &[u64], budget: &mut usize) -> Vec<Option<Id>> {
-        let Some(h) = self.history.as_ref().map(|h| h.settled()) else {
+        let Some(h) = self.history.as_ref().map(|h| h.settled_for_short(short)) else {
             return vec![None; short.len()];
         };
         short
