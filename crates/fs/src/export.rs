@@ -317,17 +317,30 @@ impl Export {
             Err(rustix::io::Errno::EXIST) => {}
             Err(e) => return Err(e.into()),
         }
-        self.open_dir(&WirePath::new(REDO.as_bytes().to_vec()).map_err(io::Error::other)?)
+        self.existing_redo_dir()?
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
     }
 
-    /// The redo records' directory, if it exists.
+    /// The redo records' directory, if it exists and is the server's: a directory itself (not
+    /// a symlink to one), of this process's user, mode 0700. Anything else of that name is not
+    /// used (its files are never taken for records).
     pub(crate) fn existing_redo_dir(&self) -> io::Result<Option<OwnedFd>> {
-        let p = WirePath::new(REDO.as_bytes().to_vec()).map_err(io::Error::other)?;
-        match self.open_dir(&p) {
-            Ok(d) => Ok(Some(d)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
+        let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC;
+        let dir = match rustix::fs::openat(&self.root, REDO, flags, Mode::empty()) {
+            Ok(d) => d,
+            Err(rustix::io::Errno::NOENT) => return Ok(None),
+            Err(rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => {
+                tracing::warn!("{REDO} in the export is not a directory: no redo records");
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let st = rustix::fs::fstat(&dir)?;
+        if st.st_uid != rustix::process::geteuid().as_raw() || st.st_mode & 0o777 != 0o700 {
+            tracing::warn!("{REDO} in the export is not the server's (owner or mode): not used");
+            return Ok(None);
         }
+        Ok(Some(dir))
     }
 
     /// Whether any redo record is there (finished ones leave none).

@@ -13,16 +13,20 @@
 //! synced. A crash in between leaves both: the next server session into the export copies
 //! `ID.new` over the target again (the copy is idempotent), so a crash leaves the old version
 //! (the record not yet durable, the target untouched) or, once the next session starts, the
-//! whole new one. A record being written by a live session is told apart by the target's lock
-//! (`flock`, held by the writer throughout). Readers of a file of several names take that lock
-//! shared and finish a pending redo first, so no reader is served the part-written file.
+//! whole new one. A record being written by a live session is told apart by the lock its writer
+//! holds on `ID.new` (`flock`, from before the record is made until the commit is done or
+//! dropped); the target's own lock is taken by writers exclusively and by readers shared, so a
+//! session finishing a dead writer's record waits for the target's readers first. Readers of a
+//! file of several names take its lock shared and finish a pending record first, so no reader
+//! is served the part-written file. Only names of the record's pattern are acted on, and the
+//! directory is used only if it is a real directory of the server's (mode 0700, its owner).
 
 use std::fs::File;
 use std::io::{self, Seek};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
+use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags, CWD};
 
 use crate::export::{os, Export};
 
@@ -66,8 +70,9 @@ impl From<rustix::io::Errno> for Refused {
 
 /// Writes `w.new` over the file `w.name` in `w.dir` if that is still `version` (checked through
 /// the descriptor written, under its lock), with a redo record around the copy; returns the
-/// file, synced. The caller holds the directory's lock. The temporary file is gone after (it
-/// became the record's `ID.new`), whatever the outcome, except when the version check fails.
+/// file, synced. The caller holds the directory's lock and keeps `w.new` open until the commit
+/// is answered (its lock marks the record live). After a failed copy the record stays, so the
+/// file is finished whole later; the temporary file is gone either way once recorded.
 pub(crate) fn write(
     export: &Export,
     w: &InPlace<'_>,
@@ -79,7 +84,8 @@ pub(crate) fn write(
     if !wait_for_lock(&target, FlockOperation::NonBlockingLockExclusive)? {
         return Err(Refused::Locked);
     }
-    if !version(&rustix::fs::fstat(&target)?) {
+    let st = rustix::fs::fstat(&target)?;
+    if !version(&st) {
         return Err(Refused::Changed);
     }
     let redo = match export.redo_dir() {
@@ -93,7 +99,11 @@ pub(crate) fn write(
     };
     let (t, n) = (format!("{}.target", w.id), format!("{}.new", w.id));
     let recorded = match &redo {
-        Some(redo) => record(w, redo, &t, &n)?,
+        Some(redo) => {
+            // A dead writer's record of this file is superseded: the whole file is written now.
+            drop_records_of(redo, (st.st_dev, st.st_ino));
+            record(w, &target, redo, &t, &n)?
+        }
         None => false,
     };
     copy_over(w.new, &target)?;
@@ -107,13 +117,22 @@ pub(crate) fn write(
     Ok(target)
 }
 
-/// Makes the redo record of `w` durable: `t` names the target, `n` the new content. False if
-/// the export's redo directory is on another file system than the file (no record: the write
-/// goes on without one, as any in-place write does).
-fn record(w: &InPlace<'_>, redo: &OwnedFd, t: &str, n: &str) -> Result<bool, Refused> {
-    // The target's name first and gone last: a live record always has it, so a session
-    // finishing records takes an `ID.new` alone for a dead one's.
-    match rustix::fs::linkat(w.dir, os(w.name), redo, t, AtFlags::empty()) {
+/// Makes the redo record of `w` durable: `t` names `target` (linked through its descriptor, so
+/// the very file locked and checked), `n` the new content. False if the export's redo
+/// directory is on another file system than the file (no record: the write goes on without
+/// one, as any in-place write does). Undone if it cannot be made whole.
+fn record(
+    w: &InPlace<'_>,
+    target: &File,
+    redo: &OwnedFd,
+    t: &str,
+    n: &str,
+) -> Result<bool, Refused> {
+    // The writer's mark, held until its upload is dropped: with it, a record being made or
+    // copied is told from a dead writer's. The new content goes in first, so a record is never
+    // without it while the mark can be seen.
+    rustix::fs::flock(w.new, FlockOperation::NonBlockingLockExclusive)?;
+    match rustix::fs::renameat(w.dir, os(w.tmp.as_bytes()), redo, n) {
         Ok(()) => {}
         Err(rustix::io::Errno::XDEV) => {
             tracing::warn!("the export's redo directory is on another file system: an in-place commit without a record");
@@ -121,18 +140,87 @@ fn record(w: &InPlace<'_>, redo: &OwnedFd, t: &str, n: &str) -> Result<bool, Ref
         }
         Err(e) => return Err(e.into()),
     }
-    if let Err(e) = rustix::fs::renameat(w.dir, os(w.tmp.as_bytes()), redo, n) {
+    let undo = || {
+        // Not durable, and nothing copied yet: no record at all.
         let _ = rustix::fs::unlinkat(redo, t, AtFlags::empty());
+        let _ = rustix::fs::renameat(redo, n, w.dir, os(w.tmp.as_bytes()));
+        let _ = rustix::fs::fsync(redo);
+    };
+    let by_fd = format!("/proc/self/fd/{}", target.as_raw_fd());
+    match rustix::fs::linkat(CWD, by_fd.as_str(), redo, t, AtFlags::SYMLINK_FOLLOW) {
+        Ok(()) => {}
+        Err(e) => {
+            undo();
+            return Err(e.into());
+        }
+    }
+    let made = rustix::fs::fsync(redo).and_then(|()| rustix::fs::fsync(w.dir));
+    if let Err(e) = made {
+        undo();
         return Err(e.into());
     }
-    rustix::fs::fsync(redo)?;
-    // The temporary's name is gone from the directory the commit's rename would have synced.
-    rustix::fs::fsync(w.dir)?;
     Ok(true)
 }
 
+/// Whether a record of `export` has the file `(dev, ino)` as its target.
+fn record_of(export: &Export, file: (u64, u64)) -> io::Result<bool> {
+    let Some(redo) = export.existing_redo_dir()? else {
+        return Ok(false);
+    };
+    Ok(record_ids(&redo).iter().any(|id| {
+        let t = format!("{id}.target");
+        rustix::fs::statat(&redo, t.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| (st.st_dev, st.st_ino) == file)
+    }))
+}
+
+/// Removes the records of dead writers whose target is the file `(dev, ino)`.
+fn drop_records_of(redo: &OwnedFd, file: (u64, u64)) {
+    for id in record_ids(redo) {
+        let t = format!("{id}.target");
+        let same = rustix::fs::statat(redo, t.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| (st.st_dev, st.st_ino) == file);
+        if !same {
+            continue;
+        }
+        let n = format!("{id}.new");
+        if let Ok(new) = open_readable(redo, &n) {
+            if rustix::fs::flock(&new, FlockOperation::NonBlockingLockExclusive).is_err() {
+                continue;
+            }
+        }
+        let _ = rustix::fs::unlinkat(redo, n.as_str(), AtFlags::empty());
+        let _ = rustix::fs::unlinkat(redo, t.as_str(), AtFlags::empty());
+    }
+}
+
+/// The ids of the records in `redo`: names of the record's pattern only (a commit's temporary
+/// name, without its dot and `.tmp`, then `.target` or `.new`), each id once.
+fn record_ids(redo: &OwnedFd) -> Vec<String> {
+    let mut ids = vec![];
+    let Ok(dir) = rustix::fs::Dir::read_from(redo) else {
+        return ids;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let id = name
+            .strip_suffix(".target")
+            .or_else(|| name.strip_suffix(".new"));
+        if let Some(id) = id {
+            if crate::export::is_commit_temp(format!(".{id}.tmp").as_bytes())
+                && !ids.iter().any(|i| i == id)
+            {
+                ids.push(id.to_string());
+            }
+        }
+    }
+    ids
+}
+
 /// Copies `new` over `target` from offset 0, sets its length, mode and times to `new`'s, and
-/// syncs it (the bytes first written over the old, so never emptied on the way).
+/// syncs it (the bytes first written over the old, so never emptied on the way). A mode or
+/// time the server may not set (the file is another user's, writable by the server's group)
+/// is left as it is.
 fn copy_over(new: &File, target: &File) -> io::Result<()> {
     let mut from = new;
     from.seek(io::SeekFrom::Start(0))?;
@@ -141,55 +229,64 @@ fn copy_over(new: &File, target: &File) -> io::Result<()> {
     let len = io::copy(&mut from, &mut to)?;
     target.set_len(len)?;
     let st = rustix::fs::fstat(new)?;
-    rustix::fs::fchmod(target, Mode::from_raw_mode(st.st_mode & 0o7777))?;
     let mtime = rustix::fs::Timespec {
         tv_sec: st.st_mtime,
         tv_nsec: st.st_mtime_nsec as _,
     };
-    rustix::fs::futimens(
-        target,
-        &rustix::fs::Timestamps {
-            last_access: mtime,
-            last_modification: mtime,
-        },
-    )?;
+    let times = rustix::fs::Timestamps {
+        last_access: mtime,
+        last_modification: mtime,
+    };
+    let attrs = rustix::fs::fchmod(target, Mode::from_raw_mode(st.st_mode & 0o7777))
+        .and_then(|()| rustix::fs::futimens(target, &times));
+    match attrs {
+        Ok(()) | Err(rustix::io::Errno::PERM) => {}
+        Err(e) => return Err(e.into()),
+    }
     target.sync_all()
 }
 
 /// Opens `name` in `dir` for writing, not following a symlink nor blocking on a FIFO. A file
-/// its owner may not write (mode 0444, the server not root) is made writable first: its mode
-/// is set by the copy anyway.
+/// its owner may not write (mode 0444, the server not root) is made writable first (its mode
+/// is set by the copy anyway), through a descriptor of that very file: never a symlink's
+/// target, whatever is renamed meanwhile.
 fn open_writable(dir: &impl AsFd, name: &[u8]) -> io::Result<File> {
-    let flags = OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-    match rustix::fs::openat(dir, os(name), flags, Mode::empty()) {
-        Ok(fd) => Ok(File::from(fd)),
-        Err(rustix::io::Errno::ACCESS) => {
-            let st = rustix::fs::statat(dir, os(name), AtFlags::SYMLINK_NOFOLLOW)?;
-            let mode = Mode::from_raw_mode((st.st_mode & 0o7777) | 0o600);
-            rustix::fs::chmodat(dir, os(name), mode, AtFlags::empty())?;
-            Ok(File::from(rustix::fs::openat(
-                dir,
-                os(name),
-                flags,
-                Mode::empty(),
-            )?))
-        }
-        Err(e) => Err(e.into()),
-    }
+    open_forcing(dir, os(name), OFlags::WRONLY, 0o600)
 }
 
 /// Opens `name` in `dir` for reading, likewise.
 fn open_readable(dir: &impl AsFd, name: &str) -> io::Result<File> {
-    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    open_forcing(dir, std::ffi::OsStr::new(name), OFlags::RDONLY, 0o400)
+}
+
+fn open_forcing(
+    dir: &impl AsFd,
+    name: &std::ffi::OsStr,
+    access: OFlags,
+    bits: u32,
+) -> io::Result<File> {
+    let flags = access | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
     match rustix::fs::openat(dir, name, flags, Mode::empty()) {
         Ok(fd) => Ok(File::from(fd)),
         Err(rustix::io::Errno::ACCESS) => {
-            let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
-            let mode = Mode::from_raw_mode((st.st_mode & 0o7777) | 0o400);
-            rustix::fs::chmodat(dir, name, mode, AtFlags::empty())?;
-            Ok(File::from(rustix::fs::openat(
+            let path = rustix::fs::openat(
                 dir,
                 name,
+                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
+            let st = rustix::fs::fstat(&path)?;
+            if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_file() {
+                return Err(io::Error::from(io::ErrorKind::PermissionDenied));
+            }
+            let by_fd = format!("/proc/self/fd/{}", path.as_raw_fd());
+            rustix::fs::chmod(
+                by_fd.as_str(),
+                Mode::from_raw_mode((st.st_mode & 0o7777) | bits),
+            )?;
+            let flags = access | OFlags::NONBLOCK | OFlags::CLOEXEC;
+            Ok(File::from(rustix::fs::open(
+                by_fd.as_str(),
                 flags,
                 Mode::empty(),
             )?))
@@ -202,71 +299,82 @@ fn open_readable(dir: &impl AsFd, name: &str) -> io::Result<File> {
 /// (skipping those whose writer still runs) and drops incomplete records; returns how many it
 /// finished. Cheap when there are none (the directory does not exist).
 pub fn finish_interrupted(export: &Export) -> io::Result<usize> {
+    finish_all(export).map(|(n, _)| n)
+}
+
+/// [`finish_interrupted`], and the files (device, inode) whose record could not be finished
+/// for an error (a full disk, say: tried again later).
+fn finish_all(export: &Export) -> io::Result<(usize, Vec<(u64, u64)>)> {
     let Some(redo) = export.existing_redo_dir()? else {
-        return Ok(0);
+        return Ok((0, vec![]));
     };
-    let mut names = vec![];
-    for e in rustix::fs::Dir::read_from(&redo)? {
-        let name = e?.file_name().to_string_lossy().into_owned();
-        if name != "." && name != ".." {
-            names.push(name);
-        }
-    }
     let mut finished = 0;
+    let mut failed = vec![];
     let mut changed = false;
-    for name in &names {
-        if let Some(id) = name.strip_suffix(".target") {
-            match finish_one(&redo, id) {
-                Ok(Some(done)) => {
-                    finished += usize::from(done);
-                    changed = true;
-                }
-                Ok(None) => {}
-                Err(e) => tracing::warn!("finishing the in-place commit {id}: {e}"),
-            }
-        } else if let Some(id) = name.strip_suffix(".new") {
-            // Its record lost the target's name: the copy never began. (A live writer's record
-            // has it until after the new content is gone.)
-            let target = format!("{id}.target");
-            if rustix::fs::statat(&redo, target.as_str(), AtFlags::SYMLINK_NOFOLLOW).is_err() {
-                let _ = rustix::fs::unlinkat(&redo, name.as_str(), AtFlags::empty());
+    for id in record_ids(&redo) {
+        match finish_one(&redo, &id) {
+            Ok(Some(done)) => {
+                finished += usize::from(done);
                 changed = true;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!("finishing the in-place commit {id}: {e}");
+                let t = format!("{id}.target");
+                if let Ok(st) = rustix::fs::statat(&redo, t.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                    failed.push((st.st_dev, st.st_ino));
+                }
             }
         }
     }
     if changed {
         rustix::fs::fsync(&redo)?;
     }
-    Ok(finished)
+    Ok((finished, failed))
 }
 
-/// Finishes the record `id`: `Some(true)` copied, `Some(false)` dropped (nothing to copy),
-/// `None` left to its live writer.
+/// Finishes the record `id`: `Some(true)` copied, `Some(false)` dropped (incomplete: the copy
+/// never began), `None` left as it is (its writer still runs, or the file's readers held it
+/// too long: tried again later).
 fn finish_one(redo: &OwnedFd, id: &str) -> io::Result<Option<bool>> {
     let t = format!("{id}.target");
     let n = format!("{id}.new");
-    let target = match open_writable(redo, t.as_bytes()) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+    let new = match open_readable(redo, &n) {
+        Ok(f) => Some(f),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => return Err(e),
     };
-    match rustix::fs::flock(&target, FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => {}
-        Err(rustix::io::Errno::WOULDBLOCK) => return Ok(None),
-        Err(e) => return Err(e.into()),
+    if let Some(new) = &new {
+        match rustix::fs::flock(new, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            // Its writer's mark (or another session finishing it now).
+            Err(rustix::io::Errno::WOULDBLOCK) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
     }
-    let copied = match open_readable(redo, &n) {
-        Ok(new) => {
-            copy_over(&new, &target)?;
-            rustix::fs::unlinkat(redo, n.as_str(), AtFlags::empty())?;
+    let target = match open_writable(redo, t.as_bytes()) {
+        Ok(f) => Some(f),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e),
+    };
+    let copied = match (&new, &target) {
+        (Some(new), Some(target)) => {
+            // The file's readers let go first.
+            if !wait_for_lock(target, FlockOperation::NonBlockingLockExclusive)? {
+                return Ok(None);
+            }
+            copy_over(new, target)?;
             true
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
-        Err(e) => return Err(e),
+        // Without the target's name the copy never began, or was done (the new content goes
+        // first when it is); without the new content, it never began.
+        _ => false,
     };
-    match rustix::fs::unlinkat(redo, t.as_str(), AtFlags::empty()) {
-        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
-        Err(e) => return Err(e.into()),
+    for name in [&n, &t] {
+        match rustix::fs::unlinkat(redo, name.as_str(), AtFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => return Err(e.into()),
+        }
     }
     Ok(Some(copied))
 }
@@ -280,17 +388,27 @@ pub(crate) fn read_guard(export: &Export, file: &File) -> io::Result<Option<Read
         return Ok(None);
     }
     let fd = file.try_clone()?;
-    if !wait_for_lock(&fd, FlockOperation::NonBlockingLockShared)? {
-        tracing::warn!("a file of several names stays locked; reading it anyway");
-        return Ok(None);
-    }
-    // A writer killed mid-copy left the file part-written and its record: finish it first.
-    if export.redo_pending()? {
-        rustix::fs::flock(&fd, FlockOperation::Unlock)?;
-        finish_interrupted(export)?;
+    let me = (st.st_dev, st.st_ino);
+    let give_up = Instant::now() + LOCK_WAIT;
+    let mut pause = Duration::from_millis(1);
+    loop {
         if !wait_for_lock(&fd, FlockOperation::NonBlockingLockShared)? {
+            tracing::warn!("a file of several names stays locked; reading it anyway");
             return Ok(None);
         }
+        // A writer killed mid-copy left the file part-written and its record: finished first
+        // (here, or by whoever is finishing it now, waited for without holding the lock).
+        if !export.redo_pending()? || !record_of(export, me)? {
+            break;
+        }
+        rustix::fs::flock(&fd, FlockOperation::Unlock)?;
+        let (_, failed) = finish_all(export)?;
+        if failed.contains(&me) || Instant::now() >= give_up {
+            tracing::warn!("a file of several names keeps a redo record; reading it anyway");
+            return Ok(None);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
     }
     Ok(Some(ReadGuard(fd)))
 }

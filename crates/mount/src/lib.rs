@@ -151,13 +151,26 @@ pub fn serve(
     // Run on a thread of fuser's that does not unmount at its end: fuser unmounts by path,
     // which, once `ferry umount` has ended this mount, would unmount the next one made there
     // (`ferry umount M; ferry mount … M` while this one still finishes its last requests).
-    let mut running = session.spawn()?;
-    let dummy = std::thread::spawn(|| Ok(()));
-    let r = std::mem::replace(&mut running.guard, dummy)
-        .join()
-        .unwrap_or_else(|_| Err(std::io::Error::other("the mount's thread panicked")));
-    // (fuser's own unmount of the path is never run.)
-    std::mem::forget(running);
+    let mut running = match session.spawn() {
+        Ok(r) => r,
+        Err(e) => {
+            stop.store(true, Ordering::Release);
+            return Err(e);
+        }
+    };
+    let panicked = |_| Err(std::io::Error::other("the mount's thread panicked"));
+    let r = match std::thread::Builder::new().spawn(|| Ok(())) {
+        Ok(stand_in) => {
+            let r = std::mem::replace(&mut running.guard, stand_in)
+                .join()
+                .unwrap_or_else(panicked);
+            // (fuser's own unmount of the path is never run.)
+            std::mem::forget(running);
+            r
+        }
+        // No thread for a stand-in: fuser's join, whose end unmounts by path as before.
+        Err(_) => running.join(),
+    };
     if let Some(path) = owner.left_behind() {
         if let Err(e) = unmount(path) {
             tracing::warn!(

@@ -554,13 +554,17 @@ impl Vfs {
             let Ok(path) = WirePath::new(m.path) else {
                 continue;
             };
-            // A change of it queued or on its way (a new file's commit, a removal) decides.
-            if busy.contains(&path) || self.link.queued.involves(&path, false) {
+            if busy.contains(&path) {
                 continue;
             }
             let _w = self.writing.lock().unwrap_or_else(|e| e.into_inner());
-            // Written back, or removed, since it was listed.
-            if !self.files.meta(&path).is_some_and(|m| m.dirty) {
+            // An inode made for it since, or a change of it queued or on its way (a new
+            // file's commit, a removal), decides; or it was written back or removed since.
+            let taken = self.lock().inodes.values().any(|n| n.path == path);
+            if taken
+                || self.link.queued.involves(&path, false)
+                || !self.files.meta(&path).is_some_and(|m| m.dirty)
+            {
                 continue;
             }
             let mode = self.lock().attrs.get(&path).map_or(0o644, |l| l.value.mode);

@@ -68,9 +68,7 @@ impl Server {
                 let kept = |h: &super::history::History| {
                     r.chunks()
                         .first()
-                        .is_none_or(|c| {
-                            h.settled_for([&c.id]).contains(&c.id).unwrap_or(false)
-                        })
+                        .is_none_or(|c| h.settled_for([&c.id]).contains(&c.id).unwrap_or(false))
                 };
                 if history.is_none_or(kept) {
                     self.remember(path, fid, r.clone(), oid);

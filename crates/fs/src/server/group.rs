@@ -15,7 +15,7 @@
 use std::fs::File;
 use std::io;
 
-use ferry_proto::{Frame, Message, Reply, Request};
+use ferry_proto::{Frame, Message, Payload, Reply, Request, WritePart};
 
 use super::upload::Upload;
 use super::{io_error, Server};
@@ -52,13 +52,21 @@ impl Server {
     }
 
     /// Whether request `r` may go ahead of the parked commits: the next file's upload, which
-    /// neither reads nor names anything they change. Any other request settles them first.
+    /// neither reads nor names anything they change (its data whole or from its own base: a
+    /// chunk named by reference may be one a parked commit brings, found only once it is
+    /// installed), and a commit that will be parked too (one installed at once would pass
+    /// those parked before it). Any other request settles them first.
     pub(super) fn may_pass_parked(&self, r: &Request) -> bool {
         match r {
             Request::Create { path, .. } => {
                 !self.group.parked.iter().any(|(_, u)| u.path() == path)
             }
-            Request::Write { .. } | Request::Commit { .. } => true,
+            Request::Write { parts, .. } => parts.iter().all(|p| match p {
+                WritePart::Base { .. } => true,
+                WritePart::Data { payload, .. } => matches!(payload, Payload::Plain(_)),
+                WritePart::Chunks(_) => false,
+            }),
+            Request::Commit { size, .. } => *size > 0 && self.group.parked.len() < MAX_PARKED,
             _ => false,
         }
     }

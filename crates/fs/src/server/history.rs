@@ -87,7 +87,10 @@ impl History {
     }
 
     /// The store, once none of the chunks `ids` is still on its way to it.
-    pub(crate) fn settled_for<'a>(&self, ids: impl IntoIterator<Item = &'a Id> + Clone) -> &Staging {
+    pub(crate) fn settled_for<'a>(
+        &self,
+        ids: impl IntoIterator<Item = &'a Id> + Clone,
+    ) -> &Staging {
         self.settled_when(|q| ids.clone().into_iter().any(|id| q.ids.contains_key(id)))
     }
 

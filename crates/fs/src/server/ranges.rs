@@ -126,6 +126,7 @@ impl Server {
         target: &Target,
     ) -> io::Result<(u64, Option<Id>, Vec<u8>)> {
         let file = self.export.open_file(path)?;
+        let _lock = crate::inplace::read_guard(&self.export, &file)?;
         let (attr, fid) = crate::export::attr_of(&rustix::fs::fstat(&file)?);
         if attr.kind != FileKind::File {
             return Err(io::Error::from(io::ErrorKind::IsADirectory));

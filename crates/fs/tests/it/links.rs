@@ -159,6 +159,7 @@ fn interrupted_in_place_commit(root: &std::path::Path, new: &[u8]) {
     fs::hard_link(root.join("f"), root.join("d/g")).unwrap();
     let redo = root.join(".ferry-redo");
     fs::create_dir(&redo).unwrap();
+    fs::set_permissions(&redo, fs::Permissions::from_mode(0o700)).unwrap();
     fs::hard_link(
         root.join("f"),
         redo.join("ferry-1-00000000000000ab-3.target"),
@@ -222,7 +223,7 @@ fn an_in_place_commit_cut_short_is_finished_by_the_next_session() {
     ));
 }
 
-/// A record whose writer still runs (it holds the file's lock) is left to it by a session
+/// A record whose writer still runs (it holds the lock of the record's new content) is left to it by a session
 /// starting meanwhile; and a session already running, asked to read the file after that writer
 /// died, finishes the record first: no reader is served the part-written file.
 #[test]
@@ -232,7 +233,8 @@ fn a_live_writers_record_is_left_to_it_and_a_reader_finishes_a_dead_ones() {
         let new = bytes(9, size);
         interrupted_in_place_commit(t.path(), &new);
         let torn = fs::read(t.path().join("f")).unwrap();
-        let writer = fs::File::open(t.path().join("f")).unwrap();
+        let mark = t.path().join(".ferry-redo/ferry-1-00000000000000ab-3.new");
+        let writer = fs::File::open(mark).unwrap();
         rustix::fs::flock(&writer, rustix::fs::FlockOperation::LockExclusive).unwrap();
         let mut c = connect(t.path());
         assert_eq!(
@@ -252,4 +254,31 @@ fn a_live_writers_record_is_left_to_it_and_a_reader_finishes_a_dead_ones() {
         );
         assert_eq!(fs::read(t.path().join("f")).unwrap(), new);
     }
+}
+
+/// A dead writer's record of a file met by the next commit to that file: the commit's reading
+/// of its base finishes the record first, so the commit is told the file changed (never
+/// written over a version it did not see); made again against the version now there, it is
+/// the file's, and no record is left to replay over it.
+#[test]
+fn a_commit_after_a_dead_writers_record_is_not_undone_by_it() {
+    let t = tempfile::tempdir().unwrap();
+    let mut c = connect_asking(t.path(), FEATURE_STAT_EXTRA | FEATURE_HARD_LINKS);
+    // Made after the session started: nothing has finished it.
+    let finished = bytes(10, 4000);
+    interrupted_in_place_commit(t.path(), &finished);
+    let base = attr(&mut c, "f").version;
+    let newer = bytes(11, 6000);
+    let first = upload(&mut c, 1, "f", Some(base), &newer).and_then(|()| commit(&mut c, 1, &newer));
+    assert!(is_code(&first, ErrorCode::Conflict), "{first:?}");
+    assert_eq!(fs::read(t.path().join("f")).unwrap(), finished);
+    let base = attr(&mut c, "f").version;
+    upload(&mut c, 2, "f", Some(base), &newer).unwrap();
+    commit(&mut c, 2, &newer).unwrap();
+    assert!(names(&t.path().join(".ferry-redo")).is_empty());
+    let dest = tempfile::tempdir().unwrap();
+    let cache = ferry_store::MemStore::new(ferry_format::HashAlg::Blake3);
+    get_with(&mut c, "d", dest.path(), &cache, false, false, true).unwrap();
+    assert_eq!(fs::read(dest.path().join("g")).unwrap(), newer);
+    assert_eq!(fs::read(t.path().join("f")).unwrap(), newer);
 }
