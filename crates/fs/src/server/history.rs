@@ -187,10 +187,10 @@ mod tests {
     use ferry_store::{ChunkStore, MemStore, StoreError, StoreStats};
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    /// A store whose first put panics.
-    struct Breaks(MemStore, AtomicBool);
+    /// A store that runs a hook before each put (which may panic, or wait).
+    struct Hooked(MemStore, Box<dyn Fn() + Send + Sync>);
 
-    impl ChunkStore for Breaks {
+    impl ChunkStore for Hooked {
         fn hash_alg(&self) -> HashAlg {
             self.0.hash_alg()
         }
@@ -201,7 +201,7 @@ mod tests {
             self.0.get(id)
         }
         fn put(&self, chunk: &VerifiedChunk<'_>) -> Result<bool, StoreError> {
-            assert!(self.1.swap(true, Ordering::SeqCst), "the store broke");
+            (self.1)();
             self.0.put(chunk)
         }
         fn flush(&self) -> Result<(), StoreError> {
@@ -236,7 +236,11 @@ mod tests {
 
     #[test]
     fn a_thread_that_died_leaves_nothing_waiting() {
-        let store: Staging = Arc::new(Breaks(MemStore::new(HashAlg::Blake3), false.into()));
+        let broke = AtomicBool::new(false);
+        let store: Staging = Arc::new(Hooked(
+            MemStore::new(HashAlg::Blake3),
+            Box::new(move || assert!(broke.swap(true, Ordering::SeqCst), "the store broke")),
+        ));
         let h = History::new(store.clone());
         let (chunks, ids) = chunks(100);
         for (id, c) in ids.iter().zip(&chunks) {
@@ -249,61 +253,27 @@ mod tests {
         drop(h);
     }
 
-    /// A store whose puts wait while its gate is shut.
-    struct Gated(MemStore, Mutex<bool>, Condvar);
-
-    impl ChunkStore for Gated {
-        fn hash_alg(&self) -> HashAlg {
-            self.0.hash_alg()
-        }
-        fn contains(&self, id: &Id) -> Result<bool, StoreError> {
-            self.0.contains(id)
-        }
-        fn get(&self, id: &Id) -> Result<Option<Vec<u8>>, StoreError> {
-            self.0.get(id)
-        }
-        fn put(&self, chunk: &VerifiedChunk<'_>) -> Result<bool, StoreError> {
-            let mut open = self.1.lock().unwrap();
-            while !*open {
-                open = self.2.wait(open).unwrap();
-            }
-            self.0.put(chunk)
-        }
-        fn flush(&self) -> Result<(), StoreError> {
-            self.0.flush()
-        }
-        fn put_object(&self, oid: &Oid, recipe: &Recipe) -> Result<(), StoreError> {
-            self.0.put_object(oid, recipe)
-        }
-        fn object(&self, oid: &Oid) -> Result<Option<Recipe>, StoreError> {
-            self.0.object(oid)
-        }
-        fn remove_object(&self, oid: &Oid) -> Result<bool, StoreError> {
-            self.0.remove_object(oid)
-        }
-        fn objects(&self) -> Result<Vec<(Oid, u64)>, StoreError> {
-            self.0.objects()
-        }
-        fn stats(&self) -> Result<StoreStats, StoreError> {
-            self.0.stats()
-        }
-    }
-
     /// A read of old chunks does not wait for the chunks on their way (the file just cut):
     /// here their puts cannot finish until the read is done.
     #[test]
     fn a_read_of_old_chunks_does_not_wait_for_those_on_their_way() {
-        let gated = Arc::new(Gated(
+        // The puts wait while the gate is shut.
+        let gate = Arc::new((Mutex::new(true), Condvar::new()));
+        let g = gate.clone();
+        let store: Staging = Arc::new(Hooked(
             MemStore::new(HashAlg::Blake3),
-            Mutex::new(true),
-            Condvar::new(),
+            Box::new(move || {
+                let mut open = g.0.lock().unwrap();
+                while !*open {
+                    open = g.1.wait(open).unwrap();
+                }
+            }),
         ));
-        let store: Staging = gated.clone();
         let h = Arc::new(History::new(store));
         let (chunks, ids) = chunks(3);
         h.keep(ids[0], &chunks[0]);
         assert!(h.settled().contains(&ids[0]).unwrap());
-        *gated.1.lock().unwrap() = false;
+        *gate.0.lock().unwrap() = false;
         h.keep(ids[1], &chunks[1]);
         h.keep(ids[2], &chunks[2]);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -315,8 +285,8 @@ mod tests {
             let _ = tx.send((held, found));
         });
         let got = rx.recv_timeout(std::time::Duration::from_secs(120));
-        *gated.1.lock().unwrap() = true;
-        gated.2.notify_all();
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
         let (held, _) = got.expect("the read waited for the chunks on their way");
         assert!(held);
         // A read of a chunk on its way waits for it, and finds it.
