@@ -29,6 +29,7 @@ mod indexing;
 mod listing;
 mod objects;
 mod ranges;
+mod trash;
 mod upload;
 mod vault;
 
