@@ -152,6 +152,9 @@ impl Vfs {
             .filter(|(p, _)| is_below(p, path))
             .map(|(p, i)| (p.clone(), *i))
             .collect();
+        // The copy of `path` itself goes below when it has an inode (once: each removal is
+        // two renames into the cache's trash, under the state's lock).
+        let had_inode = gone.iter().any(|(p, _)| p == path);
         for (p, i) in gone {
             st.ino_of.remove(&p);
             // A file with another name here lives on under it, with its copy (which may hold
@@ -172,7 +175,9 @@ impl Vfs {
                 (None, _) => self.files.remove(&p),
             }
         }
-        self.files.remove(path);
+        if !had_inode {
+            self.files.remove(path);
+        }
         Self::drop_below(st, path);
     }
 
