@@ -93,6 +93,8 @@ struct Reconnect {
 
 /// Sessions open at most: operations beyond these wait (at most the timeout) for one.
 const MAX_SESSIONS: usize = 4;
+/// How long an operation waits for a busy session to come back before it opens another.
+const BRIEFLY: Duration = Duration::from_millis(50);
 
 pub(crate) struct Link {
     connect: Arc<Connector>,
@@ -323,10 +325,27 @@ impl Link {
     /// A session for one operation.
     fn take(&self) -> Result<Session, Failure> {
         let deadline = Instant::now() + self.timeout;
+        let mut waited_briefly = false;
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(s) = pool.idle.pop() {
                 return Ok(s);
+            }
+            // A session busy for a moment (the queue of changes being sent) is waited for
+            // before another is opened: the server of one session breaks the leases another
+            // granted when it sees the changes made through that one, so each session more
+            // costs the mount its leases, and every change made after then a round trip.
+            if pool.open > 0 && !waited_briefly {
+                waited_briefly = true;
+                pool = self
+                    .freed
+                    .wait_timeout(
+                        pool,
+                        BRIEFLY.min(deadline.saturating_duration_since(Instant::now())),
+                    )
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+                continue;
             }
             if pool.open < MAX_SESSIONS {
                 pool.open += 1;
