@@ -93,8 +93,10 @@ struct Reconnect {
 
 /// Sessions open at most: operations beyond these wait (at most the timeout) for one.
 const MAX_SESSIONS: usize = 4;
-/// How long an operation waits for a busy session to come back before it opens another.
-const BRIEFLY: Duration = Duration::from_millis(50);
+/// How long an operation waits for a busy session to come back before it opens another
+/// (longer than the server takes for a batch of queued changes on a LAN: a thousand new files,
+/// synced in groups, took it 0.15–0.3 s).
+const BRIEFLY: Duration = Duration::from_millis(250);
 
 pub(crate) struct Link {
     connect: Arc<Connector>,
