@@ -558,7 +558,7 @@ impl Vfs {
                     // No close is coming to commit it.
                     self.write_back(ino)?;
                 }
-            } else if kind == FileKind::File && self.setattr_later(&path, mode, mtime_ns) {
+            } else if self.setattr_later(&path, kind, mode, mtime_ns) {
                 // Queued: goes with the next operation's round trip.
             } else {
                 let before = self.lock().attrs.get(&path).map(|l| l.value.clone());
@@ -587,7 +587,23 @@ impl Vfs {
     /// file's times in the round trip of the next file's commit, not one of their own. If the
     /// server refuses it after all, the refusal is logged and the file shows as the server has
     /// it. `false` when it must be made at once.
-    fn setattr_later(&self, path: &WirePath, mode: Option<u32>, mtime_ns: Option<i64>) -> bool {
+    ///
+    /// A directory's likewise (`cp -a` and `tar x` set each one's times and mode once its
+    /// files are in), as long as it stays writable by its owner and not sticky: the creations
+    /// and removals queued in it after this change go on being ones the server will make.
+    fn setattr_later(
+        &self,
+        path: &WirePath,
+        kind: FileKind,
+        mode: Option<u32>,
+        mtime_ns: Option<i64>,
+    ) -> bool {
+        let stays_changeable = mode.is_none_or(|m| m & 0o200 != 0 && m & 0o1000 == 0);
+        match kind {
+            FileKind::File => {}
+            FileKind::Dir if stays_changeable && self.changeable_later(path) => {}
+            _ => return false,
+        }
         if self.leased_attr(path).is_none() {
             return false;
         }
@@ -601,6 +617,10 @@ impl Vfs {
             return false;
         }
         let mut st = self.lock();
+        if mtime_ns.is_some() {
+            // The time set is the directory's, whatever changed in it here before.
+            st.dir_times.remove(path);
+        }
         if let Some(l) = st.attrs.get_mut(path) {
             let a = &mut l.value;
             a.mode = mode.unwrap_or(a.mode);

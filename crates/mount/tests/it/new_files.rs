@@ -302,3 +302,33 @@ fn a_file_committed_here_is_committed_again_in_one_round_trip() {
         assert_eq!(std::fs::read(root.join("db")).unwrap(), data);
     }
 }
+
+/// A directory's mode and time set once its files are in (`cp -a`, `tar x`) go with the queue
+/// too, in the round trip that takes the files; one made unwritable by its owner is changed at
+/// once (the creations queued after it could not be made).
+#[test]
+fn a_directorys_times_go_with_its_files() {
+    use std::os::unix::fs::MetadataExt;
+    let (_t, root, _remote, v) = one_client();
+    assert_eq!(v.lookup(ROOT, b"none").unwrap_err(), Errno::ENOENT);
+    let d = v.mkdir(ROOT, b"d", 0o755).unwrap();
+    let r0 = rt(&v);
+    let when = 1_400_000_000 * 1_000_000_000i64;
+    for i in 0..5u64 {
+        super::make(&v, d.ino, format!("f{i}").as_bytes(), &bytes(i, 200), true);
+    }
+    let s = v.setattr(d.ino, Some(0o750), None, Some(when)).unwrap();
+    assert_eq!((s.mode, s.mtime_ns), (0o750, when));
+    assert_eq!(rt(&v), r0, "all queued");
+    v.send_changes(Duration::ZERO);
+    assert_eq!(rt(&v) - r0, 1, "one round trip for all");
+    let m = std::fs::metadata(root.join("d")).unwrap();
+    assert_eq!(m.mode() & 0o7777, 0o750);
+    assert_eq!(m.mtime() * 1_000_000_000 + m.mtime_nsec(), when);
+    assert_eq!(v.getattr(d.ino).unwrap().mtime_ns, when);
+    // Made unwritable: at once.
+    v.setattr(d.ino, Some(0o555), None, None).unwrap();
+    assert_eq!(rt(&v) - r0, 2);
+    let m = std::fs::metadata(root.join("d")).unwrap();
+    assert_eq!(m.mode() & 0o7777, 0o555);
+}
