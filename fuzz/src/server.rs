@@ -38,6 +38,7 @@ pub fn run(data: &[u8]) {
     let export = Export::open(t.path().join("export")).unwrap();
     let opts = ServerOptions {
         lease_ms: 0,
+        group_sync_min: std::time::Duration::ZERO,
         ..ServerOptions::default()
     };
     let staging = Arc::new(MemStore::new(ferry_format::HashAlg::Blake3));

@@ -43,11 +43,16 @@ pub fn connect(root: &Path) -> Connection<UnixStream, UnixStream> {
 
 /// A session that asks for the optional features `ask` (a mount's: `FEATURE_DEFERRED_SYNC`).
 pub fn connect_asking(root: &Path, ask: u64) -> Connection<UnixStream, UnixStream> {
+    connect_with(root, ask, grouping())
+}
+
+/// A session asking for `ask`, its server with options `opts`.
+fn connect_with(root: &Path, ask: u64, opts: ServerOptions) -> Connection<UnixStream, UnixStream> {
     let (a, b) = UnixStream::pair().unwrap();
     let export = Export::open(root).unwrap();
     std::thread::spawn(move || {
         let staging = std::sync::Arc::new(MemStore::new(ferry_format::HashAlg::Blake3));
-        let mut server = Server::new(export, ServerOptions::default(), staging);
+        let mut server = Server::new(export, opts, staging);
         let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
     });
     Connection::open_asking(b.try_clone().unwrap(), b, ferry_fs::DEFAULT_ZSTD_LEVEL, ask).unwrap()
@@ -169,6 +174,32 @@ fn a_commit_with_its_sync_is_durable_once_answered() {
 fn commits_sent_together_are_synced_as_a_group_and_whole_at_any_crash() {
     for deferred in [false, true] {
         rounds("group", |r| {
+            group_round(r, deferred, grouping(), 2..=usize::MAX)
+        })
+    }
+}
+
+/// The same commits to a server whose syncs cost less than grouping is worth
+/// (`ServerOptions::group_sync_min`, set here past any disk's): each installed at once.
+#[test]
+fn commits_are_not_grouped_where_syncs_cost_nothing() {
+    let opts = ServerOptions {
+        group_sync_min: std::time::Duration::from_secs(3600),
+        ..ServerOptions::default()
+    };
+    rounds("ungrouped", |r| group_round(r, false, opts.clone(), 1..=1))
+}
+
+/// A round of [`commits_sent_together_are_synced_as_a_group_and_whole_at_any_crash`]: the
+/// syncs before the first rename must be `syncs_before` many.
+fn group_round(
+    r: u64,
+    deferred: bool,
+    opts: ServerOptions,
+    syncs_before: std::ops::RangeInclusive<usize>,
+) -> Report {
+    {
+        {
             let rec = recorder();
             let export = rec.path().join("export");
             std::fs::create_dir(&export).unwrap();
@@ -177,7 +208,7 @@ fn commits_sent_together_are_synced_as_a_group_and_whole_at_any_crash() {
             } else {
                 0
             };
-            let mut c = connect_asking(&export, ask);
+            let mut c = connect_with(&export, ask, opts);
             let files: BTreeMap<String, Vec<u8>> = (0..12u64)
                 .map(|i| {
                     (
@@ -227,19 +258,20 @@ fn commits_sent_together_are_synced_as_a_group_and_whole_at_any_crash() {
             rec.mark("all");
             drop(c);
             let trace = rec.finish();
-            // Grouped: temporary files synced one after another before the first rename.
+            // Grouped: temporary files synced one after another before the first rename (not
+            // grouped: one).
             let first_rename = trace
                 .ops
                 .iter()
                 .position(|o| matches!(o, ferry_crashsim::model::Op::Rename { .. }))
                 .unwrap();
-            let syncs_before = trace.ops[..first_rename]
+            let synced_first = trace.ops[..first_rename]
                 .iter()
                 .filter(|o| matches!(o, ferry_crashsim::model::Op::Fsync { .. }))
                 .count();
             assert!(
-                syncs_before >= 2,
-                "not grouped: {syncs_before} syncs before the first rename"
+                syncs_before.contains(&synced_first),
+                "{synced_first} syncs before the first rename, {syncs_before:?} wanted"
             );
             crash_all("group", &trace, |c| {
                 let export = c.dir.join("export");
@@ -262,7 +294,7 @@ fn commits_sent_together_are_synced_as_a_group_and_whole_at_any_crash() {
                 }
                 Ok(())
             })
-        });
+        }
     }
 }
 
@@ -471,4 +503,13 @@ pub fn same_or_newer(
         }
     }
     Ok(())
+}
+
+/// A server's options with commits always grouped (see `ServerOptions::group_sync_min`), so
+/// the sessions of these tests take that path whatever the disk's speed.
+fn grouping() -> ServerOptions {
+    ServerOptions {
+        group_sync_min: std::time::Duration::ZERO,
+        ..ServerOptions::default()
+    }
 }

@@ -14,6 +14,7 @@
 
 use std::fs::File;
 use std::io;
+use std::time::{Duration, Instant};
 
 use ferry_proto::{Frame, Message, Payload, Reply, Request, WritePart};
 
@@ -32,6 +33,8 @@ pub(crate) struct Group {
     /// empty ([`Server::settle`]); without it, every commit is installed at once.
     pub(super) enabled: bool,
     parked: Vec<(u32, Upload)>,
+    /// How long syncing a file took the session lately (a moving average), once measured.
+    sync_time: Option<Duration>,
 }
 
 impl Server {
@@ -41,14 +44,34 @@ impl Server {
         self.group.enabled = true;
     }
 
-    /// Parks the commit of upload `u` (request `id`) if grouping is on, the group has room
-    /// and the file has bytes to sync; gives `u` back otherwise.
+    /// Whether a commit of `size` bytes would be parked: grouping is on, the group has room,
+    /// the file has bytes to sync, and syncing costs enough to be worth waiting for
+    /// (`ServerOptions::group_sync_min`; not known yet: not parked, and measured).
+    fn would_park(&self, size: u64) -> bool {
+        let worth = self.opts.group_sync_min.is_zero()
+            || self
+                .group
+                .sync_time
+                .is_some_and(|t| t >= self.opts.group_sync_min);
+        self.group.enabled && size > 0 && self.group.parked.len() < MAX_PARKED && worth
+    }
+
+    /// Parks the commit of upload `u` (request `id`) if it [would be](Self::would_park);
+    /// gives `u` back otherwise.
     pub(super) fn park(&mut self, id: u32, u: Upload) -> Option<Upload> {
-        if !self.group.enabled || u.size() == 0 || self.group.parked.len() >= MAX_PARKED {
+        if !self.would_park(u.size()) {
             return Some(u);
         }
         self.group.parked.push((id, u));
         None
+    }
+
+    /// Notes how long syncing a file took.
+    pub(super) fn synced_in(&mut self, took: Duration) {
+        self.group.sync_time = Some(match self.group.sync_time {
+            Some(t) => (t * 3 + took) / 4,
+            None => took,
+        });
     }
 
     /// Whether request `r` may go ahead of the parked commits: the next file's upload, which
@@ -66,7 +89,7 @@ impl Server {
                 WritePart::Data { payload, .. } => matches!(payload, Payload::Plain(_)),
                 WritePart::Chunks(_) => false,
             }),
-            Request::Commit { size, .. } => *size > 0 && self.group.parked.len() < MAX_PARKED,
+            Request::Commit { size, .. } => self.would_park(*size),
             _ => false,
         }
     }
@@ -89,7 +112,8 @@ impl Server {
             return vec![];
         }
         let files: Vec<&File> = parked.iter().map(|(_, u)| u.file()).collect();
-        let synced = sync_all(&files);
+        let (synced, took) = sync_all(&files);
+        self.synced_in(took);
         tracing::debug!("{} commits synced together", files.len());
         // A session that syncs each change's directory before its answer syncs each once for
         // the group, still before any answer.
@@ -129,34 +153,51 @@ impl Server {
     }
 }
 
-/// Fsyncs `files` side by side (up to [`SYNC_THREADS`] at once); each one's outcome, in order.
-fn sync_all(files: &[&File]) -> Vec<io::Result<()>> {
-    let each = |part: &[&File]| part.iter().map(|f| f.sync_all()).collect::<Vec<_>>();
-    if files.len() <= 1 {
-        return each(files);
-    }
-    let per = files.len().div_ceil(SYNC_THREADS.min(files.len()));
-    std::thread::scope(|s| {
-        // A part whose thread cannot be had is synced here, in turn.
-        let running: Vec<_> = files
-            .chunks(per)
-            .map(|part| {
-                let t = std::thread::Builder::new()
-                    .name("ferry-sync".into())
-                    .spawn_scoped(s, move || each(part));
-                (part, t)
+/// Fsyncs `files` side by side (up to [`SYNC_THREADS`] at once); each one's outcome, in order,
+/// and how long one took on average.
+fn sync_all(files: &[&File]) -> (Vec<io::Result<()>>, Duration) {
+    let each = |part: &[&File]| {
+        part.iter()
+            .map(|f| {
+                let started = Instant::now();
+                (f.sync_all(), started.elapsed())
             })
-            .collect();
-        running
-            .into_iter()
-            .flat_map(|(part, t)| match t {
-                Ok(t) => t.join().unwrap_or_else(|_| {
-                    part.iter()
-                        .map(|_| Err(io::Error::other("a sync thread failed")))
-                        .collect()
-                }),
-                Err(_) => each(part),
-            })
-            .collect()
-    })
+            .collect::<Vec<_>>()
+    };
+    let timed: Vec<(io::Result<()>, Duration)> = if files.len() <= 1 {
+        each(files)
+    } else {
+        let per = files.len().div_ceil(SYNC_THREADS.min(files.len()));
+        std::thread::scope(|s| {
+            // A part whose thread cannot be had is synced here, in turn.
+            let running: Vec<_> = files
+                .chunks(per)
+                .map(|part| {
+                    let t = std::thread::Builder::new()
+                        .name("ferry-sync".into())
+                        .spawn_scoped(s, move || each(part));
+                    (part, t)
+                })
+                .collect();
+            running
+                .into_iter()
+                .flat_map(|(part, t)| match t {
+                    Ok(t) => t.join().unwrap_or_else(|_| {
+                        part.iter()
+                            .map(|_| {
+                                (
+                                    Err(io::Error::other("a sync thread failed")),
+                                    Duration::ZERO,
+                                )
+                            })
+                            .collect()
+                    }),
+                    Err(_) => each(part),
+                })
+                .collect()
+        })
+    };
+    let total: Duration = timed.iter().map(|(_, t)| *t).sum();
+    let mean = total / timed.len().max(1) as u32;
+    (timed.into_iter().map(|(r, _)| r).collect(), mean)
 }

@@ -557,7 +557,10 @@ impl Server {
         // Parked: answered with the others of its group.
         let u = self.park(id, u)?;
         let synced = if u.size > 0 {
-            u.out.get_ref().sync_all()
+            let started = std::time::Instant::now();
+            let r = u.out.get_ref().sync_all();
+            self.synced_in(started.elapsed());
+            r
         } else {
             Ok(())
         };

@@ -36,7 +36,7 @@ fn connect_asking(root: &Path, ask: u64) -> Connection<UnixStream, UnixStream> {
     let (a, b) = UnixStream::pair().unwrap();
     let export = Export::open(root).unwrap();
     std::thread::spawn(move || {
-        let mut server = Server::new(export, ServerOptions::default(), staging());
+        let mut server = Server::new(export, grouping(), staging());
         let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
     });
     Connection::open_asking(b.try_clone().unwrap(), b, ferry_fs::DEFAULT_ZSTD_LEVEL, ask).unwrap()
@@ -50,7 +50,7 @@ fn connect_with(
     let (a, b) = UnixStream::pair().unwrap();
     let export = Export::open(root).unwrap();
     std::thread::spawn(move || {
-        let mut server = Server::new(export, ServerOptions::default(), staging());
+        let mut server = Server::new(export, grouping(), staging());
         if let Some(h) = history {
             server = server.with_history(h, u64::MAX);
         }
@@ -792,7 +792,7 @@ fn no_path_leaves_the_export() {
         body: w,
     };
     let export = Export::open(&srv).unwrap();
-    let mut server = Server::new(export, ServerOptions::default(), staging());
+    let mut server = Server::new(export, grouping(), staging());
     server.handle(
         &Message::Hello(Hello {
             version: ferry_proto::VERSION,
@@ -1532,7 +1532,7 @@ fn cut_after(srv: &Path, bytes: usize) -> Connection<UnixStream, UnixStream> {
     let (a, b) = UnixStream::pair().unwrap();
     let export = Export::open(srv).unwrap();
     std::thread::spawn(move || {
-        let mut server = Server::new(export, ServerOptions::default(), staging());
+        let mut server = Server::new(export, grouping(), staging());
         let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
     });
     let c = relay_cut(b, bytes);
@@ -2297,7 +2297,7 @@ fn mirror_session(root: &Path, cut: Option<usize>) -> ferry_fs::Session {
     let (a, b) = UnixStream::pair().unwrap();
     let export = Export::open(root).unwrap();
     std::thread::spawn(move || {
-        let mut server = Server::new(export, ServerOptions::default(), staging());
+        let mut server = Server::new(export, grouping(), staging());
         let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
     });
     let Some(cut) = cut else {
@@ -2441,7 +2441,7 @@ pub(crate) fn connect_indexed(
     let (a, b) = UnixStream::pair().unwrap();
     let export = Export::open(root).unwrap();
     std::thread::spawn(move || {
-        let mut server = Server::new(export, ServerOptions::default(), staging()).with_index(index);
+        let mut server = Server::new(export, grouping(), staging()).with_index(index);
         let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
     });
     Connection::open(b.try_clone().unwrap(), b).unwrap()
@@ -2690,7 +2690,7 @@ fn a_client_asking_for_no_tree_digests_gets_none() {
         let (a, b) = UnixStream::pair().unwrap();
         let export = Export::open(t.path()).unwrap();
         std::thread::spawn(move || {
-            let mut server = Server::new(export, ServerOptions::default(), staging());
+            let mut server = Server::new(export, grouping(), staging());
             let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
         });
         Connection::open_asking(b.try_clone().unwrap(), b, ferry_fs::DEFAULT_ZSTD_LEVEL, ask)
@@ -2930,4 +2930,13 @@ fn no_request_changes_the_servers_own_names() {
     })
     .unwrap();
     assert!(t.path().join(".ferry-notes.tmp").exists());
+}
+
+/// A server's options with commits always grouped (see `ServerOptions::group_sync_min`), so
+/// the sessions of these tests take that path whatever the disk's speed.
+fn grouping() -> ServerOptions {
+    ServerOptions {
+        group_sync_min: std::time::Duration::ZERO,
+        ..ServerOptions::default()
+    }
 }

@@ -243,6 +243,8 @@ impl Remote {
             let export = Export::open(&r.root)?;
             let opts = ServerOptions {
                 lease_ms: r.lease_ms,
+                // Commits always grouped, whatever the disk's speed.
+                group_sync_min: std::time::Duration::ZERO,
                 ..ServerOptions::default()
             };
             {
