@@ -343,20 +343,6 @@ impl Export {
         Ok(Some(dir))
     }
 
-    /// Whether any redo record is there (finished ones leave none).
-    pub(crate) fn redo_pending(&self) -> io::Result<bool> {
-        let Some(d) = self.existing_redo_dir()? else {
-            return Ok(false);
-        };
-        for e in rustix::fs::Dir::read_from(&d)? {
-            let n = e?.file_name().to_bytes().to_vec();
-            if n != b"." && n != b".." {
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    }
-
     /// Entries of directory `p` with their attributes, sorted by name.
     pub fn read_dir(&self, p: &WirePath) -> io::Result<Vec<(Vec<u8>, Attr)>> {
         let dir = self.open_dir(p)?;

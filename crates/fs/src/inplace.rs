@@ -167,23 +167,23 @@ fn record_of(export: &Export, file: (u64, u64)) -> io::Result<bool> {
     let Some(redo) = export.existing_redo_dir()? else {
         return Ok(false);
     };
-    Ok(record_ids(&redo).iter().any(|id| {
+    Ok(!records_of(&redo, file).is_empty())
+}
+
+/// The ids of the records in `redo` whose target is the file `(dev, ino)`.
+fn records_of(redo: &OwnedFd, file: (u64, u64)) -> Vec<String> {
+    let target_is = |id: &String| {
         let t = format!("{id}.target");
-        rustix::fs::statat(&redo, t.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+        rustix::fs::statat(redo, t.as_str(), AtFlags::SYMLINK_NOFOLLOW)
             .is_ok_and(|st| (st.st_dev, st.st_ino) == file)
-    }))
+    };
+    record_ids(redo).into_iter().filter(target_is).collect()
 }
 
 /// Removes the records of dead writers whose target is the file `(dev, ino)`.
 fn drop_records_of(redo: &OwnedFd, file: (u64, u64)) {
-    for id in record_ids(redo) {
-        let t = format!("{id}.target");
-        let same = rustix::fs::statat(redo, t.as_str(), AtFlags::SYMLINK_NOFOLLOW)
-            .is_ok_and(|st| (st.st_dev, st.st_ino) == file);
-        if !same {
-            continue;
-        }
-        let n = format!("{id}.new");
+    for id in records_of(redo, file) {
+        let (t, n) = (format!("{id}.target"), format!("{id}.new"));
         if let Ok(new) = open_readable(redo, &n) {
             if rustix::fs::flock(&new, FlockOperation::NonBlockingLockExclusive).is_err() {
                 continue;
@@ -398,7 +398,7 @@ pub(crate) fn read_guard(export: &Export, file: &File) -> io::Result<Option<Read
         }
         // A writer killed mid-copy left the file part-written and its record: finished first
         // (here, or by whoever is finishing it now, waited for without holding the lock).
-        if !export.redo_pending()? || !record_of(export, me)? {
+        if !record_of(export, me)? {
             break;
         }
         rustix::fs::flock(&fd, FlockOperation::Unlock)?;

@@ -97,7 +97,11 @@ impl History {
     /// The store, once no chunk whose short id (the digest's first 8 bytes, little-endian) is
     /// among `short` is still on its way to it.
     pub(crate) fn settled_for_short(&self, short: &[u64]) -> &Staging {
-        self.settled_when(|q| q.ids.keys().any(|id| short.contains(&short_of(id))))
+        self.settled_when(|q| {
+            q.ids
+                .keys()
+                .any(|id| short.contains(&ferry_proto::short_id(id)))
+        })
     }
 
     /// The store, once `waiting` no longer holds of what is on its way.
@@ -137,11 +141,6 @@ impl Queued {
             }
         }
     }
-}
-
-fn short_of(id: &Id) -> u64 {
-    let d = id.digest();
-    u64::from_le_bytes(std::array::from_fn(|i| d.get(i).copied().unwrap_or(0)))
 }
 
 type Pending = Arc<(Mutex<Queued>, Condvar)>;
@@ -280,7 +279,7 @@ mod tests {
         let (h2, old) = (h.clone(), ids[0]);
         std::thread::spawn(move || {
             let held = h2.settled_for([&old]).contains(&old).unwrap();
-            let short = u64::from_le_bytes(old.digest()[..8].try_into().unwrap());
+            let short = ferry_proto::short_id(&old);
             let found = h2.settled_for_short(&[short]).find_prefix(short).unwrap();
             let _ = tx.send((held, found));
         });
