@@ -33,13 +33,19 @@ fn connect(root: &Path) -> Connection<UnixStream, UnixStream> {
 
 /// Likewise, asking for the Hello features in `ask` besides the usual ones.
 fn connect_asking(root: &Path, ask: u64) -> Connection<UnixStream, UnixStream> {
+    let b = serving(root);
+    Connection::open_asking(b.try_clone().unwrap(), b, ferry_fs::DEFAULT_ZSTD_LEVEL, ask).unwrap()
+}
+
+/// The client's end of a socket to a server on a thread serving `root`.
+fn serving(root: &Path) -> UnixStream {
     let (a, b) = UnixStream::pair().unwrap();
     let export = Export::open(root).unwrap();
     std::thread::spawn(move || {
         let mut server = Server::new(export, grouping(), staging());
         let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
     });
-    Connection::open_asking(b.try_clone().unwrap(), b, ferry_fs::DEFAULT_ZSTD_LEVEL, ask).unwrap()
+    b
 }
 
 /// Likewise, with the server keeping a history of what it cuts in `history`.
@@ -1529,13 +1535,7 @@ fn a_receiver_with_nothing_reads_large_files_without_recipes() {
 
 /// A session with the server over `srv` whose link the server's side hangs up after `bytes`.
 fn cut_after(srv: &Path, bytes: usize) -> Connection<UnixStream, UnixStream> {
-    let (a, b) = UnixStream::pair().unwrap();
-    let export = Export::open(srv).unwrap();
-    std::thread::spawn(move || {
-        let mut server = Server::new(export, grouping(), staging());
-        let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
-    });
-    let c = relay_cut(b, bytes);
+    let c = relay_cut(serving(srv), bytes);
     Connection::open(c.try_clone().unwrap(), c).unwrap()
 }
 
@@ -2294,12 +2294,7 @@ fn small_files_come_together_against_their_old_versions() {
 /// A session with a server on a thread serving `root`, whose link (the server's replies) is
 /// cut after `cut` bytes, if given.
 fn mirror_session(root: &Path, cut: Option<usize>) -> ferry_fs::Session {
-    let (a, b) = UnixStream::pair().unwrap();
-    let export = Export::open(root).unwrap();
-    std::thread::spawn(move || {
-        let mut server = Server::new(export, grouping(), staging());
-        let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
-    });
+    let b = serving(root);
     let Some(cut) = cut else {
         let w: ferry_fs::LinkWriter = Box::new(b.try_clone().unwrap());
         return ferry_fs::Session::over(b, w, Box::new(|| Ok(()))).unwrap();
@@ -2686,16 +2681,7 @@ fn a_client_asking_for_no_tree_digests_gets_none() {
     use ferry_proto::{Reply, Request, FEATURE_NO_TREE_DIGESTS};
     let t = tempfile::tempdir().unwrap();
     wide_tree(&t.path().join("up"));
-    let open = |ask: u64| {
-        let (a, b) = UnixStream::pair().unwrap();
-        let export = Export::open(t.path()).unwrap();
-        std::thread::spawn(move || {
-            let mut server = Server::new(export, grouping(), staging());
-            let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
-        });
-        Connection::open_asking(b.try_clone().unwrap(), b, ferry_fs::DEFAULT_ZSTD_LEVEL, ask)
-            .unwrap()
-    };
+    let open = |ask: u64| connect_asking(t.path(), ask);
     let digests = |c: &mut Connection<UnixStream, UnixStream>| {
         let attr = match c
             .call(Request::GetAttr { path: "up".into() })
