@@ -22,9 +22,11 @@ fn ferry(args: &[&str]) -> Output {
         .unwrap()
 }
 
-/// Where the servers these tests start keep their staging and history: not the user's cache.
+/// Where the servers these tests start keep their staging and history: not the user's cache,
+/// and one place for every run (under the build's own temporary directory), not one left in
+/// `/tmp` by each.
 fn test_cache() -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("ferry-cli-tests-{}", std::process::id()))
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache")
 }
 
 fn ok(args: &[&str]) -> String {

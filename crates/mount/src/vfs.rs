@@ -58,9 +58,10 @@ pub use providers::Providers;
 mod writeback;
 pub use specials::SpecialKind;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::ops::Bound;
 use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -267,16 +268,18 @@ type Listing = Vec<(Vec<u8>, FileKind)>;
 
 #[derive(Default)]
 struct State {
-    attrs: HashMap<WirePath, Leased<Attr>>,
-    listings: HashMap<WirePath, Leased<Listing>>,
+    // Maps by path are ordered, so what lies below a directory is a range (`below`), not a
+    // scan of every path known (which made `rm -rf` of n files cost n² comparisons).
+    attrs: BTreeMap<WirePath, Leased<Attr>>,
+    listings: BTreeMap<WirePath, Leased<Listing>>,
     /// Directories whose listing a lease break dropped: a lookup there asks for its one name,
     /// not the whole listing again (a directory being filled or emptied would be listed again
     /// at every step, the work and bytes growing with its size). Listing it again ends this.
-    changing: std::collections::HashSet<WirePath>,
+    changing: BTreeSet<WirePath>,
     /// Symlink targets by path, with the version they were read at.
-    links: HashMap<WirePath, (u64, Vec<u8>)>,
+    links: BTreeMap<WirePath, (u64, Vec<u8>)>,
     inodes: HashMap<Ino, Inode>,
-    ino_of: HashMap<WirePath, Ino>,
+    ino_of: BTreeMap<WirePath, Ino>,
     next_ino: Ino,
     handles: HashMap<u64, Handle>,
     next_fh: u64,
@@ -738,6 +741,45 @@ fn is_below(p: &WirePath, dir: &WirePath) -> bool {
     d.is_empty() || p == d || (p.len() > d.len() && p.starts_with(d) && p[d.len()] == b'/')
 }
 
+/// The paths of `keys` that are `dir` or below it ([`is_below`]), found as ranges of an
+/// ordered map or set: `dir` itself, and from `dir/` up to `dir0` (`'0'` follows `'/'`).
+fn below<'a, I: Iterator<Item = &'a WirePath>>(
+    keys: impl Fn((Bound<&[u8]>, Bound<&[u8]>)) -> I,
+    dir: &WirePath,
+) -> Vec<WirePath> {
+    let d = dir.as_bytes();
+    if d.is_empty() {
+        return keys((Bound::Unbounded, Bound::Unbounded))
+            .cloned()
+            .collect();
+    }
+    let with = |b: u8| [d, &[b]].concat();
+    let (from, to) = (with(b'/'), with(b'0'));
+    let mut out: Vec<WirePath> = keys((Bound::Included(d), Bound::Included(d)))
+        .cloned()
+        .collect();
+    out.extend(
+        keys((
+            Bound::Included(from.as_slice()),
+            Bound::Excluded(to.as_slice()),
+        ))
+        .cloned(),
+    );
+    out
+}
+
+/// The paths of `m` that are `dir` or below it.
+fn keys_below<V>(m: &BTreeMap<WirePath, V>, dir: &WirePath) -> Vec<WirePath> {
+    below(|r| m.range::<[u8], _>(r).map(|(k, _)| k), dir)
+}
+
+/// Removes from `m` what is `dir` or below it.
+fn remove_below<V>(m: &mut BTreeMap<WirePath, V>, dir: &WirePath) {
+    for k in keys_below(m, dir) {
+        m.remove(&k);
+    }
+}
+
 /// `p` (below `from`) moved to below `to`.
 /// `p` (below `from`) moved below `to`; `None` if that path would be too long to name.
 fn rebase(p: &WirePath, from: &WirePath, to: &WirePath) -> Option<WirePath> {
@@ -774,5 +816,24 @@ mod tests {
         // A path that would pass 4096 bytes under the new name has none (no panic).
         let deep = p(&format!("a/{}", "x".repeat(4000)));
         assert_eq!(rebase(&deep, &p("a"), &p(&"b".repeat(200))), None);
+    }
+
+    /// The ranges find exactly what `is_below` says, in a map holding the neighbours that
+    /// sort between and around them (`a.b`, `a-`, `a0`, `ab`: '-' and '.' sort before '/').
+    #[test]
+    fn the_paths_below_a_directory_are_found_by_range() {
+        let all = [
+            "a", "a-", "a.b", "a/b", "a/b/c", "a/z", "a0", "ab", "b", "b/a", "a/b-", "a/b0",
+        ];
+        let mut m: BTreeMap<WirePath, u8> = all.iter().map(|s| (p(s), 0)).collect();
+        for dir in ["", "a", "a/b", "b", "a.b", "c"] {
+            let want: Vec<WirePath> = m.keys().filter(|k| is_below(k, &p(dir))).cloned().collect();
+            let mut got = keys_below(&m, &p(dir));
+            got.sort();
+            assert_eq!(got, want, "below {dir:?}");
+        }
+        remove_below(&mut m, &p("a"));
+        let left: Vec<WirePath> = m.keys().cloned().collect();
+        assert_eq!(left, ["a-", "a.b", "a0", "ab", "b", "b/a"].map(p));
     }
 }

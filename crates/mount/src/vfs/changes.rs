@@ -138,19 +138,18 @@ impl Vfs {
     /// Forgets what was cached of `path` and everything below it, after it was removed or
     /// renamed here; open inodes there are marked unlinked (`unlink`) or keep their number.
     pub(super) fn drop_below(st: &mut State, path: &WirePath) {
-        let below = |p: &WirePath| is_below(p, path);
-        st.attrs.retain(|p, _| !below(p));
-        st.listings.retain(|p, _| !below(p));
-        st.links.retain(|p, _| !below(p));
-        st.changing.retain(|p| !below(p));
+        remove_below(&mut st.attrs, path);
+        remove_below(&mut st.listings, path);
+        remove_below(&mut st.links, path);
+        for p in below(|r| st.changing.range::<[u8], _>(r), path) {
+            st.changing.remove(&p);
+        }
     }
 
     pub(super) fn unlinked(&self, st: &mut State, path: &WirePath) {
-        let gone: Vec<(WirePath, Ino)> = st
-            .ino_of
-            .iter()
-            .filter(|(p, _)| is_below(p, path))
-            .map(|(p, i)| (p.clone(), *i))
+        let gone: Vec<(WirePath, Ino)> = keys_below(&st.ino_of, path)
+            .into_iter()
+            .filter_map(|p| st.ino_of.get(&p).map(|&i| (p, i)))
             .collect();
         // The copy of `path` itself goes below when it has an inode (once: each removal is
         // two renames into the cache's trash, under the state's lock).
@@ -324,10 +323,10 @@ impl Vfs {
         // so nothing pending refers to a name that no longer exists.
         let moving: Vec<Ino> = {
             let st = self.lock();
-            st.ino_of
+            keys_below(&st.ino_of, &from)
                 .iter()
-                .filter(|(p, i)| is_below(p, &from) && st.inodes.get(i).is_some_and(|n| n.dirty))
-                .map(|(_, i)| *i)
+                .filter_map(|p| st.ino_of.get(p).copied())
+                .filter(|i| st.inodes.get(i).is_some_and(|n| n.dirty))
                 .collect()
         };
         let from_ino = self.lock().ino_of.get(&from).copied();
@@ -392,11 +391,9 @@ impl Vfs {
         }
         // Inodes below the old name move with it, and so do their copies (whose versions
         // are checked on the next open, the rename having changed them on the server).
-        let moved: Vec<(WirePath, Ino)> = st
-            .ino_of
-            .iter()
-            .filter(|(p, _)| is_below(p, from))
-            .map(|(p, i)| (p.clone(), *i))
+        let moved: Vec<(WirePath, Ino)> = keys_below(&st.ino_of, from)
+            .into_iter()
+            .filter_map(|p| st.ino_of.get(&p).map(|&i| (p, i)))
             .collect();
         for (p, _) in &moved {
             st.ino_of.remove(p);

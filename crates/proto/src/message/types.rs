@@ -112,6 +112,14 @@ impl std::fmt::Debug for WirePath {
     }
 }
 
+/// A path is its bytes: ordered, compared and hashed as them (so ordered maps of paths can be
+/// searched by byte ranges, such as everything below a directory).
+impl std::borrow::Borrow<[u8]> for WirePath {
+    fn borrow(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 /// For literals in tests and examples. Panics on an invalid path.
 impl From<&str> for WirePath {
     fn from(s: &str) -> Self {
