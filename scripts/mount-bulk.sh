@@ -10,6 +10,7 @@
 # Defaults: target/release/ferry, 2 rounds, 2000 files; the tree /usr/include/linux and the
 # repository this script is in. Both servers' exports and Ferry's cache live under $TMPDIR
 # (default /tmp): point it at the file system to measure on (fsync costs differ by far).
+# FERRY_MOUNT_ARGS: more arguments for `ferry mount` (say `--zstd-level 3`).
 set -uo pipefail
 F=$(realpath "${1:-target/release/ferry}")
 ROUNDS=${2:-2}
@@ -27,7 +28,7 @@ mount_it() {
   rm -rf "$S" "$W/cache"
   mkdir -p "$S"
   if [[ $1 == ferry ]]; then
-    "$F" mount "localhost:$S" "$M" -e "$W/rsh" --remote-ferry "$F" --cache "$W/cache" -q 2>/dev/null
+    "$F" mount "localhost:$S" "$M" -e "$W/rsh" --remote-ferry "$F" --cache "$W/cache" -q ${FERRY_MOUNT_ARGS:-} 2>/dev/null
   else
     sshfs -o ssh_command="$W/sftp" "localhost:$S" "$M"
   fi

@@ -108,7 +108,9 @@ fn serve_until_closed(
                 outflow.flush(&mut bytes)?;
                 server.wrote(write_out(&mut outflow, &mut output, &mut bytes)?);
             }
-            if server.fast_link() {
+            if server.near_link() {
+                outflow.near_link();
+            } else if server.fast_link() {
                 outflow.fast_link();
             }
             if let (Some(level), false) = (server.stream_level(), outflow.is_compressed()) {
@@ -221,6 +223,8 @@ enum Outgoing {
     /// The link is known to be fast (a LAN, a local pipe): an adaptive stream may go below
     /// its start, and judges each level by what it carries.
     FastLink,
+    /// The link is near: the stream starts low ([`ferry_proto::Outflow::near_link`]).
+    NearLink,
 }
 
 /// Sends frames from a thread of its own, so the caller can pipeline any number of requests
@@ -266,6 +270,11 @@ impl FrameWriter {
                         }
                         Ok(Outgoing::FastLink) => {
                             out.fast_link();
+                            (false, false)
+                        }
+                        Ok(Outgoing::NearLink) => {
+                            tracing::debug!("the link is near: the stream starts low");
+                            out.near_link();
                             (false, false)
                         }
                         // The connection is gone: what is queued still goes out.
@@ -333,10 +342,14 @@ pub struct Connection<R, W> {
     /// The newest request queued, and the newest at the last flush with when that was.
     newest: u32,
     flushed: Option<(u32, std::time::Instant)>,
+    /// The first request of the last flush (the one after the newest of the flush before).
+    flushed_from: u32,
     /// How fast replies arrive, for the server's choice of levels.
     rate: crate::rate::RateMeter,
     /// Whether the sending thread was told the link is fast ([`Outgoing::FastLink`]).
     told_fast: bool,
+    /// Whether the sending thread was told the link is near ([`Outgoing::NearLink`]).
+    told_near: bool,
     pub server: Option<Hello>,
     /// Paths whose leases the server broke (Invalidate), in arrival order, until taken.
     pub invalidated: Vec<ferry_proto::WirePath>,
@@ -384,9 +397,11 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             outstanding: HashMap::from([(0, 0)]),
             traffic: Traffic::default(),
             told_fast: false,
+            told_near: false,
             unflushed: false,
             newest: 0,
             flushed: None,
+            flushed_from: 0,
             rate: Default::default(),
             server: None,
             invalidated: vec![],
@@ -526,6 +541,10 @@ impl<R: Read, W> Connection<R, W> {
             self.told_fast = true;
             self.writer.send(Outgoing::FastLink)?;
         }
+        if !self.told_near && crate::delta::near_link(self.rate.round_trip()) {
+            self.told_near = true;
+            self.writer.send(Outgoing::NearLink)?;
+        }
         let f = Message::Request(r).to_frame(id);
         tracing::trace!(target: "ferry::sizes", "request {:#04x} {}", f.msg_type, f.body.len());
         self.write(f)?;
@@ -549,6 +568,7 @@ impl<R: Read, W> Connection<R, W> {
     pub fn flush(&mut self) -> Result<(), ConnError> {
         if std::mem::take(&mut self.unflushed) {
             self.writer.send(Outgoing::Flush)?;
+            self.flushed_from = self.flushed.map_or(0, |(n, _)| n.wrapping_add(1));
             self.flushed = Some((self.newest, std::time::Instant::now()));
         }
         Ok(())
@@ -565,9 +585,11 @@ impl<R: Read, W> Connection<R, W> {
                 return Ok(q.remove(0));
             }
         }
-        // A request that went last, and alone, times a round trip from when it went.
-        let alone = self.outstanding.len() == 1 && self.outstanding.contains_key(&id);
-        let went = self.flushed.filter(|&(n, _)| n == id && alone);
+        // The first request of the last flush, with nothing sent before it outstanding, times
+        // a round trip from when it went: its reply's first bytes are the first to come back.
+        // (Not only a request alone: a mount sends everything in batches, and never measured
+        // its link.)
+        let went = self.flushed.filter(|_| self.first_of_last_flush(id));
         let mut waited = crate::rate::Wait::start(went.map(|(_, at)| at));
         loop {
             while let Some(f) = self.inflow.next_frame()? {
@@ -585,6 +607,20 @@ impl<R: Read, W> Connection<R, W> {
             self.traffic.bytes_received += n as u64;
             self.inflow.feed(&self.buf[..n]);
         }
+    }
+
+    /// Whether `id` is the first reply to come of the last flush: sent in it, and every
+    /// request outstanding sent in it too and not before `id` (a long pipeline is not looked
+    /// through).
+    fn first_of_last_flush(&self, id: u32) -> bool {
+        let Some((newest, _)) = self.flushed else {
+            return false;
+        };
+        let from = self.flushed_from;
+        let in_flush = |k: u32| k >= from && k <= newest;
+        self.outstanding.len() <= 64
+            && in_flush(id)
+            && self.outstanding.keys().all(|&k| in_flush(k) && k >= id)
     }
 
     /// Takes a frame that arrived: an invalidation is noted, a reply to another request kept

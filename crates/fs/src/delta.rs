@@ -19,7 +19,7 @@ use ferry_chunk::ChunkerSpec;
 use zstd::zstd_safe::{CCtx, CParameter, DCtx, DParameter};
 
 mod level;
-pub use level::{fast_link, frame_floor, FrameLevel};
+pub use level::{fast_link, frame_floor, near_link, FrameLevel};
 
 /// Largest window (prefix and data together) a frame may need: 2^25 bytes.
 const MAX_WINDOW_LOG: u32 = 25;

@@ -148,6 +148,19 @@ impl Outflow {
         }
     }
 
+    /// The link is near (replies within a couple of milliseconds: a LAN, or this machine): as
+    /// on a fast link, and an adaptive stream that has not moved yet goes to level 3 at once,
+    /// not after megabytes at its start of 9. A mount's or a tree's many small batches never
+    /// add up to the spans its governor decides on, and over a local pipe level 9 took a fifth
+    /// of a mount's time in `cp -a` of small files (level 1: 0.45 s, 9: 0.52 s). The governor
+    /// still moves it up where that pays.
+    pub fn near_link(&mut self) {
+        self.fast_link();
+        if let Some(level) = self.governor.as_mut().and_then(|g| g.start_low()) {
+            self.next_level = Some(level);
+        }
+    }
+
     /// The level frames are compressed at now (0 when they are not).
     pub fn level(&self) -> i32 {
         self.level
@@ -476,6 +489,35 @@ mod tests {
             wire * 4 < plain,
             "{wire} bytes on the wire for {plain} plain"
         );
+    }
+
+    /// A near link moves an adaptive stream that has not moved to level 3 before its next
+    /// frame, and the peer decodes across the change; a fixed level stays.
+    #[test]
+    fn a_near_link_starts_an_adaptive_stream_low() {
+        let mut out = Outflow::plain();
+        out.start_zstd(Level::Adapt).unwrap();
+        let mut inflow = Inflow::new();
+        inflow.start_zstd().unwrap();
+        let mut b = vec![];
+        out.push(&frame(1), &mut b).unwrap();
+        assert_eq!(out.level(), 9);
+        out.near_link();
+        out.push(&frame(2), &mut b).unwrap();
+        out.flush(&mut b).unwrap();
+        assert_eq!(out.level(), 3);
+        inflow.feed(&b);
+        assert_eq!(inflow.next_frame().unwrap(), Some(frame(1)));
+        assert_eq!(inflow.next_frame().unwrap(), Some(frame(2)));
+        // Once only: a stream that moved since is left where its governor put it.
+        out.near_link();
+        assert_eq!(out.next_level, None);
+        let mut fixed = Outflow::plain();
+        fixed.start_zstd(Level::Fixed(9)).unwrap();
+        fixed.near_link();
+        let mut b = vec![];
+        fixed.push(&frame(3), &mut b).unwrap();
+        assert_eq!(fixed.level(), 9);
     }
 
     #[test]

@@ -93,6 +93,12 @@ pub fn fast_link(rate: u64, round_trip: Option<Duration>) -> bool {
     rate >= BROAD_LINK || round_trip.is_some_and(|r| r < NEAR)
 }
 
+/// Whether replies came within [`NEAR`] of their requests: a LAN, or this machine, where the
+/// session's stream starts low (`Outflow::near_link`).
+pub fn near_link(round_trip: Option<Duration>) -> bool {
+    round_trip.is_some_and(|r| r < NEAR)
+}
+
 impl FrameLevel {
     /// Levels from `floor` (the session's level) up to [`TOP_LEVEL`].
     pub fn new(floor: i32) -> Self {

@@ -159,6 +159,8 @@ pub struct Server {
     index: Option<std::sync::Arc<ferry_store::PathIndex>>,
     /// The client measured the link fast (see [`fast_link`](Self::fast_link)).
     fast_link: bool,
+    /// The client's replies came within a couple of milliseconds (see [`Server::near_link`]).
+    near_link: bool,
     /// Files to record in the index ([`remember`](Self::remember)), written together after
     /// the uploads in a row ([`RECORD_AT_ONCE`] at most): the index is a hint, which this
     /// session's own hints cover meanwhile.
@@ -241,6 +243,7 @@ impl Server {
             index_files: HashMap::new(),
             to_record: vec![],
             fast_link: false,
+            near_link: false,
             leases: match crate::leases::Leases::new() {
                 Ok(l) => Some(l),
                 Err(e) => {
@@ -291,6 +294,12 @@ impl Server {
     /// below its starting level where the compressor holds the link up.
     pub fn fast_link(&self) -> bool {
         self.fast_link
+    }
+
+    /// Whether the client's replies came within a couple of milliseconds (a LAN, or this
+    /// machine): the session's stream then starts low (`Outflow::near_link`).
+    pub fn near_link(&self) -> bool {
+        self.near_link
     }
 
     /// Writing replies out waited `waited` on the transport: large frames against old data
@@ -401,6 +410,7 @@ impl Server {
                         (round_trip > 0).then(|| std::time::Duration::from_micros(round_trip));
                     self.against.level.link_rate(rate, sample, round_trip);
                     self.fast_link |= crate::delta::fast_link(rate, round_trip);
+                    self.near_link |= crate::delta::near_link(round_trip);
                 }
                 vec![]
             }

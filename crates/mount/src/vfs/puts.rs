@@ -22,8 +22,12 @@ use super::*;
 use crate::queued::{NewFile, PutAnswer, PutState};
 
 /// New files this small or smaller are queued (with less than 8 KiB, whatever their data; up
-/// to this, when the cache here holds none of their chunks: data new to the server too).
-const QUEUED_NEW_FILE: u64 = 32 * 1024;
+/// to this, when the cache here holds none of their chunks: data new to the server too). The
+/// queue's own bound on bytes (2 MiB) bounds how long it holds the next operation up, whatever
+/// the files' sizes. A file committed at its close is a round trip that waits for the server
+/// to make everything queued before it: with a bound of 32 KiB, the 22 larger headers of
+/// `cp -a /usr/include/linux` were 22 such waits (a fifth of its time).
+const QUEUED_NEW_FILE: u64 = 1 << 20;
 const ALWAYS_WHOLE: usize = 8 * 1024;
 
 impl Vfs {

@@ -6,6 +6,8 @@
 /// `/usr/include` (7,962 files) through a pipe took 2.18 s with 9 as the floor, 1.86 s with 3.
 pub(super) const ADAPT_LEVELS: [i32; 8] = [1, 3, 6, 9, 12, 15, 17, 19];
 pub(super) const ADAPT_START: usize = 3;
+/// Where a stream starts on a near link (see `Outflow::near_link`): level 3.
+const NEAR_START: usize = 1;
 /// On a fast link a move is a trial, kept only if the next span's plain bytes a second are
 /// at least this much of the last span's (a step up: more than that, by the inverse).
 const TRIAL_KEEP: f64 = 0.95;
@@ -43,6 +45,8 @@ pub(super) struct Governor {
     /// level is held out of reach (a far end that is the slower would otherwise have every
     /// other span at a level it cannot use).
     failed: (u32, u32),
+    /// Whether it has left its start (by a decision, or for a near link).
+    moved: bool,
 }
 
 impl Governor {
@@ -59,7 +63,19 @@ impl Governor {
             trial: None,
             held_low: None,
             failed: (0, 0),
+            moved: false,
         }
+    }
+
+    /// Moves a governor that has not moved yet to the level a near link starts at (3), and
+    /// returns it; `None` once it has moved (or been moved) from its start.
+    pub(super) fn start_low(&mut self) -> Option<i32> {
+        if self.at != ADAPT_START || self.moved {
+            return None;
+        }
+        self.moved = true;
+        self.at = NEAR_START;
+        Some(ADAPT_LEVELS[NEAR_START])
     }
 
     /// Records `plain` bytes compressed in `busy` and written out in `waited`, out of `wall`
@@ -119,6 +135,7 @@ impl Governor {
         } else {
             return None;
         };
+        self.moved = true;
         self.at = next;
         Some(ADAPT_LEVELS[next])
     }
@@ -156,6 +173,7 @@ impl Governor {
                 true => self.held = held,
                 false => self.held_low = held,
             }
+            self.moved = true;
             self.at = from;
             return Some(ADAPT_LEVELS[from]);
         }
@@ -169,6 +187,7 @@ impl Governor {
             return None;
         };
         self.trial = Some((self.at, rate));
+        self.moved = true;
         self.at = next;
         Some(ADAPT_LEVELS[next])
     }
