@@ -12,7 +12,7 @@ fn a_mode_set_while_the_release_commits_is_not_lost() {
     let (_t, root, remote, v) = one_client();
     assert_eq!(v.lookup(ROOT, b"none").unwrap_err(), Errno::ENOENT);
     let (f, o) = v.create_excl(ROOT, b"f", 0o600).unwrap();
-    v.write(o.fh, 0, &super::bytes(5, 1_100_000)).unwrap();
+    v.write(o.fh, 0, &super::bytes(5, 40_000)).unwrap();
     v.flush(o.fh).unwrap();
     let when = 1_500_000_000 * 1_000_000_000i64;
     v.setattr(f.ino, None, None, Some(when)).unwrap();
