@@ -46,6 +46,10 @@ pub(crate) enum Change {
     Rename { from: WirePath, to: WirePath },
     /// A new file made here is created on the server with its data (Create, Write, Commit).
     Put(Box<NewFile>),
+    /// A directory made here is made on the server (with this mode), and its listing and
+    /// attributes asked for after, in the same round trip: the server's lease on them runs
+    /// from then.
+    Mkdir { path: WirePath, mode: u32 },
 }
 
 /// A small file made here, its data and what its commit says.
@@ -88,10 +92,18 @@ impl Change {
     /// The paths whose versions the change moves on the server (a removal's: none; a
     /// commit of a new file under that name needs no version).
     fn moves(&self) -> Vec<&WirePath> {
-        match self {
-            Change::Unlink(_) => vec![],
-            _ => self.paths().1,
+        match self.moves_version() {
+            false => vec![],
+            true => self.paths().1,
         }
+    }
+
+    /// Whether the change moves the version of the paths it names: not a removal's, and not
+    /// a new directory's (which has none before; its attributes here serve until the answer,
+    /// so a look at it does not send the queue: the kernel looks at a directory before each
+    /// file made in it).
+    fn moves_version(&self) -> bool {
+        !matches!(self, Change::Unlink(_) | Change::Mkdir { .. })
     }
 
     /// Bytes of data it carries.
@@ -110,6 +122,7 @@ impl Change {
             Change::SetAttr { path, .. } => (Some(path), vec![path]),
             Change::Rename { from, to } => (Some(to), vec![from, to]),
             Change::Put(f) => (None, vec![&f.path]),
+            Change::Mkdir { path, .. } => (Some(path), vec![path]),
         }
     }
 
@@ -154,8 +167,16 @@ impl Change {
                 mtime_ns,
             },
             Change::Rename { from, to } => Request::Rename { from, to },
+            Change::Mkdir { path, mode } => Request::Mkdir { path, mode },
             Change::Put(_) => unreachable!("made above"),
         }];
+        if let Change::Mkdir { path, .. } = &*self {
+            // The listing's lease too (the attributes' below is the directory's).
+            rs.push(Request::ReadDir {
+                path: path.clone(),
+                keys: vec![],
+            });
+        }
         rs.extend(after.map(|p| Request::GetAttr { path: p.clone() }));
         rs
     }
@@ -422,7 +443,7 @@ impl Queue {
         *flight.paths.lock().unwrap_or_else(|e| e.into_inner()) = changes
             .iter()
             .flat_map(|c| {
-                let moves = !matches!(c, Change::Unlink(_));
+                let moves = c.moves_version();
                 c.paths().1.into_iter().map(move |p| (p.clone(), moves))
             })
             .collect();
@@ -496,8 +517,10 @@ impl Sent {
                     Err(e) => return Err(unknown(n, e)),
                 }
             }
-            if let (Some(p), [Some(_), Some(r)]) = (after, answers.as_mut_slice()) {
-                if let Some(Reply::Attr(a)) = r.pop() {
+            // The attributes asked for after the change, its last request, when every
+            // request was answered.
+            if let (Some(p), true) = (after, answers.iter().all(Option::is_some)) {
+                if let Some(Reply::Attr(a)) = answers.last_mut().and_then(|r| r.take()?.pop()) {
                     out.attrs.push((p.clone(), a, self.sent_at));
                 }
             }

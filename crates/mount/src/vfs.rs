@@ -295,6 +295,10 @@ struct State {
     unsynced: Option<Instant>,
     /// Names this mount changed lately (see [`names::Recent`]).
     recent: names::Recent,
+    /// The size and blocks of an empty directory on the server, as its first one made here
+    /// showed (a directory made later with its making queued shows them: see
+    /// `Vfs::mkdir_later`).
+    empty_dir: Option<(u64, u64)>,
 }
 
 /// Paths whose cached copies are being decided on, fetched or moved: one holder per path.

@@ -75,6 +75,9 @@ impl Vfs {
     /// asking.
     pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32) -> Result<Stat, Errno> {
         let (dir, path) = self.child(parent, name)?;
+        if let Some(s) = self.mkdir_later(&dir, &path, name, mode & 0o7777) {
+            return Ok(s);
+        }
         let asked = Instant::now();
         let r = self.link.run(|c| {
             let mut rs = vec![Request::Mkdir {
@@ -92,12 +95,86 @@ impl Vfs {
         let (listing, dir_attr) = r.map_err(|f| errno_of(&f))?;
         // (An error: removed again by someone else already.)
         let (entries, a) = listing.map_err(errno_of_reply)?;
+        if entries.is_empty() {
+            self.lock().empty_dir = a.extra.map(|x| (a.size, x.blocks));
+        }
         self.store_listing(&path, entries, a.clone(), asked);
         let mut st = self.lock();
         Self::relist(&mut st, &dir, name, Some(FileKind::Dir));
         self.store_dir(&mut st, &dir, Some(dir_attr.and_then(attr_of)), asked);
         drop(st);
         Ok(self.entry(&path, &a))
+    }
+
+    /// Makes the directory `path` (`name` in `dir`) here at once and queues its making on the
+    /// server (see `Link::queue_change`) when the leases say the server will make it: the
+    /// leased listing of `dir` lacks the name, and `dir` is writable by its owner, not sticky
+    /// and not setgid (whose new directories inherit its group and the bit). Its listing
+    /// (empty) and attributes are leased here no longer than `dir`'s listing; the server's
+    /// attributes come with the answer, and its leases run from then (asked for in the same
+    /// round trip). Its size and blocks are those of the first directory made at once (an
+    /// empty directory's, on the server's file system); its times are about the server's (a
+    /// few milliseconds early) until the answer. A synchronous mkdir waits for the server to
+    /// make everything queued before it: 5 ms a directory in `cp -a` of the headers, and
+    /// 167 ms of a `git clone`'s 0.77 s for its 105 directories, and a round trip each over a
+    /// long link. `None`: it must be made at once.
+    fn mkdir_later(&self, dir: &WirePath, path: &WirePath, name: &[u8], mode: u32) -> Option<Stat> {
+        let (size, blocks) = self.lock().empty_dir?;
+        if self.listed(dir, name) != Some(None)
+            || !self.changeable_later(dir)
+            || self.leased_attr(dir).is_none_or(|a| a.mode & 0o2000 != 0)
+            || self.lock().ino_of.contains_key(path)
+            || self.lookup_special(path).is_some()
+        {
+            return None;
+        }
+        let until = self.lock().listings.get(dir)?.until;
+        if !self.queue_change(Change::Mkdir {
+            path: path.clone(),
+            mode,
+        }) {
+            return None;
+        }
+        let now = specials::now_ns();
+        let a = Attr {
+            kind: FileKind::Dir,
+            mode,
+            size,
+            mtime_ns: now,
+            version: 0,
+            oid: None,
+            lease_ms: 0,
+            extra: Some(ferry_proto::StatExtra {
+                atime_ns: now,
+                ctime_ns: now,
+                blocks,
+                nlink: 2,
+                id: None,
+            }),
+        };
+        let epoch = self.link.epoch();
+        let mut st = self.lock();
+        let leased = |value| Leased {
+            value,
+            until,
+            epoch,
+        };
+        st.attrs.insert(path.clone(), leased(a.clone()));
+        st.listings.insert(
+            path.clone(),
+            Leased {
+                value: vec![],
+                until,
+                epoch,
+            },
+        );
+        st.changing.remove(path);
+        Self::edit_listing(&mut st, dir, name, Some(FileKind::Dir));
+        // The parent's times as the server will set them, about.
+        st.dir_times.insert(dir.clone(), now);
+        st.unsynced.get_or_insert_with(Instant::now);
+        drop(st);
+        Some(self.entry(path, &a))
     }
 
     pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8]) -> Result<Stat, Errno> {

@@ -134,3 +134,21 @@ fn news_older_than_a_change_made_here_does_not_bring_a_name_back() {
     assert_eq!(std::fs::read(root.join("index")).unwrap(), b"first");
     assert_eq!(std::fs::read(root.join("index.lock")).unwrap(), b"second");
 }
+
+/// A directory made here with its making queued is leased from the server once made there:
+/// what another program then makes in it is told, and found by the next lookup.
+#[test]
+fn a_directory_made_here_is_followed_once_on_the_server() {
+    let (_t, root, _remote, v) = one_client();
+    assert_eq!(v.lookup(ROOT, b"absent").unwrap_err(), Errno::ENOENT);
+    v.mkdir(ROOT, b"first", 0o755).unwrap();
+    let d = v.mkdir(ROOT, b"d", 0o755).unwrap();
+    assert_eq!(v.lookup(d.ino, b"theirs").unwrap_err(), Errno::ENOENT);
+    v.send_changes(Duration::ZERO);
+    let outside = root.join("outside");
+    std::fs::write(&outside, b"made by another").unwrap();
+    std::fs::rename(&outside, root.join("d/theirs")).unwrap();
+    until(&v, "told of their file", || {
+        v.lookup(d.ino, b"theirs").map(|s| s.size) == Ok(15)
+    });
+}

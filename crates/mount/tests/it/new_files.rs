@@ -262,20 +262,70 @@ fn a_queued_exclusive_create_that_lost_the_race_leaves_their_file() {
     assert_eq!(super::read(&v, "lock2").unwrap(), b"theirs too");
 }
 
-/// A directory made here comes with its (empty) listing leased, in the mkdir's round trip:
-/// the files made in it next are looked up and created there without asking.
+/// A directory made in a leased directory is made here at once, its (empty) listing leased,
+/// and its making queued: the files made in it next are looked up and created there without
+/// asking, and the directory, the file and its commit reach the server in one round trip.
+/// (The first directory is made at once: what an empty one's size is on the server is learnt
+/// from it.) It shows what the server then says, but for its times.
 #[test]
-fn a_new_directory_is_listed_in_its_round_trip() {
+fn a_new_directory_is_made_with_its_files_in_one_round_trip() {
     let (_t, root, _remote, v) = one_client();
     assert_eq!(v.lookup(ROOT, b"none").unwrap_err(), Errno::ENOENT);
     let r0 = rt(&v);
-    let d = v.mkdir(ROOT, b"d", 0o755).unwrap();
-    assert_eq!(rt(&v) - r0, 1, "the mkdir");
+    v.mkdir(ROOT, b"first", 0o755).unwrap();
+    assert_eq!(rt(&v) - r0, 1, "the first mkdir, at once");
+    let r0 = rt(&v);
+    let d = v.mkdir(ROOT, b"d", 0o750).unwrap();
+    let e = v.mkdir(d.ino, b"e", 0o700).unwrap();
+    assert_eq!(rt(&v) - r0, 0, "the mkdirs are queued");
+    let here = v.getattr(d.ino).unwrap();
+    assert_eq!((here.mode, here.nlink), (0o750, 3));
+    let shown = |s: &ferry_mount::Stat| (s.ino, s.kind, s.mode, s.nlink, s.size, s.blocks);
+    let e_here = v.getattr(e.ino).unwrap();
     assert_eq!(v.lookup(d.ino, b"a.rs").unwrap_err(), Errno::ENOENT);
     super::make(&v, d.ino, b"a.rs", b"fn main() {}", true);
+    super::make(&v, e.ino, b"b.rs", b"fn b() {}", true);
+    assert_eq!(
+        v.readdir(d.ino).unwrap().len(),
+        2,
+        "a.rs and e, listed here"
+    );
+    assert!(!root.join("d").exists(), "not sent yet");
     v.send_changes(Duration::ZERO);
-    assert_eq!(rt(&v) - r0, 2, "the mkdir, then the file's commit");
+    assert_eq!(rt(&v) - r0, 1, "the mkdirs and the files' commits together");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &str| {
+        std::fs::metadata(root.join(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    assert_eq!((mode("d"), mode("d/e")), (0o750, 0o700));
     assert_eq!(std::fs::read(root.join("d/a.rs")).unwrap(), b"fn main() {}");
+    assert_eq!(std::fs::read(root.join("d/e/b.rs")).unwrap(), b"fn b() {}");
+    // The server's attributes came with the answer: all as shown before but the times.
+    let a = v.getattr(d.ino).unwrap();
+    assert_eq!((a.mode, a.nlink), (0o750, 3));
+    assert_eq!(shown(&v.getattr(e.ino).unwrap()), shown(&e_here));
+    assert_eq!(rt(&v) - r0, 1);
+}
+
+/// A directory whose making was refused (someone made the name meanwhile, unseen here) shows
+/// as the server has it once the answer comes: theirs.
+#[test]
+fn a_queued_directory_that_lost_the_race_is_theirs() {
+    let (_t, root, _remote, v) = one_client();
+    assert_eq!(v.lookup(ROOT, b"none").unwrap_err(), Errno::ENOENT);
+    v.mkdir(ROOT, b"first", 0o755).unwrap();
+    std::fs::write(root.join("taken"), b"a file of theirs").unwrap();
+    v.mkdir(ROOT, b"taken", 0o755).unwrap();
+    v.send_changes(Duration::ZERO);
+    assert_eq!(
+        std::fs::read(root.join("taken")).unwrap(),
+        b"a file of theirs"
+    );
+    assert_eq!(super::read(&v, "taken").unwrap(), b"a file of theirs");
 }
 
 /// A file this mount committed, written again (SQLite's database, a log, an editor's in-place
