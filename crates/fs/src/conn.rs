@@ -609,18 +609,12 @@ impl<R: Read, W> Connection<R, W> {
         }
     }
 
-    /// Whether `id` is the first reply to come of the last flush: sent in it, and every
-    /// request outstanding sent in it too and not before `id` (a long pipeline is not looked
-    /// through).
+    /// Whether `id` is the first reply to come of the last flush (see [`first_of_flush`]).
     fn first_of_last_flush(&self, id: u32) -> bool {
-        let Some((newest, _)) = self.flushed else {
-            return false;
-        };
-        let from = self.flushed_from;
-        let in_flush = |k: u32| k >= from && k <= newest;
-        self.outstanding.len() <= 64
-            && in_flush(id)
-            && self.outstanding.keys().all(|&k| in_flush(k) && k >= id)
+        self.flushed.is_some_and(|(newest, _)| {
+            self.outstanding.len() <= 64
+                && first_of_flush(self.flushed_from..=newest, self.outstanding.keys(), id)
+        })
     }
 
     /// Takes a frame that arrived: an invalidation is noted, a reply to another request kept
@@ -730,8 +724,8 @@ impl<R: Read, W> Connection<R, W> {
         self.rate.best()
     }
 
-    /// The quickest reply to a request that went alone, from when it went to its first bytes
-    /// (a round trip and the server's work), if timed.
+    /// The quickest reply to a request that went alone or first of its batch, from when it
+    /// went to its first bytes (a round trip and the server's work), if timed.
     pub fn round_trip(&self) -> Option<std::time::Duration> {
         self.rate.round_trip()
     }
@@ -761,5 +755,38 @@ impl<R: Read, W> Connection<R, W> {
         let id = self.send(r)?;
         self.flush()?;
         self.replies(id)
+    }
+}
+
+/// Whether the reply to `id` is the first to come back of the flush that sent `flush`: `id` was
+/// sent in it, and every request `outstanding` was too, none before `id`. Its first bytes then
+/// end a round trip from the flush (and the server's work on it): a batch's first reply times
+/// one as well as a request sent alone.
+fn first_of_flush<'a>(
+    flush: std::ops::RangeInclusive<u32>,
+    mut outstanding: impl Iterator<Item = &'a u32>,
+    id: u32,
+) -> bool {
+    flush.contains(&id) && outstanding.all(|k| flush.contains(k) && *k >= id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_of_flush;
+
+    /// A session that only sends batches (a mount's) times round trips by their first replies;
+    /// it once timed only requests sent alone, and a mount never learnt its link was near.
+    #[test]
+    fn a_batchs_first_reply_times_a_round_trip_and_no_other() {
+        // A batch of three (ids 5 to 7), nothing else outstanding: the first times one.
+        assert!(first_of_flush(5..=7, [5, 6, 7].iter(), 5));
+        // The later ones of the batch come after it.
+        assert!(!first_of_flush(5..=7, [6, 7].iter(), 7));
+        // A reply of an earlier flush still outstanding may come first.
+        assert!(!first_of_flush(5..=7, [3, 5, 6, 7].iter(), 5));
+        // A request of an earlier flush times nothing.
+        assert!(!first_of_flush(5..=7, [4].iter(), 4));
+        // Alone, as before.
+        assert!(first_of_flush(9..=9, [9].iter(), 9));
     }
 }
