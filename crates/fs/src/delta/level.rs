@@ -93,7 +93,7 @@ pub fn fast_link(rate: u64, round_trip: Option<Duration>) -> bool {
     rate >= BROAD_LINK || round_trip.is_some_and(|r| r < NEAR)
 }
 
-/// Whether replies came within [`NEAR`] of their requests: a LAN, or this machine, where the
+/// Whether replies came within 2 ms of their requests: a LAN, or this machine, where the
 /// session's stream starts low (`Outflow::near_link`).
 pub fn near_link(round_trip: Option<Duration>) -> bool {
     round_trip.is_some_and(|r| r < NEAR)
