@@ -121,10 +121,22 @@ impl FileCache {
                 .mode(0o600)
                 .open(p)
         };
-        if !dirty || !target.exists() {
+        if !dirty {
             let f = open(&target)?;
             f.write_all_at(&bytes, 0)?;
             return f.set_len(bytes.len() as u64);
+        }
+        // A dirty record where there is none (every file made here): made exclusively, in
+        // place, with no look first.
+        match fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&target)
+        {
+            Ok(f) => return f.write_all_at(&bytes, 0),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
         }
         let tmp = target.with_extension("meta.tmp");
         let f = open(&tmp)?;

@@ -684,13 +684,18 @@ impl Inode {
 
 /// Makes `data` an empty copy (private to this user).
 fn empty_copy(data: &std::path::Path) -> io::Result<()> {
+    new_copy(data).map(drop)
+}
+
+/// An empty copy at `data` (made, or emptied), open to read and write.
+fn new_copy(data: &std::path::Path) -> io::Result<File> {
     OpenOptions::new()
+        .read(true)
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
         .open(data)
-        .map(drop)
 }
 
 /// What statfs answers when the server does not say (an older server, or none reachable and

@@ -323,9 +323,9 @@ impl Vfs {
         let data = self.files.data(&path);
         let _g = self.copies.lock(&[&path]);
         self.files.remove(&path);
-        empty_copy(&data)?;
+        // (Opened as it is made: one open a new file, not two.)
+        let file = new_copy(&data)?;
         self.files.set_meta(&path, None, true)?;
-        let file = OpenOptions::new().read(true).write(true).open(&data)?;
         let ino = {
             let mut st = self.lock();
             // The server's directory is as it was: only the listing here changes.
