@@ -129,6 +129,13 @@ impl Filesystem for FerryFs {
         {
             tracing::debug!("the kernel has no atomic O_TRUNC");
         }
+        // Listings with attributes where names are looked up after them (see `readdirplus`).
+        if config
+            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO)
+            .is_err()
+        {
+            tracing::debug!("the kernel has no READDIRPLUS");
+        }
         Ok(())
     }
 
@@ -409,6 +416,71 @@ impl Filesystem for FerryFs {
                 None => kind(k),
             };
             if reply.add(INodeNo(e_ino), i as u64 + 1, t, OsStr::from_bytes(&name)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    /// A listing with each entry's attributes (`FUSE_DO_READDIRPLUS`): every entry is looked
+    /// up here as the kernel's `LOOKUP` would be (leased: no round trip), and the kernel counts
+    /// it as one. `rm -rf`, `ls -l` and `find` then ask nothing more of a name before using it.
+    /// With `FUSE_READDIRPLUS_AUTO` the kernel asks for this only where names were looked up
+    /// after the last listing, so a plain `ls` of a large directory makes no inodes here.
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: fuser::ReplyDirectoryPlus,
+    ) {
+        let entries = match self.vfs.readdir(ino.0) {
+            Ok(e) => e,
+            Err(e) => return reply.error(errno("readdirplus", e)),
+        };
+        let here = match self.vfs.getattr(ino.0) {
+            Ok(s) => self.attr(&s),
+            Err(e) => return reply.error(errno("readdirplus", e)),
+        };
+        let dots = [b".".to_vec(), b"..".to_vec()];
+        let names = dots.into_iter().chain(entries.into_iter().map(|e| e.2));
+        for (i, name) in names.enumerate().skip(offset as usize) {
+            let off = i as u64 + 1;
+            if i < 2 {
+                // (The kernel links no dentry for these, and counts no lookup.)
+                if reply.add(
+                    ino,
+                    off,
+                    OsStr::from_bytes(&name),
+                    &Duration::ZERO,
+                    &here,
+                    Generation(0),
+                ) {
+                    break;
+                }
+                continue;
+            }
+            let s = match self.vfs.lookup(ino.0, &name) {
+                Ok(s) => s,
+                Err(e) => {
+                    // Gone since it was listed (or unreachable): left out, as a lookup of it
+                    // would fail.
+                    tracing::debug!("readdirplus: {:?}: {e:?}", String::from_utf8_lossy(&name));
+                    continue;
+                }
+            };
+            let full = reply.add(
+                INodeNo(s.ino),
+                off,
+                OsStr::from_bytes(&name),
+                &ttl(&s),
+                &self.attr(&s),
+                Generation(0),
+            );
+            if full {
+                // Not sent: the kernel holds no reference for it.
+                self.vfs.forget(s.ino, 1);
                 break;
             }
         }

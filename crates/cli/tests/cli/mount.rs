@@ -263,6 +263,49 @@ assert os.listxattr('f') == []
 
 /// With `--strict-close`, a small new file is on the server when its close returns, and a
 /// removal when the unlink does (by default both reach it within 100 ms or so).
+/// A listing gives each entry's attributes (READDIRPLUS): the inode number a listing shows is
+/// the one a stat of the name gives (a plain listing gave numbers of its own), for files,
+/// directories, symlinks and FIFOs, made here or on the server; and the names stay right
+/// after a removal.
+#[test]
+fn a_listing_shows_the_inodes_a_stat_does() {
+    use std::os::unix::fs::{DirEntryExt, MetadataExt};
+    if !can_mount() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    std::fs::create_dir_all(srv.join("d/theirs")).unwrap();
+    std::fs::write(srv.join("d/old"), b"on the server").unwrap();
+    let at = t.path().join("mnt");
+    let _m = mount(t.path(), &srv, &at, &t.path().join("cache"));
+    sh(
+        &at,
+        "cd d && echo x > new && mkdir sub && ln -s new link && mkfifo fifo",
+    );
+    let list = |dir: &Path| {
+        let mut v: Vec<(String, u64)> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.file_name().to_string_lossy().into_owned(), e.ino())
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let listed = list(&at.join("d"));
+    let names: Vec<&str> = listed.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["fifo", "link", "new", "old", "sub", "theirs"]);
+    for (name, ino) in &listed {
+        let st = std::fs::symlink_metadata(at.join("d").join(name)).unwrap();
+        assert_eq!(st.ino(), *ino, "{name}");
+    }
+    std::fs::remove_file(at.join("d/old")).unwrap();
+    let names: Vec<String> = list(&at.join("d")).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["fifo", "link", "new", "sub", "theirs"]);
+}
+
 #[test]
 fn with_strict_close_the_server_has_each_change_when_the_call_returns() {
     if !can_mount() {
