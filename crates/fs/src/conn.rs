@@ -339,11 +339,14 @@ pub struct Connection<R, W> {
     traffic: Traffic,
     /// Frames queued since the last flush.
     unflushed: bool,
-    /// The newest request queued, and the newest at the last flush with when that was.
+    /// The newest request queued, and the newest at the last flush with when its batch began.
     newest: u32,
     flushed: Option<(u32, std::time::Instant)>,
     /// The first request of the last flush (the one after the newest of the flush before).
     flushed_from: u32,
+    /// When the first frame of the batch not yet flushed was queued: the batch's round trip
+    /// runs from then (its first requests may go out, and be answered, before its flush).
+    batch_began: Option<std::time::Instant>,
     /// How fast replies arrive, for the server's choice of levels.
     rate: crate::rate::RateMeter,
     /// Whether the sending thread was told the link is fast ([`Outgoing::FastLink`]).
@@ -402,6 +405,7 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             newest: 0,
             flushed: None,
             flushed_from: 0,
+            batch_began: None,
             rate: Default::default(),
             server: None,
             invalidated: vec![],
@@ -460,7 +464,11 @@ impl<R: Read, W> Connection<R, W> {
                 ferry_proto::MAX_BODY
             )));
         }
-        self.unflushed = true;
+        if !std::mem::replace(&mut self.unflushed, true) {
+            // The batch's first frame: none of it can leave before now (the sending thread
+            // writes a large batch out before its flush).
+            self.batch_began = Some(std::time::Instant::now());
+        }
         self.writer.send(Outgoing::Frame(f))
     }
 
@@ -569,7 +577,8 @@ impl<R: Read, W> Connection<R, W> {
         if std::mem::take(&mut self.unflushed) {
             self.writer.send(Outgoing::Flush)?;
             self.flushed_from = self.flushed.map_or(0, |(n, _)| n.wrapping_add(1));
-            self.flushed = Some((self.newest, std::time::Instant::now()));
+            let began = self.batch_began.take();
+            self.flushed = Some((self.newest, began.unwrap_or_else(std::time::Instant::now)));
         }
         Ok(())
     }
@@ -609,10 +618,12 @@ impl<R: Read, W> Connection<R, W> {
         }
     }
 
-    /// Whether `id` is the first reply to come of the last flush (see [`first_of_flush`]).
+    /// Whether `id` is the first reply to come of the last flush (see [`first_of_flush`]),
+    /// with no reply to a forgotten request still to come either.
     fn first_of_last_flush(&self, id: u32) -> bool {
         self.flushed.is_some_and(|(newest, _)| {
             self.outstanding.len() <= 64
+                && self.forgotten.is_empty()
                 && first_of_flush(self.flushed_from..=newest, self.outstanding.keys(), id)
         })
     }

@@ -423,10 +423,11 @@ impl Filesystem for FerryFs {
     }
 
     /// A listing with each entry's attributes (`FUSE_DO_READDIRPLUS`): every entry is looked
-    /// up here as the kernel's `LOOKUP` would be (leased: no round trip), and the kernel counts
-    /// it as one. `rm -rf`, `ls -l` and `find` then ask nothing more of a name before using it.
-    /// With `FUSE_READDIRPLUS_AUTO` the kernel asks for this only where names were looked up
-    /// after the last listing, so a plain `ls` of a large directory makes no inodes here.
+    /// up here as the kernel's `LOOKUP` would be, and the kernel counts it as one. `rm -rf`,
+    /// `ls -l` and `find` then ask nothing more of a name before using it. The entries'
+    /// attributes are leased first, with one listing if some are not, so the lookups cost no
+    /// round trip each. With `FUSE_READDIRPLUS_AUTO` the kernel asks for this for a listing's
+    /// first part, and for the rest only where names were looked up after a part.
     fn readdirplus(
         &self,
         _req: &Request,
@@ -443,46 +444,46 @@ impl Filesystem for FerryFs {
             Ok(s) => self.attr(&s),
             Err(e) => return reply.error(errno("readdirplus", e)),
         };
+        if let Err(e) = self.vfs.lease_entries(ino.0) {
+            return reply.error(errno("readdirplus", e));
+        }
         let dots = [b".".to_vec(), b"..".to_vec()];
         let names = dots.into_iter().chain(entries.into_iter().map(|e| e.2));
+        let mut added = false;
         for (i, name) in names.enumerate().skip(offset as usize) {
             let off = i as u64 + 1;
-            if i < 2 {
+            let (at, ttl, attr) = if i < 2 {
                 // (The kernel links no dentry for these, and counts no lookup.)
-                if reply.add(
-                    ino,
-                    off,
-                    OsStr::from_bytes(&name),
-                    &Duration::ZERO,
-                    &here,
-                    Generation(0),
-                ) {
-                    break;
-                }
-                continue;
-            }
-            let s = match self.vfs.lookup(ino.0, &name) {
-                Ok(s) => s,
-                Err(e) => {
-                    // Gone since it was listed (or unreachable): left out, as a lookup of it
-                    // would fail.
-                    tracing::debug!("readdirplus: {:?}: {e:?}", String::from_utf8_lossy(&name));
-                    continue;
+                (ino, Duration::ZERO, here)
+            } else {
+                match self.vfs.lookup(ino.0, &name) {
+                    Ok(s) => (INodeNo(s.ino), ttl(&s), self.attr(&s)),
+                    // Gone since it was listed: left out.
+                    Err(Errno::ENOENT) => continue,
+                    // Not left out silently: the listing ends before it, and the kernel's
+                    // next call, from here, is told the error.
+                    Err(e) if added => {
+                        tracing::debug!("readdirplus: {:?}: {e:?}", String::from_utf8_lossy(&name));
+                        break;
+                    }
+                    Err(e) => return reply.error(errno("readdirplus", e)),
                 }
             };
-            let full = reply.add(
-                INodeNo(s.ino),
+            if reply.add(
+                at,
                 off,
                 OsStr::from_bytes(&name),
-                &ttl(&s),
-                &self.attr(&s),
+                &ttl,
+                &attr,
                 Generation(0),
-            );
-            if full {
-                // Not sent: the kernel holds no reference for it.
-                self.vfs.forget(s.ino, 1);
+            ) {
+                if i >= 2 {
+                    // Not sent: the kernel holds no reference for it.
+                    self.vfs.forget(at.0, 1);
+                }
                 break;
             }
+            added = true;
         }
         reply.ok();
     }

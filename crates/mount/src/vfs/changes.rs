@@ -128,13 +128,6 @@ impl Vfs {
         {
             return None;
         }
-        let until = self.lock().listings.get(dir)?.until;
-        if !self.queue_change(Change::Mkdir {
-            path: path.clone(),
-            mode,
-        }) {
-            return None;
-        }
         let now = specials::now_ns();
         let a = Attr {
             kind: FileKind::Dir,
@@ -152,23 +145,35 @@ impl Vfs {
                 id: None,
             }),
         };
-        let epoch = self.link.epoch();
-        let mut st = self.lock();
-        let leased = |value| Leased {
-            value,
-            until,
-            epoch,
-        };
-        st.attrs.insert(path.clone(), leased(a.clone()));
-        st.listings.insert(
-            path.clone(),
-            Leased {
+        {
+            // In place before the change is queued: its answer, taken as soon as it comes,
+            // finds the attributes to replace. Leased as the parent's listing is, and no longer.
+            let mut st = self.lock();
+            let (until, epoch) = st.listings.get(dir).map(|l| (l.until, l.epoch))?;
+            let attr = Leased {
+                value: a.clone(),
+                until,
+                epoch,
+            };
+            let listing = Leased {
                 value: vec![],
                 until,
                 epoch,
-            },
-        );
-        st.changing.remove(path);
+            };
+            st.attrs.insert(path.clone(), attr);
+            st.listings.insert(path.clone(), listing);
+            st.changing.remove(path);
+        }
+        if !self.queue_change(Change::Mkdir {
+            path: path.clone(),
+            mode,
+        }) {
+            let mut st = self.lock();
+            st.attrs.remove(path);
+            st.listings.remove(path);
+            return None;
+        }
+        let mut st = self.lock();
         Self::edit_listing(&mut st, dir, name, Some(FileKind::Dir));
         // The parent's times as the server will set them, about.
         st.dir_times.insert(dir.clone(), now);

@@ -166,6 +166,36 @@ impl Vfs {
         entries
     }
 
+    /// Makes sure the attributes of every entry of directory `ino` are leased here, with one
+    /// listing if some are not (a lease of one broken, or expired): each entry can then be
+    /// looked up without a round trip of its own (the FUSE layer's `readdirplus` does).
+    pub fn lease_entries(&self, ino: Ino) -> Result<(), Errno> {
+        let (dir, _) = self.path_of(ino)?;
+        let epoch = self.link.epoch();
+        let stale = {
+            let st = self.lock();
+            let pending = |p: &WirePath| {
+                st.ino_of
+                    .get(p)
+                    .and_then(|i| st.inodes.get(i))
+                    .is_some_and(|n| n.pending)
+            };
+            match st.listings.get(&dir).filter(|l| l.valid(epoch)) {
+                None => true,
+                Some(l) => l.value.iter().any(|(name, _)| {
+                    dir.join(name).is_ok_and(|p| {
+                        !pending(&p) && st.attrs.get(&p).is_none_or(|a| !a.valid(epoch))
+                    })
+                }),
+            }
+        };
+        if stale {
+            // (What cannot be listed is told by the lookups that follow.)
+            let _ = self.list(&dir);
+        }
+        Ok(())
+    }
+
     /// The entries of directory `ino` (without `.` and `..`): name, kind and an inode number.
     pub fn readdir(&self, ino: Ino) -> Result<Vec<(Ino, FileKind, Vec<u8>)>, Errno> {
         let (dir, kind) = self.path_of(ino)?;

@@ -229,6 +229,11 @@ impl Vfs {
                     n.exclusive = false;
                     self.retry_dirty.store(true, Ordering::Release);
                 }
+                if code == ErrorCode::NotFound {
+                    // Its directory is missing on the server (see `commit`): upkeep writes it
+                    // back, making the directory again.
+                    self.retry_dirty.store(true, Ordering::Release);
+                }
                 return;
             }
         };

@@ -374,11 +374,52 @@ impl Vfs {
                     };
                 }
                 Err(Failure::Failed(GetError::LocalChanged(_))) if attempt < 4 => {}
+                Err(Failure::Remote(ErrorCode::NotFound, m)) if base.is_none() && attempt < 4 => {
+                    // A file made here whose directory the server lacks: one made here whose
+                    // queued making was lost with the link or a crash, or one removed
+                    // meanwhile by someone else. Made again, so the file is not left behind
+                    // (the last close wins, as over someone else's file).
+                    tracing::warn!(
+                        "{path:?}: {m}; its directory is missing on the server: made again"
+                    );
+                    self.make_parents(path)?;
+                }
                 Err(f) => {
                     tracing::warn!("{path:?}: cannot write back: {f}");
                     return Err(errno_of(&f));
                 }
             }
         }
+    }
+
+    /// Makes every directory above `path` that the server lacks (mode 0755; those there are
+    /// left as they are), in one round trip.
+    fn make_parents(&self, path: &WirePath) -> Result<(), Errno> {
+        let mut dirs = vec![];
+        let mut at = path.split_last().map(|(d, _)| d);
+        while let Some(d) = at.filter(|d| !d.as_bytes().is_empty()) {
+            at = d.split_last().map(|(up, _)| up);
+            dirs.push(d);
+        }
+        dirs.reverse();
+        let r = self.link.run(|c| {
+            let made = dirs.iter().map(|d| Request::Mkdir {
+                path: d.clone(),
+                mode: 0o755,
+            });
+            for r in batch(c, made.collect())? {
+                match r {
+                    Ok(_)
+                    | Err(ConnError::Remote {
+                        code: ErrorCode::Exists,
+                        ..
+                    }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Ok(())
+        });
+        self.apply_invalidations();
+        r.map_err(|f| errno_of(&f))
     }
 }

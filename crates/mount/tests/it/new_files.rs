@@ -382,3 +382,20 @@ fn a_directorys_times_go_with_its_files() {
     let m = std::fs::metadata(root.join("d")).unwrap();
     assert_eq!(m.mode() & 0o7777, 0o555);
 }
+
+/// A file made here whose directory the server lacks when its commit comes (the directory's
+/// queued making lost with the link or a crash, or someone removed it meanwhile) is not left
+/// behind: the next write-back makes the directory again and the file in it.
+#[test]
+fn a_new_file_whose_directory_is_gone_makes_it_again() {
+    let (_t, root, _remote, v) = one_client();
+    std::fs::create_dir(root.join("d")).unwrap();
+    let d = v.lookup(ROOT, b"d").unwrap();
+    assert_eq!(v.lookup(d.ino, b"none").unwrap_err(), Errno::ENOENT);
+    super::make(&v, d.ino, b"f", b"kept", false);
+    std::fs::remove_dir(root.join("d")).unwrap();
+    v.send_changes(Duration::ZERO);
+    assert!(!root.join("d").exists(), "refused: no directory");
+    assert_eq!(v.write_back_all(), 0);
+    assert_eq!(std::fs::read(root.join("d/f")).unwrap(), b"kept");
+}
