@@ -76,7 +76,7 @@ use ferry_store::LocalStore;
 use crate::cache::FileCache;
 use crate::link::{Break, Conn, Connector, Failure, Link};
 use crate::queued::Change;
-use paths::{below, is_below, keys_below, rebase, remove_below};
+use paths::{entries_below, is_below, rebase, remove_below, remove_below_in_set};
 
 /// An inode number; [`ROOT`] is the mounted directory.
 pub type Ino = u64;

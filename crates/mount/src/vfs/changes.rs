@@ -223,18 +223,15 @@ impl Vfs {
         remove_below(&mut st.attrs, path);
         remove_below(&mut st.listings, path);
         remove_below(&mut st.links, path);
-        for p in below(|r| st.changing.range::<[u8], _>(r), path) {
-            st.changing.remove(&p);
-        }
+        remove_below_in_set(&mut st.changing, path);
     }
 
     pub(super) fn unlinked(&self, st: &mut State, path: &WirePath) {
-        let gone: Vec<(WirePath, Ino)> = keys_below(&st.ino_of, path)
-            .into_iter()
-            .filter_map(|p| st.ino_of.get(&p).map(|&i| (p, i)))
+        let gone: Vec<(WirePath, Ino)> = entries_below(&st.ino_of, path)
+            .map(|(p, &i)| (p.clone(), i))
             .collect();
         // The copy of `path` itself goes below when it has an inode (once: each removal is
-        // two renames into the cache's trash, under the state's lock).
+        // file operations under the state's lock).
         let had_inode = gone.iter().any(|(p, _)| p == path);
         for (p, i) in gone {
             st.ino_of.remove(&p);
@@ -405,9 +402,8 @@ impl Vfs {
         // so nothing pending refers to a name that no longer exists.
         let moving: Vec<Ino> = {
             let st = self.lock();
-            keys_below(&st.ino_of, &from)
-                .iter()
-                .filter_map(|p| st.ino_of.get(p).copied())
+            entries_below(&st.ino_of, &from)
+                .map(|(_, &i)| i)
                 .filter(|i| st.inodes.get(i).is_some_and(|n| n.dirty))
                 .collect()
         };
@@ -473,9 +469,8 @@ impl Vfs {
         }
         // Inodes below the old name move with it, and so do their copies (whose versions
         // are checked on the next open, the rename having changed them on the server).
-        let moved: Vec<(WirePath, Ino)> = keys_below(&st.ino_of, from)
-            .into_iter()
-            .filter_map(|p| st.ino_of.get(&p).map(|&i| (p, i)))
+        let moved: Vec<(WirePath, Ino)> = entries_below(&st.ino_of, from)
+            .map(|(p, &i)| (p.clone(), i))
             .collect();
         for (p, _) in &moved {
             st.ino_of.remove(p);

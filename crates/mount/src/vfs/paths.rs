@@ -1,7 +1,7 @@
 //! Paths below others: what a removal or a rename of a directory carries with it, found in the
 //! mount's ordered maps by range rather than by a look at every path.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 
 use ferry_proto::WirePath;
@@ -12,36 +12,43 @@ pub(super) fn is_below(p: &WirePath, dir: &WirePath) -> bool {
     d.is_empty() || p == d || (p.len() > d.len() && p.starts_with(d) && p[d.len()] == b'/')
 }
 
-/// The paths of `keys` that are `dir` or below it ([`is_below`]), found as ranges of an
-/// ordered map or set: `dir` itself, and from `dir/` up to `dir0` (`'0'` follows `'/'`).
-pub(super) fn below<'a, I: Iterator<Item = &'a WirePath>>(
-    keys: impl Fn((Bound<&[u8]>, Bound<&[u8]>)) -> I,
-    dir: &WirePath,
-) -> Vec<WirePath> {
+/// A range of byte strings, as an ordered map of paths is searched by.
+type ByteRange = (Bound<Vec<u8>>, Bound<Vec<u8>>);
+
+/// The ranges of paths that are `dir` or below it ([`is_below`]) in byte order: `dir` itself,
+/// and from `dir/` up to `dir0` (`'0'` follows `'/'`); every path for the root.
+fn ranges(dir: &WirePath) -> Vec<ByteRange> {
     let d = dir.as_bytes();
     if d.is_empty() {
-        return keys((Bound::Unbounded, Bound::Unbounded))
-            .cloned()
-            .collect();
+        return vec![(Bound::Unbounded, Bound::Unbounded)];
     }
     let with = |b: u8| [d, &[b]].concat();
-    let (from, to) = (with(b'/'), with(b'0'));
-    let mut out: Vec<WirePath> = keys((Bound::Included(d), Bound::Included(d)))
-        .cloned()
-        .collect();
-    out.extend(
-        keys((
-            Bound::Included(from.as_slice()),
-            Bound::Excluded(to.as_slice()),
-        ))
-        .cloned(),
-    );
-    out
+    vec![
+        (Bound::Included(d.to_vec()), Bound::Included(d.to_vec())),
+        (Bound::Included(with(b'/')), Bound::Excluded(with(b'0'))),
+    ]
+}
+
+fn borrowed(r: &ByteRange) -> (Bound<&[u8]>, Bound<&[u8]>) {
+    (
+        r.0.as_ref().map(Vec::as_slice),
+        r.1.as_ref().map(Vec::as_slice),
+    )
+}
+
+/// The entries of `m` whose paths are `dir` or below it.
+pub(super) fn entries_below<'a, V>(
+    m: &'a BTreeMap<WirePath, V>,
+    dir: &WirePath,
+) -> impl Iterator<Item = (&'a WirePath, &'a V)> {
+    ranges(dir)
+        .into_iter()
+        .flat_map(move |r| m.range::<[u8], _>(borrowed(&r)))
 }
 
 /// The paths of `m` that are `dir` or below it.
-pub(super) fn keys_below<V>(m: &BTreeMap<WirePath, V>, dir: &WirePath) -> Vec<WirePath> {
-    below(|r| m.range::<[u8], _>(r).map(|(k, _)| k), dir)
+fn keys_below<V>(m: &BTreeMap<WirePath, V>, dir: &WirePath) -> Vec<WirePath> {
+    entries_below(m, dir).map(|(k, _)| k.clone()).collect()
 }
 
 /// Removes from `m` what is `dir` or below it.
@@ -51,7 +58,18 @@ pub(super) fn remove_below<V>(m: &mut BTreeMap<WirePath, V>, dir: &WirePath) {
     }
 }
 
-/// `p` (below `from`) moved to below `to`.
+/// Removes from `s` what is `dir` or below it.
+pub(super) fn remove_below_in_set(s: &mut BTreeSet<WirePath>, dir: &WirePath) {
+    let gone: Vec<WirePath> = ranges(dir)
+        .iter()
+        .flat_map(|r| s.range::<[u8], _>(borrowed(r)))
+        .cloned()
+        .collect();
+    for k in gone {
+        s.remove(&k);
+    }
+}
+
 /// `p` (below `from`) moved below `to`; `None` if that path would be too long to name.
 pub(super) fn rebase(p: &WirePath, from: &WirePath, to: &WirePath) -> Option<WirePath> {
     let rest = &p.as_bytes()[from.as_bytes().len()..];
@@ -95,8 +113,11 @@ mod tests {
             got.sort();
             assert_eq!(got, want, "below {dir:?}");
         }
+        let mut set: BTreeSet<WirePath> = m.keys().cloned().collect();
         remove_below(&mut m, &p("a"));
+        remove_below_in_set(&mut set, &p("a"));
         let left: Vec<WirePath> = m.keys().cloned().collect();
         assert_eq!(left, ["a-", "a.b", "a0", "ab", "b", "b/a"].map(p));
+        assert!(set.iter().eq(left.iter()));
     }
 }

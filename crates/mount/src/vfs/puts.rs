@@ -227,11 +227,10 @@ impl Vfs {
                 if code == ErrorCode::Conflict {
                     n.pending = false;
                     n.exclusive = false;
-                    self.retry_dirty.store(true, Ordering::Release);
                 }
-                if code == ErrorCode::NotFound {
-                    // Its directory is missing on the server (see `commit`): upkeep writes it
-                    // back, making the directory again.
+                // (Not found: its directory is missing on the server, and the write-back
+                // makes it again: see `commit`.)
+                if matches!(code, ErrorCode::Conflict | ErrorCode::NotFound) {
                     self.retry_dirty.store(true, Ordering::Release);
                 }
                 return;
