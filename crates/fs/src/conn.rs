@@ -339,11 +339,9 @@ pub struct Connection<R, W> {
     traffic: Traffic,
     /// Frames queued since the last flush.
     unflushed: bool,
-    /// The newest request queued, and the newest at the last flush with when its batch began.
+    /// The newest request queued; the requests of the last flush, with when its batch began.
     newest: u32,
-    flushed: Option<(u32, std::time::Instant)>,
-    /// The first request of the last flush (the one after the newest of the flush before).
-    flushed_from: u32,
+    flushed: Option<(std::ops::RangeInclusive<u32>, std::time::Instant)>,
     /// When the first frame of the batch not yet flushed was queued: the batch's round trip
     /// runs from then (its first requests may go out, and be answered, before its flush).
     batch_began: Option<std::time::Instant>,
@@ -404,7 +402,6 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             unflushed: false,
             newest: 0,
             flushed: None,
-            flushed_from: 0,
             batch_began: None,
             rate: Default::default(),
             server: None,
@@ -576,9 +573,13 @@ impl<R: Read, W> Connection<R, W> {
     pub fn flush(&mut self) -> Result<(), ConnError> {
         if std::mem::take(&mut self.unflushed) {
             self.writer.send(Outgoing::Flush)?;
-            self.flushed_from = self.flushed.map_or(0, |(n, _)| n.wrapping_add(1));
+            let from = self
+                .flushed
+                .as_ref()
+                .map_or(0, |(r, _)| r.end().wrapping_add(1));
             let began = self.batch_began.take();
-            self.flushed = Some((self.newest, began.unwrap_or_else(std::time::Instant::now)));
+            let began = began.unwrap_or_else(std::time::Instant::now);
+            self.flushed = Some((from..=self.newest, began));
         }
         Ok(())
     }
@@ -598,8 +599,11 @@ impl<R: Read, W> Connection<R, W> {
         // a round trip from when it went: its reply's first bytes are the first to come back.
         // (Not only a request alone: a mount sends everything in batches, and never measured
         // its link.)
-        let went = self.flushed.filter(|_| self.first_of_last_flush(id));
-        let mut waited = crate::rate::Wait::start(went.map(|(_, at)| at));
+        let went = match &self.flushed {
+            Some((_, at)) if self.first_of_last_flush(id) => Some(*at),
+            _ => None,
+        };
+        let mut waited = crate::rate::Wait::start(went);
         loop {
             while let Some(f) = self.inflow.next_frame()? {
                 if let Some(f) = self.route(f, id)? {
@@ -621,10 +625,10 @@ impl<R: Read, W> Connection<R, W> {
     /// Whether `id` is the first reply to come of the last flush (see [`first_of_flush`]),
     /// with no reply to a forgotten request still to come either.
     fn first_of_last_flush(&self, id: u32) -> bool {
-        self.flushed.is_some_and(|(newest, _)| {
-            self.outstanding.len() <= 64
+        self.flushed.as_ref().is_some_and(|(flush, _)| {
+            self.outstanding.len() <= TIMED_OUTSTANDING
                 && self.forgotten.is_empty()
-                && first_of_flush(self.flushed_from..=newest, self.outstanding.keys(), id)
+                && first_of_flush(flush.clone(), self.outstanding.keys(), id)
         })
     }
 
@@ -768,6 +772,10 @@ impl<R: Read, W> Connection<R, W> {
         self.replies(id)
     }
 }
+
+/// Requests outstanding at most for a reply to time a round trip: a longer pipeline is not
+/// looked through at every wait (a window of chunks in flight times none).
+const TIMED_OUTSTANDING: usize = 64;
 
 /// Whether the reply to `id` is the first to come back of the flush that sent `flush`: `id` was
 /// sent in it, and every request `outstanding` was too, none before `id`. Its first bytes then

@@ -122,6 +122,12 @@ pub(crate) fn remove_stale_temps(dir: &OwnedFd) {
     }
 }
 
+/// The path that names the file open as `fd` itself, whatever is renamed meanwhile: for the
+/// calls that take a path only (chmod, utimes of a symlink, linkat, inotify).
+pub(crate) fn fd_path(fd: &impl std::os::fd::AsRawFd) -> String {
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
 /// A single path component as an `OsStr` (for the `*at` calls on a parent descriptor).
 pub(crate) fn os(name: &[u8]) -> &std::ffi::OsStr {
     use std::os::unix::ffi::OsStrExt;
@@ -212,7 +218,7 @@ impl Export {
         let link = rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode)
             == rustix::fs::FileType::Symlink;
         // The inode just opened, through its descriptor (no name to be swapped meanwhile).
-        let this = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+        let this = fd_path(&fd);
         // A symlink has no mode of its own on Linux: a mode asked for it is ignored.
         if let (Some(mode), false) = (mode, link) {
             rustix::fs::chmod(&this, Mode::from_raw_mode(mode & 0o7777))?;

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use ferry_proto::WirePath;
@@ -100,7 +100,7 @@ impl Leases {
             | inotify::WatchFlags::DELETE
             | inotify::WatchFlags::DELETE_SELF
             | inotify::WatchFlags::MOVE_SELF;
-        let wd = inotify::add_watch(&self.fd, format!("/proc/self/fd/{}", d.as_raw_fd()), mask)?;
+        let wd = inotify::add_watch(&self.fd, crate::export::fd_path(&d), mask)?;
         self.watched.insert(wd, dir.clone());
         self.dirs.insert(dir.clone(), wd);
         Ok(())

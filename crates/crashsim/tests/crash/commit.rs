@@ -198,104 +198,100 @@ fn group_round(
     opts: ServerOptions,
     syncs_before: std::ops::RangeInclusive<usize>,
 ) -> Report {
-    {
-        {
-            let rec = recorder();
-            let export = rec.path().join("export");
-            std::fs::create_dir(&export).unwrap();
-            let ask = if deferred {
-                ferry_proto::FEATURE_DEFERRED_SYNC
-            } else {
-                0
-            };
-            let mut c = connect_with(&export, ask, opts);
-            let files: BTreeMap<String, Vec<u8>> = (0..12u64)
-                .map(|i| {
-                    (
-                        format!("f{i}"),
-                        bytes((r << 32) | i, 200 + (i as usize * 997) % 5_000),
-                    )
-                })
-                .collect();
-            let mut ids = vec![];
-            for (h, (name, data)) in files.iter().enumerate() {
-                let h = h as u32 + 1;
-                c.send(ferry_proto::Request::Create {
-                    handle: h,
-                    path: name.as_str().into(),
-                    base: None,
-                })
-                .unwrap();
-                c.send(ferry_proto::Request::Write {
-                    handle: h,
-                    parts: vec![ferry_proto::WritePart::Data {
-                        lens: vec![data.len() as u32],
-                        payload: ferry_proto::Payload::Plain(data.clone()),
-                    }],
-                })
-                .unwrap();
-                ids.push(
-                    c.send(ferry_proto::Request::Commit {
-                        handle: h,
-                        mode: 0o644,
-                        mtime_ns: 0,
-                        size: data.len() as u64,
-                        oid: ferry_format::Id::hash(ferry_format::HashAlg::Blake3, data),
-                    })
-                    .unwrap(),
-                );
-            }
-            for id in ids {
-                let replies = c.replies(id).unwrap();
-                assert!(
-                    matches!(replies.last(), Some(ferry_proto::Reply::Attr(_))),
-                    "{replies:?}"
-                );
-            }
-            if deferred {
-                c.call(ferry_proto::Request::Sync).unwrap();
-            }
-            rec.mark("all");
-            drop(c);
-            let trace = rec.finish();
-            // Grouped: temporary files synced one after another before the first rename (not
-            // grouped: one).
-            let first_rename = trace
-                .ops
-                .iter()
-                .position(|o| matches!(o, ferry_crashsim::model::Op::Rename { .. }))
-                .unwrap();
-            let synced_first = trace.ops[..first_rename]
-                .iter()
-                .filter(|o| matches!(o, ferry_crashsim::model::Op::Fsync { .. }))
-                .count();
-            assert!(
-                syncs_before.contains(&synced_first),
-                "{synced_first} syncs before the first rename, {syncs_before:?} wanted"
-            );
-            crash_all("group", &trace, |c| {
-                let export = c.dir.join("export");
-                let have = if export.exists() {
-                    files_of(&export)?
-                } else {
-                    BTreeMap::new()
-                };
-                for (name, data) in &have {
-                    if files.get(name) != Some(data) {
-                        return Err(format!("{name} is not whole"));
-                    }
-                }
-                if !c.acked.is_empty() && have.len() != files.len() {
-                    return Err(format!(
-                        "{} of {} files after their answers",
-                        have.len(),
-                        files.len()
-                    ));
-                }
-                Ok(())
+    let rec = recorder();
+    let export = rec.path().join("export");
+    std::fs::create_dir(&export).unwrap();
+    let ask = if deferred {
+        ferry_proto::FEATURE_DEFERRED_SYNC
+    } else {
+        0
+    };
+    let mut c = connect_with(&export, ask, opts);
+    let files: BTreeMap<String, Vec<u8>> = (0..12u64)
+        .map(|i| {
+            (
+                format!("f{i}"),
+                bytes((r << 32) | i, 200 + (i as usize * 997) % 5_000),
+            )
+        })
+        .collect();
+    let mut ids = vec![];
+    for (h, (name, data)) in files.iter().enumerate() {
+        let h = h as u32 + 1;
+        c.send(ferry_proto::Request::Create {
+            handle: h,
+            path: name.as_str().into(),
+            base: None,
+        })
+        .unwrap();
+        c.send(ferry_proto::Request::Write {
+            handle: h,
+            parts: vec![ferry_proto::WritePart::Data {
+                lens: vec![data.len() as u32],
+                payload: ferry_proto::Payload::Plain(data.clone()),
+            }],
+        })
+        .unwrap();
+        ids.push(
+            c.send(ferry_proto::Request::Commit {
+                handle: h,
+                mode: 0o644,
+                mtime_ns: 0,
+                size: data.len() as u64,
+                oid: ferry_format::Id::hash(ferry_format::HashAlg::Blake3, data),
             })
-        }
+            .unwrap(),
+        );
     }
+    for id in ids {
+        let replies = c.replies(id).unwrap();
+        assert!(
+            matches!(replies.last(), Some(ferry_proto::Reply::Attr(_))),
+            "{replies:?}"
+        );
+    }
+    if deferred {
+        c.call(ferry_proto::Request::Sync).unwrap();
+    }
+    rec.mark("all");
+    drop(c);
+    let trace = rec.finish();
+    // Grouped: temporary files synced one after another before the first rename (not
+    // grouped: one).
+    let first_rename = trace
+        .ops
+        .iter()
+        .position(|o| matches!(o, ferry_crashsim::model::Op::Rename { .. }))
+        .unwrap();
+    let synced_first = trace.ops[..first_rename]
+        .iter()
+        .filter(|o| matches!(o, ferry_crashsim::model::Op::Fsync { .. }))
+        .count();
+    assert!(
+        syncs_before.contains(&synced_first),
+        "{synced_first} syncs before the first rename, {syncs_before:?} wanted"
+    );
+    crash_all("group", &trace, |c| {
+        let export = c.dir.join("export");
+        let have = if export.exists() {
+            files_of(&export)?
+        } else {
+            BTreeMap::new()
+        };
+        for (name, data) in &have {
+            if files.get(name) != Some(data) {
+                return Err(format!("{name} is not whole"));
+            }
+        }
+        if !c.acked.is_empty() && have.len() != files.len() {
+            return Err(format!(
+                "{} of {} files after their answers",
+                have.len(),
+                files.len()
+            ));
+        }
+        Ok(())
+    })
 }
 
 /// A file of two names (`f` and `g`, one inode) committed to in place: at any crash, once the

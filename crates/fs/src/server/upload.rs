@@ -590,16 +590,9 @@ impl Server {
             discard(u);
             return Err(ioe(e));
         }
-        // Its write buffer goes: a commit parked with others keeps only its file.
-        u.out = match u.out.into_inner() {
-            Ok(f) => BufWriter::with_capacity(0, f),
-            Err(e) => {
-                let err = io::Error::new(e.error().kind(), e.error().to_string());
-                u.out = e.into_inner();
-                discard(u);
-                return Err(ioe(err));
-            }
-        };
+        // Its write buffer goes (flushed above, so empty): a commit parked with others keeps
+        // only its file.
+        u.out = BufWriter::with_capacity(0, u.out.into_parts().0);
         let got = Oid(u.whole.finish());
         if u.size != size || got.id() != oid {
             // Data written against a base that changed in place gives other bytes: say so.

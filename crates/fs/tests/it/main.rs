@@ -39,28 +39,29 @@ fn connect_asking(root: &Path, ask: u64) -> Connection<UnixStream, UnixStream> {
 
 /// The client's end of a socket to a server on a thread serving `root`.
 fn serving(root: &Path) -> UnixStream {
+    serving_with(root, |s| s)
+}
+
+/// Likewise, the server made by `with` from the usual one.
+fn serving_with(root: &Path, with: impl FnOnce(Server) -> Server + Send + 'static) -> UnixStream {
     let (a, b) = UnixStream::pair().unwrap();
     let export = Export::open(root).unwrap();
     std::thread::spawn(move || {
-        let mut server = Server::new(export, grouping(), staging());
+        let mut server = with(Server::new(export, grouping(), staging()));
         let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
     });
     b
 }
 
-/// Likewise, with the server keeping a history of what it cuts in `history`.
+/// A client of a server on a thread serving `root`, keeping a history of what it cuts in
+/// `history`.
 fn connect_with(
     root: &Path,
     history: Option<ferry_fs::Staging>,
 ) -> Connection<UnixStream, UnixStream> {
-    let (a, b) = UnixStream::pair().unwrap();
-    let export = Export::open(root).unwrap();
-    std::thread::spawn(move || {
-        let mut server = Server::new(export, grouping(), staging());
-        if let Some(h) = history {
-            server = server.with_history(h, u64::MAX);
-        }
-        let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
+    let b = serving_with(root, move |s| match history {
+        Some(h) => s.with_history(h, u64::MAX),
+        None => s,
     });
     Connection::open(b.try_clone().unwrap(), b).unwrap()
 }
@@ -2433,12 +2434,7 @@ pub(crate) fn connect_indexed(
     root: &Path,
     index: std::sync::Arc<ferry_store::PathIndex>,
 ) -> Connection<UnixStream, UnixStream> {
-    let (a, b) = UnixStream::pair().unwrap();
-    let export = Export::open(root).unwrap();
-    std::thread::spawn(move || {
-        let mut server = Server::new(export, grouping(), staging()).with_index(index);
-        let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
-    });
+    let b = serving_with(root, move |s| s.with_index(index));
     Connection::open(b.try_clone().unwrap(), b).unwrap()
 }
 
