@@ -23,7 +23,7 @@
 
 use std::fs::File;
 use std::io::{self, Seek};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags, CWD};
@@ -101,7 +101,12 @@ pub(crate) fn write(
     let recorded = match &redo {
         Some(redo) => {
             // A dead writer's record of this file is superseded: the whole file is written now.
-            drop_records_of(redo, (st.st_dev, st.st_ino));
+            // One whose mark is held while this writer holds the file's lock is being finished
+            // by another session, which waits for that lock to copy it: refused (the client
+            // tries again, against what that copy leaves), or the copy would undo this commit.
+            if !drop_records_of(redo, (st.st_dev, st.st_ino)) {
+                return Err(Refused::Locked);
+            }
             record(w, &target, redo, &t, &n)?
         }
         None => false,
@@ -146,7 +151,7 @@ fn record(
         let _ = rustix::fs::renameat(redo, n, w.dir, os(w.tmp.as_bytes()));
         let _ = rustix::fs::fsync(redo);
     };
-    let by_fd = format!("/proc/self/fd/{}", target.as_raw_fd());
+    let by_fd = crate::export::fd_path(target);
     match rustix::fs::linkat(CWD, by_fd.as_str(), redo, t, AtFlags::SYMLINK_FOLLOW) {
         Ok(()) => {}
         Err(e) => {
@@ -180,18 +185,22 @@ fn records_of(redo: &OwnedFd, file: (u64, u64)) -> Vec<String> {
     record_ids(redo).into_iter().filter(target_is).collect()
 }
 
-/// Removes the records of dead writers whose target is the file `(dev, ino)`.
-fn drop_records_of(redo: &OwnedFd, file: (u64, u64)) {
+/// Removes the records of dead writers whose target is the file `(dev, ino)`; false if one
+/// was left because its mark is held (another session is finishing it).
+fn drop_records_of(redo: &OwnedFd, file: (u64, u64)) -> bool {
+    let mut all = true;
     for id in records_of(redo, file) {
         let (t, n) = (format!("{id}.target"), format!("{id}.new"));
         if let Ok(new) = open_readable(redo, &n) {
             if rustix::fs::flock(&new, FlockOperation::NonBlockingLockExclusive).is_err() {
+                all = false;
                 continue;
             }
         }
         let _ = rustix::fs::unlinkat(redo, n.as_str(), AtFlags::empty());
         let _ = rustix::fs::unlinkat(redo, t.as_str(), AtFlags::empty());
     }
+    all
 }
 
 /// The ids of the records in `redo`: names of the record's pattern only (a commit's temporary
@@ -279,7 +288,7 @@ fn open_forcing(
             if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_file() {
                 return Err(io::Error::from(io::ErrorKind::PermissionDenied));
             }
-            let by_fd = format!("/proc/self/fd/{}", path.as_raw_fd());
+            let by_fd = crate::export::fd_path(&path);
             rustix::fs::chmod(
                 by_fd.as_str(),
                 Mode::from_raw_mode((st.st_mode & 0o7777) | bits),
@@ -352,10 +361,12 @@ fn finish_one(redo: &OwnedFd, id: &str) -> io::Result<Option<bool>> {
             Err(e) => return Err(e.into()),
         }
     }
-    let target = match open_writable(redo, t.as_bytes()) {
-        Ok(f) => Some(f),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e),
+    // (Only opened, and so perhaps made writable, when there is something to copy.)
+    let target = match new.as_ref().map(|_| open_writable(redo, t.as_bytes())) {
+        Some(Ok(f)) => Some(f),
+        None => None,
+        Some(Err(e)) if e.kind() == io::ErrorKind::NotFound => None,
+        Some(Err(e)) => return Err(e),
     };
     let copied = match (&new, &target) {
         (Some(new), Some(target)) => {

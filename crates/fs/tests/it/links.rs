@@ -282,3 +282,36 @@ fn a_commit_after_a_dead_writers_record_is_not_undone_by_it() {
     assert_eq!(fs::read(dest.path().join("g")).unwrap(), newer);
     assert_eq!(fs::read(t.path().join("f")).unwrap(), newer);
 }
+
+/// A record of the file that another session is finishing (it holds the record's mark, and
+/// waits for the file's lock to copy) when a commit to the file comes: the commit is refused,
+/// not written in place, or that session's copy would undo it once the lock is let go.
+#[test]
+fn a_commit_meeting_a_record_being_finished_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::tempdir().unwrap();
+    fs::create_dir_all(t.path().join("d")).unwrap();
+    let old = bytes(7, 5000);
+    fs::write(t.path().join("f"), &old).unwrap();
+    fs::hard_link(t.path().join("f"), t.path().join("d/g")).unwrap();
+    let mut c = connect_asking(t.path(), FEATURE_STAT_EXTRA | FEATURE_HARD_LINKS);
+    let base = attr(&mut c, "f").version;
+    let newer = bytes(11, 6000);
+    upload(&mut c, 1, "f", Some(base), &newer).unwrap();
+    // Meanwhile: a dead writer's record of the file, which another session is finishing.
+    let redo = t.path().join(".ferry-redo");
+    fs::create_dir(&redo).unwrap();
+    fs::set_permissions(&redo, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::hard_link(
+        t.path().join("f"),
+        redo.join("ferry-1-00000000000000ab-3.target"),
+    )
+    .unwrap();
+    let n = redo.join("ferry-1-00000000000000ab-3.new");
+    fs::write(&n, bytes(10, 4000)).unwrap();
+    let finisher = fs::File::open(&n).unwrap();
+    rustix::fs::flock(&finisher, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let r = commit(&mut c, 1, &newer);
+    assert!(is_code(&r, ErrorCode::Conflict), "{r:?}");
+    assert_eq!(fs::read(t.path().join("f")).unwrap(), old);
+}
