@@ -1,4 +1,9 @@
-//! Driving the protocol over byte streams: the server loop, and the client's connection.
+//! Driving the protocol over byte streams: the client's connection, and (in `serve`) the
+//! server loop.
+
+mod serve;
+
+pub use serve::serve;
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -11,8 +16,6 @@ use ferry_proto::{
     FEATURE_RATE, FEATURE_ZSTD_STREAM, VERSION,
 };
 use thiserror::Error;
-
-use crate::server::Server;
 
 /// What went wrong talking to the other side. The cause is in the message, not also a
 /// `source()`: a report that prints the chain would say it twice.
@@ -59,129 +62,6 @@ pub const MAX_BREAKS: usize = 65_536;
 /// link (a thin link is the bottleneck Ferry is built for, so its idle time buys bytes; on a
 /// fast one the compressor must not become the bottleneck).
 pub const DEFAULT_ZSTD_LEVEL: Level = Level::Adapt;
-
-/// Serves one session: reads frames from `input`, writes replies to `output`, until the client
-/// hangs up. Framing errors end the session (the stream cannot be resynchronised); errors in a
-/// request are replied to and the session goes on.
-pub fn serve(
-    server: &mut Server,
-    input: impl Read + std::os::fd::AsFd,
-    output: impl Write,
-) -> Result<(), ConnError> {
-    match serve_until_closed(server, input, output) {
-        // The client hung up while replies or invalidations were on their way: its choice.
-        Err(ConnError::Io(e))
-            if matches!(
-                e.kind(),
-                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
-            ) =>
-        {
-            Ok(())
-        }
-        r => r,
-    }
-}
-
-fn serve_until_closed(
-    server: &mut Server,
-    mut input: impl Read + std::os::fd::AsFd,
-    mut output: impl Write,
-) -> Result<(), ConnError> {
-    use rustix::event::{poll, PollFd, PollFlags};
-    let mut inflow = Inflow::new();
-    let mut outflow = Outflow::plain();
-    let mut bytes = Vec::with_capacity(READ_BUF);
-    let mut buf = vec![0u8; READ_BUF];
-    let hello_due = server.wait_limit().map(|t| std::time::Instant::now() + t);
-    server.group_commits();
-    loop {
-        while let Some(f) = inflow.next_frame()? {
-            for reply in server.handle(&f) {
-                outflow.push(&reply, &mut bytes)?;
-                if bytes.len() >= READ_BUF {
-                    server.wrote(write_out(&mut outflow, &mut output, &mut bytes)?);
-                }
-            }
-            if server.frame_unwritten() {
-                // A large frame against old data goes out now: how long the link takes it
-                // sets the level of the next.
-                outflow.flush(&mut bytes)?;
-                server.wrote(write_out(&mut outflow, &mut output, &mut bytes)?);
-            }
-            if server.near_link() {
-                outflow.near_link();
-            } else if server.fast_link() {
-                outflow.fast_link();
-            }
-            if let (Some(level), false) = (server.stream_level(), outflow.is_compressed()) {
-                // The Hello reply went out plain; everything after it is one zstd stream.
-                outflow.start_zstd(level)?;
-                inflow.start_zstd()?;
-            }
-        }
-        // Nothing more has come: the commits that came together are installed together.
-        for reply in server.settle() {
-            outflow.push(&reply, &mut bytes)?;
-        }
-        outflow.flush(&mut bytes)?;
-        let waited = write_out(&mut outflow, &mut output, &mut bytes)?;
-        let started = std::time::Instant::now();
-        output.flush()?;
-        server.wrote(waited + started.elapsed());
-        // Wait for the client or for a change that breaks a lease, whichever comes first.
-        loop {
-            let (input_ready, changed) = {
-                let watch = server.watch_fd();
-                let mut fds = vec![PollFd::new(&input, PollFlags::IN)];
-                if let Some(w) = &watch {
-                    fds.push(PollFd::new(w, PollFlags::IN));
-                }
-                // Until the Hello, no longer than it is due.
-                let left = hello_due
-                    .filter(|_| server.wait_limit().is_some())
-                    .map(|due| due.saturating_duration_since(std::time::Instant::now()));
-                if left.is_some_and(|l| l.is_zero()) {
-                    return Err(ConnError::Io(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "no hello from the client in time",
-                    )));
-                }
-                let timeout = left.map(|l| rustix::time::Timespec {
-                    tv_sec: l.as_secs() as i64,
-                    tv_nsec: l.subsec_nanos() as i64,
-                });
-                match poll(&mut fds, timeout.as_ref()) {
-                    Ok(_) => {}
-                    Err(rustix::io::Errno::INTR) => continue,
-                    Err(e) => return Err(io::Error::from(e).into()),
-                }
-                (
-                    !fds[0].revents().is_empty(),
-                    fds.get(1).is_some_and(|f| !f.revents().is_empty()),
-                )
-            };
-            if changed {
-                for f in server.invalidations() {
-                    outflow.push(&f, &mut bytes)?;
-                }
-                outflow.flush(&mut bytes)?;
-                output.write_all(&bytes)?;
-                bytes.clear();
-                output.flush()?;
-            }
-            if input_ready {
-                break;
-            }
-        }
-        let n = match input.read(&mut buf) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e.into()),
-        };
-        inflow.feed(&buf[..n]);
-    }
-}
 
 /// Writes `bytes` out and clears them, telling `outflow` how long the transport took; returns
 /// that time.
