@@ -1295,6 +1295,10 @@ fn every_request(oid: ferry_format::Id, cap: &[u8], ticket: &[u8]) -> Vec<ferry_
             keys: vec![],
         },
         Request::ReadLink { path: p() },
+        Request::ReadTree {
+            path: p(),
+            known: Default::default(),
+        },
         Request::Mkdir {
             path: p(),
             mode: 0o755,
@@ -1416,6 +1420,7 @@ fn kind(r: &ferry_proto::Request) -> &'static str {
         | R::ObjectReplicate { .. } => "owner",
         R::GetAttr { .. }
         | R::ReadDir { .. }
+        | R::ReadTree { .. }
         | R::ReadLink { .. }
         | R::Mkdir { .. }
         | R::Rename { .. }

@@ -431,7 +431,12 @@ impl<R: Read, W> Connection<R, W> {
             self.writer.send(Outgoing::NearLink)?;
         }
         let f = Message::Request(r).to_frame(id);
-        tracing::trace!(target: "ferry::sizes", "request {:#04x} {}", f.msg_type, f.body.len());
+        tracing::trace!(
+            target: "ferry::sizes",
+            "request {:#04x} {} id {id}",
+            f.msg_type,
+            f.body.len()
+        );
         self.write(f)?;
         self.newest = id;
         self.traffic.requests += 1;
@@ -469,6 +474,7 @@ impl<R: Read, W> Connection<R, W> {
         self.flush()?;
         if self.outstanding.get(&id) == Some(&self.traffic.round_trips) {
             self.traffic.round_trips += 1;
+            tracing::trace!(target: "ferry::sizes", "round trip waiting on {id}");
         }
         if let Some(q) = self.early.get_mut(&id) {
             if !q.is_empty() {

@@ -23,6 +23,26 @@
 //! `BLAKE3("ferry-entry-v1\0" · the entry's record as above)`: a client names the entries it
 //! holds by these keys and the server sends only the entries whose keys it did not name. Keys
 //! may collide; the client checks what it rebuilt against the directory's tree digest.
+//!
+//! An entry's *hash* names it with its place in a tree: the first 8 bytes, little endian, of
+//! `BLAKE3("ferry-tree-entry-v1\0" · varint(len dir) · dir · the entry's record)`, where `dir`
+//! is the path of its directory relative to the tree's root (`a/b`; empty for the root). (Not
+//! by record alone: unpacked archives give many files in many directories one name, size and
+//! time.) A client names every directory of its tree at once (ReadTree) in a [`KnownEntries`]
+//! filter of their hashes:
+//!
+//! ```text
+//! hashes u8 (k, 1–16) · bits: ⌈m/8⌉ bytes (m = 8 × their count; bit j is bit j mod 8 of
+//! byte j / 8)
+//! an entry of hash h is in the filter when, with a = h mod 2^32 and b = (h >> 32) | 1,
+//! bit (a + i·b) mod m is set for every i in 0..k (computed without overflow, in 64 bits)
+//! ```
+//!
+//! A Bloom filter: an entry the client holds is always found; one it does not hold is found by
+//! mistake with a probability of about 1 in 2,000 at 16 bits an entry and k = 11
+//! ([`KnownEntries::for_entries`]). A mistake costs round trips, never a wrong result: the
+//! server leaves out a directory that differs, and the client, seeing its digest differ in its
+//! parent's listing, asks for it then.
 
 use crate::FileKind;
 
@@ -79,6 +99,69 @@ pub fn entry_key(name: &[u8], item: &TreeItem) -> u32 {
         .finalize();
     let b = h.as_bytes();
     u32::from_le_bytes([b[0], b[1], b[2], 0])
+}
+
+/// The 64-bit hash of an entry of the directory `dir` (a path relative to the tree's root,
+/// empty for the root itself), as a ReadTree's filter names it (module docs).
+pub fn entry_hash(dir: &[u8], name: &[u8], item: &TreeItem) -> u64 {
+    let mut buf = Vec::with_capacity(64);
+    varint(&mut buf, dir.len() as u64);
+    buf.extend_from_slice(dir);
+    let mut rec = Vec::with_capacity(64);
+    record(&mut rec, name, item);
+    buf.extend_from_slice(&rec);
+    let h = blake3::Hasher::new()
+        .update(b"ferry-tree-entry-v1\0")
+        .update(&buf)
+        .finalize();
+    u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"))
+}
+
+/// A Bloom filter of entry hashes (module docs): the entries a client holds, named at once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KnownEntries {
+    /// Bit positions an entry sets (k); 0 with no bits: nothing known.
+    pub hashes: u8,
+    pub bits: Vec<u8>,
+}
+
+/// Most positions an entry sets.
+pub const MAX_FILTER_HASHES: u8 = 16;
+
+impl KnownEntries {
+    /// An empty filter sized for `n` entries: 16 bits each (at least 64), 11 positions.
+    pub fn for_entries(n: usize) -> KnownEntries {
+        let bytes = n.saturating_mul(2).max(8);
+        KnownEntries {
+            hashes: 11,
+            bits: vec![0; bytes],
+        }
+    }
+
+    fn positions(&self, h: u64) -> impl Iterator<Item = usize> {
+        let m = self.bits.len() as u64 * 8;
+        let (a, b) = (h & 0xffff_ffff, (h >> 32) | 1);
+        (0..u64::from(self.hashes)).map(move |i| ((a + i * b) % m) as usize)
+    }
+
+    pub fn insert(&mut self, h: u64) {
+        if self.bits.is_empty() {
+            return;
+        }
+        let ps: Vec<usize> = self.positions(h).collect();
+        for p in ps {
+            self.bits[p / 8] |= 1 << (p % 8);
+        }
+    }
+
+    /// Whether an entry of hash `h` may be among those inserted (always, if it was).
+    pub fn contains(&self, h: u64) -> bool {
+        !self.bits.is_empty()
+            && self.hashes > 0
+            && self
+                .positions(h)
+                .all(|p| self.bits[p / 8] >> (p % 8) & 1 == 1)
+    }
 }
 
 /// One entry's record in a tree digest, in `buf` (cleared first).
@@ -182,5 +265,47 @@ mod tests {
         // Recomputed independently (Python's blake3 over the layout in the module docs).
         assert_eq!(k, 14_117_546);
         assert_ne!(entry_key(b"b", &item), k);
+        // Recomputed independently (Python's blake3 over the layout in the module docs).
+        assert_eq!(entry_hash(b"d/e", b"a", &item), HASH_A);
+        assert_ne!(entry_hash(b"d", b"a", &item), HASH_A);
+        assert_ne!(entry_hash(b"", b"a", &item), HASH_A);
     }
+
+    /// `entry_hash(b"d/e", b"a", File { 0o644, 3, 1 })`.
+    const HASH_A: u64 = 0xa6c6_bcf7_e231_4c4e;
+
+    #[test]
+    fn the_filter_finds_every_entry_put_in_and_its_bits_are_pinned() {
+        let mut f = KnownEntries::for_entries(1);
+        assert_eq!((f.hashes, f.bits.len()), (11, 8));
+        assert!(!f.contains(HASH_A));
+        f.insert(HASH_A);
+        assert!(f.contains(HASH_A));
+        // The eleven positions of the module docs' rule, computed by hand: a = h mod 2^32,
+        // b = (h >> 32) | 1, (a + i·b) mod 64.
+        let (a, b) = (HASH_A & 0xffff_ffff, (HASH_A >> 32) | 1);
+        let mut want = [0u8; 8];
+        for i in 0..11 {
+            let p = (a + i * b) % 64;
+            want[(p / 8) as usize] |= 1 << (p % 8);
+        }
+        assert_eq!(f.bits, want);
+        assert_eq!(f.bits, PINNED_BITS);
+        // About 1 in 2,000 entries never put in is found by mistake, at 16 bits an entry.
+        let mut f = KnownEntries::for_entries(10_000);
+        for i in 0..10_000u64 {
+            f.insert(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        }
+        for i in 0..10_000u64 {
+            assert!(f.contains(i.wrapping_mul(0x9e37_79b9_7f4a_7c15)));
+        }
+        let wrong = (10_000..110_000u64)
+            .filter(|i| f.contains(i.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+            .count();
+        assert!(wrong < 200, "{wrong} of 100,000 found by mistake");
+        // An empty filter holds nothing.
+        assert!(!KnownEntries::default().contains(HASH_A));
+    }
+
+    const PINNED_BITS: [u8; 8] = [96, 192, 0, 1, 2, 4, 24, 48];
 }

@@ -44,13 +44,31 @@ pub(crate) type LocalTrees = HashMap<PathBuf, ([u8; 32], u64)>;
 /// `ferry_proto::tree_digest` of a local directory, remembering every subtree's in `trees`.
 /// Never follows a symlink.
 pub(crate) fn local_tree(dir: &Path, trees: &mut LocalTrees) -> io::Result<[u8; 32]> {
+    local_tree_hashing(dir, dir, trees, &mut vec![])
+}
+
+/// [`local_tree`] of `dir` (`root` or below it), adding the hash (`ferry_proto::entry_hash`,
+/// placed relative to `root`) of every directory below `dir` to `hashes`.
+pub(crate) fn local_tree_hashing(
+    root: &Path,
+    dir: &Path,
+    trees: &mut LocalTrees,
+    hashes: &mut Vec<u64>,
+) -> io::Result<[u8; 32]> {
     for e in fs::read_dir(dir)? {
         let e = e?;
         if e.file_type()?.is_dir() {
-            local_tree(&e.path(), trees)?;
+            local_tree_hashing(root, &e.path(), trees, hashes)?;
         }
     }
     let mut items = local_items(dir, trees)?;
+    let rel = dir.strip_prefix(root).unwrap_or(dir).as_os_str().as_bytes();
+    hashes.extend(
+        items
+            .iter()
+            .filter(|(_, i)| matches!(i, TreeItem::Dir { .. }))
+            .map(|(n, i)| ferry_proto::entry_hash(rel, n, i)),
+    );
     let files = items
         .iter()
         .map(|(name, item)| match item {

@@ -32,6 +32,7 @@ mod push;
 mod ranged;
 mod recipes;
 mod source;
+mod tree;
 mod upload;
 mod walk;
 

@@ -214,7 +214,7 @@ fn put_walk<R: io::Read, W: Write>(
     let mut queue = std::collections::VecDeque::new();
     match &current {
         Some(a) if a.kind == FileKind::Dir => {
-            let asked = ask_listing(conn, remote, a, local, trees)?;
+            let asked = ask_listing(conn, remote, a.oid.is_some(), local, trees)?;
             queue.push_back((
                 local.to_path_buf(),
                 remote.clone(),
@@ -274,7 +274,7 @@ fn put_walk<R: io::Read, W: Write>(
                         stats.unchanged += files;
                         continue;
                     }
-                    let asked = ask_listing(conn, &child, &a, &child_local, trees)?;
+                    let asked = ask_listing(conn, &child, a.oid.is_some(), &child_local, trees)?;
                     queue.push_back((child_local, child, Some((asked, a))));
                 }
                 Some(_) => {

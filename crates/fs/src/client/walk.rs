@@ -12,7 +12,10 @@ use ferry_proto::{Attr, DirEntry, FileKind, Reply, Request, TreeItem, WirePath};
 
 use super::dest;
 use super::fetch::fetch_files;
-use super::local::{local_items, local_tree, remote_item, same_tree, unchanged, Items, LocalTrees};
+use super::local::{
+    local_items, local_tree_hashing, remote_item, same_tree, unchanged, Items, LocalTrees,
+};
+use super::tree::{ask_tree, Asked, FILTER_DIRS};
 use super::{get_attr, GetError, GetStats, Sources};
 use crate::conn::{ConnError, Connection};
 
@@ -24,10 +27,11 @@ const BATCH_BYTES: u64 = 256 << 20;
 
 /// Fetches the file or tree at `remote` into `local`.
 ///
-/// First a walk of the listings (prefetched a level ahead, so about one round trip per level)
-/// creates directories, applies `--delete` and notes which files differ; then the files are
-/// fetched in batches, each costing about two round trips (recipes, then the chunks not found
-/// locally); last, symlinks, and directories' modes and times.
+/// First a walk of the listings (two round trips with a server that names the directories
+/// that differ, else one a level) creates directories, applies `--delete` and notes which
+/// files differ; then the files are fetched in batches, each costing about two round trips
+/// (recipes, then the chunks not found locally); last, symlinks, and directories' modes and
+/// times.
 pub fn get<R: io::Read + Send, W: Write>(
     conn: &mut Connection<R, W>,
     remote: &WirePath,
@@ -38,10 +42,13 @@ pub fn get<R: io::Read + Send, W: Write>(
     let attr = get_attr(conn, remote)?;
     // With tree digests from the server, every subtree already the same here is skipped.
     let mut trees = LocalTrees::new();
+    // Every local entry's hash, for a ReadTree's filter.
+    let mut hashes = vec![];
     if attr.oid.is_some() && fs::symlink_metadata(local).is_ok_and(|m| m.is_dir()) {
-        if let Err(e) = local_tree(local, &mut trees) {
+        if let Err(e) = local_tree_hashing(local, local, &mut trees, &mut hashes) {
             tracing::debug!("no tree digests for {}: {e}", local.display());
             trees.clear();
+            hashes.clear();
         }
     }
     if let Some(files) = same_tree(local, &attr, &trees) {
@@ -65,7 +72,12 @@ pub fn get<R: io::Read + Send, W: Write>(
         gone: vec![],
         deletes: vec![],
     };
-    walk(conn, remote, &attr, local, src, &trees, stats, &mut plan)?;
+    let local_tree = Local {
+        path: local,
+        trees: &trees,
+        hashes: &hashes,
+    };
+    walk(conn, remote, &attr, &local_tree, src, stats, &mut plan)?;
     choose_bases(&mut plan.files, &plan.gone, local);
     let mut batch = vec![];
     let mut bytes = 0;
@@ -170,31 +182,51 @@ struct Plan {
 /// Files that left the tree, kept as bases for new ones, at most.
 const GONE_FILES: usize = 10_000;
 
-/// Walks `remote`, whose attributes the caller already has, breadth first: every listing of a
-/// level is asked for before the first of them is waited on, so a tree's listings cost one
-/// round trip per level.
-#[allow(clippy::too_many_arguments)]
+/// The local copy a walk compares against: its tree digests, and every entry's hash.
+struct Local<'a> {
+    path: &'a Path,
+    trees: &'a LocalTrees,
+    hashes: &'a [u64],
+}
+
+/// Walks `remote`, whose attributes the caller already has, breadth first. With a server that
+/// names the directories that differ (ReadTree), all their listings are asked for at once;
+/// else every listing of a level is asked for before the first of them is waited on, so a
+/// tree's listings cost one round trip per level.
 fn walk<R: io::Read + Send, W: Write>(
     conn: &mut Connection<R, W>,
     remote: &WirePath,
     attr: &Attr,
-    local: &Path,
+    here: &Local<'_>,
     src: &Sources<'_>,
-    trees: &LocalTrees,
     stats: &mut GetStats,
     plan: &mut Plan,
 ) -> Result<(), GetError> {
+    let (local, trees) = (here.path, here.trees);
     if attr.kind != FileKind::Dir {
         return note(remote, attr, local, src, stats, plan);
     }
-    let first = ask_listing(conn, remote, attr, local, trees)?;
+    let digests = attr.oid.is_some();
+    let mut ahead = Asked::new();
+    let first =
+        if conn.offers(ferry_proto::FEATURE_TREE_LISTINGS) && here.hashes.len() <= FILTER_DIRS {
+            ahead = ask_tree(conn, remote, local, digests, (trees, here.hashes))?;
+            ahead.remove(&WirePath::default())
+        } else {
+            None
+        };
+    let first = match first {
+        Some(asked) => asked,
+        None => ask_listing(conn, remote, digests, local, trees)?,
+    };
     let mut queue = std::collections::VecDeque::from([(
         remote.clone(),
+        WirePath::default(),
         attr.clone(),
         local.to_path_buf(),
         first,
     )]);
-    while let Some((remote, attr, local, asked)) = queue.pop_front() {
+    while let Some((remote, rel, attr, local, asked)) = queue.pop_front() {
         make_dir(&plan.root, &local, src, stats)?;
         conn.flush()?;
         let (entries, known) = take_listing(conn, &remote, &attr, asked)?;
@@ -217,8 +249,12 @@ fn walk<R: io::Read + Send, W: Write>(
             if let Some(files) = same_tree(&dest, &e.attr, trees) {
                 stats.unchanged += files;
             } else if e.attr.kind == FileKind::Dir {
-                let asked = ask_listing(conn, &child, &e.attr, &dest, trees)?;
-                queue.push_back((child, e.attr, dest, asked));
+                let rel = rel.join(&e.name)?;
+                let asked = match ahead.remove(&rel) {
+                    Some(asked) => asked,
+                    None => ask_listing(conn, &child, e.attr.oid.is_some(), &dest, trees)?,
+                };
+                queue.push_back((child, rel, e.attr, dest, asked));
             } else {
                 note(&child, &e.attr, &dest, src, stats, plan)?;
             }
@@ -339,14 +375,13 @@ fn choose_bases(jobs: &mut [FileJob], gone: &[PathBuf], root: &Path) {
 pub(crate) fn ask_listing<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     remote: &WirePath,
-    attr: &Attr,
+    digests: bool,
     local: &Path,
     trees: &LocalTrees,
 ) -> Result<(u32, Option<Items>), GetError> {
-    let items = attr
-        .oid
-        .filter(|_| trees.contains_key(local))
-        .and_then(|_| local_items(local, trees).ok())
+    let items = (digests && trees.contains_key(local))
+        .then(|| local_items(local, trees).ok())
+        .flatten()
         .filter(|items| !items.is_empty());
     let r = match &items {
         Some(items) => Request::ReadDir {

@@ -1,15 +1,22 @@
 //! Attributes, listings and tree digests.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::io;
 
 use ferry_format::{HashAlg, Id};
-use ferry_proto::{DirEntry, FileKind, Frame, Message, Reply, TreeItem, WirePath, FLAG_MORE};
+use ferry_proto::{
+    DirEntry, FileKind, Frame, KnownEntries, Message, Reply, TreeItem, WirePath, FLAG_MORE,
+};
 
 use super::{io_error, Server};
 
 /// Directory entries per reply frame.
 const DIR_PAGE: usize = 1024;
+/// Directories one ReadTree names at most: the client finds any left out as it walks, and asks
+/// for them then. Bounds what the reply holds in memory on both sides.
+pub(crate) const TREE_DIRS: usize = 65_536;
+/// Paths per reply frame of a ReadTree.
+const TREE_PAGE: usize = 4096;
 /// How long a computed tree digest is reused: long enough for one walk of a tree over a slow
 /// link (a level's listings arrive together), short enough that a later command sees changes.
 const TREE_DIGEST_TTL: std::time::Duration = std::time::Duration::from_secs(10);
@@ -95,6 +102,53 @@ impl Server {
         })
     }
 
+    /// Which directories of the tree at `path` differ from the client's (ReadTree): `path`
+    /// itself and, breadth first, every subdirectory of one listed whose entry (with its tree
+    /// digest, `ferry_proto::entry_hash`) `known` does not hold, up to [`TREE_DIRS`].
+    pub(super) fn read_tree(
+        &mut self,
+        id: u32,
+        path: &WirePath,
+        known: &KnownEntries,
+    ) -> Vec<Frame> {
+        let mut queue = VecDeque::from([WirePath::default()]);
+        let mut dirs = vec![];
+        while let Some(rel) = queue.pop_front() {
+            let Ok(full) = path.join_path(&rel) else {
+                continue;
+            };
+            let entries = match self.export.read_dir(&full) {
+                Ok(es) => es,
+                Err(e) if dirs.is_empty() => {
+                    return vec![Message::Reply(io_error(path, &e)).to_frame(id)]
+                }
+                // The client hears why when it asks for the listing itself.
+                Err(_) => continue,
+            };
+            dirs.push(rel.clone());
+            for (name, attr) in entries {
+                if attr.kind != FileKind::Dir || dirs.len() + queue.len() >= TREE_DIRS {
+                    continue;
+                }
+                let (Ok(child), Ok(child_rel)) = (full.join(&name), rel.join(&name)) else {
+                    continue;
+                };
+                let same = self.tree_id(&child).is_some_and(|d| {
+                    let item = TreeItem::Dir {
+                        mode: attr.mode,
+                        mtime_ns: attr.mtime_ns,
+                        digest: *d.digest(),
+                    };
+                    known.contains(ferry_proto::entry_hash(rel.as_bytes(), &name, &item))
+                });
+                if !same {
+                    queue.push_back(child_rel);
+                }
+            }
+        }
+        paged(id, dirs, TREE_PAGE, Reply::Tree)
+    }
+
     /// The entries of the directory at `path`, with leases and (for directories) tree digests.
     fn listing(&mut self, path: &WirePath) -> io::Result<Vec<DirEntry>> {
         let entries = self.export.read_dir(path)?;
@@ -125,22 +179,11 @@ impl Server {
     /// An entry's key (`ferry_proto::entry_key`), when it can be computed: a directory needs
     /// its tree digest, a symlink its target.
     fn entry_key(&self, dir: &WirePath, e: &DirEntry) -> Option<u32> {
-        let a = &e.attr;
-        let item = match a.kind {
-            FileKind::Dir => TreeItem::Dir {
-                mode: a.mode,
-                mtime_ns: a.mtime_ns,
-                digest: *a.oid?.digest(),
-            },
-            FileKind::Symlink => TreeItem::Symlink {
-                target: self.export.read_link(&dir.join(&e.name).ok()?).ok()?,
-            },
-            _ => TreeItem::File {
-                mode: a.mode,
-                size: a.size,
-                mtime_ns: a.mtime_ns,
-            },
+        let target = match e.attr.kind {
+            FileKind::Symlink => Some(self.export.read_link(&dir.join(&e.name).ok()?).ok()?),
+            _ => None,
         };
+        let item = tree_item(&e.attr, target.as_deref())?;
         Some(ferry_proto::entry_key(&e.name, &item))
     }
 
@@ -206,6 +249,26 @@ impl Server {
             .insert(path.clone(), (std::time::Instant::now(), d));
         Ok(d)
     }
+}
+
+/// What the tree digest records of an entry of attributes `a` (a symlink's `target` read
+/// already); `None` for a directory without a digest or a symlink without its target.
+fn tree_item(a: &ferry_proto::Attr, target: Option<&[u8]>) -> Option<TreeItem> {
+    Some(match a.kind {
+        FileKind::Dir => TreeItem::Dir {
+            mode: a.mode,
+            mtime_ns: a.mtime_ns,
+            digest: *a.oid?.digest(),
+        },
+        FileKind::Symlink => TreeItem::Symlink {
+            target: target?.to_vec(),
+        },
+        _ => TreeItem::File {
+            mode: a.mode,
+            size: a.size,
+            mtime_ns: a.mtime_ns,
+        },
+    })
 }
 
 /// Splits `items` into reply frames of `page` items, all but the last flagged MORE.

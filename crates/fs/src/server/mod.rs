@@ -559,6 +559,7 @@ impl Server {
         match r {
             Request::GetAttr { path } => one(self.get_attr(&path)),
             Request::ReadDir { path, keys } => self.read_dir(id, &path, &keys),
+            Request::ReadTree { path, known } => self.read_tree(id, &path, &known),
             Request::StatFs { path } => one(match self.export.statfs(&path) {
                 Ok(f) => Reply::FsStats(f),
                 Err(e) => io_error(&path, &e),

@@ -16,6 +16,7 @@ mod indexing;
 mod links;
 mod ranges;
 mod replace;
+mod trees;
 
 fn bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0; len];

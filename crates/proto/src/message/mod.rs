@@ -85,11 +85,14 @@ pub const FEATURE_ENTRY_CHANGES: u64 = 256;
 /// ([`StatExtra::id`]: equal for two names of one file). Not in a client's Hello unless asked
 /// for.
 pub const FEATURE_HARD_LINKS: u64 = 512;
+/// Hello feature bit: the server answers [`Request::ReadTree`] (which directories of a tree
+/// differ from the client's, in one exchange). A client asks only a server that offers it.
+pub const FEATURE_TREE_LISTINGS: u64 = 1024;
 /// Feature bits this build understands: [`crate::FEATURE_ZSTD_STREAM`], [`FEATURE_HISTORY`],
 /// [`FEATURE_RATE`], [`FEATURE_STATFS`], [`FEATURE_NO_TREE_DIGESTS`],
 /// [`FEATURE_STAT_EXTRA`], [`FEATURE_DEFERRED_SYNC`], [`FEATURE_OWN_CHANGES`],
-/// [`FEATURE_ENTRY_CHANGES`] and [`FEATURE_HARD_LINKS`]. Everything else of version 2 is
-/// always there.
+/// [`FEATURE_ENTRY_CHANGES`], [`FEATURE_HARD_LINKS`] and [`FEATURE_TREE_LISTINGS`].
+/// Everything else of version 2 is always there.
 pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | FEATURE_HISTORY
     | FEATURE_RATE
@@ -99,7 +102,8 @@ pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | FEATURE_DEFERRED_SYNC
     | FEATURE_OWN_CHANGES
     | FEATURE_ENTRY_CHANGES
-    | FEATURE_HARD_LINKS;
+    | FEATURE_HARD_LINKS
+    | FEATURE_TREE_LISTINGS;
 /// Feature bits a client sends only when asked to ([`FEATURES`] minus these is its default).
 pub const ASKED_FEATURES: u64 = FEATURE_NO_TREE_DIGESTS
     | FEATURE_STAT_EXTRA
@@ -154,6 +158,13 @@ pub enum Request {
         path: WirePath,
         mode: Option<u32>,
         mtime_ns: Option<i64>,
+    },
+    /// Which directories of the tree at `path` differ from the client's (only with
+    /// [`FEATURE_TREE_LISTINGS`]): `path` itself and, breadth first, every directory below it
+    /// whose entry (`crate::entry_hash`) `known` does not hold, each below one that differs.
+    ReadTree {
+        path: WirePath,
+        known: crate::KnownEntries,
     },
     /// The size and free space of the file system holding `path` (only with
     /// [`FEATURE_STATFS`]).
@@ -277,6 +288,8 @@ pub enum Reply {
         entries: Vec<DirEntry>,
     },
     Link(Vec<u8>),
+    /// Directories of a tree (ReadTree), relative to the path asked for, breadth first.
+    Tree(Vec<WirePath>),
     FsStats(FsStats),
     Recipe(RecipeDelta),
     Chunks(Chunks),
@@ -360,6 +373,7 @@ pub(crate) mod code {
     pub const STAT_FS: u8 = 0x19;
     pub const SYNC: u8 = 0x1a;
     pub const LINK: u8 = 0x1b;
+    pub const READ_TREE: u8 = 0x1c;
     pub const GET_RECIPE: u8 = 0x20;
     pub const GET_CHUNKS: u8 = 0x21;
     pub const READ_FILES: u8 = 0x22;
@@ -394,6 +408,7 @@ pub(crate) mod code {
     pub const R_CREATED: u8 = 0x4c;
     pub const R_VAULT: u8 = 0x4d;
     pub const R_FS_STATS: u8 = 0x4e;
+    pub const R_TREE: u8 = 0x4f;
     pub const INVALIDATE: u8 = 0x60;
     pub const RATE: u8 = 0x61;
     pub const CHANGED: u8 = 0x62;

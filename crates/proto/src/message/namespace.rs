@@ -15,6 +15,9 @@
 //! | 0x19 | StatFs | path | FsStats |
 //! | 0x1a | Sync | (nothing) | Ok |
 //! | 0x1b | Link | from path · to path | Ok |
+//! | 0x1c | ReadTree | path · hashes u8 · filter *bytes* (see `KnownEntries`) | Tree, `MORE` |
+//!
+//! Tree (0x4f): count varint · path × count (relative to the path asked for).
 
 use super::types::{get_attr, get_bits, get_path, put_attr, put_bits, put_opt, put_path};
 use super::types::{get_opt, DirEntry, FsStats};
@@ -84,6 +87,12 @@ pub(super) fn put_request(q: &Request, w: &mut Writer) -> Option<u8> {
             put_path(w, to);
             code::LINK
         }
+        Request::ReadTree { path, known } => {
+            put_path(w, path);
+            w.u8(known.hashes);
+            w.bytes(&known.bits);
+            code::READ_TREE
+        }
         _ => return None,
     })
 }
@@ -129,6 +138,21 @@ pub(super) fn get_request(t: u8, r: &mut Reader<'_>) -> Result<Option<Request>, 
             from: path(r)?,
             to: path(r)?,
         },
+        code::READ_TREE => {
+            let path = path(r)?;
+            let hashes = r.u8()?;
+            if hashes > crate::MAX_FILTER_HASHES {
+                return Err(ProtoError::Invalid {
+                    what: "filter",
+                    why: format!("{hashes} hashes an entry"),
+                });
+            }
+            let bits = r.bytes()?.to_vec();
+            Request::ReadTree {
+                path,
+                known: crate::KnownEntries { hashes, bits },
+            }
+        }
         _ => return Ok(None),
     }))
 }
@@ -148,6 +172,13 @@ pub(super) fn put_reply(reply: &Reply, w: &mut Writer) -> Option<u8> {
         Reply::Link(target) => {
             w.bytes(target);
             code::R_LINK
+        }
+        Reply::Tree(dirs) => {
+            w.varint(dirs.len() as u64);
+            for d in dirs {
+                put_path(w, d);
+            }
+            code::R_TREE
         }
         Reply::FsStats(f) => {
             w.u32(f.block_size);
@@ -175,6 +206,11 @@ pub(super) fn get_reply(t: u8, r: &mut Reader<'_>) -> Result<Option<Reply>, Prot
             entries: get_entries(r)?,
         },
         code::R_LINK => Reply::Link(r.bytes()?.to_vec()),
+        code::R_TREE => Reply::Tree(
+            (0..r.count(1)?)
+                .map(|_| get_path(r))
+                .collect::<Result<_, _>>()?,
+        ),
         code::R_FS_STATS => Reply::FsStats(FsStats {
             block_size: r.u32()?,
             blocks: r.u64()?,

@@ -101,6 +101,14 @@ pub(crate) fn samples() -> Vec<Message> {
             keys: vec![0, 0xff_ffff, 0x12_3456],
         }),
         q(Request::ReadLink { path: "l".into() }),
+        q(Request::ReadTree {
+            path: "".into(),
+            known: crate::KnownEntries::default(),
+        }),
+        q(Request::ReadTree {
+            path: "a/b".into(),
+            known: crate::KnownEntries::for_entries(100),
+        }),
         q(Request::Mkdir {
             path: "d".into(),
             mode: 0o755,
@@ -266,6 +274,8 @@ pub(crate) fn samples() -> Vec<Message> {
             entries: vec![],
         }),
         r(Reply::Link(b"../target".to_vec())),
+        r(Reply::Tree(vec![])),
+        r(Reply::Tree(vec!["".into(), "a".into(), "a/b".into()])),
         r(Reply::FsStats(FsStats {
             block_size: 4096,
             blocks: 1 << 40,
@@ -514,6 +524,16 @@ fn exact_bytes_of_every_message() {
                 to: "b".into(),
             }),
             "0a000000 1b 00 05000000 | 01 61 | 01 62".into(),
+        ),
+        (
+            Message::Request(Request::ReadTree {
+                path: "d".into(),
+                known: crate::KnownEntries {
+                    hashes: 7,
+                    bits: vec![0x01, 0x80],
+                },
+            }),
+            "0c000000 1c 00 05000000 | 01 64 | 07 | 02 0180".into(),
         ),
         (
             Message::Request(Request::Unlink { path: "a".into() }),
@@ -812,6 +832,10 @@ fn exact_bytes_of_every_message() {
             "36000000 4e 00 05000000 | 00100000 | 0200000000000000 0100000000000000 \
              0100000000000000 0300000000000000 0200000000000000 | ff000000"
                 .into(),
+        ),
+        (
+            Message::Reply(Reply::Tree(vec!["".into(), "a/b".into()])),
+            "0c000000 4f 00 05000000 | 02 | 00 | 03 612f62".into(),
         ),
         (
             Message::Reply(Reply::Entries {

@@ -1,0 +1,66 @@
+//! Which directories of a tree differ, in one exchange (ReadTree): the client names every
+//! directory of its own copy (with its tree digest) in a filter, and the server answers with
+//! the directories whose entries the filter does not hold, each below one that differs. Their
+//! listings are then all asked for at once, each against the keys of its own local entries, so
+//! a walk costs two round trips however deep the tree.
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use ferry_proto::{KnownEntries, Reply, Request, WirePath};
+
+use super::local::{Items, LocalTrees};
+use super::walk::ask_listing;
+use super::GetError;
+use crate::conn::{ConnError, Connection};
+
+/// Local directories named in a filter, at most (16 bits each: 400 KB). A larger tree is
+/// walked level by level.
+pub(crate) const FILTER_DIRS: usize = 200_000;
+
+/// Listings asked for ahead of the walk, by path below the tree's root.
+pub(crate) type Asked = HashMap<WirePath, (u32, Option<Items>)>;
+
+/// Asks which directories of the tree at `remote` differ from the local copy at `local`
+/// (whose directories' hashes are `hashes`, its digests `trees`), then asks for the listing
+/// of each, against its local entries when `digests` (the server gives tree digests).
+pub(crate) fn ask_tree<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    remote: &WirePath,
+    local: &Path,
+    digests: bool,
+    (trees, hashes): (&LocalTrees, &[u64]),
+) -> Result<Asked, GetError> {
+    let mut known = KnownEntries::default();
+    if !hashes.is_empty() {
+        known = KnownEntries::for_entries(hashes.len());
+        for h in hashes {
+            known.insert(*h);
+        }
+    }
+    let id = conn.send(Request::ReadTree {
+        path: remote.clone(),
+        known,
+    })?;
+    // The root's listing is always wanted: asked for with the tree, not a round trip after it.
+    let mut asked = Asked::new();
+    let root = ask_listing(conn, remote, digests, local, trees)?;
+    asked.insert(WirePath::default(), root);
+    for r in conn.replies(id)? {
+        let Reply::Tree(dirs) = r else {
+            return Err(ConnError::Unexpected(format!("{r:?}")).into());
+        };
+        for rel in dirs {
+            if asked.contains_key(&rel) {
+                continue;
+            }
+            let at = remote.join_path(&rel)?;
+            let here = local.join(std::ffi::OsStr::from_bytes(rel.as_bytes()));
+            let a = ask_listing(conn, &at, digests, &here, trees)?;
+            asked.insert(rel, a);
+        }
+    }
+    Ok(asked)
+}
