@@ -7,6 +7,7 @@
 #   scripts/lab-rounds.sh 3 lan /tmp/lw/workloads /tmp/ferry-before target/release/ferry
 #
 # Results go to /tmp/lab-rounds/PROFILE-N-R (N: the binary's place in the list, R: the round).
+# LAB_ARGS adds arguments to every run (`LAB_ARGS="--workload crates-vendor"`).
 set -euo pipefail
 rounds=$1 profile=$2 workloads=$3
 shift 3
@@ -17,7 +18,7 @@ for r in $(seq "$rounds"); do
   for bin in "$@"; do
     n=$((n + 1))
     "$bin" lab -q --profile "$profile" --workloads "$workloads" --tool ferry --tool ferry-warm \
-      --tool rsync-z --out "$out/$profile-$n-$r" >/dev/null
+      --tool rsync-z ${LAB_ARGS:-} --out "$out/$profile-$n-$r" >/dev/null
   done
 done
 python3 - "$out" "$profile" "$rounds" "$#" <<'PY'

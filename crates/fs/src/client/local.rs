@@ -41,14 +41,9 @@ pub(crate) fn index_local(
 
 pub(crate) type LocalTrees = HashMap<PathBuf, ([u8; 32], u64)>;
 
-/// `ferry_proto::tree_digest` of a local directory, remembering every subtree's in `trees`.
-/// Never follows a symlink.
-pub(crate) fn local_tree(dir: &Path, trees: &mut LocalTrees) -> io::Result<[u8; 32]> {
-    local_tree_hashing(dir, dir, trees, &mut vec![])
-}
-
-/// [`local_tree`] of `dir` (`root` or below it), adding the hash (`ferry_proto::entry_hash`,
-/// placed relative to `root`) of every directory below `dir` to `hashes`.
+/// `ferry_proto::tree_digest` of a local directory `dir` (`root` or below it), remembering
+/// every subtree's in `trees`, and adding the hash (`ferry_proto::entry_hash`, placed relative
+/// to `root`) of every directory below `dir` to `hashes`. Never follows a symlink.
 pub(crate) fn local_tree_hashing(
     root: &Path,
     dir: &Path,

@@ -33,6 +33,33 @@ pub(crate) fn ask_tree<R: io::Read, W: Write>(
     digests: bool,
     (trees, hashes): (&LocalTrees, &[u64]),
 ) -> Result<Asked, GetError> {
+    let started = start_tree(conn, remote, local, digests, (trees, hashes))?;
+    finish_tree(conn, started, remote, local, digests, trees)
+}
+
+/// A ReadTree sent, and the root's listing with it.
+pub(crate) struct Started {
+    tree: u32,
+    root: (u32, Option<Items>),
+}
+
+impl Started {
+    /// Its replies are not wanted after all.
+    pub(crate) fn forget<R: io::Read, W: Write>(self, conn: &mut Connection<R, W>) {
+        conn.forget(self.tree);
+        conn.forget(self.root.0);
+    }
+}
+
+/// Sends the ReadTree of [`ask_tree`], and the root's listing with it (always wanted: asked
+/// for with the tree, not a round trip after it), without waiting.
+pub(crate) fn start_tree<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    remote: &WirePath,
+    local: &Path,
+    digests: bool,
+    (trees, hashes): (&LocalTrees, &[u64]),
+) -> Result<Started, GetError> {
     let mut known = KnownEntries::default();
     if !hashes.is_empty() {
         known = KnownEntries::for_entries(hashes.len());
@@ -40,15 +67,26 @@ pub(crate) fn ask_tree<R: io::Read, W: Write>(
             known.insert(*h);
         }
     }
-    let id = conn.send(Request::ReadTree {
+    let tree = conn.send(Request::ReadTree {
         path: remote.clone(),
         known,
     })?;
-    // The root's listing is always wanted: asked for with the tree, not a round trip after it.
-    let mut asked = Asked::new();
     let root = ask_listing(conn, remote, digests, local, trees)?;
-    asked.insert(WirePath::default(), root);
-    for r in conn.replies(id)? {
+    Ok(Started { tree, root })
+}
+
+/// Takes the reply of a ReadTree [`start_tree`] sent, and asks for the listings it names.
+pub(crate) fn finish_tree<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    started: Started,
+    remote: &WirePath,
+    local: &Path,
+    digests: bool,
+    trees: &LocalTrees,
+) -> Result<Asked, GetError> {
+    let mut asked = Asked::new();
+    asked.insert(WirePath::default(), started.root);
+    for r in conn.replies(started.tree)? {
         let Reply::Tree(dirs) = r else {
             return Err(ConnError::Unexpected(format!("{r:?}")).into());
         };

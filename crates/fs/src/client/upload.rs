@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 
 use ferry_proto::{Attr, FileKind, Reply, Request, TreeItem, WirePath};
 
-use super::local::{local_tree, same_tree, LocalTrees};
+use super::local::{local_tree_hashing, same_tree, LocalTrees};
 use super::push::{put_files, PutJob};
+use super::tree::{ask_tree, Asked, FILTER_DIRS};
 use super::walk::{ask_listing, take_listing};
 use super::{GetError, PutOptions, PutStats};
 use crate::conn::{ConnError, Connection};
@@ -68,13 +69,16 @@ pub fn put<R: io::Read, W: Write>(
     let current = remote_attr(conn, remote)?;
     // With tree digests from the server, every subtree already the same there is skipped.
     let mut trees = LocalTrees::new();
+    // Every local directory's hash, for a ReadTree's filter.
+    let mut hashes = vec![];
     if let Some(cur) = current
         .as_ref()
         .filter(|a| a.oid.is_some() && meta.is_dir())
     {
-        if let Err(e) = local_tree(local, &mut trees) {
+        if let Err(e) = local_tree_hashing(local, local, &mut trees, &mut hashes) {
             tracing::debug!("no tree digests for {}: {e}", local.display());
             trees.clear();
+            hashes.clear();
         }
         if let Some(files) = same_tree(local, cur, &trees) {
             stats.unchanged += files;
@@ -83,7 +87,15 @@ pub fn put<R: io::Read, W: Write>(
     }
     let mut plan = PutPlan::default();
     put_walk(
-        conn, local, meta, remote, current, &trees, opts, stats, &mut plan,
+        conn,
+        local,
+        meta,
+        remote,
+        current,
+        (&trees, &hashes),
+        opts,
+        stats,
+        &mut plan,
     )?;
     let mut batch = vec![];
     let mut bytes = 0;
@@ -193,7 +205,9 @@ pub(crate) fn check<R: io::Read, W: Write>(
     Ok(())
 }
 
-/// Compares `local` with the server, breadth first, noting what to upload and delete.
+/// Compares `local` (whose tree digests and directories' hashes are `trees` and `hashes`) with
+/// the server, breadth first, noting what to upload and delete. With a server that names the
+/// directories that differ (ReadTree), all their listings are asked for at once.
 #[allow(clippy::too_many_arguments)]
 fn put_walk<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
@@ -201,7 +215,7 @@ fn put_walk<R: io::Read, W: Write>(
     meta: fs::Metadata,
     remote: &WirePath,
     current: Option<Attr>,
-    trees: &LocalTrees,
+    (trees, hashes): (&LocalTrees, &[u64]),
     opts: &PutOptions<'_>,
     stats: &mut PutStats,
     plan: &mut PutPlan,
@@ -209,12 +223,22 @@ fn put_walk<R: io::Read, W: Write>(
     if !meta.is_dir() {
         return put_note(local, meta, remote, current, opts, stats, plan);
     }
+    let root = local;
+    // Listings asked for ahead, by path below the root.
+    let mut ahead = Asked::new();
     // (local directory, server directory, its listing if it exists there): asked against the
     // entries here, so only those that differ come back.
     let mut queue = std::collections::VecDeque::new();
     match &current {
         Some(a) if a.kind == FileKind::Dir => {
-            let asked = ask_listing(conn, remote, a.oid.is_some(), local, trees)?;
+            let digests = a.oid.is_some();
+            if conn.offers(ferry_proto::FEATURE_TREE_LISTINGS) && hashes.len() <= FILTER_DIRS {
+                ahead = ask_tree(conn, remote, local, digests, (trees, hashes))?;
+            }
+            let asked = match ahead.remove(&WirePath::default()) {
+                Some(asked) => asked,
+                None => ask_listing(conn, remote, digests, local, trees)?,
+            };
             queue.push_back((
                 local.to_path_buf(),
                 remote.clone(),
@@ -274,7 +298,14 @@ fn put_walk<R: io::Read, W: Write>(
                         stats.unchanged += files;
                         continue;
                     }
-                    let asked = ask_listing(conn, &child, a.oid.is_some(), &child_local, trees)?;
+                    let rel = child_local
+                        .strip_prefix(root)
+                        .ok()
+                        .and_then(|r| WirePath::new(r.as_os_str().as_bytes()).ok());
+                    let asked = match rel.and_then(|r| ahead.remove(&r)) {
+                        Some(asked) => asked,
+                        None => ask_listing(conn, &child, a.oid.is_some(), &child_local, trees)?,
+                    };
                     queue.push_back((child_local, child, Some((asked, a))));
                 }
                 Some(_) => {

@@ -15,8 +15,8 @@ use super::fetch::fetch_files;
 use super::local::{
     local_items, local_tree_hashing, remote_item, same_tree, unchanged, Items, LocalTrees,
 };
-use super::tree::{ask_tree, Asked, FILTER_DIRS};
-use super::{get_attr, GetError, GetStats, Sources};
+use super::tree::{ask_tree, finish_tree, start_tree, Asked, Started, FILTER_DIRS};
+use super::{GetError, GetStats, Sources};
 use crate::conn::{ConnError, Connection};
 
 /// Files fetched together: their recipes are asked for at once, then all their missing chunks,
@@ -39,19 +39,47 @@ pub fn get<R: io::Read + Send, W: Write>(
     src: &Sources<'_>,
     stats: &mut GetStats,
 ) -> Result<(), GetError> {
-    let attr = get_attr(conn, remote)?;
     // With tree digests from the server, every subtree already the same here is skipped.
     let mut trees = LocalTrees::new();
-    // Every local entry's hash, for a ReadTree's filter.
+    // Every local directory's hash, for a ReadTree's filter.
     let mut hashes = vec![];
-    if attr.oid.is_some() && fs::symlink_metadata(local).is_ok_and(|m| m.is_dir()) {
+    let local_kind = fs::symlink_metadata(local).map(|m| m.is_dir());
+    if local_kind.as_ref().is_ok_and(|dir| *dir) {
         if let Err(e) = local_tree_hashing(local, local, &mut trees, &mut hashes) {
             tracing::debug!("no tree digests for {}: {e}", local.display());
             trees.clear();
             hashes.clear();
         }
     }
-    if let Some(files) = same_tree(local, &attr, &trees) {
+    let attr_id = conn.send(Request::GetAttr {
+        path: remote.clone(),
+    })?;
+    // Where a tree may come (a directory here, or nothing yet), it is asked for with the
+    // attributes, not a round trip after them, if that wastes little when the tree turns out
+    // the same (its filter and the keys of the root's entries, sent for nothing).
+    let mut started = None;
+    let waste = match local_kind {
+        Ok(true) => 2 * hashes.len() + 3 * fs::read_dir(local).map_or(0, |d| d.count()),
+        Ok(false) => usize::MAX,
+        Err(_) => 0,
+    };
+    if conn.offers(ferry_proto::FEATURE_TREE_LISTINGS) && waste <= SPECULATE_BYTES {
+        started = Some(start_tree(conn, remote, local, true, (&trees, &hashes))?);
+    }
+    let attr = match conn.replies(attr_id)?.pop() {
+        Some(Reply::Attr(a)) => a,
+        other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+    };
+    if attr.oid.is_none() {
+        trees.clear();
+    }
+    let unchanged = same_tree(local, &attr, &trees);
+    if attr.kind != FileKind::Dir || unchanged.is_some() {
+        if let Some(s) = started.take() {
+            s.forget(conn);
+        }
+    }
+    if let Some(files) = unchanged {
         stats.unchanged += files;
         return Ok(());
     }
@@ -72,12 +100,13 @@ pub fn get<R: io::Read + Send, W: Write>(
         gone: vec![],
         deletes: vec![],
     };
-    let local_tree = Local {
+    let here = Local {
         path: local,
         trees: &trees,
         hashes: &hashes,
+        started,
     };
-    walk(conn, remote, &attr, &local_tree, src, stats, &mut plan)?;
+    walk(conn, remote, &attr, here, src, stats, &mut plan)?;
     choose_bases(&mut plan.files, &plan.gone, local);
     let mut batch = vec![];
     let mut bytes = 0;
@@ -179,14 +208,19 @@ struct Plan {
     deletes: Vec<PathBuf>,
 }
 
+/// Bytes of requests a get sends with its GetAttr on the chance that the tree differs, at most.
+const SPECULATE_BYTES: usize = 2048;
+
 /// Files that left the tree, kept as bases for new ones, at most.
 const GONE_FILES: usize = 10_000;
 
-/// The local copy a walk compares against: its tree digests, and every entry's hash.
+/// The local copy a walk compares against: its tree digests and its directories' hashes; and
+/// the ReadTree sent for it, if one was.
 struct Local<'a> {
     path: &'a Path,
     trees: &'a LocalTrees,
     hashes: &'a [u64],
+    started: Option<Started>,
 }
 
 /// Walks `remote`, whose attributes the caller already has, breadth first. With a server that
@@ -197,7 +231,7 @@ fn walk<R: io::Read + Send, W: Write>(
     conn: &mut Connection<R, W>,
     remote: &WirePath,
     attr: &Attr,
-    here: &Local<'_>,
+    here: Local<'_>,
     src: &Sources<'_>,
     stats: &mut GetStats,
     plan: &mut Plan,
@@ -207,15 +241,16 @@ fn walk<R: io::Read + Send, W: Write>(
         return note(remote, attr, local, src, stats, plan);
     }
     let digests = attr.oid.is_some();
-    let mut ahead = Asked::new();
-    let first =
-        if conn.offers(ferry_proto::FEATURE_TREE_LISTINGS) && here.hashes.len() <= FILTER_DIRS {
-            ahead = ask_tree(conn, remote, local, digests, (trees, here.hashes))?;
-            ahead.remove(&WirePath::default())
-        } else {
-            None
-        };
-    let first = match first {
+    let mut ahead = match here.started {
+        Some(s) => finish_tree(conn, s, remote, local, digests, trees)?,
+        None if conn.offers(ferry_proto::FEATURE_TREE_LISTINGS)
+            && here.hashes.len() <= FILTER_DIRS =>
+        {
+            ask_tree(conn, remote, local, digests, (trees, here.hashes))?
+        }
+        None => Asked::new(),
+    };
+    let first = match ahead.remove(&WirePath::default()) {
         Some(asked) => asked,
         None => ask_listing(conn, remote, digests, local, trees)?,
     };

@@ -643,13 +643,22 @@ fn an_unchanged_subtree_costs_nothing_beyond_its_digest() {
     let cache = MemStore::new(ferry_format::HashAlg::Blake3);
     let mut c = connect(&srv);
     get(&mut c, "up", &down, &cache).unwrap();
-    // Again, nothing changed: one GetAttr, whose digest covers all 300 files and 3 links.
+    // Again, nothing changed: one round trip, whose GetAttr's digest covers all 300 files and
+    // 3 links (the tree and its root's listing went with it, on the chance that it changed:
+    // a few bytes each way in a tree this small).
     let before = c.traffic();
     let stats = get(&mut c, "up", &down, &cache).unwrap();
     let after = c.traffic();
-    assert_eq!(after.requests - before.requests, 1);
+    assert!(after.requests - before.requests <= 3);
     assert_eq!(after.round_trips - before.round_trips, 1);
-    assert!(after.bytes_received - before.bytes_received < 200);
+    let (down_bytes, up_bytes) = (
+        after.bytes_received - before.bytes_received,
+        after.bytes_sent - before.bytes_sent,
+    );
+    assert!(
+        down_bytes < 300 && up_bytes < 200,
+        "{down_bytes} {up_bytes}"
+    );
     assert_eq!(stats.unchanged, 300);
     // One file changes two levels down: only the directories on its path are listed, not
     // their unchanged siblings.
