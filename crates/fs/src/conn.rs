@@ -121,7 +121,9 @@ struct FrameWriter {
 }
 
 impl FrameWriter {
-    fn new<W: Write + Send + 'static>(mut w: W) -> io::Result<Self> {
+    /// A writer to `w`; with `warm`, a compressor at that level is readied once the first
+    /// batch (the Hello) is out, while its reply is on the way ([`Outflow::warm`]).
+    fn new<W: Write + Send + 'static>(mut w: W, warm: Option<Level>) -> io::Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<Outgoing>();
         let sent = Arc::new(AtomicU64::new(0));
         let counter = sent.clone();
@@ -131,6 +133,7 @@ impl FrameWriter {
             .name("ferry-send".into())
             .spawn(move || {
                 let mut out = Outflow::plain();
+                let (mut warm, mut ready) = (warm, None);
                 let mut bytes = Vec::with_capacity(READ_BUF);
                 // Frames gather until the caller waits for a reply (or the end): a batch of
                 // requests leaves as one write, in as few packets as the link's layers allow.
@@ -141,7 +144,13 @@ impl FrameWriter {
                             (false, false)
                         }
                         Ok(Outgoing::StartZstd(level)) => {
-                            out.start_zstd(level)?;
+                            match ready.take() {
+                                Some((l, o)) if l == level => out = o,
+                                _ => {
+                                    out.start_zstd(level)?;
+                                    out.warm()?;
+                                }
+                            }
                             (false, false)
                         }
                         Ok(Outgoing::Flush) => {
@@ -174,6 +183,12 @@ impl FrameWriter {
                     }
                     if flush {
                         w.flush()?;
+                        if let Some(level) = warm.take() {
+                            let mut o = Outflow::plain();
+                            o.start_zstd(level)?;
+                            o.warm()?;
+                            ready = Some((level, o));
+                        }
                     }
                     if end {
                         return Ok(());
@@ -222,6 +237,8 @@ pub struct Connection<R, W> {
     /// The newest request queued; the requests of the last flush, with when its batch began.
     newest: u32,
     flushed: Option<(std::ops::RangeInclusive<u32>, std::time::Instant)>,
+    /// The request whose reply times a round trip, and when it went (see `flush`).
+    timed: Option<(u32, std::time::Instant)>,
     /// When the first frame of the batch not yet flushed was queued: the batch's round trip
     /// runs from then (its first requests may go out, and be answered, before its flush).
     batch_began: Option<std::time::Instant>,
@@ -268,7 +285,10 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
     ) -> Result<Self, ConnError> {
         let mut c = Connection {
             reader,
-            writer: FrameWriter::new(writer)?,
+            writer: FrameWriter::new(
+                writer,
+                (zstd_level != Level::Fixed(0)).then_some(zstd_level),
+            )?,
             _writes_to: std::marker::PhantomData,
             inflow: Inflow::new(),
             buf: vec![0u8; READ_BUF],
@@ -282,6 +302,7 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             unflushed: false,
             newest: 0,
             flushed: None,
+            timed: None,
             batch_began: None,
             rate: Default::default(),
             server: None,
@@ -465,6 +486,13 @@ impl<R: Read, W> Connection<R, W> {
             let began = self.batch_began.take();
             let began = began.unwrap_or_else(std::time::Instant::now);
             self.flushed = Some((from..=self.newest, began));
+            // The first request of this flush, with nothing sent before it outstanding, times a
+            // round trip from when it went: its reply's first bytes are the first to come back,
+            // and a server writes out the first reply to what it reads at once. (Not only a
+            // request alone: a mount sends everything in batches, and never measured its
+            // link.)
+            self.timed = first_of_flush(from..=self.newest, self.outstanding.keys(), from)
+                .then_some((from, began));
         }
         Ok(())
     }
@@ -481,18 +509,19 @@ impl<R: Read, W> Connection<R, W> {
                 return Ok(q.remove(0));
             }
         }
-        // The first request of the last flush, with nothing sent before it outstanding, times
-        // a round trip from when it went: its reply's first bytes are the first to come back.
-        // (Not only a request alone: a mount sends everything in batches, and never measured
-        // its link.)
-        let went = match &self.flushed {
-            Some((_, at)) if self.first_of_last_flush(id) => Some(*at),
+        // With no reply to a forgotten request still to come ahead of it.
+        let went = match self.timed {
+            Some((t, at)) if t == id && self.forgotten.is_empty() => {
+                self.timed = None;
+                Some(at)
+            }
             _ => None,
         };
         let mut waited = crate::rate::Wait::start(went);
         loop {
             while let Some(f) = self.inflow.next_frame()? {
                 if let Some(f) = self.route(f, id)? {
+                    tracing::trace!(target: "ferry::sizes", "reply to {id} timed: {:?}", waited.round_trip());
                     self.rate.ended(&waited);
                     return Ok(f);
                 }
@@ -508,59 +537,16 @@ impl<R: Read, W> Connection<R, W> {
         }
     }
 
-    /// Whether `id` is the first reply to come of the last flush (see [`first_of_flush`]),
-    /// with no reply to a forgotten request still to come either.
-    fn first_of_last_flush(&self, id: u32) -> bool {
-        self.flushed.as_ref().is_some_and(|(flush, _)| {
-            self.outstanding.len() <= TIMED_OUTSTANDING
-                && self.forgotten.is_empty()
-                && first_of_flush(flush.clone(), self.outstanding.keys(), id)
-        })
-    }
-
-    /// Takes a frame that arrived: an invalidation is noted, a reply to another request kept
-    /// for later; a reply to `id` is returned.
-    fn route(&mut self, f: Frame, id: u32) -> Result<Option<Frame>, ConnError> {
-        if self.forgotten.contains(&f.request_id) {
-            if !f.more() {
-                self.forgotten.remove(&f.request_id);
-            }
-            return Ok(None);
+    /// Reads until the whole reply to request `id` has arrived, keeping it for
+    /// [`replies`](Self::replies): a request sent with others is no longer outstanding, so a
+    /// batch flushed next can time a round trip.
+    pub fn arrive(&mut self, id: u32) -> Result<(), ConnError> {
+        let mut got = self.early.remove(&id).unwrap_or_default();
+        while self.outstanding.contains_key(&id) {
+            got.push(self.wait(id)?);
         }
-        if !self.outstanding.contains_key(&f.request_id) {
-            if f.request_id == 0 {
-                // Bounded: a flood from the server cannot grow them without limit.
-                match Message::decode(&f)? {
-                    Message::Changed { path, attr } if self.changed.len() < MAX_BREAKS => {
-                        self.changed.push((path, attr));
-                    }
-                    Message::Invalidate(path) if self.invalidated.len() < MAX_BREAKS => {
-                        self.invalidated.push(path);
-                    }
-                    // Too many to keep (a name changed past the bound cannot become a lease
-                    // break instead: breaks are taken before names, so an older name's state
-                    // would be taken last).
-                    Message::Invalidate(_) | Message::Changed { .. } => self.breaks_lost = true,
-                    _ => {}
-                }
-                return Ok(None);
-            }
-            return Err(ConnError::Unexpected(format!(
-                "a reply to request {} that was never sent",
-                f.request_id
-            )));
-        }
-        if !f.more() {
-            self.outstanding.remove(&f.request_id);
-            if let Some(i) = self.hooks.iter().position(|(h, _)| *h == f.request_id) {
-                (self.hooks.swap_remove(i).1)();
-            }
-        }
-        if f.request_id == id {
-            return Ok(Some(f));
-        }
-        self.early.entry(f.request_id).or_default().push(f);
-        Ok(None)
+        self.early.insert(id, got);
+        Ok(())
     }
 
     /// Takes what the server sent unasked (lease invalidations, into
@@ -631,6 +617,51 @@ impl<R: Read, W> Connection<R, W> {
         self.rate.round_trip()
     }
 
+    /// Takes a frame that arrived: an invalidation is noted, a reply to another request kept
+    /// for later; a reply to `id` is returned.
+    fn route(&mut self, f: Frame, id: u32) -> Result<Option<Frame>, ConnError> {
+        if self.forgotten.contains(&f.request_id) {
+            if !f.more() {
+                self.forgotten.remove(&f.request_id);
+            }
+            return Ok(None);
+        }
+        if !self.outstanding.contains_key(&f.request_id) {
+            if f.request_id == 0 {
+                // Bounded: a flood from the server cannot grow them without limit.
+                match Message::decode(&f)? {
+                    Message::Changed { path, attr } if self.changed.len() < MAX_BREAKS => {
+                        self.changed.push((path, attr));
+                    }
+                    Message::Invalidate(path) if self.invalidated.len() < MAX_BREAKS => {
+                        self.invalidated.push(path);
+                    }
+                    // Too many to keep (a name changed past the bound cannot become a lease
+                    // break instead: breaks are taken before names, so an older name's state
+                    // would be taken last).
+                    Message::Invalidate(_) | Message::Changed { .. } => self.breaks_lost = true,
+                    _ => {}
+                }
+                return Ok(None);
+            }
+            return Err(ConnError::Unexpected(format!(
+                "a reply to request {} that was never sent",
+                f.request_id
+            )));
+        }
+        if !f.more() {
+            self.outstanding.remove(&f.request_id);
+            if let Some(i) = self.hooks.iter().position(|(h, _)| *h == f.request_id) {
+                (self.hooks.swap_remove(i).1)();
+            }
+        }
+        if f.request_id == id {
+            return Ok(Some(f));
+        }
+        self.early.entry(f.request_id).or_default().push(f);
+        Ok(None)
+    }
+
     /// The reply to request `id` is not wanted: what came of it already is dropped, and the
     /// rest as it arrives (the link still carries it).
     pub fn forget(&mut self, id: u32) {
@@ -658,10 +689,6 @@ impl<R: Read, W> Connection<R, W> {
         self.replies(id)
     }
 }
-
-/// Requests outstanding at most for a reply to time a round trip: a longer pipeline is not
-/// looked through at every wait (a window of chunks in flight times none).
-const TIMED_OUTSTANDING: usize = 64;
 
 /// Whether the reply to `id` is the first to come back of the flush that sent `flush`: `id` was
 /// sent in it, and every request `outstanding` was too, none before `id`. Its first bytes then

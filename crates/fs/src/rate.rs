@@ -105,7 +105,7 @@ impl Wait {
     }
 
     /// The round trip this wait timed, if it timed one.
-    fn round_trip(&self) -> Option<Duration> {
+    pub(crate) fn round_trip(&self) -> Option<Duration> {
         let (at, _, _) = self.first?;
         Some(at.saturating_duration_since(self.went?))
     }

@@ -11,7 +11,7 @@ use ferry_proto::{short_id, Chunks, GetChunks, Ids, Payload, Reply, Request, Tar
 use ferry_store::{ChunkStore, VerifiedChunk};
 use ferry_transfer::{EngineError, Options, Place, Sink, Source, Want};
 
-use super::against::{fetch_against, found_places, groups, AgainstOld};
+use super::against::{found_places, groups, send_against, take_against, AgainstOld};
 use super::install::assemble;
 use super::local::{index_local, LocalIndex};
 use super::partial;
@@ -289,20 +289,33 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
         }
         recipes.push((i, recipe, old.at));
     }
+    let sent = send_against(conn, &against)?;
+    // With little coming against old data (its replies wait in memory meanwhile), the chunks
+    // that come plainly are asked for in the same round trip, not after it.
+    let against_bytes: u64 = against
+        .iter()
+        .flat_map(|(_, m)| m)
+        .map(|c| u64::from(c.len))
+        .sum();
+    let mut plain = Plain {
+        places: &places,
+        fetched: &mut fetched,
+        shorts: &mut shorts,
+    };
+    if against_bytes <= INTERLEAVE_BYTES {
+        plain.fetch(conn, std::mem::take(&mut missing), src, stats)?;
+    }
     // What did not come against old data comes plainly.
-    missing.extend(fetch_against(
+    missing.extend(take_against(
         conn,
-        against,
+        &against,
+        sent,
         src,
         stats,
-        &mut fetched,
-        &mut shorts,
+        plain.fetched,
+        plain.shorts,
     )?);
-    let (by_short, missing): (Vec<ChunkRef>, Vec<ChunkRef>) = missing
-        .into_iter()
-        .partition(|c| shorts.open.contains_key(&c.id));
-    fetch_short(conn, &by_short, src, stats, &mut fetched, &mut shorts)?;
-    fetched.extend(fetch_chunks(conn, &missing, &places, src, stats)?);
+    plain.fetch(conn, missing, src, stats)?;
     let mut again = vec![];
     for (i, recipe, here) in recipes {
         let recipe = match checks.get(&i) {
@@ -335,6 +348,36 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
         return Ok(());
     }
     fetch_files(conn, again, src, stats, false)
+}
+
+/// Bytes of chunks against old data, at most, whose replies may wait in memory while the plain
+/// chunks of the batch are fetched in the same round trip.
+const INTERLEAVE_BYTES: u64 = 16 << 20;
+
+/// What fetches a batch's chunks plainly: by short id those whose full ids are still to learn,
+/// the rest from every source.
+struct Plain<'a> {
+    places: &'a HashMap<Id, Place>,
+    fetched: &'a mut HashSet<Id>,
+    shorts: &'a mut Shorts,
+}
+
+impl Plain<'_> {
+    fn fetch<R: io::Read + Send, W: Write>(
+        &mut self,
+        conn: &mut Connection<R, W>,
+        missing: Vec<ChunkRef>,
+        src: &Sources<'_>,
+        stats: &mut GetStats,
+    ) -> Result<(), GetError> {
+        let (by_short, missing): (Vec<ChunkRef>, Vec<ChunkRef>) = missing
+            .into_iter()
+            .partition(|c| self.shorts.open.contains_key(&c.id));
+        fetch_short(conn, &by_short, src, stats, self.fetched, self.shorts)?;
+        self.fetched
+            .extend(fetch_chunks(conn, &missing, self.places, src, stats)?);
+        Ok(())
+    }
 }
 
 fn add_to_batch(batches: &mut Vec<(Vec<usize>, u64)>, i: usize, size: u64) {

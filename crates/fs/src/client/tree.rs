@@ -12,7 +12,7 @@ use std::path::Path;
 use ferry_proto::{KnownEntries, Reply, Request, WirePath};
 
 use super::local::{Items, LocalTrees};
-use super::walk::ask_listing;
+use super::walk::{ask_listing, listing_request};
 use super::GetError;
 use crate::conn::{ConnError, Connection};
 
@@ -84,9 +84,15 @@ pub(crate) fn finish_tree<R: io::Read, W: Write>(
     digests: bool,
     trees: &LocalTrees,
 ) -> Result<Asked, GetError> {
+    let replies = conn.replies(started.tree)?;
+    // The root's listing comes right behind: once it is in, the batch below times a round trip.
+    conn.arrive(started.root.0)?;
     let mut asked = Asked::new();
     asked.insert(WirePath::default(), started.root);
-    for r in conn.replies(started.tree)? {
+    // Every request made before the first is sent: the batch's round trip is timed from its
+    // first request, and reading the local directories takes a while.
+    let mut requests = vec![];
+    for r in replies {
         let Reply::Tree(dirs) = r else {
             return Err(ConnError::Unexpected(format!("{r:?}")).into());
         };
@@ -96,9 +102,11 @@ pub(crate) fn finish_tree<R: io::Read, W: Write>(
             }
             let at = remote.join_path(&rel)?;
             let here = local.join(std::ffi::OsStr::from_bytes(rel.as_bytes()));
-            let a = ask_listing(conn, &at, digests, &here, trees)?;
-            asked.insert(rel, a);
+            requests.push((rel, listing_request(&at, digests, &here, trees)));
         }
+    }
+    for (rel, (r, items)) in requests {
+        asked.insert(rel, (conn.send(r)?, items));
     }
     Ok(asked)
 }

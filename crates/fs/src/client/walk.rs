@@ -414,24 +414,33 @@ pub(crate) fn ask_listing<R: io::Read, W: Write>(
     local: &Path,
     trees: &LocalTrees,
 ) -> Result<(u32, Option<Items>), GetError> {
+    let (r, items) = listing_request(remote, digests, local, trees);
+    Ok((conn.send(r)?, items))
+}
+
+/// The request of [`ask_listing`], and the local entries it names.
+pub(crate) fn listing_request(
+    remote: &WirePath,
+    digests: bool,
+    local: &Path,
+    trees: &LocalTrees,
+) -> (Request, Option<Items>) {
     let items = (digests && trees.contains_key(local))
         .then(|| local_items(local, trees).ok())
         .flatten()
         .filter(|items| !items.is_empty());
-    let r = match &items {
-        Some(items) => Request::ReadDir {
-            path: remote.clone(),
-            keys: items
-                .iter()
-                .map(|(n, i)| ferry_proto::entry_key(n, i))
-                .collect(),
-        },
-        None => Request::ReadDir {
-            path: remote.clone(),
-            keys: vec![],
-        },
+    let keys = match &items {
+        Some(items) => items
+            .iter()
+            .map(|(n, i)| ferry_proto::entry_key(n, i))
+            .collect(),
+        None => vec![],
     };
-    Ok((conn.send(r)?, items))
+    let r = Request::ReadDir {
+        path: remote.clone(),
+        keys,
+    };
+    (r, items)
 }
 
 /// A listing asked for by [`ask_listing`]: the entries that differ from the local ones, and

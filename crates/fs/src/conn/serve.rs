@@ -42,9 +42,13 @@ fn serve_until_closed(
     let mut buf = vec![0u8; READ_BUF];
     let hello_due = server.wait_limit().map(|t| std::time::Instant::now() + t);
     server.group_commits();
+    // Replies pushed since the last write (the stream may hold them without a byte out yet);
+    // whether the next frame is the first of what was read last.
+    let (mut replied, mut fresh) = (false, false);
     loop {
         while let Some(f) = inflow.next_frame()? {
             for reply in server.handle(&f) {
+                replied = true;
                 outflow.push(&reply, &mut bytes)?;
                 if bytes.len() >= READ_BUF {
                     server.wrote(write_out(&mut outflow, &mut output, &mut bytes)?);
@@ -62,9 +66,21 @@ fn serve_until_closed(
                 outflow.fast_link();
             }
             if let (Some(level), false) = (server.stream_level(), outflow.is_compressed()) {
-                // The Hello reply went out plain; everything after it is one zstd stream.
+                // The Hello reply travels plain; everything after it is one zstd stream.
                 outflow.start_zstd(level)?;
+                // Before the Hello reply goes out (below): its round trip takes the
+                // compressor's start, not the first batch's.
+                outflow.warm()?;
                 inflow.start_zstd()?;
+            }
+            if std::mem::take(&mut fresh) && replied {
+                // The first reply to what came in one read goes out at once: the client times
+                // its link by it, and the rest of the batch (a tree's walk, chunks to cut) may
+                // take a while.
+                outflow.flush(&mut bytes)?;
+                server.wrote(write_out(&mut outflow, &mut output, &mut bytes)?);
+                output.flush()?;
+                replied = false;
             }
         }
         // Nothing more has come: the commits that came together are installed together.
@@ -73,6 +89,7 @@ fn serve_until_closed(
         }
         outflow.flush(&mut bytes)?;
         let waited = write_out(&mut outflow, &mut output, &mut bytes)?;
+        replied = false;
         let started = std::time::Instant::now();
         output.flush()?;
         server.wrote(waited + started.elapsed());
@@ -128,5 +145,6 @@ fn serve_until_closed(
             Err(e) => return Err(e.into()),
         };
         inflow.feed(&buf[..n]);
+        fresh = true;
     }
 }
