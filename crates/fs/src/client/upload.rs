@@ -329,6 +329,10 @@ fn put_walk<R: io::Read, W: Write>(
             }
         }
     }
+    // Listings asked for that no listing led to: their replies are dropped as they come.
+    for (_, (id, _)) in ahead {
+        conn.forget(id);
+    }
     Ok(())
 }
 

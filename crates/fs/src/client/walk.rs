@@ -320,6 +320,11 @@ fn walk<R: io::Read + Send, W: Write>(
             plan.dirs.push((local, attr));
         }
     }
+    // Listings asked for that no listing led to (a server naming directories it does not
+    // list): their replies are dropped as they come, not kept.
+    for (_, (id, _)) in ahead {
+        conn.forget(id);
+    }
     Ok(())
 }
 

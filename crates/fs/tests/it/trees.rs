@@ -170,15 +170,15 @@ fn a_deep_tree_costs_the_round_trips_of_a_shallow_one() {
     let cold = trips(FEATURES, &down, &cache);
     assert!(cold <= 4, "{cold} round trips");
     // A file grows at the bottom, and a new one comes halfway down (too large to come whole:
-    // its chunks come plainly, in the round trip of the grown file's against its old version):
-    // the same, however deep they lie.
+    // its chunks come plainly, after those of the grown file against its old version): the
+    // same, however deep they lie.
     let deepest = srv.join("up/l0/l1/l2/l3/l4/l5/l6/l7/l8/l9/l10/l11/f");
     let mut grown = fs::read(&deepest).unwrap();
     grown.extend(bytes(7, 1 << 20));
     fs::write(&deepest, &grown).unwrap();
     fs::write(srv.join("up/l0/l1/l2/l3/l4/l5/new"), bytes(8, 1 << 20)).unwrap();
     let warm = trips(FEATURES, &down, &cache);
-    assert!(warm <= 4, "{warm} round trips");
+    assert!(warm <= 5, "{warm} round trips");
     // Without ReadTree, a round trip a level.
     fs::write(
         srv.join("up/l0/l1/l2/l3/l4/l5/l6/l7/l8/l9/l10/l11/f"),
