@@ -90,6 +90,24 @@ pub fn list<R: io::Read, W: Write>(
     Ok((attr, out))
 }
 
+/// Sends a Ping, the first request of a batch: its reply, which holds no work of the
+/// server's, times the link ([`Connection::round_trip`]; the server sends its first reply to
+/// what it reads at once). [`take_ping`] takes it.
+pub(crate) fn ping<R: io::Read, W: Write>(conn: &mut Connection<R, W>) -> Result<u32, ConnError> {
+    conn.send(Request::Ping)
+}
+
+/// Takes the reply to a [`ping`]; a server that refuses it refuses nothing else for it.
+pub(crate) fn take_ping<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    id: u32,
+) -> Result<(), ConnError> {
+    match conn.replies(id) {
+        Ok(_) | Err(ConnError::Remote { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 pub(crate) fn get_attr<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     path: &WirePath,

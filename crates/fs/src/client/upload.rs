@@ -25,7 +25,10 @@ fn remote_attr<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     path: &WirePath,
 ) -> Result<Option<Attr>, ConnError> {
-    match conn.call(Request::GetAttr { path: path.clone() }) {
+    let ping = super::ping(conn)?;
+    let id = conn.send(Request::GetAttr { path: path.clone() })?;
+    super::take_ping(conn, ping)?;
+    match conn.replies(id) {
         Ok(mut r) => match r.pop() {
             Some(Reply::Attr(a)) => Ok(Some(a)),
             other => Err(ConnError::Unexpected(format!("{other:?}"))),

@@ -51,6 +51,7 @@ pub fn get<R: io::Read + Send, W: Write>(
             hashes.clear();
         }
     }
+    let ping = super::ping(conn)?;
     let attr_id = conn.send(Request::GetAttr {
         path: remote.clone(),
     })?;
@@ -66,6 +67,7 @@ pub fn get<R: io::Read + Send, W: Write>(
     if conn.offers(ferry_proto::FEATURE_TREE_LISTINGS) && waste <= SPECULATE_BYTES {
         started = Some(start_tree(conn, remote, local, true, (&trees, &hashes))?);
     }
+    super::take_ping(conn, ping)?;
     let attr = match conn.replies(attr_id)?.pop() {
         Some(Reply::Attr(a)) => a,
         other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),

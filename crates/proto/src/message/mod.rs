@@ -174,6 +174,10 @@ pub enum Request {
     /// Makes the session's changes of names durable: fsyncs every directory it changed since
     /// the last Sync (with [`FEATURE_DEFERRED_SYNC`]; without, there is nothing to do).
     Sync,
+    /// Nothing to do: answered `Ok` at once. A client times its link by it (the first request
+    /// of a session's first batch), where any other request's reply would hold the server's
+    /// work too (a tree's digest, a file to cut).
+    Ping,
     /// A recipe, sent against the pages (content-defined runs of chunks) whose keys `known`
     /// lists; with `short`, chunks outside them by length and short id.
     GetRecipe {
@@ -374,6 +378,7 @@ pub(crate) mod code {
     pub const SYNC: u8 = 0x1a;
     pub const LINK: u8 = 0x1b;
     pub const READ_TREE: u8 = 0x1c;
+    pub const PING: u8 = 0x1d;
     pub const GET_RECIPE: u8 = 0x20;
     pub const GET_CHUNKS: u8 = 0x21;
     pub const READ_FILES: u8 = 0x22;

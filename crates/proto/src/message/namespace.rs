@@ -15,6 +15,7 @@
 //! | 0x19 | StatFs | path | FsStats |
 //! | 0x1a | Sync | (nothing) | Ok |
 //! | 0x1b | Link | from path · to path | Ok |
+//! | 0x1d | Ping | (nothing) | Ok |
 //! | 0x1c | ReadTree | path · hashes u8 · filter *bytes* (see `KnownEntries`) | Tree, `MORE` |
 //!
 //! Tree (0x4f): count varint · path × count (relative to the path asked for).
@@ -82,6 +83,7 @@ pub(super) fn put_request(q: &Request, w: &mut Writer) -> Option<u8> {
             code::STAT_FS
         }
         Request::Sync => code::SYNC,
+        Request::Ping => code::PING,
         Request::Link { from, to } => {
             put_path(w, from);
             put_path(w, to);
@@ -134,6 +136,7 @@ pub(super) fn get_request(t: u8, r: &mut Reader<'_>) -> Result<Option<Request>, 
         },
         code::STAT_FS => Request::StatFs { path: path(r)? },
         code::SYNC => Request::Sync,
+        code::PING => Request::Ping,
         code::LINK => Request::Link {
             from: path(r)?,
             to: path(r)?,

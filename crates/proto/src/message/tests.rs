@@ -101,6 +101,7 @@ pub(crate) fn samples() -> Vec<Message> {
             keys: vec![0, 0xff_ffff, 0x12_3456],
         }),
         q(Request::ReadLink { path: "l".into() }),
+        q(Request::Ping),
         q(Request::ReadTree {
             path: "".into(),
             known: crate::KnownEntries::default(),
@@ -534,6 +535,10 @@ fn exact_bytes_of_every_message() {
                 },
             }),
             "0c000000 1c 00 05000000 | 01 64 | 07 | 02 0180".into(),
+        ),
+        (
+            Message::Request(Request::Ping),
+            "06000000 1d 00 05000000".into(),
         ),
         (
             Message::Request(Request::Unlink { path: "a".into() }),
