@@ -30,6 +30,9 @@ pub fn serve(
     }
 }
 
+/// Work a batch's replies wait at most before they go out (see `serve_until_closed`).
+const EAGER_WRITE: std::time::Duration = std::time::Duration::from_millis(1);
+
 fn serve_until_closed(
     server: &mut Server,
     mut input: impl Read + std::os::fd::AsFd,
@@ -45,6 +48,8 @@ fn serve_until_closed(
     // Replies pushed since the last write (the stream may hold them without a byte out yet);
     // whether the next frame is the first of what was read last.
     let (mut replied, mut fresh) = (false, false);
+    // When replies last went out.
+    let mut wrote = std::time::Instant::now();
     loop {
         while let Some(f) = inflow.next_frame()? {
             for reply in server.handle(&f) {
@@ -73,14 +78,17 @@ fn serve_until_closed(
                 outflow.warm()?;
                 inflow.start_zstd()?;
             }
-            if std::mem::take(&mut fresh) && replied {
+            if (std::mem::take(&mut fresh) || wrote.elapsed() >= EAGER_WRITE) && replied {
                 // The first reply to what came in one read goes out at once: the client times
                 // its link by it, and the rest of the batch (a tree's walk, chunks to cut) may
-                // take a while.
+                // take a while. After it, what a long batch's replies made goes out every
+                // millisecond: the client works on them while the server makes the rest (all
+                // of 133 listings sent at the end kept each side idle while the other worked).
                 outflow.flush(&mut bytes)?;
                 server.wrote(write_out(&mut outflow, &mut output, &mut bytes)?);
                 output.flush()?;
                 replied = false;
+                wrote = std::time::Instant::now();
             }
         }
         // Nothing more has come: the commits that came together are installed together.
@@ -90,6 +98,7 @@ fn serve_until_closed(
         outflow.flush(&mut bytes)?;
         let waited = write_out(&mut outflow, &mut output, &mut bytes)?;
         replied = false;
+        wrote = std::time::Instant::now();
         let started = std::time::Instant::now();
         output.flush()?;
         server.wrote(waited + started.elapsed());
