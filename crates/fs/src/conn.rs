@@ -491,8 +491,11 @@ impl<R: Read, W> Connection<R, W> {
             // and a server writes out the first reply to what it reads at once. (Not only a
             // request alone: a mount sends everything in batches, and never measured its
             // link.)
-            self.timed = first_of_flush(from..=self.newest, self.outstanding.keys(), from)
-                .then_some((from, began));
+            // (More outstanding than this flush sent: an older one is; no need to look.)
+            let sent = self.newest.wrapping_sub(from) as usize + 1;
+            self.timed = (self.outstanding.len() <= sent
+                && first_of_flush(from..=self.newest, self.outstanding.keys(), from))
+            .then_some((from, began));
         }
         Ok(())
     }
@@ -521,7 +524,8 @@ impl<R: Read, W> Connection<R, W> {
         loop {
             while let Some(f) = self.inflow.next_frame()? {
                 if let Some(f) = self.route(f, id)? {
-                    tracing::trace!(target: "ferry::sizes", "reply to {id} timed: {:?}", waited.round_trip());
+                    let timed = waited.round_trip();
+                    tracing::trace!(target: "ferry::sizes", "reply to {id} timed: {timed:?}");
                     self.rate.ended(&waited);
                     return Ok(f);
                 }
