@@ -234,9 +234,9 @@ pub struct Connection<R, W> {
     traffic: Traffic,
     /// Frames queued since the last flush.
     unflushed: bool,
-    /// The newest request queued; the requests of the last flush, with when its batch began.
+    /// The newest request queued; the first request the next flush sends.
     newest: u32,
-    flushed: Option<(std::ops::RangeInclusive<u32>, std::time::Instant)>,
+    flush_from: u32,
     /// The request whose reply times a round trip, and when it went (see `flush`).
     timed: Option<(u32, std::time::Instant)>,
     /// When the first frame of the batch not yet flushed was queued: the batch's round trip
@@ -301,7 +301,7 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             told_near: false,
             unflushed: false,
             newest: 0,
-            flushed: None,
+            flush_from: 0,
             timed: None,
             batch_began: None,
             rate: Default::default(),
@@ -479,13 +479,9 @@ impl<R: Read, W> Connection<R, W> {
     pub fn flush(&mut self) -> Result<(), ConnError> {
         if std::mem::take(&mut self.unflushed) {
             self.writer.send(Outgoing::Flush)?;
-            let from = self
-                .flushed
-                .as_ref()
-                .map_or(0, |(r, _)| r.end().wrapping_add(1));
+            let from = std::mem::replace(&mut self.flush_from, self.newest.wrapping_add(1));
             let began = self.batch_began.take();
             let began = began.unwrap_or_else(std::time::Instant::now);
-            self.flushed = Some((from..=self.newest, began));
             // The first request of this flush, with nothing sent before it outstanding, times a
             // round trip from when it went: its reply's first bytes are the first to come back,
             // and a server writes out the first reply to what it reads at once. (Not only a
@@ -544,10 +540,19 @@ impl<R: Read, W> Connection<R, W> {
     /// Reads until the whole reply to request `id` has arrived, keeping it for
     /// [`replies`](Self::replies): a request sent with others is no longer outstanding, so a
     /// batch flushed next can time a round trip.
+    /// At most [`MAX_REPLY`] bytes of bodies, as `replies`.
     pub fn arrive(&mut self, id: u32) -> Result<(), ConnError> {
         let mut got = self.early.remove(&id).unwrap_or_default();
+        let mut total: usize = got.iter().map(|f| f.body.len()).sum();
         while self.outstanding.contains_key(&id) {
-            got.push(self.wait(id)?);
+            let f = self.wait(id)?;
+            total += f.body.len();
+            if total > MAX_REPLY {
+                return Err(ConnError::Unexpected(format!(
+                    "a reply of over {MAX_REPLY} bytes to request {id}"
+                )));
+            }
+            got.push(f);
         }
         self.early.insert(id, got);
         Ok(())

@@ -305,17 +305,17 @@ pub(crate) fn groups(chunks: &[ChunkRef], max: usize) -> Vec<&[ChunkRef]> {
     out
 }
 
-/// GetChunks sent by [`send_against`]: request id, file, chunks asked for, the old chunks
-/// named, the ranges of the file held here.
-pub(crate) type SentAgainst<'a> =
-    Vec<(u32, usize, &'a [ChunkRef], &'a [(ChunkRef, u64)], Vec<Held>)>;
-
-/// Asks for the missing chunks of files with an old version here, compressed against it, all
-/// requests of the batch at once, without waiting for their replies ([`take_against`]).
-pub(crate) fn send_against<'a, R: io::Read, W: Write>(
+/// Fetches the missing chunks of files with an old version here, compressed against it, all
+/// requests of the batch at once. Returns the chunks that did not arrive that way (to fetch
+/// plainly): none, unless the server lacked some or a piece's key collided.
+pub(crate) fn fetch_against<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
-    files: &'a [(AgainstOld, Vec<ChunkRef>)],
-) -> Result<SentAgainst<'a>, GetError> {
+    files: Vec<(AgainstOld, Vec<ChunkRef>)>,
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+    fetched: &mut HashSet<Id>,
+    shorts: &mut Shorts,
+) -> Result<Vec<ChunkRef>, GetError> {
     let history = conn.offers(ferry_proto::FEATURE_HISTORY);
     let mut sent = vec![];
     for (i, (a, missing)) in files.iter().enumerate() {
@@ -346,21 +346,6 @@ pub(crate) fn send_against<'a, R: io::Read, W: Write>(
         }
     }
     conn.flush()?;
-    Ok(sent)
-}
-
-/// Takes the replies to the requests [`send_against`] sent for `files`. Returns the chunks that
-/// did not arrive that way (to fetch plainly): none, unless the server lacked some or a
-/// piece's key collided.
-pub(crate) fn take_against<R: io::Read, W: Write>(
-    conn: &mut Connection<R, W>,
-    files: &[(AgainstOld, Vec<ChunkRef>)],
-    sent: SentAgainst<'_>,
-    src: &Sources<'_>,
-    stats: &mut GetStats,
-    fetched: &mut HashSet<Id>,
-    shorts: &mut Shorts,
-) -> Result<Vec<ChunkRef>, GetError> {
     let mut plain = vec![];
     for (id, i, asked, sent_olds, held) in sent {
         let a = &files[i].0;

@@ -11,7 +11,7 @@ use ferry_proto::{short_id, Chunks, GetChunks, Ids, Payload, Reply, Request, Tar
 use ferry_store::{ChunkStore, VerifiedChunk};
 use ferry_transfer::{EngineError, Options, Place, Sink, Source, Want};
 
-use super::against::{found_places, groups, send_against, take_against, AgainstOld};
+use super::against::{fetch_against, found_places, groups, AgainstOld};
 use super::install::assemble;
 use super::local::{index_local, LocalIndex};
 use super::partial;
@@ -289,27 +289,20 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
         }
         recipes.push((i, recipe, old.at));
     }
-    // The chunks against old data first, then what did not come that way and the chunks
-    // that come plainly: the against replies are taken as they come, the client's decoding
-    // overlapping the server's compressing (asking for the plain ones in the same round trip
-    // left the client waiting behind every against reply for them: crates-vendor through a
-    // local pipe 0.25 → 0.28 s).
-    let sent = send_against(conn, &against)?;
-    missing.extend(take_against(
+    // What did not come against old data comes plainly.
+    missing.extend(fetch_against(
         conn,
-        &against,
-        sent,
+        against,
         src,
         stats,
         &mut fetched,
         &mut shorts,
     )?);
-    let mut plain = Plain {
-        places: &places,
-        fetched: &mut fetched,
-        shorts: &mut shorts,
-    };
-    plain.fetch(conn, missing, src, stats)?;
+    let (by_short, missing): (Vec<ChunkRef>, Vec<ChunkRef>) = missing
+        .into_iter()
+        .partition(|c| shorts.open.contains_key(&c.id));
+    fetch_short(conn, &by_short, src, stats, &mut fetched, &mut shorts)?;
+    fetched.extend(fetch_chunks(conn, &missing, &places, src, stats)?);
     let mut again = vec![];
     for (i, recipe, here) in recipes {
         let recipe = match checks.get(&i) {
@@ -342,32 +335,6 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
         return Ok(());
     }
     fetch_files(conn, again, src, stats, false)
-}
-
-/// What fetches a batch's chunks plainly: by short id those whose full ids are still to learn,
-/// the rest from every source.
-struct Plain<'a> {
-    places: &'a HashMap<Id, Place>,
-    fetched: &'a mut HashSet<Id>,
-    shorts: &'a mut Shorts,
-}
-
-impl Plain<'_> {
-    fn fetch<R: io::Read + Send, W: Write>(
-        &mut self,
-        conn: &mut Connection<R, W>,
-        missing: Vec<ChunkRef>,
-        src: &Sources<'_>,
-        stats: &mut GetStats,
-    ) -> Result<(), GetError> {
-        let (by_short, missing): (Vec<ChunkRef>, Vec<ChunkRef>) = missing
-            .into_iter()
-            .partition(|c| self.shorts.open.contains_key(&c.id));
-        fetch_short(conn, &by_short, src, stats, self.fetched, self.shorts)?;
-        self.fetched
-            .extend(fetch_chunks(conn, &missing, self.places, src, stats)?);
-        Ok(())
-    }
 }
 
 fn add_to_batch(batches: &mut Vec<(Vec<usize>, u64)>, i: usize, size: u64) {
