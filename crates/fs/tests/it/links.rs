@@ -5,17 +5,6 @@
 use super::*;
 use ferry_proto::{Attr, FEATURE_HARD_LINKS, FEATURE_STAT_EXTRA};
 
-fn attr(c: &mut Connection<UnixStream, UnixStream>, path: &str) -> Attr {
-    match c
-        .call(Request::GetAttr { path: path.into() })
-        .unwrap()
-        .pop()
-    {
-        Some(Reply::Attr(a)) => a,
-        r => panic!("{r:?}"),
-    }
-}
-
 #[test]
 fn a_link_is_a_second_name_of_the_same_file() {
     let t = tempfile::tempdir().unwrap();
@@ -30,9 +19,9 @@ fn a_link_is_a_second_name_of_the_same_file() {
     .unwrap();
     assert_eq!(fs::read(t.path().join("d/g")).unwrap(), b"shared");
     let (f, g, other) = (
-        attr(&mut c, "f"),
-        attr(&mut c, "d/g"),
-        attr(&mut c, "other"),
+        attr_of(&mut c, "f"),
+        attr_of(&mut c, "d/g"),
+        attr_of(&mut c, "other"),
     );
     let x = |a: &Attr| a.extra.unwrap();
     assert_eq!((x(&f).nlink, x(&g).nlink, x(&other).nlink), (2, 2, 1));
@@ -61,7 +50,7 @@ fn a_link_is_a_second_name_of_the_same_file() {
     assert!(!outside.path().join("out").exists() && !t.path().join("s").exists());
     // A session that did not ask sees no identity.
     let mut plain = connect_asking(t.path(), FEATURE_STAT_EXTRA);
-    assert_eq!(attr(&mut plain, "f").extra.unwrap().id, None);
+    assert_eq!(attr_of(&mut plain, "f").extra.unwrap().id, None);
 }
 
 #[test]
@@ -70,7 +59,7 @@ fn a_commit_to_a_file_of_several_names_reaches_every_name() {
     fs::write(t.path().join("f"), b"old content").unwrap();
     fs::hard_link(t.path().join("f"), t.path().join("g")).unwrap();
     let mut c = connect_asking(t.path(), FEATURE_STAT_EXTRA | FEATURE_HARD_LINKS);
-    let before = attr(&mut c, "f");
+    let before = attr_of(&mut c, "f");
     upload(&mut c, 1, "f", Some(before.version), b"new content, longer").unwrap();
     let replies = commit(&mut c, 1, b"new content, longer").unwrap();
     let Some(Reply::Attr(after)) = replies.last() else {
@@ -85,14 +74,14 @@ fn a_commit_to_a_file_of_several_names_reaches_every_name() {
     let x = after.extra.unwrap();
     assert_eq!(x.nlink, 2);
     assert_eq!(x.id, before.extra.unwrap().id, "the same file");
-    assert_eq!(after.version, attr(&mut c, "g").version);
+    assert_eq!(after.version, attr_of(&mut c, "g").version);
     // Nothing left beside them, nothing in the trash (the old bytes are gone), and no redo
     // record once done.
     assert_eq!(names(t.path()), [".ferry-redo", "f", "g"]);
     assert!(names(&t.path().join(".ferry-redo")).is_empty());
     // A file of one name is still replaced whole (a new inode, the old one in the trash).
     fs::remove_file(t.path().join("g")).unwrap();
-    let one = attr(&mut c, "f");
+    let one = attr_of(&mut c, "f");
     upload(&mut c, 2, "f", Some(one.version), b"third").unwrap();
     let replies = commit(&mut c, 2, b"third").unwrap();
     let Some(Reply::Attr(third)) = replies.last() else {
@@ -112,7 +101,7 @@ fn a_commit_through_one_name_after_another_names_is_a_conflict() {
     fs::write(t.path().join("f"), b"base").unwrap();
     fs::hard_link(t.path().join("f"), t.path().join("d/g")).unwrap();
     let mut c = connect_asking(t.path(), FEATURE_STAT_EXTRA | FEATURE_HARD_LINKS);
-    let base = attr(&mut c, "f").version;
+    let base = attr_of(&mut c, "f").version;
     upload(&mut c, 1, "d/g", Some(base), b"through g").unwrap();
     upload(&mut c, 2, "f", Some(base), b"through f").unwrap();
     commit(&mut c, 1, b"through g").unwrap();
@@ -267,12 +256,12 @@ fn a_commit_after_a_dead_writers_record_is_not_undone_by_it() {
     // Made after the session started: nothing has finished it.
     let finished = bytes(10, 4000);
     interrupted_in_place_commit(t.path(), &finished);
-    let base = attr(&mut c, "f").version;
+    let base = attr_of(&mut c, "f").version;
     let newer = bytes(11, 6000);
     let first = upload(&mut c, 1, "f", Some(base), &newer).and_then(|()| commit(&mut c, 1, &newer));
     assert!(is_code(&first, ErrorCode::Conflict), "{first:?}");
     assert_eq!(fs::read(t.path().join("f")).unwrap(), finished);
-    let base = attr(&mut c, "f").version;
+    let base = attr_of(&mut c, "f").version;
     upload(&mut c, 2, "f", Some(base), &newer).unwrap();
     commit(&mut c, 2, &newer).unwrap();
     assert!(names(&t.path().join(".ferry-redo")).is_empty());
@@ -295,7 +284,7 @@ fn a_commit_meeting_a_record_being_finished_is_refused() {
     fs::write(t.path().join("f"), &old).unwrap();
     fs::hard_link(t.path().join("f"), t.path().join("d/g")).unwrap();
     let mut c = connect_asking(t.path(), FEATURE_STAT_EXTRA | FEATURE_HARD_LINKS);
-    let base = attr(&mut c, "f").version;
+    let base = attr_of(&mut c, "f").version;
     let newer = bytes(11, 6000);
     upload(&mut c, 1, "f", Some(base), &newer).unwrap();
     // Meanwhile: a dead writer's record of the file, which another session is finishing.

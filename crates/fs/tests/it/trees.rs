@@ -1,42 +1,41 @@
-//! ReadTree: which directories of a tree differ from the client's, in one exchange, so a walk
-//! costs the same round trips however deep the tree.
+//! Walks of a tree: unchanged subtrees skipped by their digests, and ReadTree (which
+//! directories of a tree differ from the client's, in one exchange), so a walk costs the same
+//! round trips however deep the tree.
 
 use super::*;
 use ferry_proto::{entry_hash, KnownEntries, TreeItem, FEATURES, FEATURE_TREE_LISTINGS};
 
-fn attr(c: &mut Connection<UnixStream, UnixStream>, path: &str) -> ferry_proto::Attr {
-    match c
-        .call(Request::GetAttr { path: path.into() })
-        .unwrap()
-        .pop()
-    {
-        Some(Reply::Attr(a)) => a,
-        r => panic!("{r:?}"),
-    }
-}
-
 /// The hash the client names the directory `rel` of the tree at `tree` by (its place below
 /// that tree, its mode, time and tree digest).
 fn dir_hash(c: &mut Connection<UnixStream, UnixStream>, tree: &str, rel: &str) -> u64 {
-    let a = attr(c, &format!("{tree}/{rel}"));
+    let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+    hash_as(c, &format!("{tree}/{rel}"), dir, name)
+}
+
+/// The hash of the server's directory at `path` as if it were `name` in `dir` of a tree.
+fn hash_as(c: &mut Connection<UnixStream, UnixStream>, path: &str, dir: &str, name: &str) -> u64 {
+    let a = attr_of(c, path);
     let item = TreeItem::Dir {
         mode: a.mode,
         mtime_ns: a.mtime_ns,
         digest: *a.oid.expect("a tree digest").digest(),
     };
-    let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
     entry_hash(dir.as_bytes(), name.as_bytes(), &item)
 }
 
-/// The client's end of a socket to a server on a thread serving `root` with `opts`.
-fn serving_opts(root: &Path, opts: ServerOptions) -> UnixStream {
+/// A client of a server on a thread serving `root` that offers only `features`.
+fn connect_offering(root: &Path, features: u64) -> Connection<UnixStream, UnixStream> {
     let (a, b) = UnixStream::pair().unwrap();
     let export = Export::open(root).unwrap();
+    let opts = ServerOptions {
+        features,
+        ..grouping()
+    };
     std::thread::spawn(move || {
         let mut server = Server::new(export, opts, staging());
         let _ = ferry_fs::serve(&mut server, a.try_clone().unwrap(), a);
     });
-    b
+    Connection::open(b.try_clone().unwrap(), b).unwrap()
 }
 
 fn read_tree(
@@ -94,15 +93,7 @@ fn the_server_names_the_directories_that_differ_breadth_first() {
     assert_eq!(got, ["", "x", "x/y"]);
     // Named by its place below the tree asked for: held elsewhere, it is not held.
     let b = dir_hash(&mut c, "t", "a/b");
-    let a_b_as_b = {
-        let at = attr(&mut c, "t/a/b");
-        let item = TreeItem::Dir {
-            mode: at.mode,
-            mtime_ns: at.mtime_ns,
-            digest: *at.oid.unwrap().digest(),
-        };
-        entry_hash(b"", b"b", &item)
-    };
+    let a_b_as_b = hash_as(&mut c, "t/a/b", "", "b");
     let mut got = read_tree(&mut c, "t", &[a_b_as_b]).unwrap();
     got.sort();
     assert_eq!(got, ["", "a", "a/b", "a/b/c", "x", "x/y"]);
@@ -151,14 +142,7 @@ fn a_deep_tree_costs_the_round_trips_of_a_shallow_one() {
     deep_tree(&srv.join("up"), 12);
     let cache = MemStore::new(ferry_format::HashAlg::Blake3);
     let trips = |features: u64, down: &Path, cache: &MemStore| {
-        let b = serving_opts(
-            &srv,
-            ServerOptions {
-                features,
-                ..grouping()
-            },
-        );
-        let mut c = Connection::open(b.try_clone().unwrap(), b).unwrap();
+        let mut c = connect_offering(&srv, features);
         let before = c.traffic().round_trips;
         get(&mut c, "up", down, cache).unwrap();
         same_tree(&srv.join("up"), down);
@@ -196,14 +180,7 @@ fn an_upload_into_a_deep_tree_costs_the_round_trips_of_a_shallow_one() {
     fs::create_dir(&srv).unwrap();
     deep_tree(&src, 12);
     let trips = |features: u64| {
-        let b = serving_opts(
-            &srv,
-            ServerOptions {
-                features,
-                ..grouping()
-            },
-        );
-        let mut c = Connection::open(b.try_clone().unwrap(), b).unwrap();
+        let mut c = connect_offering(&srv, features);
         let before = c.traffic().round_trips;
         put(&mut c, &src, "up").unwrap();
         same_tree(&src, &srv.join("up"));
@@ -222,4 +199,111 @@ fn an_upload_into_a_deep_tree_costs_the_round_trips_of_a_shallow_one() {
         "{tree} round trips, {level} a level at a time"
     );
     assert!(tree <= 6, "{tree} round trips");
+}
+
+#[test]
+fn a_tree_costs_round_trips_per_level_not_per_file() {
+    let t = tempfile::tempdir().unwrap();
+    let (srv, src) = (t.path().join("srv"), t.path().join("src"));
+    fs::create_dir(&srv).unwrap();
+    wide_tree(&src);
+    let mut c = connect(&srv);
+    let before = c.traffic().round_trips;
+    put(&mut c, &src, "up").unwrap();
+    let put_trips = c.traffic().round_trips - before;
+    let before = c.traffic().round_trips;
+    let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+    get(&mut c, "up", &t.path().join("down"), &cache).unwrap();
+    let get_trips = c.traffic().round_trips - before;
+    same_tree(&src, &t.path().join("down"));
+    // GetAttr, a listing per level (3), the recipes, the chunks, the links.
+    assert!(
+        get_trips <= 8,
+        "get of 303 entries took {get_trips} round trips"
+    );
+    assert!(
+        put_trips <= 12,
+        "put of 303 entries took {put_trips} round trips"
+    );
+}
+
+#[test]
+fn an_unchanged_subtree_costs_nothing_beyond_its_digest() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    wide_tree(&srv.join("up"));
+    let down = t.path().join("down");
+    let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+    let mut c = connect(&srv);
+    get(&mut c, "up", &down, &cache).unwrap();
+    // Again, nothing changed: one round trip, whose GetAttr's digest covers all 300 files and
+    // 3 links (a Ping went with it, and the tree and its root's listing, on the chance that it
+    // changed: a few bytes each way in a tree this small).
+    let before = c.traffic();
+    let stats = get(&mut c, "up", &down, &cache).unwrap();
+    let after = c.traffic();
+    assert!(after.requests - before.requests <= 4);
+    assert_eq!(after.round_trips - before.round_trips, 1);
+    let (down_bytes, up_bytes) = (
+        after.bytes_received - before.bytes_received,
+        after.bytes_sent - before.bytes_sent,
+    );
+    assert!(
+        down_bytes < 300 && up_bytes < 200,
+        "{down_bytes} {up_bytes}"
+    );
+    assert_eq!(stats.unchanged, 300);
+    // One file changes two levels down: only the directories on its path are listed, not
+    // their unchanged siblings.
+    fs::write(srv.join("up/d1/sub/f7"), b"changed").unwrap();
+    let before = c.traffic();
+    let stats = get(&mut c, "up", &down, &cache).unwrap();
+    let after = c.traffic();
+    // The file, and the symlink beside its directory (links are always read again).
+    assert_eq!((stats.chunks, stats.bytes), (1, 7), "{stats:?}");
+    assert_eq!(fs::read(down.join("d1/sub/f7")).unwrap(), b"changed");
+    // Ping, GetAttr and ReadTree; ReadDir of up, d1 and d1/sub (not of d0, d2 and their
+    // subs); the file, whole; d1/link's target.
+    assert!(
+        after.requests - before.requests <= 8,
+        "{} requests",
+        after.requests - before.requests
+    );
+    same_tree(&srv.join("up"), &down);
+    // A local change the server lacks: that subtree is walked again, and mended.
+    fs::write(down.join("d2/g3"), b"local edit").unwrap();
+    get(&mut c, "up", &down, &cache).unwrap();
+    same_tree(&srv.join("up"), &down);
+}
+
+#[test]
+fn an_upload_skips_unchanged_subtrees_and_leaves_directory_times_equal() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, srv) = (t.path().join("src"), t.path().join("srv"));
+    fs::create_dir(&srv).unwrap();
+    wide_tree(&src);
+    let mut c = connect(&srv);
+    put(&mut c, &src, "up").unwrap();
+    // The server's directories took the local modes and times, so nothing differs now.
+    let m = |p: &Path| fs::metadata(p).unwrap().modified().unwrap();
+    assert_eq!(m(&src.join("d1/sub")), m(&srv.join("up/d1/sub")));
+    assert_eq!(m(&src), m(&srv.join("up")));
+    let before = c.traffic();
+    let s = put(&mut c, &src, "up").unwrap();
+    // A Ping (which times the link) and the GetAttr whose digest covers the tree.
+    assert_eq!(c.traffic().requests - before.requests, 2, "{s:?}");
+    assert_eq!(s.unchanged, 300);
+    // One local edit: the directories on its path are compared, not their siblings.
+    fs::write(src.join("d0/sub/f9"), b"edited").unwrap();
+    let before = c.traffic();
+    put(&mut c, &src, "up").unwrap();
+    let requests = c.traffic().requests - before.requests;
+    // Ping, GetAttr and ReadTree; ReadDir of up, d0, d0/sub; the small file's Create, Write
+    // and Commit; d0/link's target; SetAttr of the three directories (not the 7 listings and
+    // 300 files of a full walk).
+    assert!(requests <= 13, "{requests} requests");
+    same_tree(&src, &srv.join("up"));
+    let before = c.traffic();
+    put(&mut c, &src, "up").unwrap();
+    assert_eq!(c.traffic().requests - before.requests, 2);
 }
