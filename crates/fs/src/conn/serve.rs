@@ -104,7 +104,7 @@ fn serve_until_closed(
         server.wrote(waited + started.elapsed());
         // Wait for the client or for a change that breaks a lease, whichever comes first.
         loop {
-            let (input_ready, changed) = {
+            let (input_ready, changed, quiet) = {
                 let watch = server.watch_fd();
                 let mut fds = vec![PollFd::new(&input, PollFlags::IN)];
                 if let Some(w) = &watch {
@@ -120,20 +120,30 @@ fn serve_until_closed(
                         "no hello from the client in time",
                     )));
                 }
-                let timeout = left.map(|l| rustix::time::Timespec {
+                // Work for a quiet moment waits that long at most.
+                let idle = server.idle_work().then_some(crate::server::QUIET);
+                let wait = match (left, idle) {
+                    (Some(l), Some(i)) => Some(l.min(i)),
+                    (l, i) => l.or(i),
+                };
+                let timeout = wait.map(|l| rustix::time::Timespec {
                     tv_sec: l.as_secs() as i64,
                     tv_nsec: l.subsec_nanos() as i64,
                 });
-                match poll(&mut fds, timeout.as_ref()) {
-                    Ok(_) => {}
+                let ready = match poll(&mut fds, timeout.as_ref()) {
+                    Ok(n) => n,
                     Err(rustix::io::Errno::INTR) => continue,
                     Err(e) => return Err(io::Error::from(e).into()),
-                }
+                };
                 (
                     !fds[0].revents().is_empty(),
                     fds.get(1).is_some_and(|f| !f.revents().is_empty()),
+                    ready == 0 && idle.is_some(),
                 )
             };
+            if quiet {
+                server.idle();
+            }
             if changed {
                 for f in server.invalidations() {
                     outflow.push(&f, &mut bytes)?;

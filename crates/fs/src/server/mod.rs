@@ -102,6 +102,8 @@ struct Hint {
 
 /// Files recorded in the index in one transaction at most.
 const RECORD_AT_ONCE: usize = 256;
+/// How long the client is quiet before the server does its idle work ([`Server::idle`]).
+pub const QUIET: std::time::Duration = std::time::Duration::from_millis(50);
 /// Stale chunk hints forgotten after a request at most (a removal from the index costs about
 /// 10 µs): a file gone since it was indexed is forgotten over several requests or sessions, or
 /// in one stroke when its content is recorded again, while each request that meets the rest
@@ -161,9 +163,9 @@ pub struct Server {
     fast_link: bool,
     /// The client's replies came within a couple of milliseconds (see [`Server::near_link`]).
     near_link: bool,
-    /// Files to record in the index ([`remember`](Self::remember)), written together after
-    /// the uploads in a row ([`RECORD_AT_ONCE`] at most): the index is a hint, which this
-    /// session's own hints cover meanwhile.
+    /// Files to record in the index ([`remember`](Self::remember)), written together when the
+    /// session goes quiet ([`idle`](Self::idle)) or [`RECORD_AT_ONCE`] are waiting: the index
+    /// is a hint, which this session's own hints cover meanwhile.
     to_record: Vec<(Vec<u8>, ferry_store::Stamp, Recipe, Oid)>,
     /// Chunks the index placed where they no longer are, forgotten together after the request
     /// (the first [`FORGET_AT_ONCE`]).
@@ -283,6 +285,18 @@ impl Server {
     /// the Hello on, both directions are one zstd stream each.
     pub fn stream_level(&self) -> Option<ferry_proto::Level> {
         (self.features & ferry_proto::FEATURE_ZSTD_STREAM != 0).then_some(self.opts.zstd_level)
+    }
+
+    /// Whether there is work for when the client goes quiet ([`idle`](Self::idle)).
+    pub fn idle_work(&self) -> bool {
+        !self.to_record.is_empty()
+    }
+
+    /// The client has been quiet for a while ([`QUIET`]): what the session kept for the index
+    /// is written now, off the path of its requests. (A mount's commits had each paid a
+    /// transaction of the index, a fifth of the server's work in SQLite's transactions.)
+    pub fn idle(&mut self) {
+        self.record_now();
     }
 
     /// How long the loop may wait for the client now: until its Hello is due, or for ever.
@@ -430,14 +444,6 @@ impl Server {
         // Changes made before this request break the leases they break now, before anything
         // is read for the reply: a lease granted below is broken only by later changes.
         self.take_broken();
-        let upload = matches!(
-            r,
-            Request::Have { .. }
-                | Request::GetKeys { .. }
-                | Request::Create { .. }
-                | Request::Write { .. }
-                | Request::Commit { .. }
-        );
         let mut out = settled;
         out.extend(self.dispatch(id, r));
         self.index_files.clear();
@@ -448,9 +454,6 @@ impl Server {
             if let Err(e) = i.forget(&stale[..stale.len().min(FORGET_AT_ONCE)]) {
                 tracing::debug!("forgetting stale chunk hints: {e}");
             }
-        }
-        if !upload {
-            self.record_now();
         }
         if !self.broken.is_empty() || !self.changed.is_empty() {
             let breaks = self.unasked();

@@ -2486,6 +2486,47 @@ fn chunks_cut_by_an_earlier_session_are_served_by_id() {
     assert!(found(&mut c, ids).is_empty());
 }
 
+/// What a session cut goes into the index once its client goes quiet, though the session
+/// stays open (a mount's): another session then serves those chunks by id. (It is written then,
+/// not after each request: a mount's commits had each paid a transaction of the index.)
+#[test]
+fn a_quiet_session_records_what_it_cut_for_the_others() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir_all(&srv).unwrap();
+    let content = bytes(73, 200_000);
+    fs::write(srv.join("f"), &content).unwrap();
+    let (recipe, _) = ferry_format::chunk_object(
+        &content[..],
+        &ChunkerSpec::default(),
+        ferry_format::HashAlg::Blake3,
+        |_, _| Ok::<_, std::io::Error>(()),
+    )
+    .unwrap();
+    let ids: Vec<_> = recipe.chunks().iter().map(|c| c.id).collect();
+    let index = std::sync::Arc::new(
+        ferry_store::PathIndex::open(&t.path().join("index.redb"), ferry_format::HashAlg::Blake3)
+            .unwrap(),
+    );
+    let mut quiet = connect_indexed(&srv, index.clone());
+    quiet
+        .call(Request::GetRecipe {
+            target: ferry_proto::Target::Path("f".into()),
+            short: false,
+            known: vec![],
+        })
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while found(&mut connect_indexed(&srv, index.clone()), ids.clone()).len() < ids.len() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never recorded while the session stayed open"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    drop(quiet);
+}
+
 /// SetAttr on a symlink sets the symlink's own times (`touch -h`, which failed with ELOOP: `cp
 /// -a` and `rsync -a` of any tree with symlinks exited with errors through the mount), never
 /// its target's; and a file's owner gives back the permissions he took away (the file is not
