@@ -2,7 +2,8 @@
 # Metadata-heavy work through a mount, Ferry against sshfs in one run, both over a local pipe
 # (Ferry's server through a remote shell that runs it here; sshfs through sftp-server on a
 # pipe): N small files made in one directory and removed, `cp -a` of a header tree, `git clone`
-# of a repository, and `rm -rf` of both. Prints one line per workload and tool: seconds, and
+# of a repository, `rm -rf` of both, and 100 SQLite transactions of 100 rows (as the lab's
+# `sqlite`). Prints one line per workload and tool: seconds, and
 # the exit code. Needs root (FUSE), sshfs and openssh-sftp-server.
 #
 #   scripts/mount-bulk.sh [FERRY_BINARY] [ROUNDS] [N]
@@ -49,6 +50,17 @@ timed() {
   printf '%-6s %-22s %7.2f s  exit %d\n' "$tool" "$what" "$(echo "$e - $s" | bc)" "$rc"
 }
 
+# 100 transactions of 100 rows each, as the lab's interactive `sqlite` workload.
+SQL=$W/sql
+{
+  echo 'CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);'
+  for ((t = 0; t < 100; t++)); do
+    echo 'BEGIN;'
+    for ((i = 0; i < 100; i++)); do echo "INSERT INTO t (v) VALUES ('$(((t * 100 + i) * 7919 % 1000000))');"; done
+    echo 'COMMIT;'
+  done
+} >"$SQL"
+
 make_files() {
   mkdir "$M/flat" || return 1
   local i
@@ -64,6 +76,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
     timed "$tool" "git clone" git clone -q "file://$REPO" "$M/repo"
     timed "$tool" "rm -rf headers" rm -rf "$M/inc"
     timed "$tool" "rm -rf clone" rm -rf "$M/repo"
+    timed "$tool" "sqlite 100 transactions" sh -c "sqlite3 '$M/data.db' <'$SQL'"
     unmount_it "$tool"
   done
 done
