@@ -163,8 +163,8 @@ fn get_deleting(
 
 /// [`get`], choosing whether an empty cache reads large files by ranges and recipes name
 /// chunks by short ids.
-fn get_with(
-    conn: &mut Connection<UnixStream, UnixStream>,
+fn get_with<R: std::io::Read + Send, W: std::io::Write>(
+    conn: &mut Connection<R, W>,
     path: &str,
     dest: &Path,
     cache: &dyn ferry_store::ChunkStore,
