@@ -1,6 +1,8 @@
-//! `Server::index_export` (`ferry serve --stdio --index`): every file of the export recorded in
-//! the chunk index at once, so that a later session (a lookaside provider over ssh) serves any
-//! of their chunks by id; files the index holds as they are are not read again.
+//! The server's chunk index: chunks cut by one session served by id to later ones (and to
+//! others at once, when the first goes quiet); `Server::index_export` (`ferry serve --stdio
+//! --index`): every file of the export recorded in the index at once, so that a later session
+//! (a lookaside provider over ssh) serves any of their chunks by id; files the index holds as
+//! they are are not read again.
 
 use std::fs;
 use std::path::Path;
@@ -8,7 +10,12 @@ use std::path::Path;
 use ferry_chunk::ChunkerSpec;
 use ferry_fs::{Export, Server, ServerOptions};
 
-use crate::{connect_indexed, found, staging};
+use std::os::unix::net::UnixStream;
+
+use ferry_fs::Connection;
+use ferry_proto::{Reply, Request};
+
+use crate::{bytes, serving_with, staging};
 
 fn ids(data: &[u8]) -> Vec<ferry_format::Id> {
     let (recipe, _) = ferry_format::chunk_object(
@@ -103,4 +110,130 @@ fn chunks_of_a_file_gone_since_are_not_held_and_forgotten() {
         "{r:?}"
     );
     assert!(all.iter().all(|id| index.locate(id).unwrap().is_none()));
+}
+
+/// A server session with the chunk index `index` (shared by sessions over one export).
+fn connect_indexed(
+    root: &Path,
+    index: std::sync::Arc<ferry_store::PathIndex>,
+) -> Connection<UnixStream, UnixStream> {
+    let b = serving_with(root, move |s| s.with_index(index));
+    Connection::open(b.try_clone().unwrap(), b).unwrap()
+}
+
+/// The chunks a GetChunks by full id found (their places in the request).
+fn found(c: &mut Connection<UnixStream, UnixStream>, ids: Vec<ferry_format::Id>) -> Vec<u32> {
+    let r = c
+        .call(Request::GetChunks(ferry_proto::GetChunks {
+            ids: ferry_proto::Ids::Full(ids),
+            at: None,
+            against: None,
+        }))
+        .unwrap();
+    r.into_iter()
+        .flat_map(|r| match r {
+            Reply::Chunks(c) => c.found,
+            other => panic!("{other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn chunks_cut_by_an_earlier_session_are_served_by_id() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir_all(srv.join("d")).unwrap();
+    let content = bytes(71, 200_000);
+    fs::write(srv.join("d/f"), &content).unwrap();
+    let (recipe, oid) = ferry_format::chunk_object(
+        &content[..],
+        &ChunkerSpec::default(),
+        ferry_format::HashAlg::Blake3,
+        |_, _| Ok::<_, std::io::Error>(()),
+    )
+    .unwrap();
+    let ids: Vec<_> = recipe.chunks().iter().map(|c| c.id).collect();
+    let path = t.path().join("index.redb");
+    let index = |p: &Path| {
+        std::sync::Arc::new(ferry_store::PathIndex::open(p, ferry_format::HashAlg::Blake3).unwrap())
+    };
+    // A session that never read the file knows none of its chunks.
+    let i = index(&path);
+    assert!(found(&mut connect_indexed(&srv, i.clone()), ids.clone()).is_empty());
+    // One cuts it (its recipe asked for) and ends.
+    let mut c = connect_indexed(&srv, i.clone());
+    c.call(Request::GetRecipe {
+        target: ferry_proto::Target::Path("d/f".into()),
+        short: false,
+        known: vec![],
+    })
+    .unwrap();
+    drop(c);
+    drop(i);
+    // A later session (a new process: the index opened again) serves them by id, and the
+    // file by its object id.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let i = loop {
+        match ferry_store::PathIndex::open(&path, ferry_format::HashAlg::Blake3) {
+            Ok(i) => break std::sync::Arc::new(i),
+            // The earlier sessions' threads let go of it as they end.
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let mut c = connect_indexed(&srv, i.clone());
+    assert_eq!(found(&mut c, ids.clone()).len(), ids.len());
+    let r = c.call(Request::ReadRange {
+        target: ferry_proto::Target::Object(oid.id()),
+        offset: 0,
+        len: 10,
+    });
+    assert!(matches!(&r.unwrap()[..], [Reply::Range { data, .. }] if data[..] == content[..10]));
+    // The file changed: what the index says is wrong now, and nothing wrong is served.
+    fs::write(srv.join("d/f"), bytes(72, 200_000)).unwrap();
+    let mut c = connect_indexed(&srv, i);
+    assert!(found(&mut c, ids).is_empty());
+}
+
+/// What a session cut goes into the index once its client goes quiet, though the session
+/// stays open (a mount's): another session then serves those chunks by id. (It is written then,
+/// not after each request: a mount's commits had each paid a transaction of the index.)
+#[test]
+fn a_quiet_session_records_what_it_cut_for_the_others() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    fs::create_dir_all(&srv).unwrap();
+    let content = bytes(73, 200_000);
+    fs::write(srv.join("f"), &content).unwrap();
+    let (recipe, _) = ferry_format::chunk_object(
+        &content[..],
+        &ChunkerSpec::default(),
+        ferry_format::HashAlg::Blake3,
+        |_, _| Ok::<_, std::io::Error>(()),
+    )
+    .unwrap();
+    let ids: Vec<_> = recipe.chunks().iter().map(|c| c.id).collect();
+    let index = std::sync::Arc::new(
+        ferry_store::PathIndex::open(&t.path().join("index.redb"), ferry_format::HashAlg::Blake3)
+            .unwrap(),
+    );
+    let mut quiet = connect_indexed(&srv, index.clone());
+    quiet
+        .call(Request::GetRecipe {
+            target: ferry_proto::Target::Path("f".into()),
+            short: false,
+            known: vec![],
+        })
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while found(&mut connect_indexed(&srv, index.clone()), ids.clone()).len() < ids.len() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never recorded while the session stayed open"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    drop(quiet);
 }
