@@ -7,7 +7,6 @@
 use std::fs;
 use std::path::Path;
 
-use ferry_chunk::ChunkerSpec;
 use ferry_fs::{Export, Server, ServerOptions};
 
 use std::os::unix::net::UnixStream;
@@ -15,17 +14,10 @@ use std::os::unix::net::UnixStream;
 use ferry_fs::Connection;
 use ferry_proto::{Reply, Request};
 
-use crate::{bytes, serving_with, staging};
+use crate::{bytes, chunk_ids, serving_with, staging};
 
 fn ids(data: &[u8]) -> Vec<ferry_format::Id> {
-    let (recipe, _) = ferry_format::chunk_object(
-        data,
-        &ChunkerSpec::default(),
-        ferry_format::HashAlg::Blake3,
-        |_, _| Ok::<_, std::io::Error>(()),
-    )
-    .unwrap();
-    recipe.chunks().iter().map(|c| c.id).collect()
+    chunk_ids(data).0
 }
 
 fn index_once(root: &Path, index: &std::sync::Arc<ferry_store::PathIndex>) -> ferry_fs::IndexStats {
@@ -145,14 +137,7 @@ fn chunks_cut_by_an_earlier_session_are_served_by_id() {
     fs::create_dir_all(srv.join("d")).unwrap();
     let content = bytes(71, 200_000);
     fs::write(srv.join("d/f"), &content).unwrap();
-    let (recipe, oid) = ferry_format::chunk_object(
-        &content[..],
-        &ChunkerSpec::default(),
-        ferry_format::HashAlg::Blake3,
-        |_, _| Ok::<_, std::io::Error>(()),
-    )
-    .unwrap();
-    let ids: Vec<_> = recipe.chunks().iter().map(|c| c.id).collect();
+    let (ids, oid) = chunk_ids(&content);
     let path = t.path().join("index.redb");
     let index = |p: &Path| {
         std::sync::Arc::new(ferry_store::PathIndex::open(p, ferry_format::HashAlg::Blake3).unwrap())
@@ -207,14 +192,7 @@ fn a_quiet_session_records_what_it_cut_for_the_others() {
     fs::create_dir_all(&srv).unwrap();
     let content = bytes(73, 200_000);
     fs::write(srv.join("f"), &content).unwrap();
-    let (recipe, _) = ferry_format::chunk_object(
-        &content[..],
-        &ChunkerSpec::default(),
-        ferry_format::HashAlg::Blake3,
-        |_, _| Ok::<_, std::io::Error>(()),
-    )
-    .unwrap();
-    let ids: Vec<_> = recipe.chunks().iter().map(|c| c.id).collect();
+    let ids = ids(&content);
     let index = std::sync::Arc::new(
         ferry_store::PathIndex::open(&t.path().join("index.redb"), ferry_format::HashAlg::Blake3)
             .unwrap(),

@@ -28,6 +28,18 @@ fn bytes(seed: u64, len: usize) -> Vec<u8> {
     v
 }
 
+/// The ids of the chunks `data` is cut into (the default chunker, BLAKE3), and its object id.
+fn chunk_ids(data: &[u8]) -> (Vec<ferry_format::Id>, ferry_format::Oid) {
+    let (recipe, oid) = ferry_format::chunk_object(
+        data,
+        &ChunkerSpec::default(),
+        ferry_format::HashAlg::Blake3,
+        |_, _| Ok::<_, std::io::Error>(()),
+    )
+    .unwrap();
+    (recipe.chunks().iter().map(|c| c.id).collect(), oid)
+}
+
 /// A server on a thread, serving `root`, and a connected client.
 fn connect(root: &Path) -> Connection<UnixStream, UnixStream> {
     connect_with(root, None)
@@ -2214,14 +2226,7 @@ fn a_chunk_asked_for_many_times_is_sent_within_a_bound() {
     // One byte repeated: a single chunk of the chunker's maximum.
     let content = vec![9u8; 64 << 10];
     fs::write(srv.join("f"), &content).unwrap();
-    let (recipe, _) = ferry_format::chunk_object(
-        &content[..],
-        &ChunkerSpec::default(),
-        ferry_format::HashAlg::Blake3,
-        |_, _| Ok::<_, std::io::Error>(()),
-    )
-    .unwrap();
-    let id = recipe.chunks()[0].id;
+    let id = chunk_ids(&content).0[0];
     let mut c = connect(&srv);
     // The server cuts the file (and so knows its chunks) for its recipe.
     c.call(Request::GetRecipe {
