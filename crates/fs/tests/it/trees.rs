@@ -262,6 +262,87 @@ fn on_a_far_link_plain_chunks_come_with_those_against_old_data() {
     );
 }
 
+/// Relays a session between a client and `server`, the stream uncompressed (the client asks
+/// for none), passing every frame as it is but ReadTree's replies, to which `lie` adds paths
+/// (counted in `told`).
+fn lying_about_trees(
+    server: UnixStream,
+    lie: Vec<WirePath>,
+    told: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> UnixStream {
+    use std::io::{Read, Write};
+    let (client, relay) = UnixStream::pair().unwrap();
+    let (mut up_in, mut up_out) = (relay.try_clone().unwrap(), server.try_clone().unwrap());
+    std::thread::spawn(move || std::io::copy(&mut up_in, &mut up_out));
+    let (mut down_in, mut down_out) = (server, relay);
+    std::thread::spawn(move || {
+        let mut dec = FrameDecoder::new();
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = match down_in.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            dec.feed(&buf[..n]);
+            while let Ok(Some(mut f)) = dec.next_frame() {
+                if let Ok(Message::Reply(Reply::Tree(mut dirs))) = Message::decode(&f) {
+                    dirs.extend(lie.iter().cloned());
+                    told.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let more = f.flags;
+                    f = Message::Reply(Reply::Tree(dirs)).to_frame(f.request_id);
+                    f.flags = more;
+                }
+                if down_out.write_all(&f.encode(false).unwrap()).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    client
+}
+
+/// A server that names directories its tree does not have (gone, never there, or below a
+/// file) costs the client listings it asks for and drops, never a wrong tree nor a failed get.
+#[test]
+fn directories_a_server_names_that_are_not_there_change_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    deep_tree(&srv.join("up"), 4);
+    let cache = MemStore::new(ferry_format::HashAlg::Blake3);
+    let down = t.path().join("down");
+    let lie: Vec<WirePath> = [
+        "ghost",
+        "l0/ghost/deeper",
+        "l0/f",
+        "l0/l1/l2/l3/f/x",
+        "side0",
+    ]
+    .into_iter()
+    .map(WirePath::from)
+    .collect();
+    for round in 0..3 {
+        if round > 0 {
+            // A change at the bottom: the server's tree differs from the copy here.
+            let f = srv.join("up/l0/l1/l2/l3/f");
+            fs::write(&f, bytes(round, 3000)).unwrap();
+        }
+        let told = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let b = lying_about_trees(serving(&srv), lie.clone(), told.clone());
+        let reader = b.try_clone().unwrap();
+        let mut c = Connection::open_with(reader, b, ferry_proto::Level::Fixed(0)).unwrap();
+        get_with(&mut c, "up", &down, &cache, false, true, true).unwrap();
+        same_tree(&srv.join("up"), &down);
+        assert!(!down.join("ghost").exists() && !down.join("l0/ghost").exists());
+        // The first get is cold and the others find a change: each asks which directories
+        // differ, and is lied to.
+        assert_eq!(
+            told.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "round {round}"
+        );
+    }
+}
+
 #[test]
 fn an_upload_into_a_deep_tree_costs_the_round_trips_of_a_shallow_one() {
     let t = tempfile::tempdir().unwrap();
