@@ -140,11 +140,13 @@ struct Chunked {
 }
 
 /// Uploads a batch of files (see the module documentation). Returns the server's attributes of
-/// each file committed.
+/// each file committed. `after` goes right after the commits, in their round trip (again after
+/// any file sent again whole): its replies are left in `pending`.
 pub(crate) fn put_files<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     jobs: Vec<PutJob>,
     pending: &mut Vec<u32>,
+    after: &[Request],
     opts: &PutOptions<'_>,
     stats: &mut PutStats,
 ) -> Result<Vec<Attr>, GetError> {
@@ -202,6 +204,10 @@ pub(crate) fn put_files<R: io::Read, W: Write>(
     for (n, (j, c)) in jobs.iter().zip(&files).enumerate() {
         write_file(conn, &mut stream, n, j, c, &mut level, opts, stats)?;
     }
+    let mut after_ids = vec![];
+    for r in after {
+        after_ids.push(conn.send(r.clone())?);
+    }
     let stat_after = match &opts.stat_after {
         Some(p) => Some(conn.send(Request::GetAttr { path: p.clone() })?),
         None => None,
@@ -214,6 +220,7 @@ pub(crate) fn put_files<R: io::Read, W: Write>(
     // Directories made earlier come first: a failed one explains the commits that follow.
     check(conn, pending)?;
     let results = stream.drain(conn, files.len())?;
+    pending.extend(after_ids);
     if let Some(id) = stat_after {
         stats.stat_after = match conn.replies(id) {
             Ok(mut r) => match r.pop() {
@@ -262,6 +269,7 @@ pub(crate) fn put_files<R: io::Read, W: Write>(
         stats.stat_after = None;
         stats.synced = opts.sync_after && !deferred;
     }
+    let sent_again = !again.is_empty();
     for j in again {
         let c = chunk_file_plain(&j, opts)?;
         let mut stream = Stream::default();
@@ -278,6 +286,11 @@ pub(crate) fn put_files<R: io::Read, W: Write>(
             }
             Some(Err(e)) => return Err(e.into()),
             None => return Err(ConnError::Unexpected("no commit reply".into()).into()),
+        }
+    }
+    if sent_again {
+        for r in after {
+            pending.push(conn.send(r.clone())?);
         }
     }
     Ok(attrs)

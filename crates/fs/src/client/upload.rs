@@ -58,9 +58,11 @@ struct PutPlan {
 /// committing each file atomically against the version it had when the upload began. With
 /// `delete`, entries of the server's directories that `local` lacks are removed.
 ///
-/// A walk compares the local tree with the server's listings (breadth first, one round trip
-/// per level); then files go up in batches of about two round trips each (which chunks the
-/// server has; the missing chunks and the commits), files under 8 KiB in one.
+/// A walk compares the local tree with the server's listings (two round trips however deep,
+/// with a server that names the directories that differ; else one a level); then files go up
+/// in batches of about two round trips each (which chunks the server has; the missing chunks
+/// and the commits), files under 8 KiB in one. The directories' modes and times go last, with
+/// the last batch's commits when no symlink or deletion follows them.
 pub fn put<R: io::Read, W: Write>(
     conn: &mut Connection<R, W>,
     local: &Path,
@@ -100,6 +102,10 @@ pub fn put<R: io::Read, W: Write>(
         stats,
         &mut plan,
     )?;
+    // The directories' modes and times, set last: with the last batch's commits when nothing
+    // else follows them (no symlinks, no deletions), in their round trip.
+    let mut dir_times = dir_times(&plan, opts)?;
+    let with_commits = plan.links.is_empty() && plan.deletes.is_empty();
     let mut batch = vec![];
     let mut bytes = 0;
     for job in std::mem::take(&mut plan.files) {
@@ -110,6 +116,7 @@ pub fn put<R: io::Read, W: Write>(
                 conn,
                 std::mem::take(&mut batch),
                 &mut plan.pending,
+                &[],
                 opts,
                 stats,
             )?;
@@ -119,7 +126,11 @@ pub fn put<R: io::Read, W: Write>(
         batch.push(job);
     }
     if !batch.is_empty() {
-        put_files(conn, batch, &mut plan.pending, opts, stats)?;
+        let after = match with_commits {
+            true => std::mem::take(&mut dir_times),
+            false => vec![],
+        };
+        put_files(conn, batch, &mut plan.pending, &after, opts, stats)?;
     }
     put_links(
         conn,
@@ -138,20 +149,30 @@ pub fn put<R: io::Read, W: Write>(
         }
         stats.deleted += 1;
     }
-    // Children before parents, after everything that changes them: directories end with the
-    // local modes and times, so the next sync finds their digests equal.
-    if !opts.dry_run {
-        for (local, remote) in plan.dirs.iter().rev() {
-            use std::os::unix::fs::MetadataExt;
-            let m = fs::symlink_metadata(local).map_err(GetError::local("read", local))?;
-            plan.pending.push(conn.send(Request::SetAttr {
-                path: remote.clone(),
-                mode: Some(m.mode() & 0o7777),
-                mtime_ns: Some(m.mtime() * 1_000_000_000 + m.mtime_nsec()),
-            })?);
-        }
+    for r in dir_times {
+        plan.pending.push(conn.send(r)?);
     }
     check(conn, &mut plan.pending)
+}
+
+/// The requests that give the directories walked the local modes and times, children before
+/// parents: sent after everything that changes them, so the next sync finds their digests
+/// equal. None for a dry run.
+fn dir_times(plan: &PutPlan, opts: &PutOptions<'_>) -> Result<Vec<Request>, GetError> {
+    use std::os::unix::fs::MetadataExt;
+    if opts.dry_run {
+        return Ok(vec![]);
+    }
+    let mut out = vec![];
+    for (local, remote) in plan.dirs.iter().rev() {
+        let m = fs::symlink_metadata(local).map_err(GetError::local("read", local))?;
+        out.push(Request::SetAttr {
+            path: remote.clone(),
+            mode: Some(m.mode() & 0o7777),
+            mtime_ns: Some(m.mtime() * 1_000_000_000 + m.mtime_nsec()),
+        });
+    }
+    Ok(out)
 }
 
 /// The version of a file an upload replaces, as the client knows it.
@@ -190,7 +211,7 @@ pub fn put_file<R: io::Read, W: Write>(
         base_empty: replacing.as_ref().is_some_and(|r| r.empty),
         base_recipe: replacing.and_then(|r| r.recipe),
     };
-    let mut attrs = put_files(conn, vec![job], &mut vec![], opts, stats)?;
+    let mut attrs = put_files(conn, vec![job], &mut vec![], &[], opts, stats)?;
     attrs
         .pop()
         .ok_or_else(|| ConnError::Unexpected("no commit reply".into()).into())
