@@ -23,6 +23,16 @@ pub(crate) const FILTER_DIRS: usize = 200_000;
 /// Listings asked for ahead of the walk, by path below the tree's root.
 pub(crate) type Asked = HashMap<WirePath, (u32, Option<Items>)>;
 
+/// Bytes of requests a get or put sends with its GetAttr on the chance that the tree differs,
+/// at most (sent for nothing when it turns out the same).
+pub(crate) const SPECULATE_BYTES: usize = 2048;
+
+/// What asking for the tree of the local directory `local` costs when it turns out unchanged:
+/// its filter (`hashes`, 2 bytes a directory) and the keys of its entries (3 bytes each).
+pub(crate) fn tree_waste(local: &Path, hashes: &[u64]) -> usize {
+    2 * hashes.len() + 3 * std::fs::read_dir(local).map_or(0, |d| d.count())
+}
+
 /// Asks which directories of the tree at `remote` differ from the local copy at `local`
 /// (whose directories' hashes are `hashes`, its digests `trees`), then asks for the listing
 /// of each, against its local entries when `digests` (the server gives tree digests).

@@ -11,7 +11,9 @@ use ferry_proto::{Attr, FileKind, Reply, Request, TreeItem, WirePath};
 
 use super::local::{local_tree_hashing, same_tree, LocalTrees};
 use super::push::{put_files, PutJob};
-use super::tree::{ask_tree, Asked, FILTER_DIRS};
+use super::tree::{
+    ask_tree, finish_tree, start_tree, tree_waste, Asked, Started, FILTER_DIRS, SPECULATE_BYTES,
+};
 use super::walk::{ask_listing, take_listing};
 use super::{GetError, PutOptions, PutStats};
 use crate::conn::{ConnError, Connection};
@@ -20,26 +22,6 @@ use crate::conn::{ConnError, Connection};
 const BATCH_FILES: usize = 1024;
 /// Bytes of files per upload batch.
 const PUT_BATCH_FILE_BYTES: u64 = 64 << 20;
-
-fn remote_attr<R: io::Read, W: Write>(
-    conn: &mut Connection<R, W>,
-    path: &WirePath,
-) -> Result<Option<Attr>, ConnError> {
-    let ping = super::ping(conn)?;
-    let id = conn.send(Request::GetAttr { path: path.clone() })?;
-    super::take_ping(conn, ping)?;
-    match conn.replies(id) {
-        Ok(mut r) => match r.pop() {
-            Some(Reply::Attr(a)) => Ok(Some(a)),
-            other => Err(ConnError::Unexpected(format!("{other:?}"))),
-        },
-        Err(ConnError::Remote {
-            code: ferry_proto::ErrorCode::NotFound,
-            ..
-        }) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
 
 /// What the walk of an upload leaves to do.
 #[derive(Default)]
@@ -71,24 +53,59 @@ pub fn put<R: io::Read, W: Write>(
     stats: &mut PutStats,
 ) -> Result<(), GetError> {
     let meta = fs::symlink_metadata(local).map_err(GetError::local("read", local))?;
-    let current = remote_attr(conn, remote)?;
     // With tree digests from the server, every subtree already the same there is skipped.
     let mut trees = LocalTrees::new();
     // Every local directory's hash, for a ReadTree's filter.
     let mut hashes = vec![];
-    if let Some(cur) = current
-        .as_ref()
-        .filter(|a| a.oid.is_some() && meta.is_dir())
-    {
+    if meta.is_dir() {
         if let Err(e) = local_tree_hashing(local, local, &mut trees, &mut hashes) {
             tracing::debug!("no tree digests for {}: {e}", local.display());
             trees.clear();
             hashes.clear();
         }
-        if let Some(files) = same_tree(local, cur, &trees) {
-            stats.unchanged += files;
-            return Ok(());
+    }
+    let ping = super::ping(conn)?;
+    let attr_id = conn.send(Request::GetAttr {
+        path: remote.clone(),
+    })?;
+    // Which directories differ, and the root's listing, are asked for with the attributes
+    // when that wastes little should the tree turn out the same there (as a get does).
+    let mut started = None;
+    if meta.is_dir()
+        && conn.offers(ferry_proto::FEATURE_TREE_LISTINGS)
+        && hashes.len() <= FILTER_DIRS
+        && tree_waste(local, &hashes) <= SPECULATE_BYTES
+    {
+        started = Some(start_tree(conn, remote, local, true, (&trees, &hashes))?);
+    }
+    super::take_ping(conn, ping)?;
+    let current = match conn.replies(attr_id) {
+        Ok(mut r) => match r.pop() {
+            Some(Reply::Attr(a)) => Some(a),
+            other => return Err(ConnError::Unexpected(format!("{other:?}")).into()),
+        },
+        Err(ConnError::Remote {
+            code: ferry_proto::ErrorCode::NotFound,
+            ..
+        }) => None,
+        Err(e) => return Err(e.into()),
+    };
+    if current.as_ref().is_none_or(|a| a.oid.is_none()) {
+        trees.clear();
+    }
+    let unchanged = current
+        .as_ref()
+        .filter(|_| meta.is_dir())
+        .and_then(|cur| same_tree(local, cur, &trees));
+    let is_dir = current.as_ref().is_some_and(|a| a.kind == FileKind::Dir);
+    if unchanged.is_some() || !is_dir {
+        if let Some(s) = started.take() {
+            s.forget(conn);
         }
+    }
+    if let Some(files) = unchanged {
+        stats.unchanged += files;
+        return Ok(());
     }
     let mut plan = PutPlan::default();
     put_walk(
@@ -98,6 +115,7 @@ pub fn put<R: io::Read, W: Write>(
         remote,
         current,
         (&trees, &hashes),
+        started,
         opts,
         stats,
         &mut plan,
@@ -240,6 +258,7 @@ fn put_walk<R: io::Read, W: Write>(
     remote: &WirePath,
     current: Option<Attr>,
     (trees, hashes): (&LocalTrees, &[u64]),
+    started: Option<Started>,
     opts: &PutOptions<'_>,
     stats: &mut PutStats,
     plan: &mut PutPlan,
@@ -256,9 +275,15 @@ fn put_walk<R: io::Read, W: Write>(
     match &current {
         Some(a) if a.kind == FileKind::Dir => {
             let digests = a.oid.is_some();
-            if conn.offers(ferry_proto::FEATURE_TREE_LISTINGS) && hashes.len() <= FILTER_DIRS {
-                ahead = ask_tree(conn, remote, local, digests, (trees, hashes))?;
-            }
+            ahead = match started {
+                Some(s) => finish_tree(conn, s, remote, local, digests, trees)?,
+                None if conn.offers(ferry_proto::FEATURE_TREE_LISTINGS)
+                    && hashes.len() <= FILTER_DIRS =>
+                {
+                    ask_tree(conn, remote, local, digests, (trees, hashes))?
+                }
+                None => Asked::new(),
+            };
             let asked = match ahead.remove(&WirePath::default()) {
                 Some(asked) => asked,
                 None => ask_listing(conn, remote, digests, local, trees)?,

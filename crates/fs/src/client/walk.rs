@@ -15,7 +15,9 @@ use super::fetch::fetch_files;
 use super::local::{
     local_items, local_tree_hashing, remote_item, same_tree, unchanged, Items, LocalTrees,
 };
-use super::tree::{ask_tree, finish_tree, start_tree, Asked, Started, FILTER_DIRS};
+use super::tree::{
+    ask_tree, finish_tree, start_tree, tree_waste, Asked, Started, FILTER_DIRS, SPECULATE_BYTES,
+};
 use super::{GetError, GetStats, Sources};
 use crate::conn::{ConnError, Connection};
 
@@ -60,7 +62,7 @@ pub fn get<R: io::Read + Send, W: Write>(
     // the same (its filter and the keys of the root's entries, sent for nothing).
     let mut started = None;
     let waste = match local_kind {
-        Ok(true) => 2 * hashes.len() + 3 * fs::read_dir(local).map_or(0, |d| d.count()),
+        Ok(true) => tree_waste(local, &hashes),
         Ok(false) => usize::MAX,
         Err(_) => 0,
     };
@@ -209,9 +211,6 @@ struct Plan {
     /// What `--delete` removes once the files are in (they may be bases).
     deletes: Vec<PathBuf>,
 }
-
-/// Bytes of requests a get sends with its GetAttr on the chance that the tree differs, at most.
-const SPECULATE_BYTES: usize = 2048;
 
 /// Files that left the tree, kept as bases for new ones, at most.
 const GONE_FILES: usize = 10_000;
