@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # A relay that adds DELAY_MS (default 15) milliseconds each way between a remote-shell client
 # and the command it runs: `ferry get -e scripts/delay-rsh ...` through a local pipe with a
-# long round trip (no netem here). Usage: delay-relay.py COMMAND [ARGS...]
+# long round trip (no netem here). Usage: delay-relay.py COMMAND [ARGS...]. Tried with ferry only:
+# an rsync through it did not finish (its end of session is not relayed as it expects).
 import sys, os, subprocess, threading, time, queue
 D = float(os.environ.get("DELAY_MS", "15")) / 1000
 p = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
