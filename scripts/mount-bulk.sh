@@ -50,16 +50,8 @@ timed() {
   printf '%-6s %-22s %7.2f s  exit %d\n' "$tool" "$what" "$(echo "$e - $s" | bc)" "$rc"
 }
 
-# 100 transactions of 100 rows each, as the lab's interactive `sqlite` workload.
 SQL=$W/sql
-{
-  echo 'CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);'
-  for ((t = 0; t < 100; t++)); do
-    echo 'BEGIN;'
-    for ((i = 0; i < 100; i++)); do echo "INSERT INTO t (v) VALUES ('$(((t * 100 + i) * 7919 % 1000000))');"; done
-    echo 'COMMIT;'
-  done
-} >"$SQL"
+bash "$(dirname "$0")/sqlite-transactions.sh" >"$SQL"
 
 make_files() {
   mkdir "$M/flat" || return 1

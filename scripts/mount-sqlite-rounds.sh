@@ -13,14 +13,7 @@ trap 'fusermount3 -u "$W/mnt" 2>/dev/null; rm -rf "$W"' EXIT
 printf '#!/bin/sh\nshift\nexec sh -c "$*"\n' >"$W/rsh" # HOST dropped: the server runs here
 printf '#!/bin/sh\nexec /usr/lib/openssh/sftp-server\n' >"$W/sftp"
 chmod +x "$W/rsh" "$W/sftp"
-{
-  echo 'CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);'
-  for ((t = 0; t < 100; t++)); do
-    echo 'BEGIN;'
-    for ((i = 0; i < 100; i++)); do echo "INSERT INTO t (v) VALUES ('$(((t * 100 + i) * 7919 % 1000000))');"; done
-    echo 'COMMIT;'
-  done
-} >"$W/sql"
+bash "$(dirname "$0")/sqlite-transactions.sh" >"$W/sql"
 fresh() {
   rm -rf "$W/srv" "$W/cache"
   mkdir -p "$W/srv/x" "$W/mnt"

@@ -546,12 +546,7 @@ impl<R: Read, W> Connection<R, W> {
         let mut total: usize = got.iter().map(|f| f.body.len()).sum();
         while self.outstanding.contains_key(&id) {
             let f = self.wait(id)?;
-            total += f.body.len();
-            if total > MAX_REPLY {
-                return Err(ConnError::Unexpected(format!(
-                    "a reply of over {MAX_REPLY} bytes to request {id}"
-                )));
-            }
+            within_reply(&mut total, &f, id)?;
             got.push(f);
         }
         self.early.insert(id, got);
@@ -594,12 +589,7 @@ impl<R: Read, W> Connection<R, W> {
         let mut total = 0usize;
         loop {
             let f = self.wait(id)?;
-            total += f.body.len();
-            if total > MAX_REPLY {
-                return Err(ConnError::Unexpected(format!(
-                    "a reply of over {MAX_REPLY} bytes to request {id}"
-                )));
-            }
+            within_reply(&mut total, &f, id)?;
             tracing::trace!(target: "ferry::sizes", "reply {:#04x} {}", f.msg_type, f.body.len());
             let more = f.more();
             match Message::decode(&f)? {
@@ -697,6 +687,18 @@ impl<R: Read, W> Connection<R, W> {
         self.flush()?;
         self.replies(id)
     }
+}
+
+/// Adds frame `f` of the reply to request `id` to the `total` of its bodies, refused past
+/// [`MAX_REPLY`] bytes (a server streaming `MORE` frames without end is not followed).
+fn within_reply(total: &mut usize, f: &Frame, id: u32) -> Result<(), ConnError> {
+    *total += f.body.len();
+    if *total > MAX_REPLY {
+        return Err(ConnError::Unexpected(format!(
+            "a reply of over {MAX_REPLY} bytes to request {id}"
+        )));
+    }
+    Ok(())
 }
 
 /// Whether the reply to `id` is the first to come back of the flush that sent `flush`: `id` was

@@ -412,21 +412,68 @@ fn ask_plain_ahead<R: io::Read, W: Write>(
         .partition(|c| shorts.open.contains_key(&c.id));
     let mut ahead = vec![];
     for (by_short, asked) in [(true, short), (false, full)] {
-        if asked.is_empty() {
-            continue;
+        if !asked.is_empty() {
+            ahead.push((ask_plain(conn, &asked, by_short)?, by_short, asked));
         }
-        let ids = match by_short {
-            true => Ids::Short(asked.iter().map(|c| short_id(&c.id)).collect()),
-            false => Ids::Full(asked.iter().map(|c| c.id).collect()),
-        };
-        let id = conn.send(Request::GetChunks(GetChunks {
-            ids,
-            at: None,
-            against: None,
-        }))?;
-        ahead.push((id, by_short, asked));
     }
     Ok(ahead)
+}
+
+/// A plain GetChunks for `asked`: by short ids (placeholders of short recipes), or by full ids.
+fn ask_plain<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    asked: &[ChunkRef],
+    by_short: bool,
+) -> Result<u32, ConnError> {
+    let ids = match by_short {
+        true => Ids::Short(asked.iter().map(|c| short_id(&c.id)).collect()),
+        false => Ids::Full(asked.iter().map(|c| c.id).collect()),
+    };
+    conn.send(Request::GetChunks(GetChunks {
+        ids,
+        at: None,
+        against: None,
+    }))
+}
+
+/// The reply to [`ask_plain`]'s request `id` for `asked`: every chunk that verifies (a
+/// placeholder's by its short id and hash) goes into the cache. Returns those that did not
+/// come or did not verify, and the first that came wrong.
+#[allow(clippy::too_many_arguments)]
+fn take_plain<R: io::Read, W: Write>(
+    conn: &mut Connection<R, W>,
+    id: u32,
+    by_short: bool,
+    asked: &[ChunkRef],
+    src: &Sources<'_>,
+    stats: &mut GetStats,
+    fetched: &mut HashSet<Id>,
+    shorts: &mut Shorts,
+) -> Result<(Vec<ChunkRef>, Option<Id>), GetError> {
+    let mut came = vec![false; asked.len()];
+    let mut wrong = None;
+    for (p, bytes) in plain_chunks(conn.replies(id)?, asked)? {
+        let c = asked[p];
+        let v = match by_short {
+            true => shorts.arrived(c.id, &bytes),
+            false => VerifiedChunk::check(c.id, &bytes).ok(),
+        };
+        let Some(v) = v else {
+            wrong.get_or_insert(c.id);
+            continue;
+        };
+        src.cache.put(&v)?;
+        fetched.insert(*v.id());
+        stats.from_server += 1;
+        stats.bytes_from_server += bytes.len() as u64;
+        came[p] = true;
+    }
+    let left = asked
+        .iter()
+        .zip(came)
+        .filter_map(|(c, came)| (!came).then_some(*c))
+        .collect();
+    Ok((left, wrong))
 }
 
 /// The replies to [`ask_plain_ahead`]'s requests: what came goes into the cache, verified (a
@@ -445,28 +492,8 @@ fn take_plain_ahead<R: io::Read, W: Write>(
     }
     let mut left = vec![];
     for (id, by_short, asked) in ahead {
-        let mut came = vec![false; asked.len()];
-        for (p, bytes) in plain_chunks(conn.replies(id)?, &asked)? {
-            let c = asked[p];
-            let v = match by_short {
-                true => shorts.arrived(c.id, &bytes),
-                false => VerifiedChunk::check(c.id, &bytes).ok(),
-            };
-            if let Some(v) = v {
-                src.cache.put(&v)?;
-                fetched.insert(*v.id());
-                stats.from_server += 1;
-                stats.bytes_from_server += bytes.len() as u64;
-                came[p] = true;
-            }
-        }
-        left.extend(
-            asked
-                .into_iter()
-                .zip(came)
-                .filter(|(_, c)| !c)
-                .map(|(c, _)| c),
-        );
+        let (l, _) = take_plain(conn, id, by_short, &asked, src, stats, fetched, shorts)?;
+        left.extend(l);
     }
     src.cache.flush()?;
     Ok(left)
@@ -484,29 +511,14 @@ fn fetch_short<R: io::Read, W: Write>(
 ) -> Result<(), GetError> {
     let mut sent = vec![];
     for group in groups(by_short, crate::delta::MAX_DATA) {
-        let id = conn.send(Request::GetChunks(GetChunks {
-            ids: Ids::Short(group.iter().map(|c| short_id(&c.id)).collect()),
-            at: None,
-            against: None,
-        }))?;
-        sent.push((id, group));
+        sent.push((ask_plain(conn, group, true)?, group));
     }
     conn.flush()?;
     for (id, asked) in sent {
-        let mut got = 0;
-        for (p, bytes) in plain_chunks(conn.replies(id)?, asked)? {
-            let c = asked[p];
-            let v = shorts
-                .arrived(c.id, &bytes)
-                .ok_or(GetError::BadData(c.id))?;
-            src.cache.put(&v)?;
-            fetched.insert(*v.id());
-            stats.from_server += 1;
-            stats.bytes_from_server += bytes.len() as u64;
-            got += 1;
-        }
-        if got != asked.len() {
-            return Err(GetError::Changed);
+        match take_plain(conn, id, true, asked, src, stats, fetched, shorts)? {
+            (_, Some(wrong)) => return Err(GetError::BadData(wrong)),
+            (left, None) if !left.is_empty() => return Err(GetError::Changed),
+            _ => {}
         }
     }
     src.cache.flush()?;

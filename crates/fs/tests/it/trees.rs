@@ -207,6 +207,17 @@ impl std::io::Read for Far {
     }
 }
 
+/// The round trips of a get of `up` into `down` over `c`.
+fn get_trips<R: std::io::Read + Send>(
+    mut c: Connection<R, UnixStream>,
+    down: &Path,
+    cache: &MemStore,
+) -> u64 {
+    let before = c.traffic().round_trips;
+    get_with(&mut c, "up", down, cache, false, true, true).unwrap();
+    c.traffic().round_trips - before
+}
+
 /// On a far link the chunks that come plainly are asked for with those against old data, not
 /// a round trip after them (crates-vendor over the lab's DSL spent its last round trip on 4 KB
 /// of them); on a near one after them, as before.
@@ -237,18 +248,8 @@ fn on_a_far_link_plain_chunks_come_with_those_against_old_data() {
         });
         let reader = b.try_clone().unwrap();
         let n = match far {
-            true => {
-                let mut c = Connection::open(Far(reader), b).unwrap();
-                let before = c.traffic().round_trips;
-                get_with(&mut c, "up", &down, &cache, false, true, true).unwrap();
-                c.traffic().round_trips - before
-            }
-            false => {
-                let mut c = Connection::open(reader, b).unwrap();
-                let before = c.traffic().round_trips;
-                get_with(&mut c, "up", &down, &cache, false, true, true).unwrap();
-                c.traffic().round_trips - before
-            }
+            true => get_trips(Connection::open(Far(reader), b).unwrap(), &down, &cache),
+            false => get_trips(Connection::open(reader, b).unwrap(), &down, &cache),
         };
         same_tree(&srv.join("up"), &down);
         n
