@@ -28,6 +28,7 @@ mod fetch;
 mod install;
 mod local;
 mod partial;
+mod plain;
 mod push;
 mod ranged;
 mod recipes;

@@ -9,7 +9,7 @@ use ferry_format::{ChunkRef, Id};
 use ferry_proto::{GetChunks, Ids, Located, Request, Target, WirePath};
 use ferry_transfer::{Batch, Source, SourceError, Want};
 
-use super::fetch::plain_chunks;
+use super::plain::plain_chunks;
 use crate::conn::{ConnError, Connection};
 
 /// Requests a session keeps outstanding, and what one names at most.
