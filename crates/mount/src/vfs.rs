@@ -256,6 +256,10 @@ struct Inode {
     /// Given another name here (a hard link): its names are the paths `ino_of` maps to it,
     /// and `path` is one of them.
     linked: bool,
+    /// The server's change time of the version committed from here, and the one shown for it
+    /// while it was written here (its copy's): shown still, while the server's is that one
+    /// (see `attrs::shown_ctime`).
+    ctime_shown: Option<(i64, i64)>,
 }
 
 struct Handle {
@@ -679,6 +683,7 @@ impl Inode {
             exclusive: false,
             put: None,
             linked: false,
+            ctime_shown: None,
         }
     }
 }

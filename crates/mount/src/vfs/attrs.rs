@@ -110,10 +110,33 @@ impl Vfs {
             mode: a.mode & 0o7777,
             mtime_ns: a.mtime_ns.max(local),
             atime_ns: extra.map_or(a.mtime_ns, |x| x.atime_ns),
-            ctime_ns: extra.map_or(a.mtime_ns, |x| x.ctime_ns).max(local),
+            ctime_ns: Self::shown_ctime(n, extra.map_or(a.mtime_ns, |x| x.ctime_ns)).max(local),
             blocks: extra.map_or(a.size.div_ceil(512), |x| x.blocks),
             nlink,
             special: None,
+        }
+    }
+
+    /// The change time shown for `n` when the server's is `ctime`: a version committed from
+    /// here keeps the time its copy showed while it was written (the kernel, and programs that
+    /// compare change times, such as git's index, saw that one; the server's rename came a
+    /// moment later). Any later change on the server moves its time, and shows it.
+    fn shown_ctime(n: Option<&Inode>, ctime: i64) -> i64 {
+        match n.and_then(|n| n.ctime_shown) {
+            Some((server, shown)) if server == ctime => shown,
+            _ => ctime,
+        }
+    }
+
+    /// After a commit from the copy of `ino` at `path` whose answer is `a`, the copy clean:
+    /// keeps the copy's change time as the one shown for the version (see `shown_ctime`).
+    pub(super) fn keep_ctime_shown(&self, st: &mut State, ino: Ino, path: &WirePath, a: &Attr) {
+        use std::os::unix::fs::MetadataExt;
+        let (Some(x), Ok(m)) = (a.extra, std::fs::metadata(self.files.data(path))) else {
+            return;
+        };
+        if let Some(n) = st.inodes.get_mut(&ino) {
+            n.ctime_shown = Some((x.ctime_ns, m.ctime() * 1_000_000_000 + m.ctime_nsec()));
         }
     }
 
@@ -134,18 +157,9 @@ impl Vfs {
         if let Some(s) = self.getattr_special(ino) {
             return Ok(s);
         }
-        let closed_new = || {
-            self.lock()
-                .inodes
-                .get(&ino)
-                .is_some_and(|n| n.put.is_some() && n.writers == 0)
-        };
-        if settle && closed_new() {
-            // A new file whose commit is queued: what is seen (its change time) is the
-            // server's, as for any change queued (one round trip for all that are queued).
-            // Refused, its name someone else's: gone here, as the copy is.
-            let _ = self.settle_put(ino, false);
-        }
+        // (A new file whose commit is queued is a copy being written back: shown as it is
+        // here, with no wait. Refused, its name someone else's, it is gone here once the
+        // answer comes, as the copy is.)
         if let Some(s) = self.local_stat(ino, fh)? {
             return Ok(s);
         }

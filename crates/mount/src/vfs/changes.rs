@@ -627,6 +627,10 @@ impl Vfs {
                         .write(true)
                         .open(&data)?
                         .set_modified(time_of(t))?;
+                } else {
+                    // The copy's change time is the file's until its commit (see `stat`):
+                    // moved as a chmod moves it (the copy's own bits stay private).
+                    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o600))?;
                 }
                 if closed {
                     // No close is coming to commit it.

@@ -106,7 +106,9 @@ impl Vfs {
         }
         let mut stats = GetStats::default();
         let src = self.sources();
-        self.send_puts_first();
+        if attr.size > writeback::LONG_TRANSFER {
+            self.send_puts_first();
+        }
         let r = self
             .link
             .run(|c| ferry_fs::fetch_file(c, path, &attr, &data, &src, &mut stats));

@@ -25,18 +25,6 @@ impl Vfs {
             return Ok(s);
         }
         if let Some(ino) = self.pending_at(&path) {
-            let closed = self
-                .lock()
-                .inodes
-                .get(&ino)
-                .is_some_and(|n| n.put.is_some() && n.writers == 0);
-            if closed {
-                // Closed, its commit queued: what is seen (the change time) is the server's,
-                // as for any change queued (see `stat`).
-                let _ = self.settle_put(ino, false);
-            }
-        }
-        if let Some(ino) = self.pending_at(&path) {
             if let Ok(Some(s)) = self.local_stat(ino, None) {
                 if let Some(n) = self.lock().inodes.get_mut(&ino) {
                     n.lookups += 1;

@@ -7,7 +7,8 @@
 //! Until the answer, the copy stays dirty (read, stat'ed and written here as any copy being
 //! written back); a change of its attributes is made in the queued commit; its removal takes
 //! the commit out of the queue (it never reaches the server) or waits for its answer; a rename,
-//! `fsync`, or any commit of it waits for it, and so does a look at it once it is closed.
+//! `fsync`, or any commit of it waits for it. A look at it does not (`make` stats each object
+//! file it made): it shows the copy, whose change time it keeps once committed.
 //! Waiting means until the answer is applied here (see `Queue::wait_answered`), and a commit
 //! is never both queued and on its way. Refused (someone else made the name meanwhile, unseen
 //! here): an exclusive create's file is theirs, and this one's data is dropped, said so in the
@@ -247,6 +248,9 @@ impl Vfs {
             tracing::warn!("{path:?}: cannot label the cache's copy: {e:?}");
         }
         self.recipes.put(&path, a.version, ans.recipe);
+        if clean {
+            self.keep_ctime_shown(&mut st, ans.ino, &path, &a);
+        }
         self.store_attr(&mut st, &path, a, ans.at);
         // (The listing names it since its create here; the directory's attributes keep their
         // lease, its times as made here: see `queue_put`.)

@@ -4,9 +4,11 @@
 use super::*;
 use crate::queued::PutState;
 
-/// A commit of more than this may take long on a slow link: new files' commits queued go
-/// ahead of it on their own (see `send_puts_first`).
-const LONG_COMMIT: u64 = 1 << 20;
+/// A commit or fetch of a file of more than this may take long on a slow link: new files'
+/// commits queued go ahead of it on their own (see `send_puts_first`). Those queued before a
+/// smaller one go in its round trip (`make` fetches each source after committing the object
+/// file before it).
+pub(super) const LONG_TRANSFER: u64 = 1 << 20;
 
 /// How a write-back is made.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -237,6 +239,9 @@ impl Vfs {
                 if let Some(n) = st.inodes.get_mut(&ino) {
                     n.committed(a.version, clean);
                 }
+                if clean {
+                    self.keep_ctime_shown(&mut st, ino, &path, &a);
+                }
                 Ok(synced)
             }
             Err(e) => {
@@ -319,7 +324,7 @@ impl Vfs {
                 recipe: known.then(|| self.recipes.get(path, version)).flatten(),
             });
             let with_recipe = replacing.as_ref().is_some_and(|r| r.recipe.is_some());
-            if size > LONG_COMMIT {
+            if size > LONG_TRANSFER {
                 self.send_puts_first();
             }
             let r = self

@@ -13,8 +13,10 @@ fn rt(v: &Vfs) -> u64 {
 /// A new file of new data under 32 KiB made where the leased listing says its name is free is
 /// committed without waiting: its close queues the create, data and commit, which go with the
 /// next operation's requests (here: `send_changes`, the mount's thread's call) in one round
-/// trip. Meanwhile it is this mount's, read and stat'ed here. One whose data came from the
-/// server (a copy of a file read here) asks what the server holds first, at its close.
+/// trip. Meanwhile it is this mount's, read and stat'ed here with no wait (`make` stats each
+/// object file it made), and the change time seen then stays the file's once the server has
+/// it. One whose data came from the server (a copy of a file read here) asks what the server
+/// holds first, at its close.
 #[test]
 fn a_new_small_file_goes_with_its_commit() {
     let (_t, root, _remote, v) = one_client();
@@ -25,19 +27,36 @@ fn a_new_small_file_goes_with_its_commit() {
     super::make(&v, ROOT, b"journal", &data, false);
     assert_eq!(rt(&v), r0, "queued");
     assert!(!root.join("journal").exists());
-    // A look at it after the close shows the server's attributes (its change time): the
-    // queue goes first, and they come back with the commit.
+    // A look at it after the close shows the copy: nothing is sent for it.
     let j = v.lookup(ROOT, b"journal").unwrap();
-    assert_eq!(rt(&v) - r0, 1, "the commit, with the data");
-    assert_eq!(j.size, 20_000);
-    assert_eq!(super::read(&v, "journal").unwrap(), data);
     let a = v.getattr(j.ino).unwrap();
+    assert_eq!((j.size, a.size, a.ctime_ns), (20_000, 20_000, j.ctime_ns));
+    assert_eq!(super::read(&v, "journal").unwrap(), data);
+    assert_eq!(rt(&v), r0, "still queued");
+    assert!(!root.join("journal").exists());
+    v.send_changes(Duration::ZERO);
+    assert_eq!(rt(&v) - r0, 1, "the commit, with the data");
     assert_eq!(std::fs::read(root.join("journal")).unwrap(), data);
+    // The server's change time is its rename's, later than the copy's: the one shown stays.
     let m = std::fs::metadata(root.join("journal")).unwrap();
     use std::os::unix::fs::MetadataExt;
-    assert_eq!(a.ctime_ns, m.ctime() * 1_000_000_000 + m.ctime_nsec());
-    assert_eq!(v.getattr(j.ino).unwrap().ctime_ns, a.ctime_ns);
-    assert_eq!(rt(&v) - r0, 1);
+    assert!(m.ctime() * 1_000_000_000 + m.ctime_nsec() >= a.ctime_ns);
+    let after = v.getattr(j.ino).unwrap();
+    assert_eq!(
+        (after.size, after.mtime_ns, after.ctime_ns),
+        (a.size, a.mtime_ns, a.ctime_ns)
+    );
+    // A change on the server moves it.
+    std::fs::set_permissions(
+        root.join("journal"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    v.expire_leases();
+    let changed = v.getattr(j.ino).unwrap();
+    let m = std::fs::metadata(root.join("journal")).unwrap();
+    assert_eq!(changed.mode, 0o600);
+    assert_eq!(changed.ctime_ns, m.ctime() * 1_000_000_000 + m.ctime_nsec());
     // A copy: its chunks are in the cache (read from the server).
     std::fs::write(root.join("orig"), bytes(2, 20_000)).unwrap();
     v.expire_leases();
@@ -46,6 +65,46 @@ fn a_new_small_file_goes_with_its_commit() {
     super::make(&v, ROOT, b"copy", &copy, false);
     assert_eq!(rt(&v) - r1, 2, "what the server holds, then the commit");
     assert_eq!(std::fs::read(root.join("copy")).unwrap(), copy);
+}
+
+/// A chmod of a new file whose commit is still queued goes with that commit, and moves the
+/// change time shown, as on any file (the POSIX suite's `chmod::update_ctime`).
+#[test]
+fn a_chmod_of_a_queued_new_file_moves_its_change_time() {
+    let (_t, root, _remote, v) = one_client();
+    assert_eq!(v.lookup(ROOT, b"none").unwrap_err(), Errno::ENOENT);
+    let r0 = rt(&v);
+    super::make(&v, ROOT, b"f", b"made here", false);
+    let f = v.lookup(ROOT, b"f").unwrap();
+    // (Past the coarse clock's tick, at most 10 ms, that file times are taken from.)
+    std::thread::sleep(Duration::from_millis(20));
+    let s = v.setattr(f.ino, Some(0o600), None, None).unwrap();
+    assert_eq!(s.mode, 0o600);
+    assert!(s.ctime_ns > f.ctime_ns, "{} after {}", s.ctime_ns, f.ctime_ns);
+    assert_eq!(v.getattr(f.ino).unwrap().ctime_ns, s.ctime_ns);
+    assert_eq!(rt(&v), r0, "all queued");
+    v.send_changes(Duration::ZERO);
+    assert_eq!(rt(&v) - r0, 1);
+    use std::os::unix::fs::PermissionsExt;
+    let m = std::fs::metadata(root.join("f")).unwrap();
+    assert_eq!(m.permissions().mode() & 0o7777, 0o600);
+    assert_eq!(v.getattr(f.ino).unwrap().ctime_ns, s.ctime_ns);
+}
+
+/// `make`: each object file's commit is queued at its close, and the fetch of the next source
+/// takes it along, in the fetch's round trip (a fetch of a file over 1 MiB sends it first, on
+/// its own, so that its answer is not held behind a long transfer).
+#[test]
+fn a_small_fetch_takes_the_queued_commits_along() {
+    let (_t, root, _remote, v) = one_client();
+    std::fs::write(root.join("m01.c"), bytes(3, 5_000)).unwrap();
+    assert!(v.lookup(ROOT, b"m01.c").is_ok());
+    let r0 = rt(&v);
+    super::make(&v, ROOT, b"m00.o", b"object code", false);
+    assert_eq!(rt(&v), r0, "queued");
+    assert_eq!(super::read(&v, "m01.c").unwrap(), bytes(3, 5_000));
+    assert_eq!(rt(&v) - r0, 1, "the commit and the fetch together");
+    assert_eq!(std::fs::read(root.join("m00.o")).unwrap(), b"object code");
 }
 
 /// With `strict_close`, nothing is queued: the close returns once the server has the file,
