@@ -261,7 +261,19 @@ pub struct Connection<R, W> {
     /// Called when the last reply frame of their request arrives (see
     /// [`on_answered`](Self::on_answered)).
     hooks: Vec<(u32, Box<dyn FnOnce() + Send>)>,
+    /// The feature bits this side's Hello offered, and the level its stream starts at once the
+    /// server's Hello offers one too.
+    offered: u64,
+    zstd_level: Level,
+    /// When the Hello went, until a wait times the link by its reply.
+    hello_went: Option<std::time::Instant>,
+    /// What a failure of the link before the server's Hello arrived becomes (see
+    /// [`before_hello`](Self::before_hello)).
+    early_failure: Option<EarlyFailure>,
 }
+
+/// Says why the link failed before the session began (a remote shell that exited, say).
+pub type EarlyFailure = Box<dyn FnMut(ConnError) -> ConnError + Send>;
 
 impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
     /// Opens a session: sends Hello and waits for the server's.
@@ -278,6 +290,21 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
     /// Like [`open_with`](Self::open_with), asking also for the features in `ask` that a
     /// client has only when it asks ([`ferry_proto::FEATURE_NO_TREE_DIGESTS`]).
     pub fn open_asking(
+        reader: R,
+        writer: W,
+        zstd_level: Level,
+        ask: u64,
+    ) -> Result<Self, ConnError> {
+        let mut c = Self::open_pipelined(reader, writer, zstd_level, ask)?;
+        c.settle_hello()?;
+        Ok(c)
+    }
+
+    /// Like [`open_asking`](Self::open_asking), without waiting for the server's Hello: the
+    /// first requests go with this side's, in its round trip. Until the server's has come,
+    /// [`offers`](Self::offers) knows nothing ([`may_offer`](Self::may_offer) guesses), and a
+    /// failure of the link goes through [`before_hello`](Self::before_hello).
+    pub fn open_pipelined(
         reader: R,
         writer: W,
         zstd_level: Level,
@@ -310,9 +337,13 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             changed: vec![],
             breaks_lost: false,
             hooks: vec![],
+            offered: 0,
+            zstd_level,
+            hello_went: None,
+            early_failure: None,
         };
         let agent = format!("ferry {}", env!("CARGO_PKG_VERSION"));
-        let features = if zstd_level == Level::Fixed(0) {
+        c.offered = if zstd_level == Level::Fixed(0) {
             FEATURES & !FEATURE_ZSTD_STREAM
         } else {
             FEATURES
@@ -320,33 +351,10 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             | (ask & FEATURES);
         let hello = Message::Hello(Hello {
             version: VERSION,
-            features,
+            features: c.offered,
             agent,
         });
         c.write(hello.to_frame(0))?;
-        let f = c.wait(0)?;
-        match Message::decode(&f)? {
-            Message::Hello(h) if h.version == VERSION => {
-                if h.features & features & FEATURE_ZSTD_STREAM != 0 {
-                    c.inflow.start_zstd()?;
-                    c.writer.send(Outgoing::StartZstd(zstd_level))?;
-                }
-                c.server = Some(h);
-            }
-            Message::Hello(h) => {
-                return Err(ConnError::Unexpected(format!(
-                    "the server ({}) speaks protocol {}, this client (ferry {}) protocol \
-                     {VERSION}: install the same version of ferry on both sides",
-                    h.agent,
-                    h.version,
-                    env!("CARGO_PKG_VERSION")
-                )))
-            }
-            Message::Reply(Reply::Error { code, message }) => {
-                return Err(ConnError::Remote { code, message })
-            }
-            other => return Err(ConnError::Unexpected(format!("{other:?} instead of hello"))),
-        }
         Ok(c)
     }
 }
@@ -391,11 +399,111 @@ impl<R: Read, W> Connection<R, W> {
         }
     }
 
-    /// Whether the server offers `feature` (a Hello feature bit).
-    pub fn offers(&self, feature: u64) -> bool {
+    /// Whether the server offers `feature` (a Hello feature bit), waiting for its Hello if it
+    /// has not come yet.
+    pub fn offers(&mut self, feature: u64) -> Result<bool, ConnError> {
+        self.settle_hello()?;
+        Ok(self.server_offers(feature))
+    }
+
+    /// Whether the server's Hello, if it has come, offers `feature`.
+    fn server_offers(&self, feature: u64) -> bool {
         self.server
             .as_ref()
             .is_some_and(|h| h.features & feature != 0)
+    }
+
+    /// Whether the server offers `feature`, or, before its Hello has come, whether this side
+    /// offered it (a server of this version offers what its client does, unless told not to):
+    /// for a request sent ahead of the server's Hello that every server of this version
+    /// answers anyway ([`Request::ReadTree`]).
+    pub fn may_offer(&self, feature: u64) -> bool {
+        match &self.server {
+            Some(h) => h.features & feature != 0,
+            None => self.offered & feature != 0,
+        }
+    }
+
+    /// What a failure of the link before the server's Hello has come becomes: a remote shell
+    /// that exited says so.
+    pub fn before_hello(&mut self, f: EarlyFailure) {
+        self.early_failure = Some(f);
+    }
+
+    /// Waits for the server's Hello, if it has not come yet (replies that come ahead of it are
+    /// kept for their requests).
+    pub fn settle_hello(&mut self) -> Result<(), ConnError> {
+        self.settle_inner().map_err(|e| self.early(e))
+    }
+
+    fn settle_inner(&mut self) -> Result<(), ConnError> {
+        if self.server.is_some() {
+            return Ok(());
+        }
+        self.flush()?;
+        if self.outstanding.get(&0) == Some(&self.traffic.round_trips) {
+            self.traffic.round_trips += 1;
+            tracing::trace!(target: "ferry::sizes", "round trip waiting on the hello");
+        }
+        let mut waited = crate::rate::Wait::start(self.hello_went.take());
+        while self.server.is_none() {
+            if let Some(f) = self.inflow.next_frame()? {
+                self.route(f, 0)?;
+                continue;
+            }
+            self.read_more(&mut waited)?;
+        }
+        self.rate.ended(&waited);
+        Ok(())
+    }
+
+    /// One read from the link into the frames to decode.
+    fn read_more(&mut self, waited: &mut crate::rate::Wait) -> Result<(), ConnError> {
+        let began = std::time::Instant::now();
+        let n = self.reader.read(&mut self.buf)?;
+        if n == 0 {
+            return Err(ConnError::Closed);
+        }
+        waited.read(began, n, self.buf.len());
+        self.traffic.bytes_received += n as u64;
+        self.inflow.feed(&self.buf[..n]);
+        Ok(())
+    }
+
+    /// `e`, said as the session's failure to begin when the server's Hello has not come.
+    fn early(&mut self, e: ConnError) -> ConnError {
+        match (&self.server, self.early_failure.as_mut()) {
+            (None, Some(f)) if matches!(e, ConnError::Closed | ConnError::Io(_)) => f(e),
+            _ => e,
+        }
+    }
+
+    /// Takes the server's Hello (request 0, arrived while it was outstanding): this side's
+    /// stream starts once both offer it, its Compressed going with the next batch.
+    fn take_hello(&mut self, f: &Frame) -> Result<(), ConnError> {
+        match Message::decode(f)? {
+            Message::Hello(h) if h.version == VERSION => {
+                self.outstanding.remove(&0);
+                if h.features & self.offered & FEATURE_ZSTD_STREAM != 0 {
+                    self.writer
+                        .send(Outgoing::Frame(Message::Compressed.to_frame(0)))?;
+                    self.writer.send(Outgoing::StartZstd(self.zstd_level))?;
+                }
+                self.server = Some(h);
+                Ok(())
+            }
+            Message::Hello(h) => Err(ConnError::Unexpected(format!(
+                "the server ({}) speaks protocol {}, this client (ferry {}) protocol {VERSION}: \
+                 install the same version of ferry on both sides",
+                h.agent,
+                h.version,
+                env!("CARGO_PKG_VERSION")
+            ))),
+            Message::Reply(Reply::Error { code, message }) => {
+                Err(ConnError::Remote { code, message })
+            }
+            other => Err(ConnError::Unexpected(format!("{other:?} instead of hello"))),
+        }
     }
 
     /// The writes to the transport so far, and how long they waited in all: how the link takes
@@ -419,7 +527,7 @@ impl<R: Read, W> Connection<R, W> {
             r,
             Request::GetChunks(_) | Request::ReadFiles { .. } | Request::ReadRange { .. }
         );
-        if bulk && self.offers(FEATURE_RATE) {
+        if bulk && self.server_offers(FEATURE_RATE) {
             if let Some(m) = self.rate.news() {
                 tracing::debug!(
                     "the link brings at least {} bytes/s ({} bytes at once), replies after {:?}",
@@ -477,11 +585,20 @@ impl<R: Read, W> Connection<R, W> {
 
     /// Sends the requests queued so far; waiting for a reply does it too.
     pub fn flush(&mut self) -> Result<(), ConnError> {
+        self.flush_inner().map_err(|e| self.early(e))
+    }
+
+    fn flush_inner(&mut self) -> Result<(), ConnError> {
         if std::mem::take(&mut self.unflushed) {
             self.writer.send(Outgoing::Flush)?;
             let from = std::mem::replace(&mut self.flush_from, self.newest.wrapping_add(1));
             let began = self.batch_began.take();
             let began = began.unwrap_or_else(std::time::Instant::now);
+            if self.server.is_none() && self.outstanding.get(&0) == Some(&0) {
+                // The batch with the Hello: the server writes its Hello out at once, so the
+                // first wait times the link by it.
+                self.hello_went.get_or_insert(began);
+            }
             // The first request of this flush, with nothing sent before it outstanding, times a
             // round trip from when it went: its reply's first bytes are the first to come back,
             // and a server writes out the first reply to what it reads at once. (Not only a
@@ -498,7 +615,11 @@ impl<R: Read, W> Connection<R, W> {
 
     /// The next frame for request `id`.
     fn wait(&mut self, id: u32) -> Result<Frame, ConnError> {
-        self.flush()?;
+        self.wait_inner(id).map_err(|e| self.early(e))
+    }
+
+    fn wait_inner(&mut self, id: u32) -> Result<Frame, ConnError> {
+        self.flush_inner()?;
         if self.outstanding.get(&id) == Some(&self.traffic.round_trips) {
             self.traffic.round_trips += 1;
             tracing::trace!(target: "ferry::sizes", "round trip waiting on {id}");
@@ -514,6 +635,8 @@ impl<R: Read, W> Connection<R, W> {
                 self.timed = None;
                 Some(at)
             }
+            // The server's Hello comes first, written out at once.
+            _ if self.server.is_none() => self.hello_went.take(),
             _ => None,
         };
         let mut waited = crate::rate::Wait::start(went);
@@ -526,14 +649,7 @@ impl<R: Read, W> Connection<R, W> {
                     return Ok(f);
                 }
             }
-            let began = std::time::Instant::now();
-            let n = self.reader.read(&mut self.buf)?;
-            if n == 0 {
-                return Err(ConnError::Closed);
-            }
-            waited.read(began, n, self.buf.len());
-            self.traffic.bytes_received += n as u64;
-            self.inflow.feed(&self.buf[..n]);
+            self.read_more(&mut waited)?;
         }
     }
 
@@ -558,6 +674,10 @@ impl<R: Read, W> Connection<R, W> {
     /// `WouldBlock` or `TimedOut` when nothing more has arrived (a [`crate::LinkReader`] with a
     /// zero timeout). Replies that arrive meanwhile are kept for their requests.
     pub fn poll(&mut self) -> Result<(), ConnError> {
+        self.poll_inner().map_err(|e| self.early(e))
+    }
+
+    fn poll_inner(&mut self) -> Result<(), ConnError> {
         loop {
             while let Some(f) = self.inflow.next_frame()? {
                 // Request 0 is the Hello's, long answered: nothing is returned for it.
@@ -619,6 +739,23 @@ impl<R: Read, W> Connection<R, W> {
     /// Takes a frame that arrived: an invalidation is noted, a reply to another request kept
     /// for later; a reply to `id` is returned.
     fn route(&mut self, f: Frame, id: u32) -> Result<Option<Frame>, ConnError> {
+        if f.request_id == 0 && self.server.is_none() {
+            self.take_hello(&f)?;
+            return Ok(None);
+        }
+        if f.request_id == 0 && f.msg_type == ferry_proto::COMPRESSED {
+            // The server's stream starts with the next byte.
+            if !self.server_offers(FEATURE_ZSTD_STREAM)
+                || self.offered & FEATURE_ZSTD_STREAM == 0
+                || self.inflow.is_compressed()
+            {
+                return Err(ConnError::Unexpected(
+                    "a Compressed the session did not agree to".into(),
+                ));
+            }
+            self.inflow.start_zstd()?;
+            return Ok(None);
+        }
         if self.forgotten.contains(&f.request_id) {
             if !f.more() {
                 self.forgotten.remove(&f.request_id);

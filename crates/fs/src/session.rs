@@ -201,8 +201,9 @@ pub struct Session {
 
 /// What ends a session after hanging up.
 enum End {
-    /// The remote shell (or server) process carrying the session.
-    Child(Child),
+    /// The remote shell (or server) process carrying the session (shared with the
+    /// connection's account of a failure before the session began).
+    Child(Arc<std::sync::Mutex<Child>>),
     /// Anything else: waits for the thread carrying the stream, say.
     Other(Box<dyn FnOnce() -> io::Result<()> + Send>),
 }
@@ -274,26 +275,18 @@ impl Session {
         let stdout = child.stdout.take().expect("piped");
         let reader = LinkReader::new(stdout);
         let (timeout, hang_up) = (reader.timeout.clone(), reader.dropped.clone());
-        match Connection::open_asking(reader, Box::new(stdin) as LinkWriter, zstd_level, ask) {
-            Ok(conn) => Ok(Session {
-                conn,
-                timeout,
-                hang_up,
-                end: End::Child(child),
-            }),
-            Err(e) => {
-                let status = child.wait().ok();
-                Err(match (e, status) {
-                    // Reported as the link failing (so `--retry` tries again): ssh exits like this
-                    // when the host is unreachable, as does a missing remote ferry.
-                    (ConnError::Closed, Some(st)) | (ConnError::Io(_), Some(st)) => ConnError::Io(io::Error::new(
-                        io::ErrorKind::ConnectionAborted,
-                        format!("the remote side exited ({st}) before the session began; is the host reachable and ferry installed there (--remote-ferry)?"),
-                    )),
-                    (e, _) => e,
-                })
-            }
-        }
+        let child = Arc::new(std::sync::Mutex::new(child));
+        // The first requests go with the Hello: a failure of the link is known at their wait.
+        let mut conn =
+            Connection::open_pipelined(reader, Box::new(stdin) as LinkWriter, zstd_level, ask)?;
+        let ended = child.clone();
+        conn.before_hello(Box::new(move |e| exited_early(&ended, e)));
+        Ok(Session {
+            conn,
+            timeout,
+            hang_up,
+            end: End::Child(child),
+        })
     }
 
     /// Opens a session over an already connected byte stream; `finish` runs after hanging up.
@@ -315,7 +308,9 @@ impl Session {
     ) -> Result<Session, ConnError> {
         let reader = LinkReader::new(reader);
         let (timeout, hang_up) = (reader.timeout.clone(), reader.dropped.clone());
-        let conn = Connection::open_asking(reader, writer, crate::conn::DEFAULT_ZSTD_LEVEL, ask)?;
+        // The first requests go with the Hello.
+        let conn =
+            Connection::open_pipelined(reader, writer, crate::conn::DEFAULT_ZSTD_LEVEL, ask)?;
         Ok(Session {
             conn,
             timeout,
@@ -348,7 +343,7 @@ impl Session {
         let Session { conn, end, .. } = self;
         drop(conn);
         match end {
-            End::Child(mut c) => c.wait().map(drop),
+            End::Child(c) => lock(&c).wait().map(drop),
             End::Other(f) => f(),
         }
     }
@@ -359,7 +354,8 @@ impl Session {
         let Session { conn, end, .. } = self;
         drop(conn);
         match end {
-            End::Child(mut c) => {
+            End::Child(c) => {
+                let mut c = lock(&c);
                 let _ = c.kill();
                 let _ = c.wait();
             }
@@ -370,6 +366,32 @@ impl Session {
             }
         }
     }
+}
+
+fn lock(c: &std::sync::Mutex<Child>) -> std::sync::MutexGuard<'_, Child> {
+    c.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The link failed (`e`) before the server's Hello came: if the remote shell exited (within a
+/// second), that is the failure, reported as the link's (so `--retry` tries again): ssh exits
+/// so when the host is unreachable, and so does a missing remote ferry.
+fn exited_early(child: &std::sync::Mutex<Child>, e: ConnError) -> ConnError {
+    for _ in 0..20 {
+        match lock(child).try_wait() {
+            Ok(Some(st)) => {
+                return ConnError::Io(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    format!(
+                        "the remote side exited ({st}) before the session began; is the host \
+                         reachable and ferry installed there (--remote-ferry)?"
+                    ),
+                ))
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(_) => break,
+        }
+    }
+    e
 }
 
 #[cfg(test)]

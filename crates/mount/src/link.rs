@@ -241,7 +241,7 @@ impl Link {
     /// One session's `Sync` (a server without deferred syncs made every change durable
     /// before its answer).
     fn sync_one(c: &mut Conn) -> Result<(), GetError> {
-        if c.offers(ferry_proto::FEATURE_DEFERRED_SYNC) {
+        if c.offers(ferry_proto::FEATURE_DEFERRED_SYNC)? {
             c.call(ferry_proto::Request::Sync)?;
         }
         Ok(())

@@ -53,5 +53,5 @@ pub use message::{
     MAX_OBJECT_REFS, MAX_PATH, MAX_READ_FILE, MAX_READ_RANGE, MAX_VAULT_NAMES, MAX_WRITE_DATA,
     VERSION,
 };
-pub use stream::{Inflow, Level, Outflow, FEATURE_ZSTD_STREAM, MAX_WINDOW_LOG};
+pub use stream::{Inflow, Level, Outflow, COMPRESSED, FEATURE_ZSTD_STREAM, MAX_WINDOW_LOG};
 pub use tree::{entry_hash, entry_key, tree_digest, KnownEntries, TreeItem, MAX_FILTER_HASHES};

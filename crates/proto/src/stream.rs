@@ -1,5 +1,5 @@
-//! Session compression: with [`FEATURE_ZSTD_STREAM`] agreed in the Hellos, everything after
-//! the Hello frame is, in each direction, one zstd stream of frames.
+//! Session compression: with [`FEATURE_ZSTD_STREAM`] offered in the Hellos, everything a side
+//! sends after its `Compressed` frame ([`COMPRESSED`]) is one zstd stream of frames.
 //!
 //! One stream per direction compresses every message with the context of all earlier ones, so
 //! a listing's names, a recipe's lengths and the chunks of one file are compressed together
@@ -23,6 +23,10 @@ use crate::{Frame, FrameDecoder, ProtoError, MAX_BODY};
 
 /// Hello feature bit: the rest of the session travels as a zstd stream in each direction.
 pub const FEATURE_ZSTD_STREAM: u64 = 1;
+/// The message type of `Compressed` ([`crate::Message::Compressed`]): after this frame, the
+/// sender's bytes are its zstd stream. A receiver switches ([`Inflow::start_zstd`]) right after
+/// decoding it, before the next frame.
+pub const COMPRESSED: u8 = 0x02;
 /// Largest window a sender may use, and a receiver accepts (16 MiB).
 pub const MAX_WINDOW_LOG: u32 = 24;
 /// Plain bytes produced per decompression step.
@@ -374,6 +378,11 @@ impl Inflow {
     }
 
     /// Bytes after the frame last returned are one zstd stream.
+    /// Whether the peer's stream has started ([`start_zstd`](Self::start_zstd)).
+    pub fn is_compressed(&self) -> bool {
+        self.z.is_some()
+    }
+
     pub fn start_zstd(&mut self) -> Result<(), ProtoError> {
         let mut d = Decoder::new().map_err(compress_failed)?;
         d.set_parameter(DParameter::WindowLogMax(MAX_WINDOW_LOG))

@@ -316,7 +316,7 @@ pub(crate) fn fetch_against<R: io::Read, W: Write>(
     fetched: &mut HashSet<Id>,
     shorts: &mut Shorts,
 ) -> Result<Vec<ChunkRef>, GetError> {
-    let history = conn.offers(ferry_proto::FEATURE_HISTORY);
+    let history = conn.offers(ferry_proto::FEATURE_HISTORY)?;
     let mut sent = vec![];
     for (i, (a, missing)) in files.iter().enumerate() {
         let mut at = 0;

@@ -77,7 +77,7 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
     let mut asks = Vec::with_capacity(jobs.len());
     let mut olds = Vec::with_capacity(jobs.len());
     let mut ranged = vec![];
-    let history = conn.offers(ferry_proto::FEATURE_HISTORY);
+    let history = conn.offers(ferry_proto::FEATURE_HISTORY)?;
     // Chunks named by short ids in recipes: those held nowhere here are fetched by them.
     let short = shortcuts && src.short_ids && src.devices().is_none();
     // Devices are searched by chunk id: new files come by recipe, then (not whole, not by

@@ -212,7 +212,7 @@ pub(crate) fn put_files<R: io::Read, W: Write>(
         Some(p) => Some(conn.send(Request::GetAttr { path: p.clone() })?),
         None => None,
     };
-    let deferred = conn.offers(ferry_proto::FEATURE_DEFERRED_SYNC);
+    let deferred = conn.offers(ferry_proto::FEATURE_DEFERRED_SYNC)?;
     let sync = match opts.sync_after && deferred {
         true => Some(conn.send(Request::Sync)?),
         false => None,

@@ -72,7 +72,7 @@ pub fn put<R: io::Read, W: Write>(
     // when that wastes little should the tree turn out the same there (as a get does).
     let mut started = None;
     if meta.is_dir()
-        && conn.offers(ferry_proto::FEATURE_TREE_LISTINGS)
+        && conn.may_offer(ferry_proto::FEATURE_TREE_LISTINGS)
         && hashes.len() <= FILTER_DIRS
         && tree_waste(local, &hashes) <= SPECULATE_BYTES
     {
@@ -277,7 +277,7 @@ fn put_walk<R: io::Read, W: Write>(
             let digests = a.oid.is_some();
             ahead = match started {
                 Some(s) => finish_tree(conn, s, remote, local, digests, trees)?,
-                None if conn.offers(ferry_proto::FEATURE_TREE_LISTINGS)
+                None if conn.offers(ferry_proto::FEATURE_TREE_LISTINGS)?
                     && hashes.len() <= FILTER_DIRS =>
                 {
                     ask_tree(conn, remote, local, digests, (trees, hashes))?

@@ -66,7 +66,7 @@ pub fn get<R: io::Read + Send, W: Write>(
         Ok(false) => usize::MAX,
         Err(_) => 0,
     };
-    if conn.offers(ferry_proto::FEATURE_TREE_LISTINGS) && waste <= SPECULATE_BYTES {
+    if conn.may_offer(ferry_proto::FEATURE_TREE_LISTINGS) && waste <= SPECULATE_BYTES {
         started = Some(start_tree(conn, remote, local, true, (&trees, &hashes))?);
     }
     super::take_ping(conn, ping)?;
@@ -244,7 +244,7 @@ fn walk<R: io::Read + Send, W: Write>(
     let digests = attr.oid.is_some();
     let mut ahead = match here.started {
         Some(s) => finish_tree(conn, s, remote, local, digests, trees)?,
-        None if conn.offers(ferry_proto::FEATURE_TREE_LISTINGS)
+        None if conn.offers(ferry_proto::FEATURE_TREE_LISTINGS)?
             && here.hashes.len() <= FILTER_DIRS =>
         {
             ask_tree(conn, remote, local, digests, (trees, here.hashes))?

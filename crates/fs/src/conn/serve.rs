@@ -3,7 +3,7 @@
 
 use std::io::{self, Read, Write};
 
-use ferry_proto::{Inflow, Outflow};
+use ferry_proto::{Inflow, Message, Outflow};
 
 use super::{write_out, ConnError, READ_BUF};
 use crate::server::Server;
@@ -52,6 +52,17 @@ fn serve_until_closed(
     let mut wrote = std::time::Instant::now();
     loop {
         while let Some(f) = inflow.next_frame()? {
+            if f.request_id == 0 && f.msg_type == ferry_proto::COMPRESSED {
+                // The client's stream starts here: it may, once it has this side's Hello
+                // offering it (its requests sent before that travel plain).
+                if server.stream_level().is_none() || inflow.is_compressed() {
+                    return Err(ConnError::Unexpected(
+                        "a Compressed the session did not agree to".into(),
+                    ));
+                }
+                inflow.start_zstd()?;
+                continue;
+            }
             for reply in server.handle(&f) {
                 replied = true;
                 outflow.push(&reply, &mut bytes)?;
@@ -71,12 +82,19 @@ fn serve_until_closed(
                 outflow.fast_link();
             }
             if let (Some(level), false) = (server.stream_level(), outflow.is_compressed()) {
-                // The Hello reply travels plain; everything after it is one zstd stream.
+                // The Hello reply goes out plain, and at once: the client's first batch came
+                // with its Hello, and the client times the link by this reply, which must not
+                // hold the compressor's start. Everything after the Compressed frame is one
+                // zstd stream.
+                outflow.flush(&mut bytes)?;
+                server.wrote(write_out(&mut outflow, &mut output, &mut bytes)?);
+                output.flush()?;
+                (replied, wrote) = (false, std::time::Instant::now());
+                outflow.push(&Message::Compressed.to_frame(0), &mut bytes)?;
                 outflow.start_zstd(level)?;
-                // Before the Hello reply goes out (below): its round trip takes the
-                // compressor's start, not the first batch's.
                 outflow.warm()?;
-                inflow.start_zstd()?;
+                // (`fresh` stays: the first reply to the requests after the Hello goes at once.)
+                continue;
             }
             if (std::mem::take(&mut fresh) || wrote.elapsed() >= EAGER_WRITE) && replied {
                 // The first reply to what came in one read goes out at once: the client times

@@ -281,8 +281,8 @@ impl Server {
         self
     }
 
-    /// The zstd level of the session stream once the Hellos agreed on one: from the reply to
-    /// the Hello on, both directions are one zstd stream each.
+    /// The zstd level of this side's stream once the client's Hello offered one: it starts
+    /// right after the reply to the Hello (and the client's after its `Compressed`).
     pub fn stream_level(&self) -> Option<ferry_proto::Level> {
         (self.features & ferry_proto::FEATURE_ZSTD_STREAM != 0).then_some(self.opts.zstd_level)
     }
@@ -431,6 +431,8 @@ impl Server {
             Message::Reply(_) | Message::Invalidate(_) | Message::Changed { .. } => {
                 one(error(ErrorCode::BadRequest, "servers take requests"))
             }
+            // The stream's own (taken by `serve` before it gets here).
+            Message::Compressed => one(error(ErrorCode::BadRequest, "Compressed out of place")),
         }
     }
 

@@ -17,6 +17,7 @@ mod links;
 mod mirrors;
 mod ranges;
 mod replace;
+mod session;
 mod trees;
 
 fn bytes(seed: u64, len: usize) -> Vec<u8> {

@@ -91,7 +91,7 @@ impl Vfs {
             Err(_) => return UNKNOWN_FS,
         };
         let asked = self.link.run(|c| {
-            if !c.offers(ferry_proto::FEATURE_STATFS) {
+            if !c.offers(ferry_proto::FEATURE_STATFS)? {
                 return Ok(None);
             }
             match c.call(Request::StatFs { path: root })?.pop() {

@@ -47,9 +47,8 @@ impl std::io::Write for Valve {
         while let Ok(Some(f)) = self.frames.next_frame() {
             match ferry_proto::Message::decode(&f) {
                 Ok(ferry_proto::Message::Changed { path, .. }) => told.push(path),
-                Ok(ferry_proto::Message::Hello(h))
-                    if h.features & ferry_proto::FEATURE_ZSTD_STREAM != 0 =>
-                {
+                // As the client's reader does: one zstd stream after the Compressed.
+                Ok(ferry_proto::Message::Compressed) => {
                     let _ = self.frames.start_zstd();
                 }
                 _ => {}
@@ -98,10 +97,8 @@ impl std::io::Read for Gated {
                 Ok(ferry_proto::Message::Request(ferry_proto::Request::Sync)) => {
                     self.syncs.lock().unwrap()[self.session] += 1;
                 }
-                // As the server's reader does: one zstd stream after the Hello.
-                Ok(ferry_proto::Message::Hello(h))
-                    if h.features & ferry_proto::FEATURE_ZSTD_STREAM != 0 =>
-                {
+                // As the server's reader does: one zstd stream after the Compressed.
+                Ok(ferry_proto::Message::Compressed) => {
                     let _ = self.frames.start_zstd();
                 }
                 _ => {}

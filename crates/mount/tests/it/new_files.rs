@@ -80,7 +80,12 @@ fn a_chmod_of_a_queued_new_file_moves_its_change_time() {
     std::thread::sleep(Duration::from_millis(20));
     let s = v.setattr(f.ino, Some(0o600), None, None).unwrap();
     assert_eq!(s.mode, 0o600);
-    assert!(s.ctime_ns > f.ctime_ns, "{} after {}", s.ctime_ns, f.ctime_ns);
+    assert!(
+        s.ctime_ns > f.ctime_ns,
+        "{} after {}",
+        s.ctime_ns,
+        f.ctime_ns
+    );
     assert_eq!(v.getattr(f.ino).unwrap().ctime_ns, s.ctime_ns);
     assert_eq!(rt(&v), r0, "all queued");
     v.send_changes(Duration::ZERO);

@@ -33,9 +33,11 @@ pub use vault::{VaultOp, MAX_VAULT_NAMES};
 
 /// `"FERRY"`, the first bytes of every Hello body.
 pub const MAGIC: &[u8; 5] = b"FERRY";
-/// The protocol version this build speaks. Version 1 (one request family per technique,
-/// behind eleven feature bits) is refused with a message saying so.
-pub const VERSION: u16 = 2;
+/// The protocol version this build speaks. Earlier ones are refused with a message saying so:
+/// version 1 (one request family per technique, behind eleven feature bits) and version 2
+/// (each stream compressed from right after the Hellos, so a client waited for the server's
+/// before sending anything more).
+pub const VERSION: u16 = 3;
 /// Hello feature bit: the server keeps a history of the data it has served, so a client can
 /// name old chunks by short id in GetChunks and ReadFiles and have them found there. Offered
 /// by a server only when it has a history.
@@ -92,7 +94,7 @@ pub const FEATURE_TREE_LISTINGS: u64 = 1024;
 /// [`FEATURE_RATE`], [`FEATURE_STATFS`], [`FEATURE_NO_TREE_DIGESTS`],
 /// [`FEATURE_STAT_EXTRA`], [`FEATURE_DEFERRED_SYNC`], [`FEATURE_OWN_CHANGES`],
 /// [`FEATURE_ENTRY_CHANGES`], [`FEATURE_HARD_LINKS`] and [`FEATURE_TREE_LISTINGS`].
-/// Everything else of version 2 is always there.
+/// Everything else of version 3 is always there.
 pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | FEATURE_HISTORY
     | FEATURE_RATE
@@ -360,11 +362,15 @@ pub enum Message {
         sample: u64,
         round_trip: u64,
     },
+    /// The sender's next byte starts its zstd stream (request id 0, either way, at most once;
+    /// only to a peer whose Hello offered [`crate::FEATURE_ZSTD_STREAM`]).
+    Compressed,
 }
 
 /// Message type codes.
 pub(crate) mod code {
     pub const HELLO: u8 = 0x01;
+    pub const COMPRESSED: u8 = crate::stream::COMPRESSED;
     pub const GET_ATTR: u8 = 0x10;
     pub const READ_DIR: u8 = 0x11;
     pub const READ_LINK: u8 = 0x12;
@@ -522,6 +528,7 @@ impl Message {
                 w.varint(*round_trip);
                 code::RATE
             }
+            Message::Compressed => code::COMPRESSED,
             Message::Request(q) => q.encode(&mut w),
             Message::Reply(r) => r.encode(&mut w),
         };
@@ -566,6 +573,7 @@ impl Message {
                 sample: r.varint()?,
                 round_trip: r.varint()?,
             },
+            code::COMPRESSED => Message::Compressed,
             t @ 0x10..=0x3f => match Request::decode(t, &mut r)? {
                 Some(q) => Message::Request(q),
                 None => return Err(ProtoError::UnknownType(t)),

@@ -86,6 +86,7 @@ pub(crate) fn samples() -> Vec<Message> {
             sample: 0,
             round_trip: 0,
         },
+        Message::Compressed,
         Message::Rate {
             rate: u64::MAX,
             sample: u64::MAX,
@@ -465,11 +466,11 @@ fn exact_bytes_of_every_message() {
     let cases: Vec<(Message, String)> = vec![
         (
             Message::Hello(Hello {
-                version: 2,
+                version: 3,
                 features: 3,
                 agent: "x".into(),
             }),
-            "17000000 01 00 00000000 | 4645525259 0200 0300000000000000 01 78".into(),
+            "17000000 01 00 00000000 | 4645525259 0300 0300000000000000 01 78".into(),
         ),
         (
             Message::Invalidate("ab".into()),
@@ -490,6 +491,7 @@ fn exact_bytes_of_every_message() {
             },
             "0e000000 61 00 00000000 | e0a712 a09c01 dc0b".into(),
         ),
+        (Message::Compressed, "06000000 02 00 00000000 |".into()),
         (
             Message::Request(Request::GetAttr { path: "ab".into() }),
             "09000000 10 00 05000000 | 02 6162".into(),
@@ -956,6 +958,7 @@ fn exact_bytes_of_every_message() {
                 | Message::Invalidate(_)
                 | Message::Changed { .. }
                 | Message::Rate { .. }
+                | Message::Compressed
         );
         let got = m.encode(if unasked { 0 } else { 5 }, false).unwrap();
         if got != hex(want) {
