@@ -1,4 +1,4 @@
-//! Any byte stream into a session's compressed inflow (the zstd stream after the Hellos): no
+//! Any byte stream into a session's compressed inflow (the zstd stream after a `Compressed`): no
 //! panic, and the plain bytes held stay bounded by a frame plus one decompression step.
 
 use ferry_proto::{Inflow, MAX_FRAME};

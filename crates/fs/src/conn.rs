@@ -590,14 +590,17 @@ impl<R: Read, W> Connection<R, W> {
 
     fn flush_inner(&mut self) -> Result<(), ConnError> {
         if std::mem::take(&mut self.unflushed) {
+            // (Read before the flush is asked for: bytes out already went before it.)
+            let out_before = self.writer.sent.load(Ordering::Relaxed);
             self.writer.send(Outgoing::Flush)?;
             let from = std::mem::replace(&mut self.flush_from, self.newest.wrapping_add(1));
             let began = self.batch_began.take();
             let began = began.unwrap_or_else(std::time::Instant::now);
-            if self.server.is_none() && self.outstanding.get(&0) == Some(&0) {
-                // The batch with the Hello: the server writes its Hello out at once, so the
-                // first wait times the link by it.
-                self.hello_went.get_or_insert(began);
+            if self.server.is_none() && self.outstanding.get(&0) == Some(&0) && out_before == 0 {
+                // The batch with the Hello, none of it out yet: the server writes its Hello
+                // out at once, so the first wait times the link by it, from now (not from
+                // when the Hello was queued: the caller may have worked since, on its tree).
+                self.hello_went.get_or_insert_with(std::time::Instant::now);
             }
             // The first request of this flush, with nothing sent before it outstanding, times a
             // round trip from when it went: its reply's first bytes are the first to come back,
@@ -680,7 +683,7 @@ impl<R: Read, W> Connection<R, W> {
     fn poll_inner(&mut self) -> Result<(), ConnError> {
         loop {
             while let Some(f) = self.inflow.next_frame()? {
-                // Request 0 is the Hello's, long answered: nothing is returned for it.
+                // Nothing is returned for request 0 (the Hello's: taken as it comes).
                 self.route(f, 0)?;
             }
             let n = match self.reader.read(&mut self.buf) {

@@ -232,6 +232,21 @@ impl Session {
         zstd_level: ferry_proto::Level,
         ask: u64,
     ) -> Result<Session, ConnError> {
+        Self::spawn_pipelined(rsh, remote_ferry, spec, serve_args, zstd_level, ask)?.settled()
+    }
+
+    /// Like [`spawn_asking`](Self::spawn_asking), without waiting for the server's Hello (see
+    /// [`Connection::open_pipelined`]): the caller's first requests go with this side's, in
+    /// its round trip, and a failure to begin (the remote side's exit, a version refused)
+    /// comes at their wait. For a session that goes straight to work (`get`, `put`).
+    pub fn spawn_pipelined(
+        rsh: &str,
+        remote_ferry: &str,
+        spec: &RemoteSpec,
+        serve_args: &[String],
+        zstd_level: ferry_proto::Level,
+        ask: u64,
+    ) -> Result<Session, ConnError> {
         let mut words = rsh.split_whitespace();
         let prog = words
             .next()
@@ -257,7 +272,19 @@ impl Session {
         cmd: Command,
         zstd_level: ferry_proto::Level,
     ) -> Result<Session, ConnError> {
-        Self::command_asking(cmd, zstd_level, 0)
+        Self::command_asking(cmd, zstd_level, 0)?.settled()
+    }
+
+    /// Waits for the server's Hello: a session that fails to begin fails here (a remote
+    /// shell that exited is waited for), not at its first request.
+    fn settled(mut self) -> Result<Session, ConnError> {
+        match self.conn.settle_hello() {
+            Ok(()) => Ok(self),
+            Err(e) => {
+                self.abort();
+                Err(e)
+            }
+        }
     }
 
     fn command_asking(
@@ -275,10 +302,20 @@ impl Session {
         let stdout = child.stdout.take().expect("piped");
         let reader = LinkReader::new(stdout);
         let (timeout, hang_up) = (reader.timeout.clone(), reader.dropped.clone());
+        let mut conn = match Connection::open_pipelined(
+            reader,
+            Box::new(stdin) as LinkWriter,
+            zstd_level,
+            ask,
+        ) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e);
+            }
+        };
         let child = Arc::new(std::sync::Mutex::new(child));
-        // The first requests go with the Hello: a failure of the link is known at their wait.
-        let mut conn =
-            Connection::open_pipelined(reader, Box::new(stdin) as LinkWriter, zstd_level, ask)?;
         let ended = child.clone();
         conn.before_hello(Box::new(move |e| exited_early(&ended, e)));
         Ok(Session {
@@ -308,9 +345,7 @@ impl Session {
     ) -> Result<Session, ConnError> {
         let reader = LinkReader::new(reader);
         let (timeout, hang_up) = (reader.timeout.clone(), reader.dropped.clone());
-        // The first requests go with the Hello.
-        let conn =
-            Connection::open_pipelined(reader, writer, crate::conn::DEFAULT_ZSTD_LEVEL, ask)?;
+        let conn = Connection::open_asking(reader, writer, crate::conn::DEFAULT_ZSTD_LEVEL, ask)?;
         Ok(Session {
             conn,
             timeout,
@@ -377,7 +412,8 @@ fn lock(c: &std::sync::Mutex<Child>) -> std::sync::MutexGuard<'_, Child> {
 /// so when the host is unreachable, and so does a missing remote ferry.
 fn exited_early(child: &std::sync::Mutex<Child>, e: ConnError) -> ConnError {
     for _ in 0..20 {
-        match lock(child).try_wait() {
+        let status = lock(child).try_wait();
+        match status {
             Ok(Some(st)) => {
                 return ConnError::Io(io::Error::new(
                     io::ErrorKind::ConnectionAborted,
@@ -423,5 +459,25 @@ mod tests {
         drop(b);
         assert_eq!(r.read(&mut buf).unwrap(), 0, "the end of the stream");
         assert_eq!(r.read(&mut buf).unwrap(), 0);
+    }
+
+    /// A remote side that exits at once (ferry missing there): a session that waits for the
+    /// Hello fails as it opens; one that does not, at its first wait. Both say why.
+    #[test]
+    fn a_remote_side_that_exits_is_said_so_when_opened_or_at_the_first_wait() {
+        let cmd = || {
+            let mut c = Command::new("sh");
+            c.args(["-c", "exit 127"]);
+            c
+        };
+        let said = |e: ConnError| {
+            let m = e.to_string();
+            assert!(m.contains("before the session began"), "{m}");
+            assert!(m.contains("127"), "{m}");
+        };
+        said(Session::command(cmd()).err().expect("refused"));
+        let mut s = Session::command_asking(cmd(), crate::conn::DEFAULT_ZSTD_LEVEL, 0)
+            .expect("not waited for");
+        said(s.conn.call(ferry_proto::Request::Ping).unwrap_err());
     }
 }

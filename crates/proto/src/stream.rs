@@ -377,12 +377,12 @@ impl Inflow {
         }
     }
 
-    /// Bytes after the frame last returned are one zstd stream.
     /// Whether the peer's stream has started ([`start_zstd`](Self::start_zstd)).
     pub fn is_compressed(&self) -> bool {
         self.z.is_some()
     }
 
+    /// Bytes after the frame last returned are one zstd stream.
     pub fn start_zstd(&mut self) -> Result<(), ProtoError> {
         let mut d = Decoder::new().map_err(compress_failed)?;
         d.set_parameter(DParameter::WindowLogMax(MAX_WINDOW_LOG))

@@ -381,7 +381,8 @@ fn connect(remote: &str, rsh: &Rsh) -> Result<(Session, WirePath)> {
             .with_context(|| format!("cannot start a session with {}", ep.host_port()))?;
         return Ok((session, wire));
     }
-    let (connect, wire) = connector(remote, rsh, 0)?;
+    // Its first requests go with its Hello (`get`, `put`, `sync` and `ls` go straight to work).
+    let (connect, wire) = connector_for(remote, rsh, 0, true)?;
     Ok((connect()?, wire))
 }
 
@@ -424,6 +425,17 @@ fn net_session(
 /// reconnects with it), and the path there; each session asks for the Hello features in `ask`
 /// besides the usual ones.
 pub fn connector(remote: &str, rsh: &Rsh, ask: u64) -> Result<(ferry_mount::Connector, WirePath)> {
+    connector_for(remote, rsh, ask, false)
+}
+
+/// Like [`connector`]; with `pipelined`, a session over the remote shell does not wait for
+/// the server's Hello before its caller's first requests (`Session::spawn_pipelined`).
+fn connector_for(
+    remote: &str,
+    rsh: &Rsh,
+    ask: u64,
+    pipelined: bool,
+) -> Result<(ferry_mount::Connector, WirePath)> {
     if let Some(ep) = ferry_net::Endpoint::parse(remote) {
         let (ep, wire) = endpoint(ep?)?;
         let (id, known) = identity()?;
@@ -444,16 +456,18 @@ pub fn connector(remote: &str, rsh: &Rsh, ask: u64) -> Result<(ferry_mount::Conn
     let (root, wire) = split_remote(&spec)?;
     let (shell, remote_ferry, args) = (rsh.rsh.clone(), rsh.remote_ferry.clone(), rsh.serve_args());
     let level = rsh.zstd_level.unwrap_or(ferry_fs::DEFAULT_ZSTD_LEVEL);
+    let open = match pipelined {
+        true => Session::spawn_pipelined,
+        false => Session::spawn_asking,
+    };
     let connect = move || {
-        Session::spawn_asking(&shell, &remote_ferry, &root, &args, level, ask).map_err(
-            |e| match e {
-                ferry_fs::ConnError::Io(io) => ferry_fs::ConnError::Io(std::io::Error::new(
-                    io.kind(),
-                    format!("cannot start a session with {}: {io}", root.host),
-                )),
-                e => e,
-            },
-        )
+        open(&shell, &remote_ferry, &root, &args, level, ask).map_err(|e| match e {
+            ferry_fs::ConnError::Io(io) => ferry_fs::ConnError::Io(std::io::Error::new(
+                io.kind(),
+                format!("cannot start a session with {}: {io}", root.host),
+            )),
+            e => e,
+        })
     };
     Ok((Box::new(connect), wire))
 }

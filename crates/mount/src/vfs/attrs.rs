@@ -186,9 +186,10 @@ impl Vfs {
         }
     }
 
-    /// Before an operation that may take long (a fetch, a large commit): new files' commits
-    /// queued go first, on their own, so their answers are applied here at once, not when
-    /// that operation ends (whoever looks at one of them waits for its answer).
+    /// Before an operation that may take long (a fetch or commit of over 1 MiB): new files'
+    /// commits queued go first, on their own, so their answers are applied here at once, not
+    /// when that operation ends (a rename, fsync or removal of one of them waits for its
+    /// answer).
     pub(super) fn send_puts_first(&self) {
         if self.link.queued.holds_puts() {
             self.send_queued();
