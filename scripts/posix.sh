@@ -53,6 +53,11 @@ unexpected=$(comm -23 "$work/failed" "$work/expected")
 if [[ -n $unexpected ]]; then
   echo "failures not in tests/posix/expected-failures.txt:"
   echo "$unexpected"
+  # What each said (its panic message: the lines up to its backtrace), and the mount's log.
+  for c in $unexpected; do
+    awk -v c="$c" '$1 == c {on = 1} on && /^Backtrace:/ {exit} on' "$work/log"
+  done
+  [[ -e $work/cache/mount.log ]] && tail -n 40 "$work/cache/mount.log"
   exit 1
 fi
 echo "every failure is an expected one ($(wc -l < "$work/failed") of them)"
