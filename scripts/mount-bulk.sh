@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Metadata-heavy work through a mount, Ferry against sshfs in one run, both over a local pipe
 # (Ferry's server through a remote shell that runs it here; sshfs through sftp-server on a
-# pipe): N small files made in one directory and removed, `cp -a` of a header tree, `git clone`
-# of a repository, `rm -rf` of both, and 100 SQLite transactions of 100 rows (as the lab's
-# `sqlite`). Prints one line per workload and tool: seconds, and
-# the exit code. Needs root (FUSE), sshfs and openssh-sftp-server.
+# pipe): N small files made in one directory and removed, `cp -a` and `rsync -a` of a header
+# tree, `git clone` of a repository, `rm -rf` of them, 100 SQLite transactions of 100 rows (as
+# the lab's `sqlite`), and `make -j2` of 40 small C files (as the lab's `build`). Prints one
+# line per workload and tool: seconds, and the exit code. Needs root (FUSE), sshfs,
+# openssh-sftp-server, rsync, gcc and make.
 #
 #   scripts/mount-bulk.sh [FERRY_BINARY] [ROUNDS] [N]
 #
@@ -53,6 +54,21 @@ timed() {
 SQL=$W/sql
 bash "$(dirname "$0")/sqlite-transactions.sh" >"$SQL"
 
+# The C project: 40 files that include one header, and a Makefile (copied in untimed).
+P=$W/proj
+mkdir -p "$P"
+printf '#define SCALE 3\nstatic inline long scale(long x) { return x * SCALE; }\n' >"$P/common.h"
+for ((f = 0; f < 40; f++)); do
+  {
+    echo '#include "common.h"'
+    for ((g = 0; g < 12; g++)); do
+      echo "long f${f}_$g(long a) { long s = 0; for (long i = 0; i < a; i++) s += scale(i) ^ $((f * 12 + g)); return s; }"
+    done
+  } >"$P/m$f.c"
+done
+printf 'OBJS = %s\nlib.a: $(OBJS)\n\tar rcs lib.a $(OBJS)\n%%.o: %%.c common.h\n\tgcc -O1 -c $< -o $@\n' \
+  "$(cd "$P" && ls m*.c | sed 's/\.c$/.o/' | tr '\n' ' ')" >"$P/Makefile"
+
 make_files() {
   mkdir "$M/flat" || return 1
   local i
@@ -69,6 +85,10 @@ for ((r = 1; r <= ROUNDS; r++)); do
     timed "$tool" "rm -rf headers" rm -rf "$M/inc"
     timed "$tool" "rm -rf clone" rm -rf "$M/repo"
     timed "$tool" "sqlite 100 transactions" sh -c "sqlite3 '$M/data.db' <'$SQL'"
+    timed "$tool" "rsync -a linux headers" rsync -a /usr/include/linux/ "$M/rs/"
+    timed "$tool" "rm -rf rsync'd headers" rm -rf "$M/rs"
+    cp -a "$P" "$M/proj"
+    timed "$tool" "make -j2 (40 C files)" make -s -j2 -C "$M/proj"
     unmount_it "$tool"
   done
 done

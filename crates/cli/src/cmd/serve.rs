@@ -237,6 +237,10 @@ struct History {
     bytes: u64,
 }
 
+/// The zstd level of the history's chunks: its thread compresses every byte the server cuts,
+/// on the cores the session's own work (and, often, the client) needs.
+const HISTORY_LEVEL: i32 = 1;
+
 impl History {
     fn open(&self) -> Option<std::sync::Arc<LocalStore>> {
         if self.bytes == 0 {
@@ -246,6 +250,7 @@ impl History {
         // at work in it) went without after a second's wait, and the program waited with it.
         let opts = ferry_store::Options {
             wait_for_lock: false,
+            zstd_level: HISTORY_LEVEL,
             ..cache_options()
         };
         match LocalStore::open_or_create(&self.dir, opts) {
