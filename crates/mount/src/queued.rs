@@ -69,6 +69,9 @@ pub(crate) struct NewFile {
     pub data: Vec<u8>,
     /// Made with `O_EXCL`: a file someone else made under its name meanwhile is theirs.
     pub exclusive: bool,
+    /// The version of the file it replaces (renamed over it before the commit went: see
+    /// [`Queue::retarget_put`]); `None`: nothing may be there.
+    pub replaces: Option<u64>,
 }
 
 impl std::fmt::Debug for NewFile {
@@ -134,7 +137,7 @@ impl Change {
             let mut rs = vec![Request::Create {
                 handle: PUT_HANDLE,
                 path: f.path.clone(),
-                base: None,
+                base: f.replaces,
             }];
             if !data.is_empty() {
                 rs.push(Request::Write {
@@ -326,6 +329,25 @@ impl Queue {
     /// Where a commit of the new file `ino` is.
     pub(crate) fn put_of(&self, ino: u64) -> PutState {
         self.put_state(ino, false)
+    }
+
+    /// A new file renamed before its queued commit went: the commit makes it under its new
+    /// name `to` instead, replacing the version `replaces` of the file there (`None`: nothing
+    /// there), as a rename would; no longer exclusive. `false` when no commit of it is queued
+    /// (it went, or there was none): the rename then waits for its answer. Nothing else
+    /// queued names its old path (see `cancel_put`).
+    pub(crate) fn retarget_put(&self, ino: u64, to: &WirePath, replaces: Option<u64>) -> bool {
+        let mut queued = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(f) = queued.iter_mut().find_map(|c| match c {
+            Change::Put(f) if f.ino == ino => Some(f),
+            _ => None,
+        }) else {
+            return false;
+        };
+        f.path = to.clone();
+        f.replaces = replaces;
+        f.exclusive = false;
+        true
     }
 
     /// Takes the queued commit of the new file `ino` out of the queue if it has not been

@@ -398,6 +398,9 @@ impl Vfs {
                 Err(f) => return Err(errno_of(&f)),
             }
         }
+        if !noreplace && self.rename_queued_new(&from_dir, &from, name, &to_dir, &to, new_name) {
+            return Ok(());
+        }
         // Local changes of files being moved are written back under their old names first,
         // so nothing pending refers to a name that no longer exists.
         let moving: Vec<Ino> = {
@@ -561,6 +564,71 @@ impl Vfs {
         }
         Self::edit_listing(&mut st, from_dir, name, None);
         Self::edit_listing(&mut st, to_dir, new_name, from_kind);
+        let now = specials::now_ns();
+        st.dir_times.insert(from_dir.clone(), now);
+        st.dir_times.insert(to_dir.clone(), now);
+        st.unsynced.get_or_insert_with(Instant::now);
+        true
+    }
+
+    /// Renames a new file whose commit is still queued (a script's `> f.tmp && mv f.tmp f`)
+    /// here at once, its commit then made under the new name, replacing what the leases say
+    /// is there (see `Queue::retarget_put`): one round trip for both, and none of its own,
+    /// where the rename otherwise waits for the commit's answer. Only where a rename could be
+    /// queued (`rename_later`): both leased listings hold the names as this mount does, `to`
+    /// absent or a file of one name whose attributes are leased (its version is what the
+    /// commit replaces). Not a file made with `O_EXCL` (a lock file, rsync's and mkstemp's
+    /// temporaries): that its name was free on the server is known only from its commit's
+    /// answer, and a rename of it waits for that. `false`: it must be made otherwise.
+    fn rename_queued_new(
+        &self,
+        from_dir: &WirePath,
+        from: &WirePath,
+        name: &[u8],
+        to_dir: &WirePath,
+        to: &WirePath,
+        new_name: &[u8],
+    ) -> bool {
+        let Some(ino) = self.pending_at(from) else {
+            return false;
+        };
+        let closed = self
+            .lock()
+            .inodes
+            .get(&ino)
+            .is_some_and(|n| n.put.is_some() && n.writers == 0 && !n.linked && !n.exclusive);
+        let replaces = match self.listed(to_dir, new_name) {
+            Some(None) => None,
+            Some(Some(FileKind::File)) => match self.leased_attr(to) {
+                Some(a) if a.kind == FileKind::File => Some(a.version),
+                _ => return false,
+            },
+            _ => return false,
+        };
+        if !closed
+            || self.listed(from_dir, name) != Some(Some(FileKind::File))
+            || self.pending_at(to).is_some()
+            || self.lookup_special(to).is_some()
+            || !self.changeable_later(from_dir)
+            || !self.changeable_later(to_dir)
+        {
+            return false;
+        }
+        let _g = self.copies.lock(&[from, to]);
+        // Under the state's lock, so the commit's answer, whenever it comes, finds the file
+        // under its new name.
+        let mut st = self.lock();
+        if !self.link.queued.retarget_put(ino, to, replaces) {
+            return false;
+        }
+        self.renamed(&mut st, from, to);
+        if let Some(n) = st.inodes.get_mut(&ino) {
+            n.exclusive = false;
+        }
+        st.attrs.remove(from);
+        st.attrs.remove(to);
+        Self::edit_listing(&mut st, from_dir, name, None);
+        Self::edit_listing(&mut st, to_dir, new_name, Some(FileKind::File));
         let now = specials::now_ns();
         st.dir_times.insert(from_dir.clone(), now);
         st.dir_times.insert(to_dir.clone(), now);

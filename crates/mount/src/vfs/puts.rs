@@ -93,6 +93,7 @@ impl Vfs {
             oid: oid.id(),
             data,
             exclusive,
+            replaces: None,
         }));
         // Marked before it is queued: whoever looks finds the mark once it can be sent.
         let before = self

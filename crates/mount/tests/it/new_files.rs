@@ -112,6 +112,73 @@ fn a_small_fetch_takes_the_queued_commits_along() {
     assert_eq!(std::fs::read(root.join("m00.o")).unwrap(), b"object code");
 }
 
+/// A script's way (`> f.tmp && mv f.tmp f`): a new file renamed over the file (or onto a
+/// free name) before its queued commit went. The commit is made under the new name, replacing
+/// what was there: no round trip of the rename's own, one for all; the temporary name never
+/// reaches the server. (One made with `O_EXCL` waits for its commit's answer: see
+/// `a_queued_exclusive_create_that_lost_the_race_leaves_their_file`.)
+#[test]
+fn a_new_file_renamed_before_its_commit_went_is_committed_under_its_new_name() {
+    let (_t, root, _remote, v) = one_client();
+    std::fs::write(root.join("f"), b"the old version").unwrap();
+    assert!(v.lookup(ROOT, b"f").is_ok());
+    let r0 = rt(&v);
+    let (t, o) = v.create_later(ROOT, b".f.XXXX", 0o600).unwrap();
+    v.write(o.fh, 0, b"the new version").unwrap();
+    v.setattr(t.ino, Some(0o644), None, Some(1_500_000_000_000_000_000))
+        .unwrap();
+    v.flush(o.fh).unwrap();
+    v.release(o.fh).unwrap();
+    v.rename(ROOT, b".f.XXXX", ROOT, b"f", false).unwrap();
+    super::make(&v, ROOT, b".g.XXXX", b"a new file", false);
+    v.rename(ROOT, b".g.XXXX", ROOT, b"g", false).unwrap();
+    assert_eq!(rt(&v), r0, "all queued");
+    assert_eq!(super::read(&v, "f").unwrap(), b"the new version");
+    assert_eq!(v.lookup(ROOT, b".f.XXXX").unwrap_err(), Errno::ENOENT);
+    v.send_changes(Duration::ZERO);
+    assert_eq!(rt(&v) - r0, 1, "one for all");
+    assert_eq!(std::fs::read(root.join("f")).unwrap(), b"the new version");
+    assert_eq!(std::fs::read(root.join("g")).unwrap(), b"a new file");
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(root.join("f")).unwrap();
+    assert_eq!(
+        (m.mode() & 0o7777, m.mtime()),
+        (0o644, 1_500_000_000),
+        "its mode and time"
+    );
+    for tmp in [".f.XXXX", ".g.XXXX"] {
+        assert!(!root.join(tmp).exists(), "{tmp}");
+    }
+    // Known here as the server has it: read with no round trip, written again against it.
+    assert_eq!(super::read(&v, "f").unwrap(), b"the new version");
+    assert_eq!(rt(&v) - r0, 1);
+}
+
+/// A file the leases do not vouch for (changed on the server since it was looked up) is not
+/// replaced blindly: the commit that was to replace it is refused, and the file written
+/// again over the server's (the last rename wins), its content the one renamed here.
+#[test]
+fn a_rename_over_a_file_changed_meanwhile_ends_with_the_renamed_file() {
+    let (_t, root, _remote, v) = one_client();
+    std::fs::write(root.join("f"), b"old").unwrap();
+    assert!(v.lookup(ROOT, b"f").is_ok());
+    super::make(&v, ROOT, b".f.tmp", b"renamed here", false);
+    let r0 = rt(&v);
+    v.rename(ROOT, b".f.tmp", ROOT, b"f", false).unwrap();
+    assert_eq!(rt(&v), r0, "queued");
+    // Someone else's change, not yet seen here.
+    std::fs::write(root.join("f"), b"theirs, longer than the old").unwrap();
+    v.send_changes(Duration::ZERO);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::fs::read(root.join("f")).unwrap() != b"renamed here" {
+        assert!(std::time::Instant::now() < deadline, "never written again");
+        v.tick();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(super::read(&v, "f").unwrap(), b"renamed here");
+    assert!(!root.join(".f.tmp").exists());
+}
+
 /// With `strict_close`, nothing is queued: the close returns once the server has the file,
 /// and a removal once the server made it.
 #[test]
