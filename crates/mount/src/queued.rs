@@ -333,10 +333,16 @@ impl Queue {
 
     /// A new file renamed before its queued commit went: the commit makes it under its new
     /// name `to` instead, replacing the version `replaces` of the file there (`None`: nothing
-    /// there), as a rename would; no longer exclusive. `false` when no commit of it is queued
-    /// (it went, or there was none): the rename then waits for its answer. Nothing else
-    /// queued names its old path (see `cancel_put`).
-    pub(crate) fn retarget_put(&self, ino: u64, to: &WirePath, replaces: Option<u64>) -> bool {
+    /// there), as a rename would; `exclusive` for a rename that must not replace anything.
+    /// `false` when no commit of it is queued (it went, or there was none): the rename then
+    /// waits for its answer. Nothing else queued names its old path (see `cancel_put`).
+    pub(crate) fn retarget_put(
+        &self,
+        ino: u64,
+        to: &WirePath,
+        replaces: Option<u64>,
+        exclusive: bool,
+    ) -> bool {
         let mut queued = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         let Some(f) = queued.iter_mut().find_map(|c| match c {
             Change::Put(f) if f.ino == ino => Some(f),
@@ -346,7 +352,7 @@ impl Queue {
         };
         f.path = to.clone();
         f.replaces = replaces;
-        f.exclusive = false;
+        f.exclusive = exclusive;
         true
     }
 

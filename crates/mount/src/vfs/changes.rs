@@ -391,15 +391,19 @@ impl Vfs {
             // A directory empty on the server, not here (see `remove`).
             return Err(Errno::ENOTEMPTY);
         }
+        if self.rename_queued_new(
+            (&from_dir, &from, name),
+            (&to_dir, &to, new_name),
+            noreplace,
+        ) {
+            return Ok(());
+        }
         if noreplace {
             match self.fresh_attr(&to) {
                 Ok(_) => return Err(Errno::EEXIST),
                 Err(Failure::Remote(ErrorCode::NotFound, _)) => {}
                 Err(f) => return Err(errno_of(&f)),
             }
-        }
-        if !noreplace && self.rename_queued_new(&from_dir, &from, name, &to_dir, &to, new_name) {
-            return Ok(());
         }
         // Local changes of files being moved are written back under their old names first,
         // so nothing pending refers to a name that no longer exists.
@@ -577,17 +581,17 @@ impl Vfs {
     /// where the rename otherwise waits for the commit's answer. Only where a rename could be
     /// queued (`rename_later`): both leased listings hold the names as this mount does, `to`
     /// absent or a file of one name whose attributes are leased (its version is what the
-    /// commit replaces). Not a file made with `O_EXCL` (a lock file, rsync's and mkstemp's
-    /// temporaries): that its name was free on the server is known only from its commit's
-    /// answer, and a rename of it waits for that. `false`: it must be made otherwise.
+    /// commit replaces). With `noreplace` (GNU mv's `renameat2` onto a name it found free),
+    /// only onto a name the leased listing says is free, and the commit is exclusive: if
+    /// someone else made the name meanwhile, theirs is kept (as for an `O_EXCL` create's).
+    /// Not a file made with `O_EXCL` (a lock file, rsync's and mkstemp's temporaries): that
+    /// its name was free on the server is known only from its commit's answer, and a rename
+    /// of it waits for that. `false`: it must be made otherwise.
     fn rename_queued_new(
         &self,
-        from_dir: &WirePath,
-        from: &WirePath,
-        name: &[u8],
-        to_dir: &WirePath,
-        to: &WirePath,
-        new_name: &[u8],
+        (from_dir, from, name): (&WirePath, &WirePath, &[u8]),
+        (to_dir, to, new_name): (&WirePath, &WirePath, &[u8]),
+        noreplace: bool,
     ) -> bool {
         let Some(ino) = self.pending_at(from) else {
             return false;
@@ -599,6 +603,7 @@ impl Vfs {
             .is_some_and(|n| n.put.is_some() && n.writers == 0 && !n.linked && !n.exclusive);
         let replaces = match self.listed(to_dir, new_name) {
             Some(None) => None,
+            Some(Some(_)) if noreplace => return false,
             Some(Some(FileKind::File)) => match self.leased_attr(to) {
                 Some(a) if a.kind == FileKind::File => Some(a.version),
                 _ => return false,
@@ -618,12 +623,12 @@ impl Vfs {
         // Under the state's lock, so the commit's answer, whenever it comes, finds the file
         // under its new name.
         let mut st = self.lock();
-        if !self.link.queued.retarget_put(ino, to, replaces) {
+        if !self.link.queued.retarget_put(ino, to, replaces, noreplace) {
             return false;
         }
         self.renamed(&mut st, from, to);
         if let Some(n) = st.inodes.get_mut(&ino) {
-            n.exclusive = false;
+            n.exclusive = noreplace;
         }
         st.attrs.remove(from);
         st.attrs.remove(to);

@@ -130,8 +130,9 @@ fn a_new_file_renamed_before_its_commit_went_is_committed_under_its_new_name() {
     v.flush(o.fh).unwrap();
     v.release(o.fh).unwrap();
     v.rename(ROOT, b".f.XXXX", ROOT, b"f", false).unwrap();
+    // GNU mv's way onto a free name: renameat2 with RENAME_NOREPLACE.
     super::make(&v, ROOT, b".g.XXXX", b"a new file", false);
-    v.rename(ROOT, b".g.XXXX", ROOT, b"g", false).unwrap();
+    v.rename(ROOT, b".g.XXXX", ROOT, b"g", true).unwrap();
     assert_eq!(rt(&v), r0, "all queued");
     assert_eq!(super::read(&v, "f").unwrap(), b"the new version");
     assert_eq!(v.lookup(ROOT, b".f.XXXX").unwrap_err(), Errno::ENOENT);
@@ -177,6 +178,28 @@ fn a_rename_over_a_file_changed_meanwhile_ends_with_the_renamed_file() {
     }
     assert_eq!(super::read(&v, "f").unwrap(), b"renamed here");
     assert!(!root.join(".f.tmp").exists());
+}
+
+/// A rename that must not replace (RENAME_NOREPLACE) onto a name the lease says is free,
+/// made there by someone else meanwhile: theirs is kept (as an `O_EXCL` create's race is
+/// settled), and one onto a name known to be taken fails at once.
+#[test]
+fn a_noreplace_rename_of_a_queued_new_file_never_replaces() {
+    let (_t, root, _remote, v) = one_client();
+    std::fs::write(root.join("taken"), b"known here").unwrap();
+    assert_eq!(v.lookup(ROOT, b"none").unwrap_err(), Errno::ENOENT);
+    super::make(&v, ROOT, b"a.tmp", b"mine", false);
+    assert_eq!(
+        v.rename(ROOT, b"a.tmp", ROOT, b"taken", true).unwrap_err(),
+        Errno::EEXIST
+    );
+    super::make(&v, ROOT, b"b.tmp", b"mine too", false);
+    v.rename(ROOT, b"b.tmp", ROOT, b"b", true).unwrap();
+    std::fs::write(root.join("b"), b"theirs").unwrap();
+    v.send_changes(Duration::ZERO);
+    assert_eq!(std::fs::read(root.join("b")).unwrap(), b"theirs");
+    assert_eq!(std::fs::read(root.join("taken")).unwrap(), b"known here");
+    assert!(!root.join("b.tmp").exists());
 }
 
 /// With `strict_close`, nothing is queued: the close returns once the server has the file,
