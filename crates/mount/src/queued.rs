@@ -333,26 +333,27 @@ impl Queue {
 
     /// A new file renamed before its queued commit went: the commit makes it under its new
     /// name `to` instead, replacing the version `replaces` of the file there (`None`: nothing
-    /// there), as a rename would; `exclusive` for a rename that must not replace anything.
-    /// `false` when no commit of it is queued (it went, or there was none): the rename then
-    /// waits for its answer. Nothing else queued names its old path (see `cancel_put`).
-    pub(crate) fn retarget_put(
-        &self,
-        ino: u64,
-        to: &WirePath,
-        replaces: Option<u64>,
-        exclusive: bool,
-    ) -> bool {
+    /// there), as a rename would; not exclusive. It goes to the end of the queue, behind every
+    /// change queued before the rename (a removal of `to`, a directory made for it). `false`
+    /// when no commit of it is queued (it went, or there was none), or it already replaces a
+    /// file (renamed twice: that file must go): the rename then waits for its answer. Nothing
+    /// else queued names its old path (see `cancel_put`).
+    pub(crate) fn retarget_put(&self, ino: u64, to: &WirePath, replaces: Option<u64>) -> bool {
         let mut queued = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(f) = queued.iter_mut().find_map(|c| match c {
-            Change::Put(f) if f.ino == ino => Some(f),
-            _ => None,
-        }) else {
+        let Some(i) = queued
+            .iter()
+            .position(|c| matches!(c, Change::Put(f) if f.ino == ino && f.replaces.is_none()))
+        else {
             return false;
         };
-        f.path = to.clone();
-        f.replaces = replaces;
-        f.exclusive = exclusive;
+        let mut c = queued.remove(i);
+        if let Change::Put(f) = &mut c {
+            f.path = to.clone();
+            f.replaces = replaces;
+            f.exclusive = false;
+        }
+        queued.push(c);
+        self.queued.notify_all();
         true
     }
 

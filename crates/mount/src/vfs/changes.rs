@@ -391,11 +391,11 @@ impl Vfs {
             // A directory empty on the server, not here (see `remove`).
             return Err(Errno::ENOTEMPTY);
         }
-        if self.rename_queued_new(
-            (&from_dir, &from, name),
-            (&to_dir, &to, new_name),
-            noreplace,
-        ) {
+        if noreplace && self.listed(&to_dir, new_name).is_some_and(|k| k.is_some()) {
+            // The leased listing names it (GNU mv asks so first, then renames over it).
+            return Err(Errno::EEXIST);
+        }
+        if self.rename_queued_new((&from_dir, &from, name), (&to_dir, &to, new_name)) {
             return Ok(());
         }
         if noreplace {
@@ -580,18 +580,19 @@ impl Vfs {
     /// is there (see `Queue::retarget_put`): one round trip for both, and none of its own,
     /// where the rename otherwise waits for the commit's answer. Only where a rename could be
     /// queued (`rename_later`): both leased listings hold the names as this mount does, `to`
-    /// absent or a file of one name whose attributes are leased (its version is what the
-    /// commit replaces). With `noreplace` (GNU mv's `renameat2` onto a name it found free),
-    /// only onto a name the leased listing says is free, and the commit is exclusive: if
-    /// someone else made the name meanwhile, theirs is kept (as for an `O_EXCL` create's).
-    /// Not a file made with `O_EXCL` (a lock file, rsync's and mkstemp's temporaries): that
-    /// its name was free on the server is known only from its commit's answer, and a rename
-    /// of it waits for that. `false`: it must be made otherwise.
+    /// absent or a file of one name and at most 1 MiB whose attributes are leased (its
+    /// version is what the commit replaces: the server reads its recipe), with no change of
+    /// it queued. If `to` changed on the server meanwhile, or was made there by someone else
+    /// (even for a `RENAME_NOREPLACE`, which the leased listing said was free), the file is
+    /// written again over theirs: the last rename wins, as the last close does. Not a file
+    /// made with `O_EXCL` (a lock file, rsync's and mkstemp's temporaries): that its name was
+    /// free on the server is known only from its commit's answer, and a rename of it waits
+    /// for that. Nor one whose commit already replaces another file (renamed twice). `false`:
+    /// it must be made otherwise.
     fn rename_queued_new(
         &self,
         (from_dir, from, name): (&WirePath, &WirePath, &[u8]),
         (to_dir, to, new_name): (&WirePath, &WirePath, &[u8]),
-        noreplace: bool,
     ) -> bool {
         let Some(ino) = self.pending_at(from) else {
             return false;
@@ -603,9 +604,10 @@ impl Vfs {
             .is_some_and(|n| n.put.is_some() && n.writers == 0 && !n.linked && !n.exclusive);
         let replaces = match self.listed(to_dir, new_name) {
             Some(None) => None,
-            Some(Some(_)) if noreplace => return false,
             Some(Some(FileKind::File)) => match self.leased_attr(to) {
-                Some(a) if a.kind == FileKind::File => Some(a.version),
+                Some(a) if a.kind == FileKind::File && a.size <= writeback::LONG_TRANSFER => {
+                    Some(a.version)
+                }
                 _ => return false,
             },
             _ => return false,
@@ -613,7 +615,8 @@ impl Vfs {
         if !closed
             || self.listed(from_dir, name) != Some(Some(FileKind::File))
             || self.pending_at(to).is_some()
-            || self.lookup_special(to).is_some()
+            || self.lock().specials.get(to).is_some()
+            || self.link.queued.touches(to)
             || !self.changeable_later(from_dir)
             || !self.changeable_later(to_dir)
         {
@@ -623,13 +626,10 @@ impl Vfs {
         // Under the state's lock, so the commit's answer, whenever it comes, finds the file
         // under its new name.
         let mut st = self.lock();
-        if !self.link.queued.retarget_put(ino, to, replaces, noreplace) {
+        if !self.link.queued.retarget_put(ino, to, replaces) {
             return false;
         }
         self.renamed(&mut st, from, to);
-        if let Some(n) = st.inodes.get_mut(&ino) {
-            n.exclusive = noreplace;
-        }
         st.attrs.remove(from);
         st.attrs.remove(to);
         Self::edit_listing(&mut st, from_dir, name, None);

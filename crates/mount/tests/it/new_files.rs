@@ -180,26 +180,63 @@ fn a_rename_over_a_file_changed_meanwhile_ends_with_the_renamed_file() {
     assert!(!root.join(".f.tmp").exists());
 }
 
-/// A rename that must not replace (RENAME_NOREPLACE) onto a name the lease says is free,
-/// made there by someone else meanwhile: theirs is kept (as an `O_EXCL` create's race is
-/// settled), and one onto a name known to be taken fails at once.
+/// GNU mv's way: `renameat2(RENAME_NOREPLACE)` first. Onto a name the leased listing holds it
+/// fails at once (mv then renames over it: that goes with the commit); onto a name the
+/// listing says is free it goes with the commit too, and if someone else made the name
+/// meanwhile the file is written again over theirs (the last rename wins).
 #[test]
-fn a_noreplace_rename_of_a_queued_new_file_never_replaces() {
+fn a_noreplace_rename_of_a_queued_new_file() {
     let (_t, root, _remote, v) = one_client();
     std::fs::write(root.join("taken"), b"known here").unwrap();
     assert_eq!(v.lookup(ROOT, b"none").unwrap_err(), Errno::ENOENT);
     super::make(&v, ROOT, b"a.tmp", b"mine", false);
+    let r0 = rt(&v);
     assert_eq!(
         v.rename(ROOT, b"a.tmp", ROOT, b"taken", true).unwrap_err(),
         Errno::EEXIST
     );
+    v.rename(ROOT, b"a.tmp", ROOT, b"taken", false).unwrap();
     super::make(&v, ROOT, b"b.tmp", b"mine too", false);
     v.rename(ROOT, b"b.tmp", ROOT, b"b", true).unwrap();
+    assert_eq!(rt(&v), r0, "all queued");
     std::fs::write(root.join("b"), b"theirs").unwrap();
     v.send_changes(Duration::ZERO);
-    assert_eq!(std::fs::read(root.join("b")).unwrap(), b"theirs");
-    assert_eq!(std::fs::read(root.join("taken")).unwrap(), b"known here");
-    assert!(!root.join("b.tmp").exists());
+    assert_eq!(std::fs::read(root.join("taken")).unwrap(), b"mine");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::fs::read(root.join("b")).unwrap() != b"mine too" {
+        assert!(std::time::Instant::now() < deadline, "never written again");
+        v.tick();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for tmp in ["a.tmp", "b.tmp"] {
+        assert!(!root.join(tmp).exists(), "{tmp}");
+    }
+}
+
+/// Changes queued before the rename go first: a removal of the name (`rm x; mv x.tmp x`), and
+/// a file renamed twice before the queue went ends under its last name only, the file its
+/// first rename replaced gone too.
+#[test]
+fn a_queued_new_file_renamed_keeps_the_order_of_changes() {
+    let (_t, root, _remote, v) = one_client();
+    for f in ["x", "b"] {
+        std::fs::write(root.join(f), b"old").unwrap();
+    }
+    assert!(v.lookup(ROOT, b"x").is_ok() && v.lookup(ROOT, b"b").is_ok());
+    super::make(&v, ROOT, b"x.tmp", b"new x", false);
+    v.unlink(ROOT, b"x").unwrap();
+    v.rename(ROOT, b"x.tmp", ROOT, b"x", true).unwrap();
+    super::make(&v, ROOT, b"a.tmp", b"moved twice", false);
+    v.rename(ROOT, b"a.tmp", ROOT, b"b", false).unwrap();
+    v.rename(ROOT, b"b", ROOT, b"c", false).unwrap();
+    v.send_changes(Duration::ZERO);
+    assert_eq!(std::fs::read(root.join("x")).unwrap(), b"new x");
+    assert_eq!(std::fs::read(root.join("c")).unwrap(), b"moved twice");
+    for gone in ["x.tmp", "a.tmp", "b"] {
+        assert!(!root.join(gone).exists(), "{gone}");
+    }
+    assert_eq!(super::read(&v, "c").unwrap(), b"moved twice");
+    assert_eq!(v.lookup(ROOT, b"b").unwrap_err(), Errno::ENOENT);
 }
 
 /// With `strict_close`, nothing is queued: the close returns once the server has the file,
