@@ -124,7 +124,7 @@ impl Vfs {
             || !self.changeable_later(dir)
             || self.leased_attr(dir).is_none_or(|a| a.mode & 0o2000 != 0)
             || self.lock().ino_of.contains_key(path)
-            || self.lookup_special(path).is_some()
+            || self.is_special(path)
         {
             return None;
         }
@@ -615,7 +615,7 @@ impl Vfs {
         if !closed
             || self.listed(from_dir, name) != Some(Some(FileKind::File))
             || self.pending_at(to).is_some()
-            || self.lock().specials.get(to).is_some()
+            || self.is_special(to)
             || self.link.queued.touches(to)
             || !self.changeable_later(from_dir)
             || !self.changeable_later(to_dir)

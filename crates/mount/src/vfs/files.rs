@@ -319,7 +319,7 @@ impl Vfs {
             return Err(Errno::EEXIST);
         }
         let known = self.lock().ino_of.contains_key(&path);
-        if known || listed != Some(None) || self.lookup_special(&path).is_some() {
+        if known || listed != Some(None) || self.is_special(&path) {
             return self.create(parent, name, mode, excl);
         }
         let data = self.files.data(&path);

@@ -206,6 +206,12 @@ impl Vfs {
         special_stat(&st, ino, path)
     }
 
+    /// Whether `path` names a special file here (no reference taken, unlike
+    /// [`lookup_special`](Self::lookup_special)).
+    pub(super) fn is_special(&self, path: &WirePath) -> bool {
+        self.lock().specials.get(path).is_some()
+    }
+
     /// The attributes of `ino` if it is a special file here.
     pub(super) fn getattr_special(&self, ino: Ino) -> Option<Stat> {
         let st = self.lock();
