@@ -406,6 +406,12 @@ impl<R: Read, W> Connection<R, W> {
         Ok(self.server_offers(feature))
     }
 
+    /// Whether both Hellos offered the zstd stream: each side then starts its own with a
+    /// `Compressed`.
+    fn streams_compressed(&self) -> bool {
+        self.offered & FEATURE_ZSTD_STREAM != 0 && self.server_offers(FEATURE_ZSTD_STREAM)
+    }
+
     /// Whether the server's Hello, if it has come, offers `feature`.
     fn server_offers(&self, feature: u64) -> bool {
         self.server
@@ -484,12 +490,12 @@ impl<R: Read, W> Connection<R, W> {
         match Message::decode(f)? {
             Message::Hello(h) if h.version == VERSION => {
                 self.outstanding.remove(&0);
-                if h.features & self.offered & FEATURE_ZSTD_STREAM != 0 {
+                self.server = Some(h);
+                if self.streams_compressed() {
                     self.writer
                         .send(Outgoing::Frame(Message::Compressed.to_frame(0)))?;
                     self.writer.send(Outgoing::StartZstd(self.zstd_level))?;
                 }
-                self.server = Some(h);
                 Ok(())
             }
             Message::Hello(h) => Err(ConnError::Unexpected(format!(
@@ -748,10 +754,7 @@ impl<R: Read, W> Connection<R, W> {
         }
         if f.request_id == 0 && f.msg_type == ferry_proto::COMPRESSED {
             // The server's stream starts with the next byte.
-            if !self.server_offers(FEATURE_ZSTD_STREAM)
-                || self.offered & FEATURE_ZSTD_STREAM == 0
-                || self.inflow.is_compressed()
-            {
+            if !self.streams_compressed() || self.inflow.is_compressed() {
                 return Err(ConnError::Unexpected(
                     "a Compressed the session did not agree to".into(),
                 ));

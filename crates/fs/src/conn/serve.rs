@@ -30,6 +30,20 @@ pub fn serve(
     }
 }
 
+/// Sends what `outflow` holds now (its stream flushed), telling `server` how long the writes
+/// waited.
+fn write_now(
+    server: &mut Server,
+    outflow: &mut Outflow,
+    output: &mut impl Write,
+    bytes: &mut Vec<u8>,
+) -> Result<(), ConnError> {
+    outflow.flush(bytes)?;
+    server.wrote(write_out(outflow, output, bytes)?);
+    output.flush()?;
+    Ok(())
+}
+
 /// Work a batch's replies wait at most before they go out (see `serve_until_closed`).
 const EAGER_WRITE: std::time::Duration = std::time::Duration::from_millis(1);
 
@@ -86,9 +100,7 @@ fn serve_until_closed(
                 // with its Hello, and the client times the link by this reply, which must not
                 // hold the compressor's start. Everything after the Compressed frame is one
                 // zstd stream.
-                outflow.flush(&mut bytes)?;
-                server.wrote(write_out(&mut outflow, &mut output, &mut bytes)?);
-                output.flush()?;
+                write_now(server, &mut outflow, &mut output, &mut bytes)?;
                 (replied, wrote) = (false, std::time::Instant::now());
                 outflow.push(&Message::Compressed.to_frame(0), &mut bytes)?;
                 outflow.start_zstd(level)?;
@@ -102,11 +114,8 @@ fn serve_until_closed(
                 // take a while. After it, what a long batch's replies made goes out every
                 // millisecond: the client works on them while the server makes the rest (all
                 // of 133 listings sent at the end kept each side idle while the other worked).
-                outflow.flush(&mut bytes)?;
-                server.wrote(write_out(&mut outflow, &mut output, &mut bytes)?);
-                output.flush()?;
-                replied = false;
-                wrote = std::time::Instant::now();
+                write_now(server, &mut outflow, &mut output, &mut bytes)?;
+                (replied, wrote) = (false, std::time::Instant::now());
             }
         }
         // Nothing more has come: the commits that came together are installed together.
