@@ -265,8 +265,6 @@ pub struct Connection<R, W> {
     /// server's Hello offers one too.
     offered: u64,
     zstd_level: Level,
-    /// When the Hello went, until a wait times the link by its reply.
-    hello_went: Option<std::time::Instant>,
     /// What a failure of the link before the server's Hello arrived becomes (see
     /// [`before_hello`](Self::before_hello)).
     early_failure: Option<EarlyFailure>,
@@ -339,7 +337,6 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             hooks: vec![],
             offered: 0,
             zstd_level,
-            hello_went: None,
             early_failure: None,
         };
         let agent = format!("ferry {}", env!("CARGO_PKG_VERSION"));
@@ -451,7 +448,8 @@ impl<R: Read, W> Connection<R, W> {
             self.traffic.round_trips += 1;
             tracing::trace!(target: "ferry::sizes", "round trip waiting on the hello");
         }
-        let mut waited = crate::rate::Wait::start(self.hello_went.take());
+        // (Not timed: a server just started answers its first Hello late.)
+        let mut waited = crate::rate::Wait::start(None);
         while self.server.is_none() {
             if let Some(f) = self.inflow.next_frame()? {
                 self.route(f, 0)?;
@@ -596,18 +594,10 @@ impl<R: Read, W> Connection<R, W> {
 
     fn flush_inner(&mut self) -> Result<(), ConnError> {
         if std::mem::take(&mut self.unflushed) {
-            // (Read before the flush is asked for: bytes out already went before it.)
-            let out_before = self.writer.sent.load(Ordering::Relaxed);
             self.writer.send(Outgoing::Flush)?;
             let from = std::mem::replace(&mut self.flush_from, self.newest.wrapping_add(1));
             let began = self.batch_began.take();
             let began = began.unwrap_or_else(std::time::Instant::now);
-            if self.server.is_none() && self.outstanding.get(&0) == Some(&0) && out_before == 0 {
-                // The batch with the Hello, none of it out yet: the server writes its Hello
-                // out at once, so the first wait times the link by it, from now (not from
-                // when the Hello was queued: the caller may have worked since, on its tree).
-                self.hello_went.get_or_insert_with(std::time::Instant::now);
-            }
             // The first request of this flush, with nothing sent before it outstanding, times a
             // round trip from when it went: its reply's first bytes are the first to come back,
             // and a server writes out the first reply to what it reads at once. (Not only a
@@ -644,8 +634,6 @@ impl<R: Read, W> Connection<R, W> {
                 self.timed = None;
                 Some(at)
             }
-            // The server's Hello comes first, written out at once.
-            _ if self.server.is_none() => self.hello_went.take(),
             _ => None,
         };
         let mut waited = crate::rate::Wait::start(went);

@@ -96,10 +96,9 @@ fn serve_until_closed(
                 outflow.fast_link();
             }
             if let (Some(level), false) = (server.stream_level(), outflow.is_compressed()) {
-                // The Hello reply goes out plain, and at once: the client's first batch came
-                // with its Hello, and the client times the link by this reply, which must not
-                // hold the compressor's start. Everything after the Compressed frame is one
-                // zstd stream.
+                // The Hello reply goes out plain, and at once, not held behind the
+                // compressor's start. Everything after the Compressed frame is one zstd
+                // stream.
                 write_now(server, &mut outflow, &mut output, &mut bytes)?;
                 (replied, wrote) = (false, std::time::Instant::now());
                 outflow.push(&Message::Compressed.to_frame(0), &mut bytes)?;
