@@ -181,9 +181,18 @@ impl Filesystem for FerryFs {
             return reply.error(KErrno::EPERM);
         }
         match self.vfs.setattr(ino.0, mode, size, mtime.map(nanos)) {
-            // Not kept: a change queued for the server (see `Vfs::setattr`) has its change
-            // time said by the server, asked for at the next look.
-            Ok(s) => reply.attr(&Duration::ZERO, &self.attr(&s)),
+            // A change made to a copy that its commit takes along (a file being written, or
+            // made here) shows the copy's change time, which the file keeps: kept by the
+            // kernel as any attributes. Any other is not: a change queued for the server (see
+            // `Vfs::setattr`) has its change time said by the server, asked for at the next
+            // look.
+            Ok(s) => {
+                let ttl = match self.vfs.shows_its_copy(ino.0) {
+                    true => ttl(&s),
+                    false => Duration::ZERO,
+                };
+                reply.attr(&ttl, &self.attr(&s))
+            }
             Err(e) => reply.error(errno("setattr", e)),
         }
     }
@@ -600,12 +609,12 @@ impl Filesystem for FerryFs {
             true => self.vfs.create_excl(parent.0, name, mode),
             false => self.vfs.create_later(parent.0, name, mode),
         };
-        // A file made here is created on the server by its commit, which gives it the
-        // server's change time: the kernel must not keep the one said now.
-        let ttl = Duration::ZERO;
+        // A file made here shows its copy's times, and keeps its change time once the server
+        // has it (see `Vfs::stat`): the kernel may keep them as any others (`cp`'s fstat of
+        // the file it just made asked the mount again).
         match made {
             Ok((s, o)) => reply.created(
-                &ttl,
+                &ttl(&s),
                 &self.attr(&s),
                 Generation(0),
                 FileHandle(o.fh),

@@ -8,7 +8,7 @@
 //! server is unreachable, operations that need it fail at once (until the next attempt is due,
 //! with a backoff up to 30 s) and the file system answers from its cache where it can.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -115,6 +115,9 @@ pub(crate) struct Link {
     pub(crate) queued: Queue,
     /// Syncs waiting for sessions in use to come back (for tests).
     pub(crate) owed_waits: AtomicUsize,
+    /// The last session given back had its replies within a couple of milliseconds (a LAN,
+    /// or this machine): see [`is_near`](Self::is_near).
+    near: AtomicBool,
 }
 
 /// A change the server told of.
@@ -154,6 +157,7 @@ impl Link {
             invalidated: Mutex::new(vec![]),
             queued: Queue::default(),
             owed_waits: AtomicUsize::new(0),
+            near: AtomicBool::new(false),
         })
     }
 
@@ -381,6 +385,10 @@ impl Link {
     /// session begun while it was in use (see [`sync_all`](Self::sync_all)).
     fn give_back(&self, mut s: Session) {
         let id = s.id();
+        self.near.store(
+            ferry_fs::delta::near_link(s.conn.round_trip()),
+            Ordering::Relaxed,
+        );
         loop {
             let owed = {
                 let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
@@ -464,6 +472,13 @@ impl Link {
                 self.start_connecting(&mut rc);
             }
         }
+    }
+
+    /// Whether the server's replies come within a couple of milliseconds (a LAN, or this
+    /// machine): the queue then goes out as soon as it is quiet for a moment (see
+    /// [`Queue::wait`](crate::queued::Queue::wait)).
+    pub(crate) fn is_near(&self) -> bool {
+        self.near.load(Ordering::Relaxed)
     }
 
     /// How many sessions are open (idle or in use).

@@ -521,7 +521,7 @@ impl Vfs {
     /// round trip or two of its acknowledgement, for every other client to see (see
     /// `Link::queue_change`).
     pub fn send_changes(&self, timeout: Duration) {
-        if !self.link.queued.wait(timeout) {
+        if !self.link.queued.wait(timeout, self.link.is_near()) {
             // Idle: the cached copies of files removed go now.
             self.files.empty_trash();
             return;
@@ -629,6 +629,13 @@ impl Vfs {
             tracing::warn!("cannot make the last changes durable on the server: {e}");
         }
         self.link.close();
+    }
+
+    /// Whether `ino` shows its local copy's attributes, changed here and not yet written back
+    /// (see `Vfs::local_stat`): its commit takes them along, and the file keeps its change
+    /// time then (see `Vfs::keep_ctime_shown`).
+    pub fn shows_its_copy(&self, ino: Ino) -> bool {
+        self.lock().inodes.get(&ino).is_some_and(|n| n.dirty)
     }
 
     /// What the current session with the server has carried.
