@@ -75,7 +75,10 @@ fn write_out(
     bytes.clear();
     let waited = started.elapsed();
     if let Some(next) = outflow.wrote(waited) {
-        tracing::debug!("stream compression: level {next} from the next zstd frame");
+        match next {
+            0 => tracing::debug!("stream compression: off (frames raw) from the next frame"),
+            _ => tracing::debug!("stream compression: level {next} from the next zstd frame"),
+        }
     }
     Ok(waited)
 }

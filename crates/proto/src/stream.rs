@@ -225,12 +225,19 @@ impl Outflow {
             return Ok(());
         }
         let started = std::time::Instant::now();
-        if bytes.len() >= RAW_MIN && hardly_compresses(&mut self.probe, bytes) {
+        // A new level is taken on here (ending the zstd frame in progress): off means raw.
+        self.end_frame(out)?;
+        let off = self.level == 0;
+        if off || (bytes.len() >= RAW_MIN && hardly_compresses(&mut self.probe, bytes)) {
             // The zstd frame in progress ends first: the raw bytes follow its end.
             self.finish_frame(out)?;
             out.extend_from_slice(&RAW_MAGIC.to_le_bytes());
             out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
             out.extend_from_slice(bytes);
+            if off {
+                // What the governor weighs the level by, as the plain bytes of a level.
+                self.plain += bytes.len() as u64;
+            }
             self.busy += started.elapsed();
             return Ok(());
         }
@@ -289,11 +296,15 @@ impl Outflow {
         if std::mem::take(&mut self.in_frame) {
             drain(&mut self.scratch, out, |o| z.finish(o, true))?;
         }
+        self.level = level;
+        if level == 0 {
+            // Off: frames go raw until the next level (zstd's own 0 is its default, 3).
+            return Ok(true);
+        }
         z.set_parameter(CParameter::CompressionLevel(level))
             .map_err(compress_failed)?;
         z.set_parameter(CParameter::WindowLog(window_log(level)))
             .map_err(compress_failed)?;
-        self.level = level;
         Ok(true)
     }
 }
@@ -548,6 +559,45 @@ mod tests {
         let mut b = vec![];
         fixed.push(&frame(3), &mut b).unwrap();
         assert_eq!(fixed.level(), 9);
+    }
+
+    /// An adaptive stream whose governor turns compression off sends every frame raw, small
+    /// ones too, each decoded as it comes; a level after turns it back on.
+    #[test]
+    fn an_adaptive_stream_turned_off_goes_raw_and_back() {
+        let mut out = Outflow::plain();
+        out.start_zstd(Level::Adapt).unwrap();
+        let mut inflow = Inflow::new();
+        inflow.start_zstd().unwrap();
+        let mut b = vec![];
+        out.push(&frame(1), &mut b).unwrap();
+        out.next_level = Some(0);
+        let text = Message::Reply(Reply::Range {
+            version: 1,
+            oid: None,
+            data: b"ferry ".repeat(10_000),
+        })
+        .to_frame(2);
+        out.push(&text, &mut b).unwrap();
+        out.push(&frame(3), &mut b).unwrap();
+        out.flush(&mut b).unwrap();
+        assert_eq!(out.level(), 0);
+        assert!(b.len() > 60_000, "sent raw: {} bytes", b.len());
+        inflow.feed(&b);
+        for f in [frame(1), text.clone(), frame(3)] {
+            assert_eq!(inflow.next_frame().unwrap(), Some(f));
+        }
+        assert_eq!(inflow.next_frame().unwrap(), None);
+        // Counted as plain bytes of the level, which the governor weighs it by.
+        assert!(out.plain >= 60_000);
+        out.next_level = Some(1);
+        let mut b = vec![];
+        out.push(&text, &mut b).unwrap();
+        out.flush(&mut b).unwrap();
+        assert_eq!(out.level(), 1);
+        assert!(b.len() < 2_000, "compressed again: {} bytes", b.len());
+        inflow.feed(&b);
+        assert_eq!(inflow.next_frame().unwrap(), Some(text));
     }
 
     #[test]

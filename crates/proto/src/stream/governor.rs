@@ -4,10 +4,14 @@
 /// The levels an adaptive stream moves between: up one or more steps at a time, down one.
 /// Below 9 only on a link known to be fast, when the compressor holds it up: a cold get of
 /// `/usr/include` (7,962 files) through a pipe took 2.18 s with 9 as the floor, 1.86 s with 3.
-pub(super) const ADAPT_LEVELS: [i32; 8] = [1, 3, 6, 9, 12, 15, 17, 19];
-pub(super) const ADAPT_START: usize = 3;
+/// 0 is off: every frame goes raw (see [`RAW_MAGIC`](super::RAW_MAGIC)), for a link faster
+/// than even level 1 compresses (a local pipe, a fast LAN: zstd -1 makes about 200 MB/s of the
+/// kernel's headers on this 2-core machine, a pipe carries several GB/s); a trial, kept only if
+/// the plain bytes a second do not drop, as every move on a fast link.
+pub(super) const ADAPT_LEVELS: [i32; 9] = [0, 1, 3, 6, 9, 12, 15, 17, 19];
+pub(super) const ADAPT_START: usize = 4;
 /// Where a stream starts on a near link (see `Outflow::near_link`): level 3.
-const NEAR_START: usize = 1;
+const NEAR_START: usize = 2;
 /// On a fast link a move is a trial, kept only if the next span's plain bytes a second are
 /// at least this much of the last span's (a step up: more than that, by the inverse).
 const TRIAL_KEEP: f64 = 0.95;
@@ -258,15 +262,26 @@ mod tests {
     #[test]
     fn on_a_fast_link_the_governor_keeps_the_levels_that_pay() {
         // A far end that is the slower (the same plain bytes a second at every level, or
-        // fewer at higher ones: its CPU shared with the compressor): down to the lowest level
-        // and there, with ever rarer trials above it, although the writes wait.
+        // fewer at higher ones: its CPU shared with the compressor): down to the lowest level,
+        // off, and there, with ever rarer trials above it, although the writes wait.
         for rate in [(|_| 80e6) as fn(i32) -> f64, |l| 100e6 - l as f64 * 2e6] {
             let levels = fast_spans(200, rate);
-            let first = levels.iter().position(|&l| l == 1).expect("reaches 1");
-            assert!(first < 12, "{levels:?}");
-            let above = levels[first..].iter().filter(|&&l| l > 1).count();
+            let first = levels.iter().position(|&l| l == 0).expect("reaches 0");
+            assert!(first < 18, "{levels:?}");
+            let above = levels[first..].iter().filter(|&&l| l > 0).count();
             assert!(above <= 8, "{above} trials: {levels:?}");
         }
+        // A link that level 1 keeps up with, and off does not (a LAN, text): at 1, off tried
+        // ever more rarely.
+        let levels = fast_spans(200, |l| match l {
+            0 => 40e6,
+            l => 120e6 - l as f64 * 2e6,
+        });
+        let first = levels.iter().position(|&l| l == 1).expect("reaches 1");
+        assert!(first < 12, "{levels:?}");
+        let off = levels[first..].iter().filter(|&&l| l == 0).count();
+        assert!(off <= 8, "{off} trials of off: {levels:?}");
+        assert!(levels[first..].iter().all(|&l| l <= 3), "{levels:?}");
         // A link that is the slower: each level up carries more plain bytes a second. Up to
         // the top, and there but for a rare trial down.
         let levels = fast_spans(200, |l| (20 + l) as f64 * 1e6);
