@@ -31,7 +31,7 @@ impl<R: Read, W> Connection<R, W> {
     /// Whether the server offers `feature`, or, before its Hello has come, whether this side
     /// offered it (a server of this version offers what its client does, unless told not to):
     /// for a request sent ahead of the server's Hello that every server of this version
-    /// answers anyway ([`Request::ReadTree`]).
+    /// answers anyway ([`ferry_proto::Request::ReadTree`]).
     pub fn may_offer(&self, feature: u64) -> bool {
         match &self.server {
             Some(h) => h.features & feature != 0,
