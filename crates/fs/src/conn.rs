@@ -429,12 +429,15 @@ impl<R: Read, W> Connection<R, W> {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
         // The measure matters where the server sends bulk: its frames against old data, and its
-        // stream's level (which goes below its start only on a link measured fast).
+        // stream's level (which goes below its start only on a link measured fast). A near
+        // link is told at once, whatever the request: a mount that only writes back never asks
+        // for bulk, and the server's stream compressed each small reply at level 9.
         let bulk = matches!(
             r,
             Request::GetChunks(_) | Request::ReadFiles { .. } | Request::ReadRange { .. }
         );
-        if bulk && self.server_offers(FEATURE_RATE) {
+        let newly_near = !self.told_near && crate::delta::near_link(self.rate.round_trip());
+        if (bulk || newly_near) && self.server_offers(FEATURE_RATE) {
             if let Some(m) = self.rate.news() {
                 tracing::debug!(
                     "the link brings at least {} bytes/s ({} bytes at once), replies after {:?}",
@@ -462,7 +465,7 @@ impl<R: Read, W> Connection<R, W> {
             self.told_fast = true;
             self.writer.send(Outgoing::FastLink)?;
         }
-        if !self.told_near && crate::delta::near_link(self.rate.round_trip()) {
+        if newly_near {
             self.told_near = true;
             self.writer.send(Outgoing::NearLink)?;
         }

@@ -115,6 +115,11 @@ pub(crate) struct Link {
     pub(crate) queued: Queue,
     /// Syncs waiting for sessions in use to come back (for tests).
     pub(crate) owed_waits: AtomicUsize,
+    /// Operations waiting for a session in use to come back (for tests), and how long one
+    /// waits before it opens another ([`BRIEFLY`]; tests lengthen it, so a slow run cannot
+    /// open one early), in milliseconds.
+    pub(crate) session_waits: AtomicUsize,
+    pub(crate) patience_ms: AtomicU64,
     /// The last session given back had its replies within a couple of milliseconds (a LAN,
     /// or this machine): see [`is_near`](Self::is_near).
     near: AtomicBool,
@@ -157,6 +162,8 @@ impl Link {
             invalidated: Mutex::new(vec![]),
             queued: Queue::default(),
             owed_waits: AtomicUsize::new(0),
+            session_waits: AtomicUsize::new(0),
+            patience_ms: AtomicU64::new(BRIEFLY.as_millis() as u64),
             near: AtomicBool::new(false),
         })
     }
@@ -331,7 +338,8 @@ impl Link {
     /// A session for one operation.
     fn take(&self) -> Result<Session, Failure> {
         let deadline = Instant::now() + self.timeout;
-        let mut waited_briefly = false;
+        let patience = Duration::from_millis(self.patience_ms.load(Ordering::Relaxed));
+        let briefly = Instant::now() + patience.min(self.timeout);
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(s) = pool.idle.pop() {
@@ -341,16 +349,18 @@ impl Link {
             // before another is opened: the server of one session breaks the leases another
             // granted when it sees the changes made through that one, so each session more
             // costs the mount its leases, and every change made after then a round trip.
-            if pool.open > 0 && !waited_briefly {
-                waited_briefly = true;
+            // Waited for the whole moment, not until the first session given back: another
+            // operation waiting too may take that one (four FUSE threads taking turns on one
+            // session opened a second 50 ms into `rsync -a`, and `rsync` took twice as long).
+            let now = Instant::now();
+            if pool.open > 0 && now < briefly {
+                self.session_waits.fetch_add(1, Ordering::AcqRel);
                 pool = self
                     .freed
-                    .wait_timeout(
-                        pool,
-                        BRIEFLY.min(deadline.saturating_duration_since(Instant::now())),
-                    )
+                    .wait_timeout(pool, briefly - now)
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
+                self.session_waits.fetch_sub(1, Ordering::AcqRel);
                 continue;
             }
             if pool.open < MAX_SESSIONS {

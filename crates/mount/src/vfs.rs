@@ -653,6 +653,21 @@ impl Vfs {
     pub fn syncs_waiting(&self) -> usize {
         self.link.owed_waits.load(Ordering::Acquire)
     }
+
+    /// How many operations wait for a session in use to come back (for tests).
+    #[doc(hidden)]
+    pub fn session_waiters(&self) -> usize {
+        self.link.session_waits.load(Ordering::Acquire)
+    }
+
+    /// How long an operation waits for a session in use before it opens another (tests
+    /// lengthen it, so that a slow run does not open one early).
+    #[doc(hidden)]
+    pub fn set_session_patience(&self, d: Duration) {
+        self.link
+            .patience_ms
+            .store(d.as_millis() as u64, Ordering::Relaxed);
+    }
 }
 
 impl Inode {

@@ -146,3 +146,56 @@ fn a_link_that_fails_before_the_hello_is_said_so() {
         "{e:?}"
     );
 }
+
+/// A client that finds its server near tells it so at once, whatever it asks next (the
+/// server's stream then starts low): a mount that only writes back never asks for bulk, and
+/// its server compressed every small reply at level 9.
+#[test]
+fn a_near_link_is_told_to_the_server_without_bulk() {
+    use std::sync::{Arc, Mutex};
+    let (a, b) = UnixStream::pair().unwrap();
+    let rates = Arc::new(Mutex::new(0usize));
+    let seen = rates.clone();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut r, mut w) = (a.try_clone().unwrap(), a);
+        let mut dec = FrameDecoder::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            while let Some(f) = dec.next_frame().unwrap() {
+                let m = match Message::decode(&f).unwrap() {
+                    Message::Hello(h) => Message::Hello(ferry_proto::Hello {
+                        features: ferry_proto::FEATURE_RATE,
+                        ..h
+                    }),
+                    Message::Rate { .. } => {
+                        *seen.lock().unwrap() += 1;
+                        continue;
+                    }
+                    _ => Message::Reply(Reply::Ok),
+                };
+                if w.write_all(&m.encode(f.request_id, false).unwrap())
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => dec.feed(&buf[..n]),
+            }
+        }
+    });
+    let mut c = Connection::open_asking(b.try_clone().unwrap(), b, Level::Fixed(0), 0).unwrap();
+    // Until a round trip comes back within 2 ms (at once, on all but the busiest machine).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while *rates.lock().unwrap() == 0 {
+        assert!(std::time::Instant::now() < deadline, "no Rate was sent");
+        c.call(Request::Ping).unwrap();
+    }
+    // Told once: the measure is news no more.
+    for _ in 0..10 {
+        c.call(Request::Ping).unwrap();
+    }
+    assert_eq!(*rates.lock().unwrap(), 1);
+}
