@@ -364,6 +364,31 @@ impl Queue {
         true
     }
 
+    /// Gives the queued commit of the new file `ino`, if it has not been sent, new permission
+    /// bits and/or modification time (a chmod or utimes of the file after its close: `rsync`
+    /// sets both on each temporary file), in place: its content is as queued. `false` when
+    /// none is queued (it went, or there was none): its caller commits the file again. `writes`
+    /// is the file's count of writes with this change (the answer makes the copy clean).
+    pub(crate) fn restamp_put(
+        &self,
+        ino: u64,
+        mode: Option<u32>,
+        mtime_ns: Option<i64>,
+        writes: u64,
+    ) -> bool {
+        let mut queued = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(Change::Put(f)) = queued
+            .iter_mut()
+            .find(|c| matches!(c, Change::Put(f) if f.ino == ino))
+        else {
+            return false;
+        };
+        f.mode = mode.unwrap_or(f.mode);
+        f.mtime_ns = mtime_ns.unwrap_or(f.mtime_ns);
+        f.writes = writes;
+        true
+    }
+
     /// Takes the queued commit of the new file `ino` out of the queue if it has not been
     /// sent: its caller commits it otherwise (or the file is gone before it reached the
     /// server). Nothing else queued names its path (a change of its attributes is made in it;

@@ -353,6 +353,8 @@ pub struct Counters {
     /// Opens served from a copy while the server was unreachable.
     pub opens_offline: AtomicU64,
     pub commits: AtomicU64,
+    /// New files' commits queued (each reads and cuts the whole file).
+    pub commits_queued: AtomicU64,
     /// Commits that replaced a version another client had committed since (last close wins).
     pub last_close_wins: AtomicU64,
 }

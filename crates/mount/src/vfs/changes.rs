@@ -686,14 +686,14 @@ impl Vfs {
                 // under way (a release's, on another thread) leaves the copy dirty: it read
                 // the mode and time before this change.
                 let data = self.files.data(&path);
-                let closed = {
+                let (closed, writes) = {
                     let mut st = self.lock();
                     let n = st.inodes.get_mut(&ino).expect("open");
                     n.writes += 1;
                     if let Some(m) = mode {
                         n.mode = Some(m & 0o7777);
                     }
-                    n.writers == 0
+                    (n.writers == 0, n.writes)
                 };
                 if let Some(t) = mtime_ns {
                     File::options()
@@ -705,7 +705,7 @@ impl Vfs {
                     // moved as a chmod moves it (the copy's own bits stay private).
                     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o600))?;
                 }
-                if closed {
+                if closed && !self.restamp_queued(ino, mode, mtime_ns, writes) {
                     // No close is coming to commit it.
                     self.write_back(ino)?;
                 }
@@ -730,6 +730,36 @@ impl Vfs {
         }
         // As made here (a change queued is not waited for).
         self.stat(ino, None, false)
+    }
+
+    /// A closed new file whose commit is queued, unsent, takes a change of its mode or time in
+    /// that commit (its content is as queued): `rsync -a` chmods and sets the times of each
+    /// temporary file after its close, and each once cut and queued the whole file again.
+    /// `writes` is the file's count with this change: the commit covers it.
+    fn restamp_queued(
+        &self,
+        ino: Ino,
+        mode: Option<u32>,
+        mtime_ns: Option<i64>,
+        writes: u64,
+    ) -> bool {
+        let mut st = self.lock();
+        let Some(n) = st.inodes.get_mut(&ino) else {
+            return false;
+        };
+        // Covered up to the change before this one: the content queued is the copy's.
+        if n.writers > 0 || n.put != Some(writes - 1) {
+            return false;
+        }
+        if !self
+            .link
+            .queued
+            .restamp_put(ino, mode.map(|m| m & 0o7777), mtime_ns, writes)
+        {
+            return false;
+        }
+        n.put = Some(writes);
+        true
     }
 
     /// Sets a file's permission bits and/or modification time here at once, and queues the

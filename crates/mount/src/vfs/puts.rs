@@ -107,6 +107,7 @@ impl Vfs {
             }
             return Ok(false);
         }
+        self.counters.commits_queued.fetch_add(1, Ordering::Relaxed);
         // Kept here: the next commit of the file compresses its changes against them.
         for (at, c) in recipe.with_offsets() {
             let bytes = &kept[at as usize..at as usize + c.len as usize];

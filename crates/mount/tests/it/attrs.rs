@@ -199,3 +199,33 @@ fn a_directorys_times_after_a_change_made_here_are_the_new_ones() {
         978_307_200 * 1_000_000_000
     );
 }
+
+/// A new file's time and mode set after its close, its commit still queued (`rsync -a` sets
+/// both on each temporary file), go in that commit as it is: the file is read and cut once,
+/// not once more for each change, and the server has both.
+#[test]
+fn a_time_and_mode_set_after_the_close_go_in_the_queued_commit() {
+    use std::os::unix::fs::MetadataExt;
+    let (_t, root, _remote, v) = one_client();
+    assert_eq!(v.lookup(ROOT, b"none").unwrap_err(), Errno::ENOENT);
+    let (f, o) = v.create_excl(ROOT, b".f.XyZ123", 0o600).unwrap();
+    v.write(o.fh, 0, b"rsync's temporary file").unwrap();
+    v.flush(o.fh).unwrap();
+    v.release(o.fh).unwrap();
+    let when = 1_500_000_000 * 1_000_000_000i64;
+    v.setattr(f.ino, None, None, Some(when)).unwrap();
+    let s = v.setattr(f.ino, Some(0o644), None, None).unwrap();
+    assert_eq!((s.mode, s.mtime_ns), (0o644, when), "made here at once");
+    assert_eq!(v.counters.commits_queued.load(Ordering::Relaxed), 1);
+    v.send_changes(Duration::ZERO);
+    let m = std::fs::metadata(root.join(".f.XyZ123")).unwrap();
+    assert_eq!((m.mode() & 0o7777, m.mtime()), (0o644, 1_500_000_000));
+    assert_eq!(
+        std::fs::read(root.join(".f.XyZ123")).unwrap(),
+        b"rsync's temporary file"
+    );
+    // Committed as it is here: nothing left to write back.
+    let r0 = v.traffic().unwrap().round_trips;
+    assert_eq!(v.write_back_all(), 0);
+    assert_eq!(v.traffic().unwrap().round_trips, r0);
+}
