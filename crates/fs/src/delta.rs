@@ -272,7 +272,7 @@ const DICTIONARY_MAGIC: [u8; 4] = 0xEC30_A437u32.to_le_bytes();
 
 /// Sender: compresses `data` as one zstd frame against `prefix`.
 ///
-/// A small frame (prefix and data within [`REUSED_WORK`]) goes through this thread's own
+/// A small frame (prefix and data within 256 KiB) goes through this thread's own
 /// context, kept from frame to frame: a fresh one is allocated and its tables cleared each time
 /// (768 KiB at level 3 against 100 KiB of prefix), which cost a mount's commit of a few SQLite
 /// pages more than compressing them (`memset` and `ZSTD_createCCtx` were a quarter of the
