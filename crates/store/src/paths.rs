@@ -77,13 +77,21 @@ impl PathIndex {
             },
             e => db_err(path)(e),
         })?;
-        let w = db.begin_write().map_err(db_err(path))?;
-        {
-            w.open_table(FILES).map_err(db_err(path))?;
-            w.open_table(CHUNKS).map_err(db_err(path))?;
-            w.open_table(OBJECTS).map_err(db_err(path))?;
+        // Made once: a write transaction at every open cost the disk its syncs.
+        let r = db.begin_read().map_err(db_err(path))?;
+        let made = r.open_table(FILES).is_ok()
+            && r.open_table(CHUNKS).is_ok()
+            && r.open_table(OBJECTS).is_ok();
+        drop(r);
+        if !made {
+            let w = db.begin_write().map_err(db_err(path))?;
+            {
+                w.open_table(FILES).map_err(db_err(path))?;
+                w.open_table(CHUNKS).map_err(db_err(path))?;
+                w.open_table(OBJECTS).map_err(db_err(path))?;
+            }
+            w.commit().map_err(db_err(path))?;
         }
-        w.commit().map_err(db_err(path))?;
         Ok(PathIndex {
             db,
             path: path.to_path_buf(),

@@ -243,6 +243,9 @@ impl LocalStore {
         let mut report = super::RebuildReport::default();
         let tx = self.db.begin_write().map_err(db_err(&p))?;
         let mut next_seq = self.state.get_mut().unwrap().next_seq;
+        // Whether anything was found to record: a store closed cleanly has nothing, and its
+        // transaction is dropped, not committed (which syncs the disk).
+        let mut changed = false;
         let mut max_num = 0;
         let mut resumable = None;
         {
@@ -259,6 +262,7 @@ impl LocalStore {
             for &(num, (_, retired)) in &known {
                 max_num = max_num.max(num);
                 if retired == 1 {
+                    changed = true;
                     let path = self.packs_dir.join(pack_name(num));
                     match fs::remove_file(&path) {
                         Ok(()) => tracing::info!("deleted retired pack {}", path.display()),
@@ -313,6 +317,7 @@ impl LocalStore {
                 let from = committed.max(PACK_HEADER_LEN);
                 if file_len > from || committed == 0 {
                     report.packs_scanned += 1;
+                    changed = true;
                     // A tail past a committed length is a crash's leftover: stop at the first bad
                     // record and cut it off. A pack never indexed is read whole, skipping damage.
                     let crash_tail = committed != 0;
@@ -401,12 +406,18 @@ impl LocalStore {
                     resumable = Some((num, committed));
                 }
             }
-            tx.open_table(META)
-                .map_err(db_err(&p))?
-                .insert("next_seq", &next_seq.to_le_bytes()[..])
-                .map_err(db_err(&p))?;
+            if changed {
+                tx.open_table(META)
+                    .map_err(db_err(&p))?
+                    .insert("next_seq", &next_seq.to_le_bytes()[..])
+                    .map_err(db_err(&p))?;
+            }
         }
-        tx.commit().map_err(db_err(&p))?;
+        if changed {
+            tx.commit().map_err(db_err(&p))?;
+        } else {
+            tx.abort().map_err(db_err(&p))?;
+        }
         if report.records > 0 || report.torn_bytes_truncated > 0 {
             tracing::info!(?report, "recovered {}", self.dir.display());
         }
