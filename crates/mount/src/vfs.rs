@@ -53,6 +53,7 @@ mod names;
 mod paths;
 mod providers;
 mod puts;
+mod setattr;
 mod specials;
 
 pub use providers::Providers;
