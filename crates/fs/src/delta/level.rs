@@ -87,8 +87,6 @@ const THIN_LINK: u64 = 256 << 10;
 /// trip is over 10 ms): frames start as on a broad one, even where no reply was large enough
 /// to measure the rate (a single file's recipe).
 const NEAR: Duration = Duration::from_millis(2);
-/// The level of a small frame on a near link, at most (see `level`).
-const NEAR_SMALL: i32 = 1;
 const THIN_SAMPLE: u64 = 16 << 10;
 
 /// Whether the receiver's measure shows a broad or near link (a LAN): there, frames start low
@@ -231,10 +229,8 @@ impl FrameLevel {
             // On a near link a small frame's bytes cost less than compressing them harder:
             // a mount's commit of a few SQLite pages against 40 KiB took 90 µs at level 6,
             // 30 at 3, and SQLite's transactions through a mount waited on it three times each.
-            // At level 1 the frames of 100 such transactions (against 64-150 KiB each) took
-            // 19 ms in all where they took 54 at 3.
             return match self.near {
-                true => self.levels[0].min(NEAR_SMALL),
+                true => self.levels[0],
                 false => self.levels[self.at],
             };
         }
@@ -521,15 +517,14 @@ mod tests {
             "a long link's round trip proves nothing"
         );
         assert_eq!(near(3, 12_500_000, 800), 3);
-        // Small frames go at level 1 on a near link (the session's, if lower), not on a far one.
-        let small = |floor, round_trip| {
-            let mut f = FrameLevel::new(floor);
+        // Small frames go at the session's level on a near link, not on a far one.
+        let small = |round_trip| {
+            let mut f = FrameLevel::new(3);
             f.link_rate(9000, 500, Some(Duration::from_micros(round_trip)));
             f.level(48 << 10, &text)
         };
-        assert_eq!(small(3, 800), 1);
-        assert_eq!(small(-1, 800), -1);
-        assert_eq!(small(3, 30_000), 12);
+        assert_eq!(small(800), 3);
+        assert_eq!(small(30_000), 12);
         // Large frames of data that hardly compresses go at 9 in a session that may go down to
         // 3, until the link is shown broad or near.
         let random = random_bytes(0x2545_f491_4f6c_dd1d, 200_000);
