@@ -912,36 +912,48 @@ fn over_a_fast_link_small_new_files_come_whole_not_from_a_device() {
     std::fs::write(export.join("big"), &big).unwrap();
     std::fs::write(stick.join("big"), &big).unwrap();
     ok_as(&home, &["lookaside", "index", s(&stick)]);
-    let dst = t.path().join("dst");
+    let (dst, cache) = (t.path().join("dst"), t.path().join("cache"));
     let remote = format!("h:{}", export.display());
-    let out = ok_as(
-        &home,
-        &[
-            "get",
-            "--json",
-            "-e",
-            s(&rsh),
-            "--remote-ferry",
-            env!("CARGO_BIN_EXE_ferry"),
-            "--cache",
-            s(&t.path().join("cache")),
-            "--lookaside",
-            s(&stick),
-            "--no-borrowing",
-            &remote,
-            s(&dst),
-        ],
-    );
-    let j: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    for i in 0..20u8 {
-        let want = std::fs::read(export.join(format!("src/f{i}"))).unwrap();
-        assert_eq!(std::fs::read(dst.join(format!("src/f{i}"))).unwrap(), want);
+    // The link is judged near by its round trips (under 2 ms); on a machine busy enough that
+    // none of a fetch's few came back so soon, the fetch is a far link's and takes the small
+    // files from the stick too: fetched again, fresh, until one finds the pipe near.
+    let mut runs = vec![];
+    for _ in 0..30 {
+        let _ = std::fs::remove_dir_all(&dst);
+        let _ = std::fs::remove_dir_all(&cache);
+        let out = ok_as(
+            &home,
+            &[
+                "get",
+                "--json",
+                "-e",
+                s(&rsh),
+                "--remote-ferry",
+                env!("CARGO_BIN_EXE_ferry"),
+                "--cache",
+                s(&cache),
+                "--lookaside",
+                s(&stick),
+                "--no-borrowing",
+                &remote,
+                s(&dst),
+            ],
+        );
+        let j: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        for i in 0..20u8 {
+            let want = std::fs::read(export.join(format!("src/f{i}"))).unwrap();
+            assert_eq!(std::fs::read(dst.join(format!("src/f{i}"))).unwrap(), want);
+        }
+        assert_eq!(std::fs::read(dst.join("big")).unwrap(), big);
+        // The stick was asked for the large file's chunks only (without borrowing, its first
+        // batch is its own): none of the small files' bytes.
+        let stick_bytes = j["chunk_bytes_from_lookaside"].as_u64().unwrap();
+        if stick_bytes > 0 && stick_bytes <= 400_000 {
+            return;
+        }
+        runs.push(j);
     }
-    assert_eq!(std::fs::read(dst.join("big")).unwrap(), big);
-    // The stick was asked for the large file's chunks only (without borrowing, its first
-    // batch is its own): none of the small files' bytes.
-    let stick_bytes = j["chunk_bytes_from_lookaside"].as_u64().unwrap();
-    assert!(stick_bytes > 0 && stick_bytes <= 400_000, "{j}");
+    panic!("every fetch took the small files from the stick: {runs:?}");
 }
 
 #[test]
