@@ -15,6 +15,35 @@ fn pipelined(root: &Path, level: Level) -> Connection<UnixStream, UnixStream> {
     Connection::open_pipelined(b.try_clone().unwrap(), b, level, 0).unwrap()
 }
 
+/// A server on a thread that answers each message the client sends as `answer` says (`None`:
+/// nothing), plainly; the client's end of its socket.
+fn fake_server(answer: impl Fn(Message) -> Option<Message> + Send + 'static) -> UnixStream {
+    let (a, b) = UnixStream::pair().unwrap();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut r, mut w) = (a.try_clone().unwrap(), a);
+        let mut dec = FrameDecoder::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            while let Some(f) = dec.next_frame().unwrap() {
+                let Some(m) = answer(Message::decode(&f).unwrap()) else {
+                    continue;
+                };
+                if w.write_all(&m.encode(f.request_id, false).unwrap())
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => dec.feed(&buf[..n]),
+            }
+        }
+    });
+    b
+}
+
 fn tree(root: &Path, seed: u8) {
     for d in ["a", "a/b", "c"] {
         std::fs::create_dir_all(root.join(d)).unwrap();
@@ -89,33 +118,15 @@ fn without_stream_compression_the_session_stays_plain() {
 /// replies the server sent to those requests are not taken for anything).
 #[test]
 fn a_server_of_another_version_is_refused_at_the_first_wait() {
-    let (a, b) = UnixStream::pair().unwrap();
-    std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        let (mut r, mut w) = (a.try_clone().unwrap(), a);
-        let mut dec = FrameDecoder::new();
-        let mut buf = [0u8; 4096];
-        loop {
-            while let Some(f) = dec.next_frame().unwrap() {
-                let m = match Message::decode(&f).unwrap() {
-                    Message::Hello(h) => Message::Hello(ferry_proto::Hello {
-                        version: ferry_proto::VERSION - 1,
-                        features: 0,
-                        ..h
-                    }),
-                    _ => Message::Reply(Reply::Ok),
-                };
-                if w.write_all(&m.encode(f.request_id, false).unwrap())
-                    .is_err()
-                {
-                    return;
-                }
-            }
-            match r.read(&mut buf) {
-                Ok(0) | Err(_) => return,
-                Ok(n) => dec.feed(&buf[..n]),
-            }
-        }
+    let b = fake_server(|m| {
+        Some(match m {
+            Message::Hello(h) => Message::Hello(ferry_proto::Hello {
+                version: ferry_proto::VERSION - 1,
+                features: 0,
+                ..h
+            }),
+            _ => Message::Reply(Reply::Ok),
+        })
     });
     let mut c =
         Connection::open_pipelined(b.try_clone().unwrap(), b, ferry_fs::DEFAULT_ZSTD_LEVEL, 0)
@@ -153,38 +164,18 @@ fn a_link_that_fails_before_the_hello_is_said_so() {
 #[test]
 fn a_near_link_is_told_to_the_server_without_bulk() {
     use std::sync::{Arc, Mutex};
-    let (a, b) = UnixStream::pair().unwrap();
     let rates = Arc::new(Mutex::new(0usize));
     let seen = rates.clone();
-    std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        let (mut r, mut w) = (a.try_clone().unwrap(), a);
-        let mut dec = FrameDecoder::new();
-        let mut buf = [0u8; 4096];
-        loop {
-            while let Some(f) = dec.next_frame().unwrap() {
-                let m = match Message::decode(&f).unwrap() {
-                    Message::Hello(h) => Message::Hello(ferry_proto::Hello {
-                        features: ferry_proto::FEATURE_RATE,
-                        ..h
-                    }),
-                    Message::Rate { .. } => {
-                        *seen.lock().unwrap() += 1;
-                        continue;
-                    }
-                    _ => Message::Reply(Reply::Ok),
-                };
-                if w.write_all(&m.encode(f.request_id, false).unwrap())
-                    .is_err()
-                {
-                    return;
-                }
-            }
-            match r.read(&mut buf) {
-                Ok(0) | Err(_) => return,
-                Ok(n) => dec.feed(&buf[..n]),
-            }
+    let b = fake_server(move |m| match m {
+        Message::Hello(h) => Some(Message::Hello(ferry_proto::Hello {
+            features: ferry_proto::FEATURE_RATE,
+            ..h
+        })),
+        Message::Rate { .. } => {
+            *seen.lock().unwrap() += 1;
+            None
         }
+        _ => Some(Message::Reply(Reply::Ok)),
     });
     let mut c = Connection::open_asking(b.try_clone().unwrap(), b, Level::Fixed(0), 0).unwrap();
     // Until a round trip comes back within 2 ms (at once, on all but the busiest machine).
