@@ -37,6 +37,22 @@ pub(crate) struct Meta {
     pub dirty: bool,
 }
 
+/// Records kept in memory at most (a few hundred bytes each): past it they are forgotten, and
+/// read from the disk again as they are used.
+const KNOWN_RECORDS: usize = 64 << 10;
+
+/// Notes `m` as the record under `key` in `known`, within [`KNOWN_RECORDS`].
+fn remember(
+    known: &mut std::collections::HashMap<String, Option<Meta>>,
+    key: String,
+    m: Option<Meta>,
+) {
+    if known.len() >= KNOWN_RECORDS && !known.contains_key(&key) {
+        known.clear();
+    }
+    known.insert(key, m);
+}
+
 /// A removed copy with no more than this allocated is deleted at once, not put in the trash.
 const DELETE_AT_ONCE: u64 = 64 << 10;
 
@@ -104,7 +120,7 @@ impl FileCache {
                 let m = fs::read(self.dir.join(format!("{key}.meta")))
                     .ok()
                     .and_then(|b| serde_json::from_slice::<Meta>(&b).ok());
-                known.insert(key, m.clone());
+                remember(&mut known, key, m.clone());
                 m
             }
         };
@@ -117,7 +133,7 @@ impl FileCache {
 
     /// Notes that `path`'s record is now `m` (`None`: gone).
     fn note(&self, path: &WirePath, m: Option<Meta>) {
-        self.known().insert(Self::key(path), m);
+        remember(&mut self.known(), Self::key(path), m);
     }
 
     /// Records `path`'s copy. A record that says dirty over one that exists is replaced
@@ -145,10 +161,10 @@ impl FileCache {
         }
         let r = self.write_meta(path, &m);
         match r {
-            Ok(()) => known.insert(key, Some(m)),
+            Ok(()) => remember(&mut known, key, Some(m)),
             // Unknown: a failed write may have left either.
-            Err(_) => known.remove(&key),
-        };
+            Err(_) => drop(known.remove(&key)),
+        }
         r
     }
 
@@ -221,7 +237,7 @@ impl FileCache {
         {
             let mut known = self.known();
             let _ = fs::remove_file(self.meta_path(path));
-            known.insert(Self::key(path), None);
+            remember(&mut known, Self::key(path), None);
         }
         let data = self.data(path);
         match fs::symlink_metadata(&data) {
@@ -459,5 +475,16 @@ mod tests {
         c.remove(&p("b"));
         assert_eq!(c.meta(&p("b")), None);
         assert_eq!(FileCache::open(t.path()).unwrap().meta(&p("b")), None);
+    }
+
+    /// The records kept in memory stay within their bound, however many paths are used.
+    #[test]
+    fn records_kept_in_memory_are_bounded() {
+        let mut known = std::collections::HashMap::new();
+        for i in 0..KNOWN_RECORDS + 10 {
+            remember(&mut known, i.to_string(), None);
+            assert!(known.len() <= KNOWN_RECORDS);
+        }
+        assert!(known.contains_key(&(KNOWN_RECORDS + 9).to_string()));
     }
 }
