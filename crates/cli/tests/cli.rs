@@ -892,7 +892,7 @@ fn get_with_a_mirror_draws_on_both_and_survives_a_dead_one() {
 
 #[test]
 fn over_a_fast_link_small_new_files_come_whole_not_from_a_device() {
-    // Through a local pipe (a round trip well under 2 ms: a LAN), small files come whole and
+    // Through a local pipe (a round trip well under 5 ms: a LAN), small files come whole and
     // compressed even with a stick holding them all (a stick's opens of many small files cost
     // more than the link's transfer of them); a large one is still searched for on the stick.
     let t = tempfile::tempdir().unwrap();
@@ -914,7 +914,7 @@ fn over_a_fast_link_small_new_files_come_whole_not_from_a_device() {
     ok_as(&home, &["lookaside", "index", s(&stick)]);
     let (dst, cache) = (t.path().join("dst"), t.path().join("cache"));
     let remote = format!("h:{}", export.display());
-    // The link is judged near by its round trips (under 2 ms); on a machine busy enough that
+    // The link is judged near by its round trips (under 5 ms); on a machine busy enough that
     // none of a fetch's few came back so soon, the fetch is a far link's and takes the small
     // files from the stick too: fetched again, fresh, until one finds the pipe near.
     let mut runs = vec![];

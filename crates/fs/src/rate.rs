@@ -121,7 +121,7 @@ impl RateMeter {
             self.take(bytes, took);
         }
         if let Some(rt) = w.round_trip() {
-            self.round_trip = Some(self.round_trip.map_or(rt, |r| r.min(rt)));
+            self.probed(rt);
         }
     }
 
@@ -132,6 +132,12 @@ impl RateMeter {
         let rate = (bytes as f64 / took.as_secs_f64().max(1e-6)).min(u64::MAX as f64) as u64;
         self.best = self.best.max(rate);
         self.sample = self.sample.max(bytes);
+    }
+
+    /// A reply that holds no work of the server's (a Ping's) came `rt` after its request went,
+    /// at the latest.
+    pub(crate) fn probed(&mut self, rt: Duration) {
+        self.round_trip = Some(self.round_trip.map_or(rt, |r| r.min(rt)));
     }
 
     /// The quickest round trip timed so far, if any.

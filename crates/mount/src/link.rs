@@ -120,7 +120,7 @@ pub(crate) struct Link {
     /// open one early), in milliseconds.
     pub(crate) session_waits: AtomicUsize,
     pub(crate) patience_ms: AtomicU64,
-    /// The last session given back had its replies within a couple of milliseconds (a LAN,
+    /// The last session given back had its replies within a few milliseconds (a LAN,
     /// or this machine): see [`is_near`](Self::is_near).
     near: AtomicBool,
 }
@@ -484,7 +484,7 @@ impl Link {
         }
     }
 
-    /// Whether the server's replies come within a couple of milliseconds (a LAN, or this
+    /// Whether the server's replies come within a few milliseconds (a LAN, or this
     /// machine): the queue then goes out as soon as it is quiet for a moment (see
     /// [`Queue::wait`](crate::queued::Queue::wait)).
     pub(crate) fn is_near(&self) -> bool {

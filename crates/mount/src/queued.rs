@@ -29,7 +29,7 @@ const PUT_HANDLE: u32 = 0xffff_ff00;
 /// the directory's own), and how long it waits at most.
 const QUIET: Duration = Duration::from_millis(10);
 const MAX_HOLD: Duration = Duration::from_millis(100);
-/// The same on a near link (replies within a couple of milliseconds: a LAN, or this machine),
+/// The same on a near link (replies within a few milliseconds: a LAN, or this machine),
 /// where a round trip more costs less than the server sitting idle: the queue goes out in
 /// small batches, and the server makes them while the program goes on. Held for 100 ms, `cp -a`
 /// of the headers sent about a hundred files at a time, and a larger file's commit, which

@@ -173,7 +173,7 @@ impl Outflow {
         }
     }
 
-    /// The link is near (replies within a couple of milliseconds: a LAN, or this machine): as
+    /// The link is near (replies within a few milliseconds: a LAN, or this machine): as
     /// on a fast link, and an adaptive stream that has not moved yet goes to level 3 at once,
     /// not after megabytes at its start of 9. A mount's or a tree's many small batches never
     /// add up to the spans its governor decides on, and over a local pipe level 9 took a fifth

@@ -161,7 +161,7 @@ pub struct Server {
     index: Option<std::sync::Arc<ferry_store::PathIndex>>,
     /// The client measured the link fast (see [`fast_link`](Self::fast_link)).
     fast_link: bool,
-    /// The client's replies came within a couple of milliseconds (see [`Server::near_link`]).
+    /// The client's replies came within a few milliseconds (see [`Server::near_link`]).
     near_link: bool,
     /// Files to record in the index ([`remember`](Self::remember)), written together when the
     /// session goes quiet ([`idle`](Self::idle)) or [`RECORD_AT_ONCE`] are waiting: the index
@@ -310,7 +310,7 @@ impl Server {
         self.fast_link
     }
 
-    /// Whether the client's replies came within a couple of milliseconds (a LAN, or this
+    /// Whether the client's replies came within a few milliseconds (a LAN, or this
     /// machine): the session's stream then starts low (`Outflow::near_link`).
     pub fn near_link(&self) -> bool {
         self.near_link

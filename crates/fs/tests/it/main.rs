@@ -876,55 +876,70 @@ fn the_largest_chunk_size_moves_files_both_ways() {
     assert_eq!(fs::read(up.join("f")).unwrap(), data);
 }
 
-/// A hostile server answering every request with `MORE` frames that never end: the client
-/// refuses the reply at its bound (`MAX_REPLY`), never holding more.
+/// A hostile server answering requests with `MORE` frames that never end: the client refuses
+/// the reply at its bound (`MAX_REPLY`), never holding more. The reply to a request the client
+/// waits for, and to the Ping it sends unwaited for to time the link (once dropped without end).
 #[test]
 fn a_reply_that_never_ends_is_refused_at_its_bound() {
-    let (a, b) = UnixStream::pair().unwrap();
-    std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        let (mut r, mut w) = (a.try_clone().unwrap(), a);
-        let mut dec = FrameDecoder::new();
-        let mut buf = [0u8; 65536];
-        loop {
-            while let Some(f) = dec.next_frame().unwrap() {
-                match Message::decode(&f).unwrap() {
-                    Message::Hello(h) => {
-                        let hello = Message::Hello(ferry_proto::Hello { features: 0, ..h });
-                        w.write_all(&hello.encode(f.request_id, false).unwrap())
-                            .unwrap();
-                    }
-                    _ => loop {
-                        let mut more = Message::Reply(Reply::Range {
-                            version: 1,
-                            oid: None,
-                            data: vec![7; 4 << 20],
-                        })
-                        .to_frame(f.request_id);
-                        more.flags |= ferry_proto::FLAG_MORE;
-                        if w.write_all(&more.encode(false).unwrap()).is_err() {
-                            return;
+    for endless_ping in [false, true] {
+        let (a, b) = UnixStream::pair().unwrap();
+        std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            let (mut r, mut w) = (a.try_clone().unwrap(), a);
+            let mut dec = FrameDecoder::new();
+            let mut buf = [0u8; 65536];
+            loop {
+                while let Some(f) = dec.next_frame().unwrap() {
+                    match Message::decode(&f).unwrap() {
+                        Message::Hello(h) => {
+                            let hello = Message::Hello(ferry_proto::Hello { features: 0, ..h });
+                            w.write_all(&hello.encode(f.request_id, false).unwrap())
+                                .unwrap();
                         }
-                    },
+                        Message::Request(Request::Ping) if !endless_ping => {
+                            let ok = Message::Reply(Reply::Ok);
+                            w.write_all(&ok.encode(f.request_id, false).unwrap())
+                                .unwrap();
+                        }
+                        _ => loop {
+                            let mut more = Message::Reply(Reply::Range {
+                                version: 1,
+                                oid: None,
+                                data: vec![7; 4 << 20],
+                            })
+                            .to_frame(f.request_id);
+                            more.flags |= ferry_proto::FLAG_MORE;
+                            if w.write_all(&more.encode(false).unwrap()).is_err() {
+                                return;
+                            }
+                        },
+                    }
+                }
+                match r.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => dec.feed(&buf[..n]),
                 }
             }
-            match r.read(&mut buf) {
-                Ok(0) | Err(_) => return,
-                Ok(n) => dec.feed(&buf[..n]),
-            }
-        }
-    });
-    let mut c = Connection::open(b.try_clone().unwrap(), b).unwrap();
-    let e = c.call(Request::GetAttr { path: "".into() }).unwrap_err();
-    assert!(
-        matches!(&e, ferry_fs::ConnError::Unexpected(m) if m.contains("a reply of over")),
-        "{e:?}"
-    );
-    assert!(
-        c.traffic().bytes_received <= ferry_fs::conn::MAX_REPLY as u64 + (9 << 20),
-        "{} bytes taken",
-        c.traffic().bytes_received
-    );
+        });
+        let mut c = Connection::open(b.try_clone().unwrap(), b).unwrap();
+        let e = c.call(Request::GetAttr { path: "".into() }).unwrap_err();
+        assert!(
+            matches!(&e, ferry_fs::ConnError::Unexpected(m) if m.contains("a reply of over")),
+            "{e:?}"
+        );
+        // The Ping goes first: its id is 1, the GetAttr's 2.
+        let refused = if endless_ping {
+            "request 1"
+        } else {
+            "request 2"
+        };
+        assert!(e.to_string().contains(refused), "{e}");
+        assert!(
+            c.traffic().bytes_received <= ferry_fs::conn::MAX_REPLY as u64 + (9 << 20),
+            "{} bytes taken",
+            c.traffic().bytes_received
+        );
+    }
 }
 
 /// A whole recipe, as a server sends it to a client that named no pages.
