@@ -93,6 +93,13 @@ impl<R: Read, W> Connection<R, W> {
                         .send(Outgoing::Frame(Message::Compressed.to_frame(0)))?;
                     self.writer.send(Outgoing::StartZstd(self.zstd_level))?;
                 }
+                // The link is timed now, while this side waits for replies and reads the
+                // Ping's as it comes (a Ping sent with the next batch came back while the
+                // client cut its old files, and the lab's LAN looked far).
+                if !self.unflushed {
+                    self.probe_link()?;
+                    self.flush_inner()?;
+                }
                 Ok(())
             }
             Message::Hello(h) => Err(ConnError::Unexpected(format!(

@@ -922,24 +922,45 @@ fn a_reply_that_never_ends_is_refused_at_its_bound() {
             }
         });
         let mut c = Connection::open(b.try_clone().unwrap(), b).unwrap();
-        let e = c.call(Request::GetAttr { path: "".into() }).unwrap_err();
+        let id = c.send(Request::GetAttr { path: "".into() }).unwrap();
+        let e = c.replies(id).unwrap_err();
         assert!(
             matches!(&e, ferry_fs::ConnError::Unexpected(m) if m.contains("a reply of over")),
             "{e:?}"
         );
-        // The Ping goes first: its id is 1, the GetAttr's 2.
-        let refused = if endless_ping {
-            "request 1"
-        } else {
-            "request 2"
-        };
-        assert!(e.to_string().contains(refused), "{e}");
+        // The Ping sent as the Hello came is request 1.
+        let refused = if endless_ping { 1 } else { id };
+        assert!(
+            e.to_string().ends_with(&format!("request {refused}")),
+            "{e}"
+        );
         assert!(
             c.traffic().bytes_received <= ferry_fs::conn::MAX_REPLY as u64 + (9 << 20),
             "{} bytes taken",
             c.traffic().bytes_received
         );
     }
+}
+
+/// The first batch after the server's Hello starts with a Ping the client does not wait for:
+/// its reply times the link, not the server's work on the batch's first request (once the
+/// only round trip timed, and a fetch through a local pipe took its link for a far one).
+#[test]
+fn the_link_is_timed_by_a_ping_not_by_the_servers_work() {
+    let work = std::time::Duration::from_secs(1);
+    let mut c = fake_server(move |q| {
+        if q != Request::Ping {
+            std::thread::sleep(work);
+        }
+        Reply::Ok
+    });
+    let before = c.traffic().round_trips;
+    let id = c.send(Request::GetAttr { path: "".into() }).unwrap();
+    c.replies(id).unwrap();
+    let timed = c.round_trip().expect("a round trip timed");
+    assert!(timed < work, "{timed:?}");
+    let trips = c.traffic().round_trips - before;
+    assert_eq!(trips, 1, "the Ping is not waited for");
 }
 
 /// A whole recipe, as a server sends it to a client that named no pages.
