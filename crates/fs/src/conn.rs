@@ -501,9 +501,9 @@ impl<R: Read, W> Connection<R, W> {
     /// batch and the readying of its compressor for the one sent as the Hello came (in the
     /// lab's LAN, through ssh, over 5 ms), nothing for the next batch's, which the server
     /// answers at once (but which the client may take late, busy cutting its old files). Timed
-    /// from when its batch began to when its reply is taken, a Ping never shows a link nearer
-    /// than it is; the quickest counts.
-    pub(super) fn probe_link(&mut self) -> Result<(), ConnError> {
+    /// from when it was queued (first of its batch) to when its reply is taken, a Ping never
+    /// shows a link nearer than it is; the quickest counts.
+    fn probe_link(&mut self) -> Result<(), ConnError> {
         if self.probes >= 2
             || self.server.is_none()
             || self.unflushed
@@ -513,11 +513,11 @@ impl<R: Read, W> Connection<R, W> {
         }
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
+        let went = std::time::Instant::now();
         self.write(Message::Request(Request::Ping).to_frame(id))?;
         self.newest = id;
         self.forgotten.insert(id, 0);
         self.probes += 1;
-        let went = self.batch_began.unwrap_or_else(std::time::Instant::now);
         self.pings.push((id, went));
         Ok(())
     }
@@ -537,7 +537,7 @@ impl<R: Read, W> Connection<R, W> {
         self.flush_inner().map_err(|e| self.early(e))
     }
 
-    pub(super) fn flush_inner(&mut self) -> Result<(), ConnError> {
+    fn flush_inner(&mut self) -> Result<(), ConnError> {
         if std::mem::take(&mut self.unflushed) {
             self.writer.send(Outgoing::Flush)?;
             let from = std::mem::replace(&mut self.flush_from, self.newest.wrapping_add(1));

@@ -134,8 +134,8 @@ impl RateMeter {
         self.sample = self.sample.max(bytes);
     }
 
-    /// A reply that holds no work of the server's (a Ping's) came `rt` after its request went,
-    /// at the latest.
+    /// A round trip timed: a reply came `rt` after its request went, at the latest (a Ping's,
+    /// or the first of a batch's); the quickest counts.
     pub(crate) fn probed(&mut self, rt: Duration) {
         self.round_trip = Some(self.round_trip.map_or(rt, |r| r.min(rt)));
     }

@@ -87,7 +87,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
             dir: cache_root().join("server-history"),
             bytes: a.history_size as u64,
         };
-        let staging = StagingStore::open(shared, &cache_root().join("server-staging"))?;
+        let staging = StagingStore::new(shared, &cache_root().join("server-staging"));
         let mut server = Server::new(export, opts, staging.store());
         let kept = history.open();
         if let Some(h) = &kept {
@@ -200,7 +200,7 @@ fn daemon_session(
     } = s;
     let export = Export::open(dir)?;
     let who = &peer.fingerprint.to_string()["blake3:".len()..][..32];
-    let staging = StagingStore::open(shared, &cache_root().join("server-staging").join(who))?;
+    let staging = StagingStore::new(shared, &cache_root().join("server-staging").join(who));
     let mut server = Server::new(export, opts.clone(), staging.store());
     let kept = history.open();
     if let Some(h) = &kept {

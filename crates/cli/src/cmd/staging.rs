@@ -19,14 +19,15 @@ pub(crate) enum StagingStore {
 }
 
 impl StagingStore {
-    pub(crate) fn open(shared: Option<Arc<dyn ChunkStore>>, dir: &Path) -> Result<StagingStore> {
-        Ok(match shared {
+    /// The shared store, or a local one in `dir` to be opened at its first use.
+    pub(crate) fn new(shared: Option<Arc<dyn ChunkStore>>, dir: &Path) -> StagingStore {
+        match shared {
             Some(s) => StagingStore::Shared(s),
             None => StagingStore::Local(Arc::new(LazyStaging {
                 dir: dir.to_path_buf(),
                 opened: OnceLock::new(),
             })),
-        })
+        }
     }
 
     pub(crate) fn store(&self) -> ferry_fs::Staging {
@@ -86,6 +87,8 @@ impl LazyStaging {
 
 impl ChunkStore for LazyStaging {
     fn hash_alg(&self) -> HashAlg {
+        // A store that cannot be opened says so at its first put or read; until then it would
+        // be made with the usual algorithm.
         self.store()
             .map_or(cache_options().hash_alg, |s| s.hash_alg())
     }

@@ -776,6 +776,15 @@ pub(crate) fn fake_server_telling(
     respond: impl Fn(Request) -> (Vec<Message>, Reply) + Send + 'static,
 ) -> Connection<UnixStream, UnixStream> {
     let (a, b) = UnixStream::pair().unwrap();
+    fake_server_on(a, respond);
+    Connection::open(b.try_clone().unwrap(), b).unwrap()
+}
+
+/// Serves [`fake_server_telling`]'s script on `a`, from a thread of its own.
+fn fake_server_on(
+    a: UnixStream,
+    respond: impl Fn(Request) -> (Vec<Message>, Reply) + Send + 'static,
+) {
     std::thread::spawn(move || {
         use std::io::{Read, Write};
         let (mut r, mut w) = (a.try_clone().unwrap(), std::io::BufWriter::new(a));
@@ -808,7 +817,6 @@ pub(crate) fn fake_server_telling(
             }
         }
     });
-    Connection::open(b.try_clone().unwrap(), b).unwrap()
 }
 
 /// `--chunk-size 524288` (chunks up to 4 MiB, each near the frame limit alone): batches of
@@ -942,23 +950,37 @@ fn a_reply_that_never_ends_is_refused_at_its_bound() {
     }
 }
 
-/// The first batch after the server's Hello starts with a Ping the client does not wait for:
-/// its reply times the link, not the server's work on the batch's first request (once the
-/// only round trip timed, and a fetch through a local pipe took its link for a far one).
+/// As the server's Hello comes, the client sends a Ping it does not wait for: its reply times
+/// the link, not the server's work on the first requests (once the only round trips timed, and
+/// a fetch through a local pipe took its link for a far one). Here the server holds its answer
+/// to the GetAttr until the client has timed a round trip: only the Ping can time it.
 #[test]
 fn the_link_is_timed_by_a_ping_not_by_the_servers_work() {
-    let work = std::time::Duration::from_secs(1);
-    let mut c = fake_server(move |q| {
+    use std::sync::{mpsc, Mutex};
+    let (go, gate) = mpsc::channel::<()>();
+    let gate = Mutex::new(gate);
+    let (a, b) = UnixStream::pair().unwrap();
+    fake_server_on(a, move |q| {
         if q != Request::Ping {
-            std::thread::sleep(work);
+            gate.lock().unwrap().recv().unwrap();
         }
-        Reply::Ok
+        (vec![], Reply::Ok)
     });
+    let mut c = Connection::open(b.try_clone().unwrap(), b.try_clone().unwrap()).unwrap();
     let before = c.traffic().round_trips;
     let id = c.send(Request::GetAttr { path: "".into() }).unwrap();
+    c.flush().unwrap();
+    // Replies taken as they come, without waiting for the GetAttr's (which does not come).
+    b.set_read_timeout(Some(std::time::Duration::from_millis(10)))
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while c.round_trip().is_none() {
+        assert!(std::time::Instant::now() < deadline, "no round trip timed");
+        c.poll().unwrap();
+    }
+    b.set_read_timeout(None).unwrap();
+    go.send(()).unwrap();
     c.replies(id).unwrap();
-    let timed = c.round_trip().expect("a round trip timed");
-    assert!(timed < work, "{timed:?}");
     let trips = c.traffic().round_trips - before;
     assert_eq!(trips, 1, "the Ping is not waited for");
 }
