@@ -17,6 +17,7 @@
 //! | `objects` | object digest (32) | path bytes |
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use ferry_format::{HashAlg, Id, Oid, Recipe};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -62,6 +63,8 @@ pub struct PathIndex {
     db: Database,
     path: PathBuf,
     alg: HashAlg,
+    /// Something was committed and not yet made durable: [`sync`](PathIndex::sync) has work.
+    unsynced: AtomicBool,
 }
 
 impl PathIndex {
@@ -96,6 +99,7 @@ impl PathIndex {
             db,
             path: path.to_path_buf(),
             alg,
+            unsynced: AtomicBool::new(false),
         })
     }
 
@@ -154,7 +158,15 @@ impl PathIndex {
                 self.record_in(&mut tables, path, stamp, recipe, oid)?;
             }
         }
-        w.commit().map_err(e)
+        w.commit().map_err(e)?;
+        self.committed_lazily();
+        Ok(())
+    }
+
+    /// A commit not made durable was made. Marked after it: a [`sync`](Self::sync) that
+    /// cleared the mark before it began waited for this commit and made it durable too.
+    fn committed_lazily(&self) {
+        self.unsynced.store(true, Ordering::SeqCst);
     }
 
     fn record_in(
@@ -256,13 +268,32 @@ impl PathIndex {
                 t.remove(id.digest()).map_err(db_err(&self.path))?;
             }
         }
-        w.commit().map_err(db_err(&self.path))
+        w.commit().map_err(db_err(&self.path))?;
+        self.committed_lazily();
+        Ok(())
     }
 
-    /// Makes everything recorded so far durable.
+    /// Makes everything recorded so far durable: a durable commit, unless nothing was
+    /// recorded since the last one (a session's end after its quiet moment synced it).
     pub fn sync(&self) -> Result<(), StoreError> {
-        let w = self.db.begin_write().map_err(db_err(&self.path))?;
-        w.commit().map_err(db_err(&self.path))
+        // Cleared before the commit: what another thread records meanwhile is either in it
+        // or marks the index again.
+        if !self.unsynced.swap(false, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let done = match self.db.begin_write() {
+            Ok(w) => w.commit().map_err(db_err(&self.path)),
+            Err(e) => Err(db_err(&self.path)(e)),
+        };
+        if done.is_err() {
+            self.unsynced.store(true, Ordering::SeqCst);
+        }
+        done
+    }
+
+    /// Whether something recorded is not yet durable ([`sync`](Self::sync) has work).
+    pub fn unsynced(&self) -> bool {
+        self.unsynced.load(Ordering::SeqCst)
     }
 }
 
@@ -323,5 +354,27 @@ mod tests {
         i.record(b"d/f", &stamp(9), &recipe(&[1, 4]), &oid).unwrap();
         assert_eq!(i.locate(&r.chunks()[2].id).unwrap(), None);
         assert!(i.locate(&r.chunks()[0].id).unwrap().is_some());
+    }
+
+    /// A sync has work exactly while something committed lazily is not yet durable: a
+    /// session's end after a quiet moment's sync makes no commit of its own.
+    #[test]
+    fn a_sync_has_work_only_after_a_lazy_commit() {
+        let t = tempfile::tempdir().unwrap();
+        let i = PathIndex::open(&t.path().join("index.redb"), HashAlg::Blake3).unwrap();
+        assert!(!i.unsynced(), "a new index has nothing to sync");
+        let r = recipe(&[1, 2]);
+        let oid = Oid(Id::hash(HashAlg::Blake3, b"f"));
+        i.record(b"f", &stamp(1), &r, &oid).unwrap();
+        assert!(i.unsynced());
+        i.sync().unwrap();
+        assert!(!i.unsynced());
+        i.forget(&[r.chunks()[0].id]).unwrap();
+        assert!(i.unsynced(), "a forget is lazy too");
+        i.sync().unwrap();
+        assert!(!i.unsynced());
+        // Nothing to forget commits nothing.
+        i.forget(&[]).unwrap();
+        assert!(!i.unsynced());
     }
 }

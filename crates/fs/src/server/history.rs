@@ -6,7 +6,7 @@
 //! and a request for old chunks kept long before (the usual case: the client's old version)
 //! does not wait for the thread to compress the file just cut.
 
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -18,6 +18,9 @@ use super::Staging;
 /// Bytes waiting for the thread at most; keeping more waits. Room for a whole file of a few
 /// tens of MB, so its recipe goes out at the speed of cutting while the thread catches up.
 const QUEUED: usize = 32 << 20;
+
+/// How long the thread waits for more before it makes what it put durable.
+const QUIET: std::time::Duration = super::QUIET;
 
 pub(crate) struct History {
     store: Staging,
@@ -36,15 +39,39 @@ impl History {
             // However the thread ends (a panic in the store too), nothing is left waiting on
             // it: what it did not put is lost, and later chunks are put as they are cut.
             let _gone = Gone(p.clone());
+            // Dropped before `_gone`, however the thread ends: a chunk sent after the reset
+            // would be counted as on its way for ever; once this is gone, sends fail (and the
+            // session puts the chunk itself).
+            let rx = rx;
             // Behind the session's own work for the cores (the client often shares the
             // machine): what it has not put when the session ends goes in uncompressed.
             let me = rustix::thread::gettid();
             let _ = rustix::process::setpriority_process(Some(me), 10);
-            for (id, data) in rx {
+            let mut unflushed = false;
+            loop {
+                // Once nothing has come for a moment, what was put is made durable: the
+                // session's end (often just after a fetch's last reply) has nothing to sync.
+                let next = if unflushed {
+                    rx.recv_timeout(QUIET)
+                } else {
+                    rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                };
+                let (id, data) = match next {
+                    Ok(c) => c,
+                    Err(RecvTimeoutError::Timeout) => {
+                        if let Err(e) = s.flush() {
+                            tracing::debug!("history: {e}");
+                        }
+                        unflushed = false;
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                };
                 // A history that cannot grow costs deltas later, not the answer now.
                 if let Err(e) = s.put(&VerifiedChunk::assume_verified(id, &data)) {
                     tracing::debug!("history: {e}");
                 }
+                unflushed = true;
                 lock(&p.0).put(&id, data.len());
                 p.1.notify_all();
             }
@@ -290,6 +317,65 @@ mod tests {
         assert!(held);
         // A read of a chunk on its way waits for it, and finds it.
         assert!(h.settled_for([&ids[2]]).contains(&ids[2]).unwrap());
+    }
+
+    /// A store that signals each flush.
+    struct Flushes(MemStore, Mutex<std::sync::mpsc::Sender<()>>);
+
+    impl ChunkStore for Flushes {
+        fn hash_alg(&self) -> HashAlg {
+            self.0.hash_alg()
+        }
+        fn contains(&self, id: &Id) -> Result<bool, StoreError> {
+            self.0.contains(id)
+        }
+        fn get(&self, id: &Id) -> Result<Option<Vec<u8>>, StoreError> {
+            self.0.get(id)
+        }
+        fn put(&self, chunk: &VerifiedChunk<'_>) -> Result<bool, StoreError> {
+            self.0.put(chunk)
+        }
+        fn flush(&self) -> Result<(), StoreError> {
+            let _ = self.1.lock().unwrap().send(());
+            self.0.flush()
+        }
+        fn put_object(&self, oid: &Oid, recipe: &Recipe) -> Result<(), StoreError> {
+            self.0.put_object(oid, recipe)
+        }
+        fn object(&self, oid: &Oid) -> Result<Option<Recipe>, StoreError> {
+            self.0.object(oid)
+        }
+        fn remove_object(&self, oid: &Oid) -> Result<bool, StoreError> {
+            self.0.remove_object(oid)
+        }
+        fn objects(&self) -> Result<Vec<(Oid, u64)>, StoreError> {
+            self.0.objects()
+        }
+        fn stats(&self) -> Result<StoreStats, StoreError> {
+            self.0.stats()
+        }
+    }
+
+    /// Once nothing more comes for a moment, the thread makes what it put durable while the
+    /// session goes on: its end has nothing left to sync.
+    #[test]
+    fn what_was_kept_is_flushed_once_the_thread_goes_quiet() {
+        let (tx, flushed) = std::sync::mpsc::channel();
+        let store: Staging = Arc::new(Flushes(MemStore::new(HashAlg::Blake3), Mutex::new(tx)));
+        let h = History::new(store);
+        let (chunks, ids) = chunks(10);
+        for (id, c) in ids.iter().zip(&chunks) {
+            h.keep(*id, c);
+        }
+        let wait = std::time::Duration::from_secs(120);
+        flushed
+            .recv_timeout(wait)
+            .expect("no flush while the session lasts");
+        h.keep(ids[0], &chunks[0]);
+        flushed.recv_timeout(wait).expect("no flush after more");
+        // The history stays alive here: each flush came from the thread's quiet, not its end.
+        assert!(h.settled().contains(&ids[9]).unwrap());
+        drop(h);
     }
 
     #[test]

@@ -289,7 +289,7 @@ impl Server {
 
     /// Whether there is work for when the client goes quiet ([`idle`](Self::idle)).
     pub fn idle_work(&self) -> bool {
-        !self.to_record.is_empty()
+        !self.to_record.is_empty() || self.index.as_ref().is_some_and(|i| i.unsynced())
     }
 
     /// The client has been quiet for a while ([`QUIET`]): what the session kept for the index
@@ -297,6 +297,13 @@ impl Server {
     /// transaction of the index, a fifth of the server's work in SQLite's transactions.)
     pub fn idle(&mut self) {
         self.record_now();
+        // And made durable: the session's end (often just after: a fetch's client installs
+        // its files, then hangs up and waits for the server to exit) has nothing left to sync.
+        if let Some(i) = &self.index {
+            if let Err(e) = i.sync() {
+                tracing::debug!("index: {e}");
+            }
+        }
     }
 
     /// How long the loop may wait for the client now: until its Hello is due, or for ever.

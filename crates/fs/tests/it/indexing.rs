@@ -213,5 +213,24 @@ fn a_quiet_session_records_what_it_cut_for_the_others() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    // The next quiet moment makes what it records durable too (those sessions' ends synced
+    // the first file): a session's end after it has nothing left to sync.
+    let other = bytes(74, 100_000);
+    fs::write(srv.join("g"), &other).unwrap();
+    quiet
+        .call(Request::GetRecipe {
+            target: ferry_proto::Target::Path("g".into()),
+            short: false,
+            known: vec![],
+        })
+        .unwrap();
+    let first = crate::chunk_ids(&other).0[0];
+    while index.locate(&first).unwrap().is_none() || index.unsynced() {
+        assert!(
+            std::time::Instant::now() < deadline + std::time::Duration::from_secs(60),
+            "recorded in a quiet moment, not made durable"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     drop(quiet);
 }
