@@ -31,36 +31,33 @@ pub(crate) fn assemble(
     let mut tmp = temp_beside(j)?;
     {
         let mut out = BufWriter::with_capacity(1 << 20, &mut tmp);
+        // A chunk read from the old version, verified, is written from here (not copied).
         let mut buf = vec![];
+        let mut cached;
         for c in recipe.chunks() {
-            let data = match here.get(&c.id) {
-                Some(&(off, len)) => {
-                    buf.resize(len as usize, 0);
-                    let ok = existing.as_ref().is_some_and(|f| {
-                        std::os::unix::fs::FileExt::read_exact_at(f, &mut buf, off).is_ok()
-                    });
-                    if ok && c.id.matches(&buf) {
-                        stats.from_local += 1;
-                        buf.clone()
-                    } else {
-                        src.cache
-                            .get_passing(&c.id)?
-                            .ok_or(GetError::BadData(c.id))?
-                    }
+            let old = here.get(&c.id).is_some_and(|&(off, len)| {
+                buf.resize(len as usize, 0);
+                existing.as_ref().is_some_and(|f| {
+                    std::os::unix::fs::FileExt::read_exact_at(f, &mut buf, off).is_ok()
+                }) && c.id.matches(&buf)
+            });
+            let data: &[u8] = if old {
+                stats.from_local += 1;
+                &buf
+            } else {
+                if !here.contains_key(&c.id) && !fetched.contains(&c.id) {
+                    stats.from_cache += 1;
                 }
-                None => {
-                    if !fetched.contains(&c.id) {
-                        stats.from_cache += 1;
-                    }
-                    src.cache
-                        .get_passing(&c.id)?
-                        .ok_or(GetError::BadData(c.id))?
-                }
+                cached = src
+                    .cache
+                    .get_passing(&c.id)?
+                    .ok_or(GetError::BadData(c.id))?;
+                &cached
             };
             if let Some(p) = src.progress {
                 p(data.len() as u64);
             }
-            out.write_all(&data)
+            out.write_all(data)
                 .map_err(GetError::local("write", local))?;
             stats.chunks += 1;
             stats.bytes += data.len() as u64;
