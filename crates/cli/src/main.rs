@@ -52,7 +52,8 @@ enum Command {
     /// Mount a remote directory (HOST:PATH or ferry://HOST/PATH): files are cached whole,
     /// read and written locally, and committed atomically on close (close-to-open).
     Mount(cmd::mount::MountArgs),
-    /// Unmount a `ferry mount`.
+    /// Unmount a `ferry mount`, once its last changes are on the server: returns when the
+    /// mount's process has ended.
     Umount(cmd::mount::UmountArgs),
     /// Devices searched for chunks before the network (USB sticks, DVDs, old copies): stale
     /// or wrong data on them costs time, never correctness.

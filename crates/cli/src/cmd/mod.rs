@@ -7,6 +7,7 @@ pub mod key;
 pub mod lab;
 pub mod lookaside;
 pub mod mount;
+mod mount_pid;
 pub mod object;
 pub mod remote;
 pub mod s3;

@@ -140,6 +140,8 @@ fn run(a: &MountArgs, cache: &Path, daemon: bool) -> Result<()> {
     }
     let mountpoint = a.mountpoint.clone();
     let remote = a.remote.clone();
+    // Noted until this process is done with the mount: `ferry umount` waits for it.
+    let _serving = super::mount_pid::Serving::note(&a.mountpoint);
     ferry_mount::serve(vfs, &a.mountpoint, &mopts, move |u| {
         *unmounter.lock().unwrap_or_else(|e| e.into_inner()) = Some(u);
         tracing::info!("{remote} mounted at {}", mountpoint.display());
@@ -186,7 +188,14 @@ pub fn umount(a: UmountArgs) -> Result<ExitCode> {
             "cannot make the mount's last changes durable before unmounting ({e}); its process tries again as it ends"
         );
     }
+    let serving = super::mount_pid::serving(&a.mountpoint);
     ferry_mount::unmount(&a.mountpoint)
         .with_context(|| format!("cannot unmount {}", a.mountpoint.display()))?;
+    // Returns once the mount's process has ended: its last write-backs sent (or kept in its
+    // cache), its cache closed, so a mount again (or a removal of the cache) can follow.
+    if let Some((pid, fd)) = serving {
+        super::mount_pid::wait_for(pid, &fd, Duration::from_secs(1))
+            .with_context(|| format!("cannot wait for the mount's process ({pid})"))?;
+    }
     Ok(ExitCode::SUCCESS)
 }

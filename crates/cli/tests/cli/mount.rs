@@ -45,10 +45,28 @@ fn wait_ended(pid: u32) {
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        let _ = Command::new(env!("CARGO_BIN_EXE_ferry"))
-            .args(["umount", s(&self.at)])
-            .status();
+        let _ = umount(&self.at);
     }
+}
+
+/// `ferry umount`, in the mount's environment (its cache root notes the mount's process).
+fn umount(at: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["umount", s(at)])
+        .env("XDG_CACHE_HOME", test_cache())
+        .output()
+        .unwrap()
+}
+
+/// Whether process `pid` has ended (gone, or a zombie not yet reaped).
+fn ended(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |st| {
+        st.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
 }
 
 /// A remote shell that runs the far side locally, noting its process id in `pids`.
@@ -458,6 +476,30 @@ fn mounted_there(at: &Path, srv: &Path) -> bool {
         .unwrap_or_default()
         .to_string();
     top.contains(&format!(" host:{} ", srv.display()))
+}
+
+/// `ferry umount` returns once the mount's process has ended (its last changes sent, its
+/// cache closed): a mount again, or a removal of the cache, can follow at once.
+#[test]
+fn umount_returns_once_the_mounts_process_has_ended() {
+    if !can_mount() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let srv = t.path().join("srv");
+    std::fs::create_dir_all(&srv).unwrap();
+    let at = t.path().join("mnt");
+    let m = mount(t.path(), &srv, &at, &t.path().join("cache"));
+    std::fs::write(at.join("f"), data(300_000, 7)).unwrap();
+    let pid = m.pid.expect("ferry mount names its process");
+    std::mem::forget(m);
+    let o = umount(&at);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        ended(pid),
+        "ferry umount returned while the mount's process ran"
+    );
+    assert_eq!(std::fs::read(srv.join("f")).unwrap(), data(300_000, 7));
 }
 
 /// A mount that is still ending (its last write-back waiting for its server) when the next
