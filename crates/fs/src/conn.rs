@@ -254,6 +254,9 @@ pub struct Connection<R, W> {
     /// and those whose replies have not come, with when each went.
     probes: u8,
     pings: Vec<(u32, std::time::Instant)>,
+    /// When the reader's bytes arrived, if it knows (a [`crate::LinkReader`]): a Ping's reply
+    /// is timed to then, not to when this side got round to taking it.
+    arrivals: Option<crate::session::Arrivals>,
     /// Whether the sending thread was told the link is fast ([`Outgoing::FastLink`]).
     told_fast: bool,
     /// Whether the sending thread was told the link is near ([`Outgoing::NearLink`]).
@@ -342,6 +345,7 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             rate: Default::default(),
             probes: 0,
             pings: vec![],
+            arrivals: None,
             server: None,
             invalidated: vec![],
             changed: vec![],
@@ -398,6 +402,12 @@ impl<R: Read, W> Connection<R, W> {
             Some(Err(_)) => Err(io::Error::other("the sending thread panicked").into()),
             None => Ok(()),
         }
+    }
+
+    /// Times the replies to Pings by when their bytes arrived (`arrivals`, of this
+    /// connection's reader), not by when this side took them.
+    pub fn set_arrivals(&mut self, arrivals: crate::session::Arrivals) {
+        self.arrivals = Some(arrivals);
     }
 
     /// Bytes, requests and round trips so far.
@@ -500,9 +510,10 @@ impl<R: Read, W> Connection<R, W> {
     /// A Ping's reply holds none but what the server still had to do before it: the first
     /// batch and the readying of its compressor for the one sent as the Hello came (in the
     /// lab's LAN, through ssh, over 5 ms), nothing for the next batch's, which the server
-    /// answers at once (but which the client may take late, busy cutting its old files). Timed
-    /// from when it was queued (first of its batch) to when its reply is taken, a Ping never
-    /// shows a link nearer than it is; the quickest counts.
+    /// answers at once (but which the client may take late, busy cutting its old files: so
+    /// the reply is timed to when its bytes were read, by the reader's thread, where it says:
+    /// `set_arrivals`). Timed from when it was queued (first of its batch), a Ping never shows
+    /// a link nearer than it is; the quickest counts.
     fn probe_link(&mut self) -> Result<(), ConnError> {
         if self.probes >= 2
             || self.server.is_none()
@@ -697,7 +708,12 @@ impl<R: Read, W> Connection<R, W> {
         }
         if let Some(i) = self.pings.iter().position(|&(id, _)| id == f.request_id) {
             let (_, went) = self.pings.swap_remove(i);
-            self.rate.probed(went.elapsed());
+            // The reply's bytes arrived when those handed out last did, at the latest.
+            let came = (self.arrivals.as_ref())
+                .and_then(|a| a.latest())
+                .filter(|&t| t >= went)
+                .unwrap_or_else(std::time::Instant::now);
+            self.rate.probed(came - went);
         }
         if let Some(total) = self.forgotten.get_mut(&f.request_id) {
             within_reply(total, &f, f.request_id)?;

@@ -13,7 +13,7 @@ use std::os::fd::AsFd;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags};
 
@@ -37,8 +37,10 @@ const WAKE: rustix::time::Timespec = rustix::time::Timespec {
 /// The reading half of a session's byte stream: what a thread reads from the transport,
 /// handed over with an optional timeout.
 pub struct LinkReader {
-    rx: mpsc::Receiver<io::Result<Vec<u8>>>,
+    rx: mpsc::Receiver<io::Result<(Instant, Vec<u8>)>>,
     pending: Vec<u8>,
+    /// When the bytes handed out last were read from the transport.
+    arrived: Arrivals,
     at: usize,
     /// The transport ended (or failed; the error was returned once).
     ended: bool,
@@ -103,12 +105,12 @@ impl LinkReader {
                         continue;
                     }
                     let msg = match r.read(&mut buf) {
-                        Ok(0) => Ok(vec![]),
-                        Ok(n) => Ok(buf[..n].to_vec()),
+                        Ok(0) => Ok((Instant::now(), vec![])),
+                        Ok(n) => Ok((Instant::now(), buf[..n].to_vec())),
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                         Err(e) => Err(e),
                     };
-                    let last = !matches!(&msg, Ok(v) if !v.is_empty());
+                    let last = !matches!(&msg, Ok((_, v)) if !v.is_empty());
                     // The reader is gone: nobody wants more.
                     if tx.send(msg).is_err() || last {
                         return;
@@ -126,12 +128,18 @@ impl LinkReader {
         LinkReader {
             rx,
             pending: vec![],
+            arrived: Arrivals::default(),
             at: 0,
             ended: false,
             timeout: Arc::new(AtomicU64::new(FOREVER)),
             dropped,
             wake,
         }
+    }
+
+    /// When the bytes this reader handed out last arrived (see [`Arrivals`]).
+    pub fn arrivals(&self) -> Arrivals {
+        self.arrived.clone()
     }
 
     fn timeout(&self) -> Option<Duration> {
@@ -169,9 +177,10 @@ impl Read for LinkReader {
                 },
             };
             match got {
-                Ok(Ok(v)) if !v.is_empty() => {
+                Ok(Ok((t, v))) if !v.is_empty() => {
                     self.pending = v;
                     self.at = 0;
+                    self.arrived.set(t);
                 }
                 Ok(Err(e)) => {
                     self.ended = true;
@@ -187,6 +196,23 @@ impl Read for LinkReader {
         buf[..n].copy_from_slice(&self.pending[self.at..self.at + n]);
         self.at += n;
         Ok(n)
+    }
+}
+
+/// When the bytes a [`LinkReader`] handed out last were read from the transport, by its
+/// thread: a reply found among them arrived then at the latest, however late the session's
+/// own thread (busy cutting files, say) took it. A Ping's round trip is timed by it.
+#[derive(Clone, Default)]
+pub struct Arrivals(Arc<std::sync::Mutex<Option<Instant>>>);
+
+impl Arrivals {
+    fn set(&self, t: Instant) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
+    }
+
+    /// When the bytes handed out last arrived, if any were.
+    pub fn latest(&self) -> Option<Instant> {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -302,6 +328,7 @@ impl Session {
         let stdout = child.stdout.take().expect("piped");
         let reader = LinkReader::new(stdout);
         let (timeout, hang_up) = (reader.timeout.clone(), reader.dropped.clone());
+        let arrivals = reader.arrivals();
         let mut conn = match Connection::open_pipelined(
             reader,
             Box::new(stdin) as LinkWriter,
@@ -315,6 +342,7 @@ impl Session {
                 return Err(e);
             }
         };
+        conn.set_arrivals(arrivals);
         let child = Arc::new(std::sync::Mutex::new(child));
         let ended = child.clone();
         conn.before_hello(Box::new(move |e| exited_early(&ended, e)));
@@ -345,7 +373,11 @@ impl Session {
     ) -> Result<Session, ConnError> {
         let reader = LinkReader::new(reader);
         let (timeout, hang_up) = (reader.timeout.clone(), reader.dropped.clone());
-        let conn = Connection::open_asking(reader, writer, crate::conn::DEFAULT_ZSTD_LEVEL, ask)?;
+        let arrivals = reader.arrivals();
+        let mut conn =
+            Connection::open_pipelined(reader, writer, crate::conn::DEFAULT_ZSTD_LEVEL, ask)?;
+        conn.set_arrivals(arrivals);
+        conn.settle_hello()?;
         Ok(Session {
             conn,
             timeout,
@@ -479,5 +511,23 @@ mod tests {
         let mut s = Session::command_asking(cmd(), crate::conn::DEFAULT_ZSTD_LEVEL, 0)
             .expect("not waited for");
         said(s.conn.call(ferry_proto::Request::Ping).unwrap_err());
+    }
+
+    /// The reader's thread notes when each read's bytes arrived: after they were written, and
+    /// before the session took them (however late it takes them).
+    #[test]
+    fn the_reader_notes_when_bytes_arrived() {
+        use std::io::Write;
+        let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut r = LinkReader::new(b);
+        let arrived = r.arrivals();
+        assert!(arrived.latest().is_none(), "nothing arrived yet");
+        let before = Instant::now();
+        a.write_all(b"hello").unwrap();
+        let mut buf = [0u8; 5];
+        r.read_exact(&mut buf).unwrap();
+        let after = Instant::now();
+        let t = arrived.latest().expect("noted");
+        assert!(before <= t && t <= after);
     }
 }

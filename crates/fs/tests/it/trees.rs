@@ -196,13 +196,13 @@ fn a_deep_tree_costs_the_round_trips_of_a_shallow_one() {
     assert!(level >= 13, "{level} round trips");
 }
 
-/// A reader that waits 8 ms before each read: a link whose round trip is longer than a near
-/// one's 5 ms, however loaded the machine.
+/// A reader that waits 15 ms before each read: a link whose round trip is longer than a near
+/// one's 8 ms, however loaded the machine.
 struct Far(UnixStream);
 
 impl std::io::Read for Far {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        std::thread::sleep(std::time::Duration::from_millis(8));
+        std::thread::sleep(std::time::Duration::from_millis(15));
         self.0.read(buf)
     }
 }
