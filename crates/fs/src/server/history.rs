@@ -213,8 +213,29 @@ mod tests {
     use ferry_store::{ChunkStore, MemStore, StoreError, StoreStats};
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    /// A store that runs a hook before each put (which may panic, or wait).
-    struct Hooked(MemStore, Box<dyn Fn() + Send + Sync>);
+    type Hook = Box<dyn Fn() + Send + Sync>;
+
+    /// A store that runs a hook before each put (which may panic, or wait), and another before
+    /// each flush.
+    struct Hooked(MemStore, Hook, Hook);
+
+    impl Hooked {
+        fn on_put(hook: impl Fn() + Send + Sync + 'static) -> Self {
+            Hooked(
+                MemStore::new(HashAlg::Blake3),
+                Box::new(hook),
+                Box::new(|| {}),
+            )
+        }
+
+        fn on_flush(hook: impl Fn() + Send + Sync + 'static) -> Self {
+            Hooked(
+                MemStore::new(HashAlg::Blake3),
+                Box::new(|| {}),
+                Box::new(hook),
+            )
+        }
+    }
 
     impl ChunkStore for Hooked {
         fn hash_alg(&self) -> HashAlg {
@@ -231,6 +252,7 @@ mod tests {
             self.0.put(chunk)
         }
         fn flush(&self) -> Result<(), StoreError> {
+            (self.2)();
             self.0.flush()
         }
         fn put_object(&self, oid: &Oid, recipe: &Recipe) -> Result<(), StoreError> {
@@ -263,10 +285,9 @@ mod tests {
     #[test]
     fn a_thread_that_died_leaves_nothing_waiting() {
         let broke = AtomicBool::new(false);
-        let store: Staging = Arc::new(Hooked(
-            MemStore::new(HashAlg::Blake3),
-            Box::new(move || assert!(broke.swap(true, Ordering::SeqCst), "the store broke")),
-        ));
+        let store: Staging = Arc::new(Hooked::on_put(move || {
+            assert!(broke.swap(true, Ordering::SeqCst), "the store broke")
+        }));
         let h = History::new(store.clone());
         let (chunks, ids) = chunks(100);
         for (id, c) in ids.iter().zip(&chunks) {
@@ -286,15 +307,12 @@ mod tests {
         // The puts wait while the gate is shut.
         let gate = Arc::new((Mutex::new(true), Condvar::new()));
         let g = gate.clone();
-        let store: Staging = Arc::new(Hooked(
-            MemStore::new(HashAlg::Blake3),
-            Box::new(move || {
-                let mut open = g.0.lock().unwrap();
-                while !*open {
-                    open = g.1.wait(open).unwrap();
-                }
-            }),
-        ));
+        let store: Staging = Arc::new(Hooked::on_put(move || {
+            let mut open = g.0.lock().unwrap();
+            while !*open {
+                open = g.1.wait(open).unwrap();
+            }
+        }));
         let h = Arc::new(History::new(store));
         let (chunks, ids) = chunks(3);
         h.keep(ids[0], &chunks[0]);
@@ -319,49 +337,15 @@ mod tests {
         assert!(h.settled_for([&ids[2]]).contains(&ids[2]).unwrap());
     }
 
-    /// A store that signals each flush.
-    struct Flushes(MemStore, Mutex<std::sync::mpsc::Sender<()>>);
-
-    impl ChunkStore for Flushes {
-        fn hash_alg(&self) -> HashAlg {
-            self.0.hash_alg()
-        }
-        fn contains(&self, id: &Id) -> Result<bool, StoreError> {
-            self.0.contains(id)
-        }
-        fn get(&self, id: &Id) -> Result<Option<Vec<u8>>, StoreError> {
-            self.0.get(id)
-        }
-        fn put(&self, chunk: &VerifiedChunk<'_>) -> Result<bool, StoreError> {
-            self.0.put(chunk)
-        }
-        fn flush(&self) -> Result<(), StoreError> {
-            let _ = self.1.lock().unwrap().send(());
-            self.0.flush()
-        }
-        fn put_object(&self, oid: &Oid, recipe: &Recipe) -> Result<(), StoreError> {
-            self.0.put_object(oid, recipe)
-        }
-        fn object(&self, oid: &Oid) -> Result<Option<Recipe>, StoreError> {
-            self.0.object(oid)
-        }
-        fn remove_object(&self, oid: &Oid) -> Result<bool, StoreError> {
-            self.0.remove_object(oid)
-        }
-        fn objects(&self) -> Result<Vec<(Oid, u64)>, StoreError> {
-            self.0.objects()
-        }
-        fn stats(&self) -> Result<StoreStats, StoreError> {
-            self.0.stats()
-        }
-    }
-
     /// Once nothing more comes for a moment, the thread makes what it put durable while the
     /// session goes on: its end has nothing left to sync.
     #[test]
     fn what_was_kept_is_flushed_once_the_thread_goes_quiet() {
         let (tx, flushed) = std::sync::mpsc::channel();
-        let store: Staging = Arc::new(Flushes(MemStore::new(HashAlg::Blake3), Mutex::new(tx)));
+        let tx = Mutex::new(tx);
+        let store: Staging = Arc::new(Hooked::on_flush(move || {
+            let _ = tx.lock().unwrap().send(());
+        }));
         let h = History::new(store);
         let (chunks, ids) = chunks(10);
         for (id, c) in ids.iter().zip(&chunks) {
