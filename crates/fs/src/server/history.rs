@@ -19,9 +19,6 @@ use super::Staging;
 /// tens of MB, so its recipe goes out at the speed of cutting while the thread catches up.
 const QUEUED: usize = 32 << 20;
 
-/// How long the thread waits for more before it makes what it put durable.
-const QUIET: std::time::Duration = super::QUIET;
-
 pub(crate) struct History {
     store: Staging,
     tx: Option<Sender<(Id, Vec<u8>)>>,
@@ -49,10 +46,10 @@ impl History {
             let _ = rustix::process::setpriority_process(Some(me), 10);
             let mut unflushed = false;
             loop {
-                // Once nothing has come for a moment, what was put is made durable: the
-                // session's end (often just after a fetch's last reply) has nothing to sync.
+                // Once nothing has come for a moment (`QUIET`), what was put is made durable:
+                // the session's end (often just after a fetch's last reply) has nothing to sync.
                 let next = if unflushed {
-                    rx.recv_timeout(QUIET)
+                    rx.recv_timeout(super::QUIET)
                 } else {
                     rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
                 };
