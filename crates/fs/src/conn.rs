@@ -2,7 +2,10 @@
 //! server loop.
 
 mod hello;
+mod ping;
 mod serve;
+
+pub use ping::Arrivals;
 
 pub use serve::serve;
 
@@ -256,7 +259,7 @@ pub struct Connection<R, W> {
     pings: Vec<(u32, std::time::Instant)>,
     /// When the reader's bytes arrived, if it knows (a [`crate::LinkReader`]): a Ping's reply
     /// is timed to then, not to when this side got round to taking it.
-    arrivals: Option<crate::session::Arrivals>,
+    arrivals: Option<Arrivals>,
     /// Whether the sending thread was told the link is fast ([`Outgoing::FastLink`]).
     told_fast: bool,
     /// Whether the sending thread was told the link is near ([`Outgoing::NearLink`]).
@@ -404,12 +407,6 @@ impl<R: Read, W> Connection<R, W> {
         }
     }
 
-    /// Times the replies to Pings by when their bytes arrived (`arrivals`, of this
-    /// connection's reader), not by when this side took them.
-    pub fn set_arrivals(&mut self, arrivals: crate::session::Arrivals) {
-        self.arrivals = Some(arrivals);
-    }
-
     /// Bytes, requests and round trips so far.
     pub fn traffic(&self) -> Traffic {
         Traffic {
@@ -442,11 +439,18 @@ impl<R: Read, W> Connection<R, W> {
         )
     }
 
+    /// The id of a request about to go: the next one, never 0 (the Hellos' and the server's
+    /// own frames).
+    fn new_request_id(&mut self) -> u32 {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        id
+    }
+
     /// Sends a request without waiting (it is queued for the sending thread); returns its id.
     pub fn send(&mut self, r: Request) -> Result<u32, ConnError> {
         self.probe_link()?;
-        let id = self.next_id;
-        self.next_id = self.next_id.wrapping_add(1).max(1);
+        let id = self.new_request_id();
         // The measure matters where the server sends bulk: its frames against old data, and its
         // stream's level (which goes below its start only on a link measured fast). A near
         // link is told at once, whatever the request: a mount that only writes back never asks
@@ -500,37 +504,6 @@ impl<R: Read, W> Connection<R, W> {
         self.traffic.requests += 1;
         self.outstanding.insert(id, self.traffic.round_trips);
         Ok(id)
-    }
-
-    /// As the server's Hello comes, and first in the next batch, while no round trip timed
-    /// shows the link near: a Ping, its reply unwaited for (two at most). The Hello's round
-    /// trip holds the server's start (opening its stores), and the first requests' replies its
-    /// work (an 11 MB file cut for its recipe: 80 ms; a fetch over a local pipe took its link
-    /// for a far one, its frame of new mail against 4 MiB of the mailbox at level 12: 270 ms).
-    /// A Ping's reply holds none but what the server still had to do before it: the first
-    /// batch and the readying of its compressor for the one sent as the Hello came (in the
-    /// lab's LAN, through ssh, over 5 ms), nothing for the next batch's, which the server
-    /// answers at once (but which the client may take late, busy cutting its old files: so
-    /// the reply is timed to when its bytes were read, by the reader's thread, where it says:
-    /// `set_arrivals`). Timed from when it was queued (first of its batch), a Ping never shows
-    /// a link nearer than it is; the quickest counts.
-    fn probe_link(&mut self) -> Result<(), ConnError> {
-        if self.probes >= 2
-            || self.server.is_none()
-            || self.unflushed
-            || crate::delta::near_link(self.rate.round_trip())
-        {
-            return Ok(());
-        }
-        let id = self.next_id;
-        self.next_id = self.next_id.wrapping_add(1).max(1);
-        let went = std::time::Instant::now();
-        self.write(Message::Request(Request::Ping).to_frame(id))?;
-        self.newest = id;
-        self.forgotten.insert(id, 0);
-        self.probes += 1;
-        self.pings.push((id, went));
-        Ok(())
     }
 
     /// Sends a request that keeps a stream going (the next window of chunks while earlier ones
@@ -706,15 +679,7 @@ impl<R: Read, W> Connection<R, W> {
             self.inflow.start_zstd()?;
             return Ok(None);
         }
-        if let Some(i) = self.pings.iter().position(|&(id, _)| id == f.request_id) {
-            let (_, went) = self.pings.swap_remove(i);
-            // The reply's bytes arrived when those handed out last did, at the latest.
-            let came = (self.arrivals.as_ref())
-                .and_then(|a| a.latest())
-                .filter(|&t| t >= went)
-                .unwrap_or_else(std::time::Instant::now);
-            self.rate.probed(came - went);
-        }
+        self.time_ping(f.request_id);
         if let Some(total) = self.forgotten.get_mut(&f.request_id) {
             within_reply(total, &f, f.request_id)?;
             if !f.more() {

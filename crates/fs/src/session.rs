@@ -40,7 +40,7 @@ pub struct LinkReader {
     rx: mpsc::Receiver<io::Result<(Instant, Vec<u8>)>>,
     pending: Vec<u8>,
     /// When the bytes handed out last were read from the transport.
-    arrived: Arrivals,
+    arrived: crate::conn::Arrivals,
     at: usize,
     /// The transport ended (or failed; the error was returned once).
     ended: bool,
@@ -128,7 +128,7 @@ impl LinkReader {
         LinkReader {
             rx,
             pending: vec![],
-            arrived: Arrivals::default(),
+            arrived: crate::conn::Arrivals::default(),
             at: 0,
             ended: false,
             timeout: Arc::new(AtomicU64::new(FOREVER)),
@@ -137,8 +137,8 @@ impl LinkReader {
         }
     }
 
-    /// When the bytes this reader handed out last arrived (see [`Arrivals`]).
-    pub fn arrivals(&self) -> Arrivals {
+    /// When the bytes this reader handed out last arrived (see [`crate::conn::Arrivals`]).
+    pub fn arrivals(&self) -> crate::conn::Arrivals {
         self.arrived.clone()
     }
 
@@ -196,23 +196,6 @@ impl Read for LinkReader {
         buf[..n].copy_from_slice(&self.pending[self.at..self.at + n]);
         self.at += n;
         Ok(n)
-    }
-}
-
-/// When the bytes a [`LinkReader`] handed out last were read from the transport, by its
-/// thread: a reply found among them arrived then at the latest, however late the session's
-/// own thread (busy cutting files, say) took it. A Ping's round trip is timed by it.
-#[derive(Clone, Default)]
-pub struct Arrivals(Arc<std::sync::Mutex<Option<Instant>>>);
-
-impl Arrivals {
-    fn set(&self, t: Instant) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
-    }
-
-    /// When the bytes handed out last arrived, if any were.
-    pub fn latest(&self) -> Option<Instant> {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -806,12 +806,7 @@ impl Drop for Server {
         if let Err(e) = self.dir_syncs.sync() {
             tracing::warn!("making the session's last changes durable: {e}");
         }
-        self.record_now();
-        if let Some(i) = &self.index {
-            if let Err(e) = i.sync() {
-                tracing::debug!("index: {e}");
-            }
-        }
+        self.idle();
     }
 }
 
