@@ -260,6 +260,9 @@ pub struct Connection<R, W> {
     /// When the reader's bytes arrived, if it knows (a [`crate::LinkReader`]): a Ping's reply
     /// is timed to then, not to when this side got round to taking it.
     arrivals: Option<Arrivals>,
+    /// The reader's timeout, if it has one (a [`crate::LinkReader`]): a wait for a Ping's
+    /// reply is bounded by it ([`settle_probe`](Self::settle_probe)).
+    read_timeout: Option<crate::session::ReadTimeout>,
     /// Whether the sending thread was told the link is fast ([`Outgoing::FastLink`]).
     told_fast: bool,
     /// Whether the sending thread was told the link is near ([`Outgoing::NearLink`]).
@@ -349,6 +352,7 @@ impl<R: Read, W: Write + Send + 'static> Connection<R, W> {
             probes: 0,
             pings: vec![],
             arrivals: None,
+            read_timeout: None,
             server: None,
             invalidated: vec![],
             changed: vec![],

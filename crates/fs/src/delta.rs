@@ -19,6 +19,7 @@ use ferry_chunk::ChunkerSpec;
 use zstd::zstd_safe::{CCtx, CParameter, DCtx, DParameter};
 
 mod level;
+pub(crate) use level::NEAR;
 pub use level::{fast_link, frame_floor, near_link, FrameLevel};
 
 /// Largest window (prefix and data together) a frame may need: 2^25 bytes.

@@ -34,6 +34,30 @@ const WAKE: rustix::time::Timespec = rustix::time::Timespec {
     tv_nsec: 100_000_000,
 };
 
+/// How long a [`LinkReader`]'s reads wait, shared with whoever sets it: `None` for as long as
+/// it takes, zero not at all (only what already arrived is taken).
+#[derive(Clone)]
+pub(crate) struct ReadTimeout(Arc<AtomicU64>);
+
+impl ReadTimeout {
+    fn new() -> Self {
+        ReadTimeout(Arc::new(AtomicU64::new(FOREVER)))
+    }
+
+    pub(crate) fn get(&self) -> Option<Duration> {
+        match self.0.load(Ordering::Relaxed) {
+            FOREVER => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+
+    /// Sets it, to the millisecond (a wait under one rounds down to none).
+    pub(crate) fn set(&self, t: Option<Duration>) {
+        let ms = t.map_or(FOREVER, |d| (d.as_millis() as u64).min(FOREVER - 1));
+        self.0.store(ms, Ordering::Relaxed);
+    }
+}
+
 /// The reading half of a session's byte stream: what a thread reads from the transport,
 /// handed over with an optional timeout.
 pub struct LinkReader {
@@ -44,7 +68,7 @@ pub struct LinkReader {
     at: usize,
     /// The transport ended (or failed; the error was returned once).
     ended: bool,
-    timeout: Arc<AtomicU64>,
+    timeout: ReadTimeout,
     /// Tells the reading thread to let go of the transport.
     dropped: Arc<AtomicBool>,
     /// Written to wake the reading thread when it is told.
@@ -131,7 +155,7 @@ impl LinkReader {
             arrived: crate::conn::Arrivals::default(),
             at: 0,
             ended: false,
-            timeout: Arc::new(AtomicU64::new(FOREVER)),
+            timeout: ReadTimeout::new(),
             dropped,
             wake,
         }
@@ -143,10 +167,7 @@ impl LinkReader {
     }
 
     fn timeout(&self) -> Option<Duration> {
-        match self.timeout.load(Ordering::Relaxed) {
-            FOREVER => None,
-            ms => Some(Duration::from_millis(ms)),
-        }
+        self.timeout.get()
     }
 }
 
@@ -202,7 +223,7 @@ impl Read for LinkReader {
 /// A session with a server.
 pub struct Session {
     pub conn: Connection<LinkReader, LinkWriter>,
-    timeout: Arc<AtomicU64>,
+    timeout: ReadTimeout,
     /// The reader's flag that lets go of the transport (see [`Session::hang_up_handle`]).
     hang_up: Arc<AtomicBool>,
     end: End,
@@ -311,7 +332,7 @@ impl Session {
         let stdout = child.stdout.take().expect("piped");
         let reader = LinkReader::new(stdout);
         let (timeout, hang_up) = (reader.timeout.clone(), reader.dropped.clone());
-        let arrivals = reader.arrivals();
+        let watch = (reader.arrivals(), reader.timeout.clone());
         let mut conn = match Connection::open_pipelined(
             reader,
             Box::new(stdin) as LinkWriter,
@@ -325,7 +346,7 @@ impl Session {
                 return Err(e);
             }
         };
-        conn.set_arrivals(arrivals);
+        conn.watch_reader(watch.0, watch.1);
         let child = Arc::new(std::sync::Mutex::new(child));
         let ended = child.clone();
         conn.before_hello(Box::new(move |e| exited_early(&ended, e)));
@@ -356,10 +377,10 @@ impl Session {
     ) -> Result<Session, ConnError> {
         let reader = LinkReader::new(reader);
         let (timeout, hang_up) = (reader.timeout.clone(), reader.dropped.clone());
-        let arrivals = reader.arrivals();
+        let watch = (reader.arrivals(), reader.timeout.clone());
         let mut conn =
             Connection::open_pipelined(reader, writer, crate::conn::DEFAULT_ZSTD_LEVEL, ask)?;
-        conn.set_arrivals(arrivals);
+        conn.watch_reader(watch.0, watch.1);
         conn.settle_hello()?;
         Ok(Session {
             conn,
@@ -384,8 +405,7 @@ impl Session {
     /// How long a wait for the server may last before the link counts as failed (`TimedOut`);
     /// `None` waits as long as it takes, zero only takes what has already arrived.
     pub fn set_read_timeout(&self, t: Option<Duration>) {
-        let ms = t.map_or(FOREVER, |d| (d.as_millis() as u64).min(FOREVER - 1));
-        self.timeout.store(ms, Ordering::Relaxed);
+        self.timeout.set(t);
     }
 
     /// Hangs up and waits for the remote side.
@@ -454,12 +474,12 @@ mod tests {
         let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
         let mut r = LinkReader::new(a);
         let mut buf = [0u8; 4];
-        r.timeout.store(0, Ordering::Relaxed);
+        r.timeout.set(Some(Duration::ZERO));
         assert_eq!(
             r.read(&mut buf).unwrap_err().kind(),
             io::ErrorKind::WouldBlock
         );
-        r.timeout.store(50, Ordering::Relaxed);
+        r.timeout.set(Some(Duration::from_millis(50)));
         let t = std::time::Instant::now();
         assert_eq!(
             r.read(&mut buf).unwrap_err().kind(),
@@ -467,7 +487,7 @@ mod tests {
         );
         assert!(t.elapsed() >= Duration::from_millis(50));
         b.write_all(b"abcdef").unwrap();
-        r.timeout.store(FOREVER, Ordering::Relaxed);
+        r.timeout.set(None);
         assert_eq!(r.read(&mut buf).unwrap(), 4);
         assert_eq!(&buf, b"abcd");
         assert_eq!(r.read(&mut buf).unwrap(), 2);

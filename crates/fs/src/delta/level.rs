@@ -91,7 +91,7 @@ const THIN_LINK: u64 = 256 << 10;
 /// Wi-Fi LAN's round trips take a few, and a Ping through ssh over the lab's LAN (0.2 ms),
 /// client and server cutting 20 MB on the same two cores, came back after 1.3 to 6.6 ms; the
 /// lab's T1 takes 10 ms and more.)
-const NEAR: Duration = Duration::from_millis(8);
+pub(crate) const NEAR: Duration = Duration::from_millis(8);
 const THIN_SAMPLE: u64 = 16 << 10;
 
 /// Whether the receiver's measure shows a broad or near link (a LAN): there, frames start low

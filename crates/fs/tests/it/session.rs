@@ -190,3 +190,34 @@ fn a_near_link_is_told_to_the_server_without_bulk() {
     }
     assert_eq!(*rates.lock().unwrap(), 1);
 }
+
+/// Before its first choice a fetch settles how near the link is. The Ping that went as the
+/// Hello came may be held behind the server's start: when it has not come back in time, one
+/// more goes, and the wait ends however long the first takes (here it never comes back).
+#[test]
+fn a_late_ping_is_followed_by_one_more_and_not_waited_for() {
+    use std::sync::{Arc, Mutex};
+    let pings = Arc::new(Mutex::new(0usize));
+    let seen = pings.clone();
+    let b = fake_server(move |m| match m {
+        Message::Hello(h) => Some(Message::Hello(ferry_proto::Hello { features: 0, ..h })),
+        Message::Request(Request::Ping) => {
+            let mut n = seen.lock().unwrap();
+            *n += 1;
+            (*n > 1).then_some(Message::Reply(Reply::Ok))
+        }
+        _ => Some(Message::Reply(Reply::Ok)),
+    });
+    let r = b.try_clone().unwrap();
+    let mut s = ferry_fs::Session::over(r, Box::new(b), Box::new(|| Ok(()))).unwrap();
+    s.conn.settle_probe().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while *pings.lock().unwrap() < 2 {
+        assert!(std::time::Instant::now() < deadline, "no second Ping went");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // Two in all, as ever: settling again sends no third.
+    s.conn.settle_probe().unwrap();
+    s.conn.call(Request::GetAttr { path: "".into() }).unwrap();
+    assert_eq!(*pings.lock().unwrap(), 2);
+}
