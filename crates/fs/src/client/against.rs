@@ -155,6 +155,15 @@ impl AgainstOld {
         (worth || !a.held.is_empty()).then_some(a)
     }
 
+    /// Over a fast link the context is kept to [`CONTEXT_FLOOR`]: the bytes a large one saves
+    /// take less time than it costs both sides (the server reads it and loads it into its
+    /// compressor, this side gathers it to decode). mbox-append's fetch through a local pipe,
+    /// 4 MiB of context against 64 KiB: 76.7 against 88.6 KiB in all, and 283 against 267 ms
+    /// (medians of 20, in turn).
+    pub(crate) fn fast_link(&mut self) {
+        self.context_budget = self.context_budget.min(CONTEXT_FLOOR);
+    }
+
     /// The held chunks to name as the context of the request for `group`: the nearest to it
     /// in the new version, up to 16 times its bytes and the file's budget, in file order (none
     /// when the server takes no context: then nothing is held).

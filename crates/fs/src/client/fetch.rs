@@ -293,7 +293,12 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
             Some(j.remote.clone()),
             src.cache,
         ) {
-            Some(a) => against.push((a, file_missing)),
+            Some(mut a) => {
+                if fast {
+                    a.fast_link();
+                }
+                against.push((a, file_missing))
+            }
             None => missing.extend(file_missing),
         }
         recipes.push((i, recipe, old.at));

@@ -246,7 +246,10 @@ impl Server {
         let with_context = !context.is_empty();
         let work = data.len() + context.len();
         if with_context {
-            prefix.splice(0..0, context);
+            // (Not spliced in: that copies the context a byte at a time.)
+            let mut head = context;
+            head.extend_from_slice(&prefix);
+            prefix = head;
         }
         if prefix.is_empty() {
             return Ok((found, Payload::Plain(data)));

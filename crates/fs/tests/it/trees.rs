@@ -196,17 +196,6 @@ fn a_deep_tree_costs_the_round_trips_of_a_shallow_one() {
     assert!(level >= 13, "{level} round trips");
 }
 
-/// A reader that waits 15 ms before each read: a link whose round trip is longer than a near
-/// one's 8 ms, however loaded the machine.
-struct Far(UnixStream);
-
-impl std::io::Read for Far {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        std::thread::sleep(std::time::Duration::from_millis(15));
-        self.0.read(buf)
-    }
-}
-
 /// The round trips of a get of `up` into `down` over `c`.
 fn get_trips<R: std::io::Read + Send>(
     mut c: Connection<R, UnixStream>,
