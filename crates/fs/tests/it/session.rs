@@ -8,7 +8,7 @@ use ferry_fs::{ConnError, Connection};
 use ferry_proto::{FrameDecoder, Level, Message, Reply, Request};
 use ferry_store::MemStore;
 
-use super::{get, serving};
+use super::{fake_server_on, get, serving};
 
 fn pipelined(root: &Path, level: Level) -> Connection<UnixStream, UnixStream> {
     let b = serving(root);
@@ -220,4 +220,39 @@ fn a_late_ping_is_followed_by_one_more_and_not_waited_for() {
     s.conn.settle_probe().unwrap();
     s.conn.call(Request::GetAttr { path: "".into() }).unwrap();
     assert_eq!(*pings.lock().unwrap(), 2);
+}
+
+/// As the server's Hello comes, the client sends a Ping it does not wait for: its reply times
+/// the link, not the server's work on the first requests (once the only round trips timed, and
+/// a fetch through a local pipe took its link for a far one). Here the server holds its answer
+/// to the GetAttr until the client has timed a round trip: only the Ping can time it.
+#[test]
+fn the_link_is_timed_by_a_ping_not_by_the_servers_work() {
+    use std::sync::{mpsc, Mutex};
+    let (go, gate) = mpsc::channel::<()>();
+    let gate = Mutex::new(gate);
+    let (a, b) = UnixStream::pair().unwrap();
+    fake_server_on(a, move |q| {
+        if q != Request::Ping {
+            gate.lock().unwrap().recv().unwrap();
+        }
+        (vec![], Reply::Ok)
+    });
+    let mut c = Connection::open(b.try_clone().unwrap(), b.try_clone().unwrap()).unwrap();
+    let before = c.traffic().round_trips;
+    let id = c.send(Request::GetAttr { path: "".into() }).unwrap();
+    c.flush().unwrap();
+    // Replies taken as they come, without waiting for the GetAttr's (which does not come).
+    b.set_read_timeout(Some(std::time::Duration::from_millis(10)))
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while c.round_trip().is_none() {
+        assert!(std::time::Instant::now() < deadline, "no round trip timed");
+        c.poll().unwrap();
+    }
+    b.set_read_timeout(None).unwrap();
+    go.send(()).unwrap();
+    c.replies(id).unwrap();
+    let trips = c.traffic().round_trips - before;
+    assert_eq!(trips, 1, "the Ping is not waited for");
 }
