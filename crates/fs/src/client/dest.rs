@@ -230,11 +230,18 @@ impl Temp {
 
     /// Renames the file over `name` in its directory and makes the rename durable (the
     /// directory fsynced).
-    pub(crate) fn rename_to(mut self, name: &OsStr) -> io::Result<()> {
+    #[cfg(test)]
+    pub(crate) fn rename_to(self, name: &OsStr) -> io::Result<()> {
+        let dir = self.rename_unsynced(name)?;
+        rustix::fs::fsync(&dir)?;
+        Ok(())
+    }
+
+    /// Renames the file over `name` in its directory; the directory, for the caller to sync.
+    pub(crate) fn rename_unsynced(mut self, name: &OsStr) -> io::Result<OwnedFd> {
         rustix::fs::renameat(&self.dir, &self.name, &self.dir, name)?;
         self.kept = true;
-        rustix::fs::fsync(&self.dir)?;
-        Ok(())
+        self.dir.try_clone()
     }
 }
 

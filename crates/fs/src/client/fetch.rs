@@ -12,7 +12,7 @@ use ferry_store::{ChunkStore, VerifiedChunk};
 use ferry_transfer::{EngineError, Options, Place, Sink, Source, Want};
 
 use super::against::{fetch_against, AgainstOld};
-use super::install::assemble;
+use super::install::{assemble, install_all, INSTALL_BATCH};
 use super::local::{index_local, LocalIndex};
 use super::partial;
 use super::plain::{ask_plain_ahead, fetch_short, take_plain_ahead};
@@ -332,6 +332,7 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
     fetch_short(conn, &by_short, src, stats, &mut fetched, &mut shorts)?;
     fetched.extend(fetch_chunks(conn, &missing, &places, src, stats)?);
     let mut again = vec![];
+    let mut written = vec![];
     for (i, recipe, here) in recipes {
         let recipe = match checks.get(&i) {
             None => recipe,
@@ -350,8 +351,15 @@ pub(crate) fn fetch_files<R: io::Read + Send, W: Write>(
                 }
             },
         };
-        assemble(&jobs[i], &recipe, &here, &fetched, src, stats)?;
+        written.push((
+            assemble(&jobs[i], &recipe, &here, &fetched, src, stats)?,
+            &jobs[i],
+        ));
+        if written.len() >= INSTALL_BATCH {
+            install_all(std::mem::take(&mut written), stats)?;
+        }
     }
+    install_all(written, stats)?;
     for i in ranges.fetch(conn, &jobs, src, stats)? {
         tracing::warn!(
             "{:?} changed while read by ranges; fetching it by recipe",

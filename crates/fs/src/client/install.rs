@@ -12,8 +12,8 @@ use super::walk::FileJob;
 use super::{mtime, GetError, GetStats, Sources};
 
 /// Writes a file from its recipe (each chunk from the old version here while it still holds
-/// it, else from the cache, where everything fetched went) into a temporary file, renamed
-/// over the destination.
+/// it, else from the cache, where everything fetched went) into a temporary file beside the
+/// destination, to be installed over it ([`install_all`]).
 pub(crate) fn assemble(
     j: &FileJob,
     recipe: &Recipe,
@@ -21,7 +21,7 @@ pub(crate) fn assemble(
     fetched: &HashSet<Id>,
     src: &Sources<'_>,
     stats: &mut GetStats,
-) -> Result<(), GetError> {
+) -> Result<Temp, GetError> {
     let local = &j.local;
     let existing = if here.is_empty() {
         None
@@ -64,7 +64,9 @@ pub(crate) fn assemble(
         }
         out.flush().map_err(GetError::local("write", local))?;
     }
-    install(tmp, j, stats)
+    tmp.synced_early()
+        .map_err(GetError::local("fsync", &j.local))?;
+    Ok(tmp)
 }
 
 /// The directory a file goes into (made if need be).
@@ -89,15 +91,66 @@ pub(crate) fn temp_beside(j: &FileJob) -> Result<Temp, GetError> {
 pub(crate) fn install(mut tmp: Temp, j: &FileJob, stats: &mut GetStats) -> Result<(), GetError> {
     tmp.synced_early()
         .map_err(GetError::local("fsync", &j.local))?;
-    settle(tmp.file(), j)?;
-    let name = j.local.file_name().ok_or_else(|| GetError::Local {
-        op: "install",
-        path: j.local.clone(),
-        error: std::io::Error::other("no file name"),
-    })?;
-    tmp.rename_to(name)
-        .map_err(GetError::local("rename into", &j.local))?;
-    stats.files += 1;
+    install_all(vec![(tmp, j)], stats)
+}
+
+/// Files written in full wait to be installed together, this many at most.
+pub(crate) const INSTALL_BATCH: usize = 64;
+
+/// Threads that make a batch of files durable.
+const SYNC_THREADS: usize = 8;
+
+/// Installs files written in full (each early sync waited for): gives each its mode and
+/// mtime and makes it durable, then renames each over its destination, then syncs each
+/// directory once. Each file is still renamed only once its bytes are on disk, and the call
+/// returns once every rename is. The files are synced by threads at once, so that one
+/// journal commit serves many: 126 files of 30 KB, on this machine's ext4, took 81-109 ms
+/// one at a time (a sync of the file and of its directory each), 30-53 ms so.
+pub(crate) fn install_all(
+    files: Vec<(Temp, &FileJob)>,
+    stats: &mut GetStats,
+) -> Result<(), GetError> {
+    if files.len() == 1 {
+        settle(files[0].0.file(), files[0].1)?;
+    } else {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let failed = std::sync::Mutex::new(None);
+        std::thread::scope(|s| {
+            for _ in 0..SYNC_THREADS.min(files.len()) {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((tmp, j)) = files.get(i) else { break };
+                    if let Err(e) = settle(tmp.file(), j) {
+                        failed
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .get_or_insert(e);
+                        break;
+                    }
+                });
+            }
+        });
+        if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            return Err(e);
+        }
+    }
+    let mut dirs = HashMap::new();
+    for (tmp, j) in files {
+        let name = j.local.file_name().ok_or_else(|| GetError::Local {
+            op: "install",
+            path: j.local.clone(),
+            error: std::io::Error::other("no file name"),
+        })?;
+        let dir = tmp
+            .rename_unsynced(name)
+            .map_err(GetError::local("rename into", &j.local))?;
+        dirs.entry(parent_dir(&j.local).to_path_buf())
+            .or_insert(dir);
+        stats.files += 1;
+    }
+    for (path, dir) in dirs {
+        rustix::fs::fsync(&dir).map_err(|e| GetError::local("fsync", &path)(e.into()))?;
+    }
     Ok(())
 }
 
