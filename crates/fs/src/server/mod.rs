@@ -20,6 +20,7 @@ use ferry_store::ChunkStore;
 
 use crate::export::{os, Export, FileId};
 
+mod commit;
 mod content;
 mod dirsync;
 mod group;
