@@ -332,7 +332,7 @@ impl Session {
         let stdout = child.stdout.take().expect("piped");
         let reader = LinkReader::new(stdout);
         let (timeout, hang_up) = (reader.timeout.clone(), reader.dropped.clone());
-        let watch = (reader.arrivals(), reader.timeout.clone());
+        let arrivals = reader.arrivals();
         let mut conn = match Connection::open_pipelined(
             reader,
             Box::new(stdin) as LinkWriter,
@@ -346,7 +346,7 @@ impl Session {
                 return Err(e);
             }
         };
-        conn.watch_reader(watch.0, watch.1);
+        conn.watch_reader(arrivals, timeout.clone());
         let child = Arc::new(std::sync::Mutex::new(child));
         let ended = child.clone();
         conn.before_hello(Box::new(move |e| exited_early(&ended, e)));
@@ -377,10 +377,10 @@ impl Session {
     ) -> Result<Session, ConnError> {
         let reader = LinkReader::new(reader);
         let (timeout, hang_up) = (reader.timeout.clone(), reader.dropped.clone());
-        let watch = (reader.arrivals(), reader.timeout.clone());
+        let arrivals = reader.arrivals();
         let mut conn =
             Connection::open_pipelined(reader, writer, crate::conn::DEFAULT_ZSTD_LEVEL, ask)?;
-        conn.watch_reader(watch.0, watch.1);
+        conn.watch_reader(arrivals, timeout.clone());
         conn.settle_hello()?;
         Ok(Session {
             conn,

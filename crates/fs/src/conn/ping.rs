@@ -49,7 +49,8 @@ impl<R: Read, W> Connection<R, W> {
             return Ok(());
         };
         for _ in 0..2 {
-            let Some(&(ping, went)) = self.pings.last() else {
+            // (The latest by when it went: a Ping answered leaves its place to the last.)
+            let Some(&(ping, went)) = self.pings.iter().max_by_key(|p| p.1) else {
                 return Ok(());
             };
             if crate::delta::near_link(self.rate.round_trip()) {

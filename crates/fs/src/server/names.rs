@@ -37,47 +37,48 @@ impl Server {
     }
 
     pub(super) fn rename(&mut self, from: &WirePath, to: &WirePath) -> Reply {
-        let r = (|| -> io::Result<()> {
-            let (fd, fname) = self.export.parent(from)?;
-            let (td, tname) = self.export.parent(to)?;
-            rustix::fs::renameat(&fd, os(&fname), &td, os(&tname))?;
-            self.dir_syncs.changed(&td)?;
-            self.dir_syncs.changed(&fd)?;
-            Ok(())
-        })();
-        match r {
-            Ok(()) => {
-                self.take_broken_own(&[from, to]);
-                Reply::Ok
-            }
-            Err(e) => io_error(from, &e),
-        }
+        self.between(from, to, true, |fd, fname, td, tname| {
+            Ok(rustix::fs::renameat(fd, os(fname), td, os(tname))?)
+        })
     }
 
     /// Makes `to` a new name of the file or symlink `from` (not following it). (Never of the
     /// server's own files, nor as one: refused before.)
     pub(super) fn link(&mut self, from: &WirePath, to: &WirePath) -> Reply {
-        let r = (|| -> io::Result<()> {
-            let (fd, fname) = self.export.parent(from)?;
-            let (td, tname) = self.export.parent(to)?;
-            rustix::fs::linkat(
-                &fd,
-                os(&fname),
-                &td,
-                os(&tname),
-                rustix::fs::AtFlags::empty(),
-            )?;
-            self.dir_syncs.changed(&td)?;
+        self.between(from, to, false, |fd, fname, td, tname| {
+            rustix::fs::linkat(fd, os(fname), td, os(tname), rustix::fs::AtFlags::empty())?;
             // The file's link count changed, which those watching `from`'s directory do not
             // see (the kernel tells it to the new name's directory only): a change of mode to
             // the same mode tells them, so their leases on `from` break.
             // (Best effort: the link is made.)
-            let st = rustix::fs::statat(&fd, os(&fname), rustix::fs::AtFlags::SYMLINK_NOFOLLOW);
+            let st = rustix::fs::statat(fd, os(fname), rustix::fs::AtFlags::SYMLINK_NOFOLLOW);
             if let Some(st) = st.ok().filter(|st| {
                 rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile
             }) {
                 let mode = rustix::fs::Mode::from_raw_mode(st.st_mode & 0o7777);
-                let _ = rustix::fs::chmodat(&fd, os(&fname), mode, rustix::fs::AtFlags::empty());
+                let _ = rustix::fs::chmodat(fd, os(fname), mode, rustix::fs::AtFlags::empty());
+            }
+            Ok(())
+        })
+    }
+
+    /// Runs `op` on the parent directories of `from` and `to` and their last components: the
+    /// directory of `to` is synced (or kept for the next Sync), and with `from_changed` that of
+    /// `from` too.
+    fn between(
+        &mut self,
+        from: &WirePath,
+        to: &WirePath,
+        from_changed: bool,
+        op: impl FnOnce(&OwnedFd, &[u8], &OwnedFd, &[u8]) -> io::Result<()>,
+    ) -> Reply {
+        let r = (|| -> io::Result<()> {
+            let (fd, fname) = self.export.parent(from)?;
+            let (td, tname) = self.export.parent(to)?;
+            op(&fd, &fname, &td, &tname)?;
+            self.dir_syncs.changed(&td)?;
+            if from_changed {
+                self.dir_syncs.changed(&fd)?;
             }
             Ok(())
         })();
