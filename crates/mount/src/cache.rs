@@ -69,6 +69,8 @@ pub(crate) struct FileCache {
     /// emptied.
     trashed: std::sync::atomic::AtomicU64,
     full: std::sync::atomic::AtomicBool,
+    /// Records written so far.
+    written: std::sync::atomic::AtomicU64,
 }
 
 impl FileCache {
@@ -90,6 +92,7 @@ impl FileCache {
             trash,
             trashed: Default::default(),
             full: std::sync::atomic::AtomicBool::new(true),
+            written: Default::default(),
         };
         cache.empty_trash();
         Ok(cache)
@@ -136,6 +139,11 @@ impl FileCache {
         remember(&mut self.known(), Self::key(path), m);
     }
 
+    /// How many records were written (a measure of the mount's own work, for tests).
+    pub(crate) fn records_written(&self) -> u64 {
+        self.written.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Records `path`'s copy. A record that says dirty over one that exists is replaced
     /// atomically (temporary file, rename; not fsynced: the record is a hint, and the ordering
     /// rules in the module docs keep every crash outcome safe). Any other is rewritten in place
@@ -160,6 +168,8 @@ impl FileCache {
             return Ok(());
         }
         let r = self.write_meta(path, &m);
+        self.written
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         match r {
             Ok(()) => remember(&mut known, key, Some(m)),
             // Unknown: a failed write may have left either.

@@ -583,7 +583,7 @@ impl Vfs {
                 continue;
             }
             let mode = self.lock().attrs.get(&path).map_or(0o644, |l| l.value.mode);
-            match self.commit(&path, mode, false, false) {
+            match self.commit(&path, mode, false, false, None) {
                 Ok(_) => tracing::info!("{path:?}: changes kept from before written back"),
                 Err(e) => {
                     if e == Errno::EHOSTDOWN {
@@ -644,6 +644,11 @@ impl Vfs {
     /// What the current session with the server has carried.
     pub fn traffic(&self) -> Option<ferry_fs::Traffic> {
         self.link.traffic()
+    }
+
+    /// How many records of cached copies this mount has written (its own work a change).
+    pub fn records_written(&self) -> u64 {
+        self.files.records_written()
     }
 
     /// Whether the server can be reached now.

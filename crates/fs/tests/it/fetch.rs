@@ -253,10 +253,11 @@ fn a_small_files_keys_are_three_bytes() {
     assert!(fs::read(t.path().join("local")).unwrap() == new);
     assert!(s.against_old >= 1, "{s:?}");
     // The requests: GetAttr, the recipe against the old pages, and one GetChunks with the
-    // keys (with it, when the client has a measure of the link, one Rate of at most 20
-    // bytes); 4-byte keys alone would be ~150 bytes more.
+    // keys: 251-261 bytes here. With them, as the machine's load has it, one Rate and a
+    // second Ping (when the first came back late) of some 20 bytes each; 4-byte keys alone
+    // would be ~150 bytes more.
     let sent = c.traffic().bytes_sent - before;
-    assert!(sent < 280, "{sent} bytes sent");
+    assert!(sent < 330, "{sent} bytes sent");
 }
 
 /// Fetches a changed file; returns the bytes both ways.

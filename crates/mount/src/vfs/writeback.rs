@@ -223,19 +223,21 @@ impl Vfs {
             return Ok(false);
         }
         let exclusive = self.lock().inodes.get(&ino).is_some_and(|n| n.exclusive);
-        match self.commit(&path, mode, how == Back::Sync, exclusive) {
+        match self.commit(
+            &path,
+            mode,
+            how == Back::Sync,
+            exclusive,
+            Some((ino, writes)),
+        ) {
             Ok((a, synced)) => {
                 let mut st = self.lock();
                 let clean = st.inodes.get(&ino).is_some_and(|n| n.writes == writes);
                 let writing = st.inodes.get(&ino).is_some_and(|n| n.writers > 0);
-                if !clean || writing {
-                    // More was written meanwhile: still dirty, now against what was committed.
-                    // Or still open for writing (the close of one of several descriptors, as
-                    // a shell's redirection makes): labelled dirty at the version committed,
-                    // as a create labels its copy, so the next write syncs no record (made
-                    // clean again if it is closed unwritten).
-                    self.files.set_meta(&path, Some(a.version), true)?;
-                }
+                // The commit labelled the record so already (nothing is written again), unless
+                // the last writer closed or wrote while it was on its way.
+                self.files
+                    .set_meta(&path, Some(a.version), !clean || writing)?;
                 if let Some(n) = st.inodes.get_mut(&ino) {
                     n.committed(a.version, clean);
                 }
@@ -282,13 +284,18 @@ impl Vfs {
     /// permission bits `mode`; the record becomes the new version, clean. If the file moved
     /// on meanwhile, the last close wins: it is committed again over the current version.
     /// An `exclusive` create made here (no version yet) that finds the name taken is not
-    /// committed: `EEXIST`.
+    /// committed: `EEXIST`. With `open`, an inode and its count of writes when its copy was
+    /// taken: if it is written since or still open for writing, the record says dirty at the
+    /// version committed instead (more was written, or will be: against what was committed),
+    /// as a create labels its copy, so the next write syncs no record (made clean again if it
+    /// is closed unwritten). One record written a commit, not two.
     pub(super) fn commit(
         &self,
         path: &WirePath,
         mode: u32,
         sync: bool,
         exclusive: bool,
+        open: Option<(Ino, u64)>,
     ) -> Result<(Attr, bool), Errno> {
         // A change of its attributes or name made here and not yet answered moves its version
         // on the server: the commit is made against the version after it.
@@ -336,7 +343,12 @@ impl Vfs {
                     if let Some(r) = stats.last_recipe.take() {
                         self.recipes.put(path, a.version, r);
                     }
-                    self.files.set_meta(path, Some(a.version), false)?;
+                    let dirty = open.is_some_and(|(ino, writes)| {
+                        let st = self.lock();
+                        let n = st.inodes.get(&ino);
+                        n.is_some_and(|n| n.writes != writes || n.writers > 0)
+                    });
+                    self.files.set_meta(path, Some(a.version), dirty)?;
                     let mut st = self.lock();
                     self.store_attr(&mut st, path, a.clone(), asked);
                     if let Some((dir, name)) = path.split_last() {

@@ -544,6 +544,31 @@ fn a_file_committed_here_is_committed_again_in_one_round_trip() {
     }
 }
 
+/// An fsync of a file still open for writing (SQLite's, each transaction) writes its copy's
+/// record once: dirty at the version committed, not clean and then dirty again.
+#[test]
+fn an_fsync_while_open_writes_one_record() {
+    let (_t, root, _remote, v) = one_client();
+    let mut data = bytes(4, 100_000);
+    super::make(&v, ROOT, b"db", &data, false);
+    let f = v.lookup(ROOT, b"db").unwrap();
+    let o = v.open(f.ino, true, false).unwrap();
+    for round in 0..3u8 {
+        data[4096 * round as usize] ^= 0xff;
+        let at = 4096 * round as u64;
+        v.write(o.fh, at, &data[at as usize..at as usize + 4096])
+            .unwrap();
+        let before = v.records_written();
+        v.fsync(o.fh).unwrap();
+        assert_eq!(v.records_written() - before, 1, "round {round}");
+        assert_eq!(std::fs::read(root.join("db")).unwrap(), data);
+    }
+    // Closed unwritten since: labelled clean.
+    let before = v.records_written();
+    v.release(o.fh).unwrap();
+    assert_eq!(v.records_written() - before, 1);
+}
+
 /// A directory's mode and time set once its files are in (`cp -a`, `tar x`) go with the queue
 /// too, in the round trip that takes the files; one made unwritable by its owner is changed at
 /// once (the creations queued after it could not be made).

@@ -258,7 +258,11 @@ fn data_part<R: io::Read, W: Write>(
     // The prefix: the base's chunks the new version keeps, nearest to this data (read here
     // from the new file); old chunks the new version dropped that the cache holds; pieces
     // whose keys the server sent.
-    let (mut olds, mut prefix) = context(c, base, &range, len, j)?;
+    let held = opts.cache.map_or(0, |_| {
+        let lens = c.held_olds.iter().map(|&(i, _)| base.chunks[i].0 as u64);
+        lens.sum()
+    });
+    let (mut olds, mut prefix) = context(c, base, &range, len, held, j)?;
     if let Some(cache) = opts.cache {
         for &(i, id) in &c.held_olds {
             if let Ok(Some(bytes)) = cache.get(&id) {
@@ -297,6 +301,19 @@ fn data_part<R: io::Read, W: Write>(
     Ok(WritePart::Data { lens, payload })
 }
 
+/// Bytes of neighbours for `len` bytes of new data when the cache holds `held` bytes of the
+/// old chunks the new version dropped. Those old versions are what the data matches best (a
+/// page of a database, an edited paragraph): then the neighbours add little but the work of
+/// loading them into the compressor, which for a small change (SQLite's commits: a few pages
+/// of a file of 100 KB) cost more than compressing the data, and as much again on the server.
+fn context_budget(len: u64, held: u64) -> u64 {
+    if held >= len {
+        len
+    } else {
+        (len * 16).clamp(CONTEXT_FLOOR, CONTEXT_MAX)
+    }
+}
+
 /// How far chunk `k` lies from the chunks `range` (0 within it: a kept chunk can sit between
 /// new ones of one range).
 fn distance(k: usize, range: &std::ops::Range<usize>) -> usize {
@@ -309,15 +326,17 @@ fn distance(k: usize, range: &std::ops::Range<usize>) -> usize {
 
 /// The chunks of the base the new version keeps nearest to new chunks `range` (`len` bytes):
 /// their base indices, in the order of the new version, and their bytes (read from the new
-/// file), up to 16 times the data and [`CONTEXT_MAX`] (at least [`CONTEXT_FLOOR`]).
+/// file), up to 16 times the data and [`CONTEXT_MAX`] (at least [`CONTEXT_FLOOR`]); as much as
+/// the data only when the old chunks held here (`held` bytes) are at least as many.
 fn context(
     c: &Chunked,
     base: &BaseView,
     range: &std::ops::Range<usize>,
     len: u64,
+    held: u64,
     j: &PutJob,
 ) -> Result<(Vec<u32>, Vec<u8>), GetError> {
-    let budget = (len * 16).clamp(CONTEXT_FLOOR, CONTEXT_MAX);
+    let budget = context_budget(len, held);
     let chunks = c.recipe.chunks();
     let mut near: Vec<(usize, usize)> = base.shared.iter().map(|(&k, &b)| (k, b)).collect();
     near.sort_by_key(|&(k, _)| distance(k, range));
@@ -346,6 +365,18 @@ fn context(
 
 #[cfg(test)]
 mod tests {
+    /// With the old chunks held, the neighbours are as many bytes as the data; else at least
+    /// the floor, up to 16 times the data, at most the maximum.
+    #[test]
+    fn the_context_is_small_when_the_old_chunks_are_held() {
+        use super::{context_budget, CONTEXT_FLOOR, CONTEXT_MAX};
+        assert_eq!(context_budget(8 << 10, 8 << 10), 8 << 10);
+        assert_eq!(context_budget(8 << 10, 1 << 20), 8 << 10);
+        assert_eq!(context_budget(2 << 10, 1 << 10), CONTEXT_FLOOR);
+        assert_eq!(context_budget(64 << 10, 0), 1 << 20);
+        assert_eq!(context_budget(1 << 20, 0), CONTEXT_MAX);
+    }
+
     /// A kept chunk between the new chunks of one range is at distance 0 (it underflowed, found
     /// by the crash simulator's varied rounds).
     #[test]
