@@ -69,9 +69,9 @@ const DECIDE_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 /// MiB of the mailbox) over a 30 ms round trip: 48.7 KiB in 88 ms at 9, 47.6 KiB in 285 ms at
 /// 12, 42.1 KB in 1.4 s at 19 (its binary trees index the whole prefix; the levels from 13 up
 /// take as long). 12 pays over 9 only under about 45 kbit/s (5.6 KB/s), and by 1.5 % of the
-/// time at 10 kbit/s; on the lab's DSL (4 Mbit/s) it cost 0.2 s of a fetch of 1.4 s. Once a frame is
-/// out, the link's waits lead: a link the sender waits on buys level 19's bytes with time it
-/// would idle anyway.
+/// time at 10 kbit/s; on the lab's DSL (4 Mbit/s) it cost 0.2 s of a fetch of 1.4 s. Once a
+/// frame is out, the link's waits lead: a link the sender waits on buys level 19's bytes with
+/// time it would idle anyway.
 const START_LEVEL: i32 = 9;
 /// Links the receiver measured at least this fast (64 Mbit/s, a LAN) start at the session's
 /// own level; those at least [`BROAD_LINK`] (8 Mbit/s) at 6 at most, and those at least
