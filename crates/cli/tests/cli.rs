@@ -72,6 +72,19 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// An executable shell script `name` in `dir` with `body`.
+fn script(dir: &Path, name: &str, body: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, body).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path
+}
+
+/// A remote shell that drops the host and runs the command here (`ferry -e`).
+fn local_rsh(dir: &Path, name: &str) -> std::path::PathBuf {
+    script(dir, name, "#!/bin/sh\nshift\nexec \"$@\"\n")
+}
+
 /// `ferry` as the user whose data and cache live under `home`.
 fn ferry_as(home: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ferry"))

@@ -172,10 +172,7 @@ fn authorize(me: &Path, lan: &Path) {
 
 /// A remote shell that runs the command here, as this user, in `dir/ssh-here`.
 fn ssh_here(dir: &Path) -> std::path::PathBuf {
-    let rsh = dir.join("ssh-here");
-    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
-    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    rsh
+    super::local_rsh(dir, "ssh-here")
 }
 
 /// `ferry get --json` of `remote` into `dst` over `rsh`, as the user whose home is `home`: its
@@ -208,21 +205,13 @@ fn source(summary: &serde_json::Value, name: &str) -> Option<serde_json::Value> 
 
 /// A remote shell that runs the command here, as the user whose home is `home`.
 fn fake_ssh(dir: &Path, home: &Path) -> std::path::PathBuf {
-    let rsh = dir.join(format!(
-        "ssh-as-{}",
-        home.file_name().unwrap().to_string_lossy()
-    ));
+    let name = format!("ssh-as-{}", home.file_name().unwrap().to_string_lossy());
     let h = home.display();
-    std::fs::write(
-        &rsh,
-        format!(
-            "#!/bin/sh\nshift\nexport XDG_DATA_HOME={h}/data XDG_CACHE_HOME={h}/cache \
-             XDG_RUNTIME_DIR={h}/run\nexec \"$@\"\n"
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    rsh
+    let body = format!(
+        "#!/bin/sh\nshift\nexport XDG_DATA_HOME={h}/data XDG_CACHE_HOME={h}/cache \
+         XDG_RUNTIME_DIR={h}/run\nexec \"$@\"\n"
+    );
+    super::script(dir, &name, &body)
 }
 
 fn tree(root: &Path) {

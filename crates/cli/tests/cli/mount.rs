@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::{data, s, test_cache};
+use super::{data, s, script, test_cache};
 
 /// Whether real mounts can be made here; says why not when they cannot.
 fn can_mount() -> bool {
@@ -71,17 +71,11 @@ fn ended(pid: u32) -> bool {
 
 /// A remote shell that runs the far side locally, noting its process id in `pids`.
 fn fake_ssh(dir: &Path) -> PathBuf {
-    let rsh = dir.join("fake-ssh");
-    std::fs::write(
-        &rsh,
-        format!(
-            "#!/bin/sh\nshift\necho $$ >> {}/pids\nexec \"$@\"\n",
-            dir.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    rsh
+    let body = format!(
+        "#!/bin/sh\nshift\necho $$ >> {}/pids\nexec \"$@\"\n",
+        dir.display()
+    );
+    script(dir, "fake-ssh", &body)
 }
 
 fn mount(t: &Path, srv: &Path, at: &Path, cache: &Path) -> Mounted {

@@ -9,9 +9,7 @@ use super::*;
 #[test]
 fn a_file_is_fetched_to_a_bare_relative_name() {
     let t = tempfile::tempdir().unwrap();
-    let rsh = t.path().join("fake-ssh");
-    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
-    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let rsh = local_rsh(t.path(), "fake-ssh");
     let srv = t.path().join("srv");
     std::fs::create_dir_all(&srv).unwrap();
     std::fs::write(srv.join("f"), b"hello\n").unwrap();
@@ -42,9 +40,7 @@ fn a_file_is_fetched_to_a_bare_relative_name() {
 #[test]
 fn get_over_a_remote_shell() {
     let t = tempfile::tempdir().unwrap();
-    let rsh = t.path().join("fake-ssh");
-    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
-    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let rsh = local_rsh(t.path(), "fake-ssh");
     let srv = t.path().join("srv");
     std::fs::create_dir_all(srv.join("docs")).unwrap();
     let mut doc = data(3_000_000, 7);
@@ -337,9 +333,7 @@ fn a_server_killed_during_commit_leaves_old_or_new() {
         .unwrap();
     }
     assert!(temps(&srv) > 0);
-    let rsh = t.path().join("fake-ssh");
-    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
-    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let rsh = local_rsh(t.path(), "fake-ssh");
     let remote = format!("h:{}", srv.display());
     let ferry = env!("CARGO_BIN_EXE_ferry");
     let listing = ok(&["ls", "-e", s(&rsh), "--remote-ferry", ferry, &remote]);
@@ -366,17 +360,12 @@ fn retry_reconnects_after_a_failed_link() {
     std::fs::create_dir(&srv).unwrap();
     std::fs::write(srv.join("f"), data(100_000, 9)).unwrap();
     let mark = t.path().join("failed-once");
-    let rsh = t.path().join("flaky-ssh");
-    std::fs::write(
-        &rsh,
-        format!(
-            "#!/bin/sh\nif [ ! -e '{}' ]; then touch '{}'; exit 255; fi\nshift\nexec \"$@\"\n",
-            mark.display(),
-            mark.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let body = format!(
+        "#!/bin/sh\nif [ ! -e '{}' ]; then touch '{}'; exit 255; fi\nshift\nexec \"$@\"\n",
+        mark.display(),
+        mark.display()
+    );
+    let rsh = script(t.path(), "flaky-ssh", &body);
     let bin = env!("CARGO_BIN_EXE_ferry");
     let remote = format!("h:{}", srv.join("f").display());
     let cache = t.path().join("cache");

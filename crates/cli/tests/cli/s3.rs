@@ -253,13 +253,12 @@ fn a_daemon_fetches_from_the_s3_store_another_copied_to() {
 /// A remote shell that runs the command here, and a `ferry` for it that serves with the
 /// shared store `store` and the cache of `home` (one "server machine" per home).
 fn server_on(t: &Path, gw: &S3Server, home: &Path, store: &str) -> (String, String) {
-    let rsh = t.join("ssh-here");
-    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
-    let bin = home.join("remote-ferry");
+    let rsh = super::local_rsh(t, "ssh-here");
     std::fs::create_dir_all(home).unwrap();
-    std::fs::write(
-        &bin,
-        format!(
+    let bin = super::script(
+        home,
+        "remote-ferry",
+        &format!(
             "#!/bin/sh\nexport XDG_CACHE_HOME={h}/cache HOME={h} AWS_ACCESS_KEY_ID={a} \
              AWS_SECRET_ACCESS_KEY={s} AWS_ENDPOINT_URL={e} AWS_REGION={r}\nsub=$1\nshift\n\
              exec {f} \"$sub\" --store {store} \"$@\"\n",
@@ -270,11 +269,7 @@ fn server_on(t: &Path, gw: &S3Server, home: &Path, store: &str) -> (String, Stri
             r = gw.region,
             f = env!("CARGO_BIN_EXE_ferry"),
         ),
-    )
-    .unwrap();
-    for p in [&rsh, &bin] {
-        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    }
+    );
     (rsh.display().to_string(), bin.display().to_string())
 }
 

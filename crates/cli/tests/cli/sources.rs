@@ -6,9 +6,7 @@ use super::*;
 #[test]
 fn the_cache_stays_within_its_bound() {
     let t = tempfile::tempdir().unwrap();
-    let rsh = t.path().join("fake-ssh");
-    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
-    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let rsh = local_rsh(t.path(), "fake-ssh");
     let srv = t.path().join("srv");
     std::fs::create_dir(&srv).unwrap();
     // Two trees of 3 MB in files each under a sixteenth of the bound (a larger file read
@@ -58,9 +56,7 @@ fn the_cache_stays_within_its_bound() {
 #[test]
 fn get_with_a_mirror_draws_on_both_and_survives_a_dead_one() {
     let t = tempfile::tempdir().unwrap();
-    let rsh = t.path().join("fake-ssh");
-    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
-    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let rsh = local_rsh(t.path(), "fake-ssh");
     let (a, b) = (t.path().join("a/tree"), t.path().join("b/copy"));
     for root in [&a, &b] {
         std::fs::create_dir_all(root).unwrap();
@@ -108,9 +104,7 @@ fn over_a_fast_link_small_new_files_come_whole_not_from_a_device() {
     // more than the link's transfer of them); a large one is still searched for on the stick.
     let t = tempfile::tempdir().unwrap();
     let home = t.path().join("home");
-    let rsh = t.path().join("fake-ssh");
-    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
-    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let rsh = local_rsh(t.path(), "fake-ssh");
     let (export, stick) = (t.path().join("export"), t.path().join("stick"));
     std::fs::create_dir_all(export.join("src")).unwrap();
     std::fs::create_dir_all(&stick).unwrap();
@@ -171,9 +165,7 @@ fn over_a_fast_link_small_new_files_come_whole_not_from_a_device() {
 fn lookaside_devices_supply_chunks_and_stale_ones_cost_only_time() {
     let t = tempfile::tempdir().unwrap();
     let home = t.path().join("home");
-    let rsh = t.path().join("fake-ssh");
-    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
-    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let rsh = local_rsh(t.path(), "fake-ssh");
     // The server holds v2; the stick an older copy, in its own layout.
     let (export, stick) = (t.path().join("export"), t.path().join("stick"));
     std::fs::create_dir_all(export.join("src")).unwrap();

@@ -205,9 +205,7 @@ fn a_vault_in_a_bucket() {
 #[test]
 fn a_vault_on_a_ferry_server_applies_updates_there() {
     let t = tempfile::tempdir().unwrap();
-    let rsh = t.path().join("fake-ssh");
-    std::fs::write(&rsh, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
-    std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let rsh = super::local_rsh(t.path(), "fake-ssh");
     let srv = t.path().join("srv");
     std::fs::create_dir_all(&srv).unwrap();
     let home = t.path().join("home");
