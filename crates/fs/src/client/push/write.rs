@@ -258,10 +258,9 @@ fn data_part<R: io::Read, W: Write>(
     // The prefix: the base's chunks the new version keeps, nearest to this data (read here
     // from the new file); old chunks the new version dropped that the cache holds; pieces
     // whose keys the server sent.
-    let held = opts.cache.map_or(0, |_| {
-        let lens = c.held_olds.iter().map(|&(i, _)| base.chunks[i].0 as u64);
-        lens.sum()
-    });
+    // (Old chunks are held only where there is a cache.)
+    let held = c.held_olds.iter().map(|&(i, _)| base.chunks[i].0 as u64);
+    let held = held.sum();
     let (mut olds, mut prefix) = context(c, base, &range, len, held, j)?;
     if let Some(cache) = opts.cache {
         for &(i, id) in &c.held_olds {
