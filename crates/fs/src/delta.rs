@@ -219,29 +219,48 @@ pub fn worth_a_frame(
     work: usize,
 ) -> io::Result<Option<Vec<u8>>> {
     let floor = level.floor();
-    let (against, alone) = level.timed(work, data, |level| {
-        let against = encode(data, prefix, level);
-        if against
-            .as_ref()
-            .is_ok_and(|f| f.len() * CLEAR_WIN <= data.len())
-        {
-            return (against, None);
-        }
-        let alone_level = if data.len() <= SMALL_FRAME {
-            level
-        } else {
-            floor
-        };
-        let alone = encode(data, &[], alone_level).map_or(usize::MAX, |f| f.len());
-        (against, Some(alone))
-    });
+    let tried = level.timed(work, data, |level| try_frame(data, prefix, level, floor));
+    judge_frame(level, data.len(), tried)
+}
+
+/// What [`try_frame`] found: the frame against the prefix, and the data's size compressed
+/// alone when that was tried too.
+pub type Tried = (io::Result<Vec<u8>>, Option<usize>);
+
+/// The compressing half of [`worth_a_frame`], at `level` (the data alone, when it is compared,
+/// at that level if the data is small, else at `floor`): it needs nothing of the sender's
+/// state, so it may run on a thread of its own.
+pub fn try_frame(data: &[u8], prefix: &[u8], level: i32, floor: i32) -> Tried {
+    let against = encode(data, prefix, level);
+    if against
+        .as_ref()
+        .is_ok_and(|f| f.len() * CLEAR_WIN <= data.len())
+    {
+        return (against, None);
+    }
+    let alone_level = if data.len() <= SMALL_FRAME {
+        level
+    } else {
+        floor
+    };
+    let alone = encode(data, &[], alone_level).map_or(usize::MAX, |f| f.len());
+    (against, Some(alone))
+}
+
+/// The judging half of [`worth_a_frame`]: the frame [`try_frame`] made of `len` bytes of data,
+/// if it pays.
+pub fn judge_frame(
+    level: &mut FrameLevel,
+    len: usize,
+    (against, alone): Tried,
+) -> io::Result<Option<Vec<u8>>> {
     let against = against?;
     // An eighth of the data or less: the old data clearly pays (alone, the data would have to
     // compress more than 7 to 1 to beat it by a tenth), and is not compressed alone to see.
     let Some(alone) = alone else {
         return Ok(Some(against));
     };
-    let compressible = alone * 10 < data.len() * 9;
+    let compressible = alone * 10 < len * 9;
     if !compressible {
         level.hard_frame(alone.saturating_sub(against.len()));
     }

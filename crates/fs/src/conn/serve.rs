@@ -117,7 +117,12 @@ fn serve_until_closed(
                 (replied, wrote) = (false, std::time::Instant::now());
             }
         }
-        // Nothing more has come: the commits that came together are installed together.
+        // Nothing more has come: the replies whose frames are being compressed go (their
+        // time is the client's wait), then the commits that came together are installed
+        // together.
+        for reply in server.finish_frames() {
+            outflow.push(&reply, &mut bytes)?;
+        }
         for reply in server.settle() {
             outflow.push(&reply, &mut bytes)?;
         }

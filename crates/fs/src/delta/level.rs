@@ -206,8 +206,9 @@ impl FrameLevel {
         self.levels[0]
     }
 
-    /// The level for a frame of `bytes` of work, its data starting with `sample`.
-    fn level(&mut self, bytes: usize, sample: &[u8]) -> i32 {
+    /// The level for a frame of `bytes` of work, its data starting with `sample` (compressed
+    /// elsewhere: [`took`](Self::took) then says how long that took).
+    pub fn pick(&mut self, bytes: usize, sample: &[u8]) -> i32 {
         let top = self.levels.len() - 1;
         // A decision once the frames since the last took long enough to say something (a large
         // one, or small ones adding up) and were written: nothing written says nothing about
@@ -255,13 +256,17 @@ impl FrameLevel {
     /// Runs `compress` (a frame of `bytes` of work: `data`, and whatever goes with it) at the
     /// level for it, timed for the next decision.
     pub fn timed<T>(&mut self, bytes: usize, data: &[u8], compress: impl FnOnce(i32) -> T) -> T {
-        let level = self.level(bytes, data);
+        let level = self.pick(bytes, data);
         let started = std::time::Instant::now();
         let out = compress(level);
-        let took = started.elapsed();
+        self.took(bytes, level, started.elapsed());
+        out
+    }
+
+    /// A frame of `bytes` of work at `level` (its [`pick`](Self::pick)) took `took` to compress.
+    pub fn took(&mut self, bytes: usize, level: i32, took: Duration) {
         tracing::debug!("a frame of {bytes} bytes of work at level {level}: {took:?}");
         self.compressed(bytes, took);
-        out
     }
 
     /// A frame of `bytes` of work was compressed in `busy`: it joins the frames since the last
@@ -378,25 +383,25 @@ mod tests {
         let next_for = |f: &mut FrameLevel, busy: u64, waited: u64, data: &[u8]| {
             f.compressed(big, ms(busy));
             f.wrote(ms(waited));
-            f.level(big, data)
+            f.pick(big, data)
         };
         let next = |f: &mut FrameLevel, busy: u64, waited: u64| next_for(f, busy, waited, TEXT);
         let mut f = FrameLevel::new(9);
         // Frames start at 9, small and large.
-        assert_eq!(f.level(1000, TEXT), 9);
-        assert_eq!(f.level(big, TEXT), 9);
+        assert_eq!(f.pick(1000, TEXT), 9);
+        assert_eq!(f.pick(big, TEXT), 9);
         // A thin link: writing waited 20 times as long as compressing took; up to the top.
         assert_eq!(next(&mut f, 2000, 40_000), 19);
         // A LAN: the write hardly waited. Down, several steps at once, to the session's level.
         assert_eq!(next(&mut f, 2000, 1), 9);
-        assert_eq!(f.level(1000, TEXT), 9, "small frames follow");
+        assert_eq!(f.pick(1000, TEXT), 9, "small frames follow");
         // No write between two large frames (replies gather before they go out): no decision.
         f.compressed(big, ms(2000));
         assert!(f.unwritten());
-        assert_eq!(f.level(big, TEXT), 9);
+        assert_eq!(f.pick(big, TEXT), 9);
         f.wrote(ms(30_000));
         assert!(!f.unwritten());
-        assert_eq!(f.level(big, TEXT), 17);
+        assert_eq!(f.pick(big, TEXT), 17);
         assert_eq!(next(&mut f, 2000, 1), 9);
         // Waits between an eighth of the time and all of it: stay.
         assert_eq!(next(&mut f, 100, 50), 9);
@@ -409,7 +414,7 @@ mod tests {
         f.compressed(big, ms(1000));
         f.wrote(ms(600));
         f.wrote(ms(600));
-        assert_eq!(f.level(big, TEXT), 17);
+        assert_eq!(f.pick(big, TEXT), 17);
         // A receiver slower than the link (its writes waited 20 times as long as level 3 took)
         // does not buy level 15 against a large prefix: 12 is 12 times the work of 3.
         let mut f = FrameLevel::new(3);
@@ -465,8 +470,8 @@ mod tests {
             assert!(!f.plain_is_better(&random));
         }
         let mut f = FrameLevel::new(9);
-        assert_eq!(f.level(1000, &random), 9, "small frames follow the level");
-        assert_eq!(f.level(big, &random), 9);
+        assert_eq!(f.pick(1000, &random), 9, "small frames follow the level");
+        assert_eq!(f.pick(big, &random), 9);
         // A LAN, where the peer's work makes writes wait a little: stays.
         assert_eq!(next_for(&mut f, 100, 300, &random), 9);
         assert_eq!(
@@ -475,7 +480,7 @@ mod tests {
             "15 costs over 3 times 12"
         );
         let mut f = FrameLevel::new(9);
-        assert_eq!(f.level(big, &random), 9);
+        assert_eq!(f.pick(big, &random), 9);
         assert_eq!(next_for(&mut f, 100, 10_000, &random), 19);
         assert_eq!(next_for(&mut f, 3000, 5000, &random), 19);
         assert_eq!(next_for(&mut f, 3000, 1000, &random), 9);
@@ -490,7 +495,7 @@ mod tests {
             if let Some((rate, sample)) = measure {
                 f.link_rate(rate, sample, None);
             }
-            f.level(big, &text)
+            f.pick(big, &text)
         };
         assert_eq!(first(9, None), 9);
         assert_eq!(first(9, Some((500_000, 30_000))), 9, "4 Mbit/s");
@@ -516,7 +521,7 @@ mod tests {
         let near = |floor: i32, rate, round_trip| {
             let mut f = FrameLevel::new(floor);
             f.link_rate(rate, 500, Some(Duration::from_micros(round_trip)));
-            f.level(big, &text)
+            f.pick(big, &text)
         };
         assert_eq!(near(3, 9000, 800), 3);
         assert_eq!(near(9, 9000, 800), 9);
@@ -534,7 +539,7 @@ mod tests {
         let small = |round_trip| {
             let mut f = FrameLevel::new(3);
             f.link_rate(9000, 500, Some(Duration::from_micros(round_trip)));
-            f.level(48 << 10, &text)
+            f.pick(48 << 10, &text)
         };
         assert_eq!(small(800), 3);
         assert_eq!(small(30_000), 9);
@@ -542,39 +547,39 @@ mod tests {
         // 3, until the link is shown broad or near.
         let random = random_bytes(0x2545_f491_4f6c_dd1d, 200_000);
         let mut f = FrameLevel::new(3);
-        assert_eq!(f.level(big, &random), 9);
+        assert_eq!(f.pick(big, &random), 9);
         f.link_rate(2_000_000, 500, None);
-        assert_eq!(f.level(big, &random), 3);
+        assert_eq!(f.pick(big, &random), 3);
         let mut f = FrameLevel::new(3);
         f.link_rate(9000, 500, Some(Duration::from_micros(800)));
-        assert_eq!(f.level(big, &random), 3);
+        assert_eq!(f.pick(big, &random), 3);
         // Writes that did not wait prove nothing: the session goes down to 9 only.
         let mut f = FrameLevel::new(3);
         f.compressed(big, Duration::from_millis(100));
         f.wrote(Duration::from_millis(1));
-        assert_eq!(f.level(big, &random), 9);
-        assert_eq!(f.level(big, &text), 9);
+        assert_eq!(f.pick(big, &random), 9);
+        assert_eq!(f.pick(big, &text), 9);
         let mut f = FrameLevel::new(3);
         f.link_rate(9000, 500, Some(Duration::from_micros(800)));
         f.compressed(big, Duration::from_millis(100));
         f.wrote(Duration::from_millis(1));
-        assert_eq!(f.level(big, &text), 3);
+        assert_eq!(f.pick(big, &text), 3);
         // Later measures replace earlier ones until the first large frame.
         let mut f = FrameLevel::new(9);
         f.link_rate(190_000, 30_000, None);
         f.link_rate(400_000, 60_000, None);
-        assert_eq!(f.level(big, &text), 9);
+        assert_eq!(f.pick(big, &text), 9);
         // After the first large frame, the link's waits lead: a later measure changes nothing.
         let mut f = FrameLevel::new(3);
         assert_eq!(f.timed(big, &text, |l| l), 9);
         f.link_rate(12_500_000, 500, None);
-        assert_eq!(f.level(big, &text), 9);
+        assert_eq!(f.pick(big, &text), 9);
         // Small frames start there too.
         let mut f = FrameLevel::new(9);
         f.link_rate(12_500_000, 500, None);
-        assert_eq!(f.level(1000, &text), 9);
+        assert_eq!(f.pick(1000, &text), 9);
         f.link_rate(190_000, 30_000, None);
-        assert_eq!(f.level(1000, &text), 19);
+        assert_eq!(f.pick(1000, &text), 19);
     }
 
     #[test]
@@ -587,20 +592,20 @@ mod tests {
         // until 50 ms of compressing add up, then up (the waits were 4 times as long: 12 costs
         // twice as much as 9, 15 over 7 times).
         for _ in 0..5 {
-            assert_eq!(f.level(1000, &text), 9);
+            assert_eq!(f.pick(1000, &text), 9);
             f.compressed(1000, ms(10));
             f.wrote(ms(40));
         }
-        assert_eq!(f.level(1000, &text), 12);
+        assert_eq!(f.pick(1000, &text), 12);
         // A fast link: the writes hardly wait; down once 50 ms add up again.
         for _ in 0..5 {
-            assert_eq!(f.level(1000, &text), 12);
+            assert_eq!(f.pick(1000, &text), 12);
             f.compressed(1000, ms(10));
             f.wrote(ms(0));
         }
-        assert_eq!(f.level(1000, &text), 9);
+        assert_eq!(f.pick(1000, &text), 9);
         // The measure of the link counts only until the first decision.
         f.link_rate(190_000, 30_000, None);
-        assert_eq!(f.level(1000, &text), 9);
+        assert_eq!(f.pick(1000, &text), 9);
     }
 }

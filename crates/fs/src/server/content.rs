@@ -139,7 +139,8 @@ impl Server {
             Ids::Short(s) => s.iter().map(|s| self.by_short(*s)).collect(),
         };
         if let Some(against) = g.against {
-            return one(self.against(&asked, against));
+            // (None: its frame is being compressed beside this thread.)
+            return self.against(id, &asked, against).map_or(vec![], one);
         }
         let places = g.at.as_ref().map(places_of).unwrap_or_default();
         let mut open: HashMap<WirePath, Option<std::fs::File>> = HashMap::new();
@@ -181,8 +182,9 @@ impl Server {
     }
 
     /// The chunks `asked` (a reply's worth, in the order asked; `None` is one this server
-    /// cannot name), compressed against the client's old data when that pays.
-    fn against(&mut self, asked: &[Option<Id>], a: Against) -> Reply {
+    /// cannot name), compressed against the client's old data when that pays; `None` when the
+    /// reply's frame is being compressed on a thread of its own (`self.frames.started`).
+    fn against(&mut self, id: u32, asked: &[Option<Id>], a: Against) -> Option<Reply> {
         let runs = a.runs;
         if let Some(keys) = a.keys {
             self.against.keys = Keys::new(keys, a.key_bytes as usize, runs);
@@ -196,20 +198,23 @@ impl Server {
             .context
             .and_then(|c| self.read_context(&c))
             .unwrap_or_default();
-        match self.chunks_against(asked, context) {
-            Ok((found, payload)) => Reply::Chunks(Chunks {
+        match self.chunks_against(id, asked, context) {
+            Ok(Some((found, payload))) => Some(Reply::Chunks(Chunks {
                 found: found.into_iter().map(|i| i as u32).collect(),
                 payload,
-            }),
-            Err(e) => error(ErrorCode::Io, format!("compressing: {e}")),
+            })),
+            Ok(None) => None,
+            Err(e) => Some(error(ErrorCode::Io, format!("compressing: {e}"))),
         }
     }
 
+    /// The chunks found and how they go; `None` when their frame went to a thread of its own.
     fn chunks_against(
         &mut self,
+        id: u32,
         asked: &[Option<Id>],
         context: Vec<u8>,
-    ) -> io::Result<(Vec<usize>, Payload)> {
+    ) -> io::Result<Option<(Vec<usize>, Payload)>> {
         let mut found = vec![];
         let mut data = vec![];
         for (i, cid) in asked.iter().enumerate() {
@@ -222,7 +227,7 @@ impl Server {
             }
         }
         if self.against.level.plain_is_better(&data) {
-            return Ok((found, Payload::Plain(data)));
+            return Ok(Some((found, Payload::Plain(data))));
         }
         // The old chunks the history still holds, whole, head the prefix.
         let olds = std::mem::take(&mut self.against.olds);
@@ -252,10 +257,25 @@ impl Server {
             prefix = head;
         }
         if prefix.is_empty() {
-            return Ok((found, Payload::Plain(data)));
+            return Ok(Some((found, Payload::Plain(data))));
+        }
+        if self.frames_aside && work > crate::delta::SMALL_FRAME {
+            // Compressed beside this thread, which goes on to the next request meanwhile.
+            self.frames.make_room(&mut self.against.level);
+            let w = super::frames::FrameWork {
+                level: self.against.level.pick(work, &data),
+                floor: self.against.level.floor(),
+                data,
+                prefix,
+            };
+            let found = found.into_iter().map(|i| i as u32).collect();
+            let frame = (with_context, old_refs, refs);
+            let job = super::frames::FrameJob::start(id, found, frame, work, w);
+            self.frames.started = Some(job);
+            return Ok(None);
         }
         match crate::delta::worth_a_frame(&mut self.against.level, &data, &prefix, work)? {
-            Some(frame) => Ok((
+            Some(frame) => Ok(Some((
                 found,
                 Payload::Frame {
                     context: with_context,
@@ -263,8 +283,8 @@ impl Server {
                     refs,
                     data: frame,
                 },
-            )),
-            None => Ok((found, Payload::Plain(data))),
+            ))),
+            None => Ok(Some((found, Payload::Plain(data)))),
         }
     }
 

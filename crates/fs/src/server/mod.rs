@@ -23,6 +23,7 @@ use crate::export::{os, Export, FileId};
 mod commit;
 mod content;
 mod dirsync;
+mod frames;
 mod group;
 mod hints;
 mod history;
@@ -163,6 +164,10 @@ pub struct Server {
     fast_link: bool,
     /// The client's replies came within a few milliseconds (see [`Server::near_link`]).
     near_link: bool,
+    /// Large frames against old data are compressed beside the session's thread (a fast or
+    /// near link, more than one core), their replies held in order here.
+    frames_aside: bool,
+    frames: frames::Frames,
     /// Files to record in the index ([`remember`](Self::remember)), written together when the
     /// session goes quiet ([`idle`](Self::idle)) or [`RECORD_AT_ONCE`] are waiting: the index
     /// is a hint, which this session's own hints cover meanwhile.
@@ -246,6 +251,8 @@ impl Server {
             to_record: vec![],
             fast_link: false,
             near_link: false,
+            frames_aside: false,
+            frames: Default::default(),
             leases: match crate::leases::Leases::new() {
                 Ok(l) => Some(l),
                 Err(e) => {
@@ -373,8 +380,24 @@ impl Server {
         }
     }
 
-    /// Handles one frame from the client; returns the frames to send back, in order.
+    /// Handles one frame from the client; returns the frames to send back, in order: those
+    /// that can go now (a reply whose frame is still being compressed holds back the replies
+    /// after it; [`finish_frames`](Self::finish_frames) waits for them).
     pub fn handle(&mut self, frame: &Frame) -> Vec<Frame> {
+        let out = self.handle_now(frame);
+        if self.frames.is_empty() {
+            return out;
+        }
+        self.frames.push(out);
+        self.frames.take(&mut self.against.level, false)
+    }
+
+    /// Every reply still held back, once its frame is compressed.
+    pub fn finish_frames(&mut self) -> Vec<Frame> {
+        self.frames.take(&mut self.against.level, true)
+    }
+
+    fn handle_now(&mut self, frame: &Frame) -> Vec<Frame> {
         let id = frame.request_id;
         let one = |r: Reply| vec![Message::Reply(r).to_frame(id)];
         let msg = match Message::decode(frame) {
@@ -432,6 +455,9 @@ impl Server {
                     self.against.level.link_rate(rate, sample, round_trip);
                     self.fast_link |= crate::delta::fast_link(rate, round_trip);
                     self.near_link |= crate::delta::near_link(round_trip);
+                    // Where compressing is what the client waits for, beside the session.
+                    self.frames_aside = (self.fast_link || self.near_link)
+                        && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
                 }
                 vec![]
             }
