@@ -19,6 +19,10 @@ use crate::delta::{judge_frame, try_frame, FrameLevel, Tried};
 /// Frames compressed at once at most: the session's thread waits for the oldest before it
 /// starts one more (bounding memory too: each holds up to 3 MiB of data and 16 MiB of prefix).
 const IN_FLIGHT: usize = 2;
+/// Bytes of replies held behind frames being compressed at most: past this the session's
+/// thread waits for those frames, so a client's requests after a large frame (a plain
+/// GetChunks is answered with up to 16 MiB) do not pile up in memory.
+const HELD_BYTES: usize = 16 << 20;
 
 /// A Chunks reply whose frame is being compressed.
 pub(super) struct FrameJob {
@@ -138,6 +142,10 @@ impl FrameJob {
     }
 }
 
+fn bytes(frames: &[Frame]) -> usize {
+    frames.iter().map(|f| f.body.len()).sum()
+}
+
 enum Slot {
     Ready(Vec<Frame>),
     Job(FrameJob),
@@ -147,6 +155,8 @@ enum Slot {
 #[derive(Default)]
 pub(super) struct Frames {
     queue: VecDeque<Slot>,
+    /// Bytes of the frames ready in the queue.
+    held: usize,
     /// A job the request being handled started: it goes after that request's other frames.
     pub(super) started: Option<FrameJob>,
 }
@@ -155,6 +165,7 @@ impl Frames {
     /// Queues what a request's handling made: its frames, then its frame being compressed.
     pub(super) fn push(&mut self, out: Vec<Frame>) {
         if !out.is_empty() {
+            self.held += bytes(&out);
             self.queue.push_back(Slot::Ready(out));
         }
         if let Some(job) = self.started.take() {
@@ -170,14 +181,17 @@ impl Frames {
                 break;
             };
             if let Some(Slot::Job(job)) = self.queue.remove(i) {
-                self.queue.insert(i, Slot::Ready(vec![job.finish(level)]));
+                let done = vec![job.finish(level)];
+                self.held += bytes(&done);
+                self.queue.insert(i, Slot::Ready(done));
             }
         }
     }
 
     /// What can go out now, in order: up to the first frame still being compressed, or (with
-    /// `wait`) all of it.
+    /// `wait`, or more than [`HELD_BYTES`] held behind such frames) all of it.
     pub(super) fn take(&mut self, level: &mut FrameLevel, wait: bool) -> Vec<Frame> {
+        let wait = wait || self.held > HELD_BYTES;
         let mut out = vec![];
         loop {
             match self.queue.front() {
@@ -186,7 +200,10 @@ impl Frames {
                 Some(_) => {}
             }
             match self.queue.pop_front() {
-                Some(Slot::Ready(frames)) => out.extend(frames),
+                Some(Slot::Ready(frames)) => {
+                    self.held -= bytes(&frames);
+                    out.extend(frames);
+                }
                 Some(Slot::Job(job)) => out.push(job.finish(level)),
                 None => break,
             }
@@ -255,6 +272,48 @@ mod tests {
             f.push(vec![]);
         }
         assert_eq!(ids(&f.take(&mut level, true)), [1, 2, 3]);
+    }
+
+    #[test]
+    fn replies_held_behind_a_frame_are_bounded() {
+        let mut level = FrameLevel::new(3);
+        // A frame that takes until it is let go.
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let mut held = job(1, 0);
+        let w = FrameWork {
+            data: vec![1; 300_000],
+            prefix: vec![1; 1000],
+            level: 3,
+            floor: 3,
+        };
+        held.running = Running::Thread(std::thread::spawn(move || {
+            let _ = wait.recv();
+            compress(w)
+        }));
+        let mut f = Frames {
+            started: Some(held),
+            ..Default::default()
+        };
+        f.push(vec![]);
+        let big = |id| {
+            let mut r = ready(id);
+            r[0].body = vec![0; 1 << 20];
+            r
+        };
+        // 16 MiB of replies wait behind the frame; the next one waits for it, and all go.
+        for id in 2..=17 {
+            f.push(big(id));
+            assert!(f.take(&mut level, false).is_empty());
+        }
+        assert_eq!(f.held, 16 << 20);
+        go.send(()).unwrap();
+        f.push(big(18));
+        assert_eq!(
+            ids(&f.take(&mut level, false)),
+            (1..=18).collect::<Vec<_>>()
+        );
+        assert_eq!(f.held, 0);
+        assert!(f.is_empty());
     }
 
     #[test]
