@@ -24,6 +24,13 @@ const IN_FLIGHT: usize = 2;
 /// GetChunks is answered with up to 16 MiB) do not pile up in memory.
 const HELD_BYTES: usize = 16 << 20;
 
+/// Whether this machine has more than one core for the session (asked once: the answer reads
+/// the cgroup's files).
+pub(super) fn cores_to_spare() -> bool {
+    static SPARE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SPARE.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
+}
+
 /// A Chunks reply whose frame is being compressed.
 pub(super) struct FrameJob {
     id: u32,

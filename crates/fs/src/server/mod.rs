@@ -456,8 +456,8 @@ impl Server {
                     self.fast_link |= crate::delta::fast_link(rate, round_trip);
                     self.near_link |= crate::delta::near_link(round_trip);
                     // Where compressing is what the client waits for, beside the session.
-                    self.frames_aside = (self.fast_link || self.near_link)
-                        && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+                    self.frames_aside =
+                        (self.fast_link || self.near_link) && frames::cores_to_spare();
                 }
                 vec![]
             }
