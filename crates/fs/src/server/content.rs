@@ -259,7 +259,12 @@ impl Server {
         if prefix.is_empty() {
             return Ok(Some((found, Payload::Plain(data))));
         }
-        if self.frames_aside && work > crate::delta::SMALL_FRAME {
+        let named = super::frames::Prefix {
+            context: with_context,
+            olds: old_refs,
+            refs,
+        };
+        if self.frames_aside() && work > crate::delta::SMALL_FRAME {
             // Compressed beside this thread, which goes on to the next request meanwhile.
             self.frames.make_room(&mut self.against.level);
             let w = super::frames::FrameWork {
@@ -269,23 +274,12 @@ impl Server {
                 prefix,
             };
             let found = found.into_iter().map(|i| i as u32).collect();
-            let frame = (with_context, old_refs, refs);
-            let job = super::frames::FrameJob::start(id, found, frame, work, w);
+            let job = super::frames::FrameJob::start(id, found, named, work, w);
             self.frames.started = Some(job);
             return Ok(None);
         }
-        match crate::delta::worth_a_frame(&mut self.against.level, &data, &prefix, work)? {
-            Some(frame) => Ok(Some((
-                found,
-                Payload::Frame {
-                    context: with_context,
-                    olds: old_refs,
-                    refs,
-                    data: frame,
-                },
-            ))),
-            None => Ok(Some((found, Payload::Plain(data)))),
-        }
+        let frame = crate::delta::worth_a_frame(&mut self.against.level, &data, &prefix, work)?;
+        Ok(Some((found, named.payload(frame, data))))
     }
 
     /// The old chunks `olds` that the history holds (each once, at most

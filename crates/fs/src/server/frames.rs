@@ -31,13 +31,34 @@ pub(super) fn cores_to_spare() -> bool {
     *SPARE.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
 }
 
+/// What a frame's prefix is made of, as its reply names it: the context (if `context`), the
+/// old chunks `olds`, the pieces `refs`.
+pub(super) struct Prefix {
+    pub(super) context: bool,
+    pub(super) olds: Vec<u32>,
+    pub(super) refs: Vec<u32>,
+}
+
+impl Prefix {
+    /// How `data` goes: as `frame` against this prefix, or plain when no frame paid.
+    pub(super) fn payload(self, frame: Option<Vec<u8>>, data: Vec<u8>) -> Payload {
+        match frame {
+            Some(frame) => Payload::Frame {
+                context: self.context,
+                olds: self.olds,
+                refs: self.refs,
+                data: frame,
+            },
+            None => Payload::Plain(data),
+        }
+    }
+}
+
 /// A Chunks reply whose frame is being compressed.
 pub(super) struct FrameJob {
     id: u32,
     found: Vec<u32>,
-    context: bool,
-    olds: Vec<u32>,
-    refs: Vec<u32>,
+    prefix: Prefix,
     /// Bytes of work (data and context) and the level, for the level's next decision.
     work: usize,
     level: i32,
@@ -90,21 +111,19 @@ fn start(w: FrameWork) -> Running {
 }
 
 impl FrameJob {
-    /// Starts the frame of `w`: the reply to request `id`, the chunks `found`, their prefix the
-    /// context (if `context`), the old chunks `olds` and the pieces `refs`, `work` bytes in all.
+    /// Starts the frame of `w`: the reply to request `id`, the chunks `found` against
+    /// `prefix`, `work` bytes in all.
     pub(super) fn start(
         id: u32,
         found: Vec<u32>,
-        (context, olds, refs): (bool, Vec<u32>, Vec<u32>),
+        prefix: Prefix,
         work: usize,
         w: FrameWork,
     ) -> Self {
         FrameJob {
             id,
             found,
-            context,
-            olds,
-            refs,
+            prefix,
             work,
             level: w.level,
             running: start(w),
@@ -130,15 +149,7 @@ impl FrameJob {
                 match judge_frame(level, data.len(), tried) {
                     Ok(frame) => Reply::Chunks(Chunks {
                         found: self.found,
-                        payload: match frame {
-                            Some(frame) => Payload::Frame {
-                                context: self.context,
-                                olds: self.olds,
-                                refs: self.refs,
-                                data: frame,
-                            },
-                            None => Payload::Plain(data),
-                        },
+                        payload: self.prefix.payload(frame, data),
                     }),
                     Err(e) => error(ErrorCode::Io, format!("compressing: {e}")),
                 }
@@ -240,7 +251,12 @@ mod tests {
             level: 3,
             floor: 3,
         };
-        FrameJob::start(id, vec![0], (false, vec![], vec![]), 300_000, w)
+        let prefix = Prefix {
+            context: false,
+            olds: vec![],
+            refs: vec![],
+        };
+        FrameJob::start(id, vec![0], prefix, 300_000, w)
     }
 
     fn ids(frames: &[Frame]) -> Vec<u32> {

@@ -164,9 +164,8 @@ pub struct Server {
     fast_link: bool,
     /// The client's replies came within a few milliseconds (see [`Server::near_link`]).
     near_link: bool,
-    /// Large frames against old data are compressed beside the session's thread (a fast or
-    /// near link, more than one core), their replies held in order here.
-    frames_aside: bool,
+    /// Replies in order, some with large frames being compressed beside the session's thread
+    /// (see [`frames_aside`](Self::frames_aside)).
     frames: frames::Frames,
     /// Files to record in the index ([`remember`](Self::remember)), written together when the
     /// session goes quiet ([`idle`](Self::idle)) or [`RECORD_AT_ONCE`] are waiting: the index
@@ -251,7 +250,6 @@ impl Server {
             to_record: vec![],
             fast_link: false,
             near_link: false,
-            frames_aside: false,
             frames: Default::default(),
             leases: match crate::leases::Leases::new() {
                 Ok(l) => Some(l),
@@ -328,6 +326,13 @@ impl Server {
     /// machine): the session's stream then starts low (`Outflow::near_link`).
     pub fn near_link(&self) -> bool {
         self.near_link
+    }
+
+    /// Whether large frames against old data are compressed beside the session's thread: where
+    /// compressing is what the client waits for (a link it measured fast or near), on a
+    /// machine of more than one core.
+    fn frames_aside(&self) -> bool {
+        (self.fast_link || self.near_link) && frames::cores_to_spare()
     }
 
     /// Writing replies out waited `waited` on the transport: large frames against old data
@@ -455,9 +460,6 @@ impl Server {
                     self.against.level.link_rate(rate, sample, round_trip);
                     self.fast_link |= crate::delta::fast_link(rate, round_trip);
                     self.near_link |= crate::delta::near_link(round_trip);
-                    // Where compressing is what the client waits for, beside the session.
-                    self.frames_aside =
-                        (self.fast_link || self.near_link) && frames::cores_to_spare();
                 }
                 vec![]
             }

@@ -440,10 +440,10 @@ fn small_files_come_together_against_their_old_versions() {
 fn large_frames_compressed_beside_the_session_come_back_in_order() {
     // Over a near link (this one, unless the machine is very busy) the server compresses
     // large frames on threads beside the session's, two at once, while it answers the
-    // requests after them. Four files, each with a byte
-    // changed every 4 KiB of 1.5 MB of random data: every chunk changed, each file's new
-    // chunks a frame of over 256 KiB against the pieces of the old one. Their replies must
-    // come back in the order asked, each to its own file.
+    // requests after them. Four files, each with a byte changed every 4 KiB of 1.5 MB of
+    // random data: every chunk changed, each file's new chunks a frame of over 256 KiB against
+    // the pieces of the old one. Their replies must come back in the order asked, each to its
+    // own file.
     let t = tempfile::tempdir().unwrap();
     let (srv, dst) = (t.path().join("srv"), t.path().join("dst"));
     fs::create_dir(&srv).unwrap();
@@ -458,12 +458,8 @@ fn large_frames_compressed_beside_the_session_come_back_in_order() {
         }
         let name = format!("f{n}");
         fs::write(dst.join(&name), &old).unwrap();
-        fs::File::options()
-            .write(true)
-            .open(dst.join(&name))
-            .unwrap()
-            .set_modified(then)
-            .unwrap();
+        let f = fs::File::open(dst.join(&name)).unwrap();
+        f.set_modified(then).unwrap();
         fs::write(srv.join(&name), &new).unwrap();
         news.push((name, new));
     }
