@@ -38,6 +38,10 @@ pub struct GearCutter {
     max: usize,
     fp: u64,
     len: usize,
+    /// Bytes before `min` rolled into the fingerprint without a test (0 in FastCDC as
+    /// published, which skips all of them): with 64, every test depends on the 64 bytes before
+    /// it only, not on where the chunk began.
+    warm: usize,
 }
 
 /// The gear table: 256 little-endian u64s, the first 2,048 bytes of `xof`.
@@ -49,6 +53,17 @@ fn gear_table(mut xof: blake3::OutputReader) -> [u64; 256] {
 
 pub(crate) fn spread_mask(bits: u32) -> u64 {
     (0..bits as u64).fold(0, |m, k| m | 1 << (62 - k * 47 / bits as u64))
+}
+
+/// The mask of an [unnormalized](GearCutter::unnormalized) cutter: `bits` bits spread over
+/// three quarters of the window's, from bit `window - 2` down (bit `window − 2 − ⌊k × ⌊3 ×
+/// window / 4⌋ / bits⌋` for `k = 0..bits`). Bit `b` of the fingerprint depends on the last
+/// `b + 1` bytes only, so a test depends on the last `window - 1` at most; bit 63 stays clear.
+pub fn window_mask(bits: u32, window: u32) -> u64 {
+    let (bits, window) = (bits as u64, window as u64);
+    (0..bits).fold(0, |m, k| {
+        m | 1 << (window - 2 - k * (window * 3 / 4) / bits)
+    })
 }
 
 impl GearCutter {
@@ -80,7 +95,31 @@ impl GearCutter {
             max: spec.max,
             fp: 0,
             len: 0,
+            warm: 0,
         }
+    }
+
+    /// A cutter without normalization, whose cut points depend on the `window` bytes before
+    /// them only (8 to 64): after `min` bytes (the `window` before them rolled into the
+    /// fingerprint, the rest skipped), a cut where the `bits` bits of
+    /// [`window_mask`]`(bits, window)` are all zero in the fingerprint (one chance in 2^`bits`
+    /// a byte), at `max` bytes at the latest. Sizes spread geometrically above `min`, and an
+    /// edit moves only the cuts within `window` bytes after it, as with LBFS's Rabin cutter,
+    /// at the gear's speed. The gear table is `fastcdc2020-v1`'s unkeyed one.
+    pub fn unnormalized(min: usize, bits: u32, window: u32, max: usize) -> Self {
+        assert!(
+            (8..=64).contains(&window)
+                && (window as usize..=max).contains(&min)
+                && (1..=window * 3 / 4).contains(&bits),
+            "bad unnormalized gear"
+        );
+        let mut g = GearCutter::new(&ChunkerSpec::default());
+        let mask = window_mask(bits, window);
+        (g.mask_s, g.mask_s_ls, g.mask_l, g.mask_l_ls) = (mask, mask << 1, mask, mask << 1);
+        // One mask from `min` on: no stricter one up to an average.
+        (g.min, g.avg, g.max) = (min, min, max);
+        g.warm = window as usize;
+        g
     }
 
     /// Rolls over `data[start..end]` testing `mask`; returns the index just past a cut.
@@ -126,9 +165,18 @@ impl GearCutter {
 impl Cutter for GearCutter {
     fn next_cut(&mut self, data: &[u8]) -> Option<usize> {
         let mut i = 0;
-        if self.len < self.min {
-            i = (self.min - self.len).min(data.len());
+        let skip = self.min - self.warm;
+        if self.len < skip {
+            i = (skip - self.len).min(data.len());
             self.len += i;
+        }
+        if self.len < self.min {
+            let end = data.len().min(i + (self.min - self.len));
+            for &b in &data[i..end] {
+                self.fp = (self.fp << 1).wrapping_add(self.gear[b as usize]);
+            }
+            self.len += end - i;
+            i = end;
         }
         if self.len < self.avg {
             let end = data.len().min(i + (self.avg - self.len));
@@ -204,5 +252,70 @@ mod tests {
             rest = &rest[n..];
         }
         assert_eq!(got, expect);
+    }
+
+    /// Pseudo-random bytes (xorshift64*).
+    fn noise(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x >> 12;
+                x ^= x << 25;
+                x ^= x >> 27;
+                (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
+            })
+            .collect()
+    }
+
+    /// Cuts `data` fed in pieces of `step` bytes.
+    fn cuts(c: &mut GearCutter, data: &[u8], step: usize) -> Vec<usize> {
+        let (mut out, mut from) = (vec![], 0);
+        while from < data.len() {
+            let end = (from + step).min(data.len());
+            match c.next_cut(&data[from..end]) {
+                Some(n) => {
+                    from += n;
+                    out.push(from);
+                }
+                None => from = end,
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_unnormalized_mask_is_pinned() {
+        assert_eq!(window_mask(7, 32), 0x4912_2400);
+        for (bits, window) in [(7, 64), (12, 48), (24, 32), (6, 8)] {
+            let m = window_mask(bits, window);
+            assert_eq!(m.count_ones(), bits, "{bits} {window}");
+            assert!(m < 1 << (window - 1), "{bits} {window}");
+        }
+    }
+
+    /// docs/protocol.md's words for pieces, one byte at a time: skip 64, roll 32, then test
+    /// after each byte; end at 2,048 bytes. (With no bytes rolled before the tests, as
+    /// FastCDC's skipping does, the cuts differ.)
+    #[test]
+    fn unnormalized_cuts_are_the_documented_loop_fed_any_way() {
+        let data = noise(200_000, 3);
+        let g = GearCutter::new(&ChunkerSpec::default());
+        let mask = 0x4912_2400u64;
+        let (mut expect, mut start, mut fp) = (vec![], 0usize, 0u64);
+        for (i, &b) in data.iter().enumerate() {
+            let len = i - start + 1; // bytes of the piece so far, this one included
+            if len > 64 {
+                fp = (fp << 1).wrapping_add(g.gear[b as usize]);
+            }
+            if (len > 96 && fp & mask == 0) || len == 2048 {
+                expect.push(i + 1);
+                (start, fp) = (i + 1, 0);
+            }
+        }
+        assert!(expect.len() > 700, "{}", expect.len());
+        for step in [1, 7, 100, 4096, data.len()] {
+            let mut c = GearCutter::unnormalized(96, 7, 32, 2048);
+            assert_eq!(cuts(&mut c, &data, step), expect, "fed {step} at a time");
+        }
     }
 }

@@ -55,7 +55,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use fixed::FixedCutter;
-pub use gear::GearCutter;
+pub use gear::{window_mask, GearCutter};
 pub use rabin::{RabinCutter, LBFS_POLYNOMIAL};
 pub use stream::{cut_lengths, Chunk, ChunkReader};
 

@@ -36,8 +36,9 @@ pub const MAGIC: &[u8; 5] = b"FERRY";
 /// The protocol version this build speaks. Earlier ones are refused with a message saying so:
 /// version 1 (one request family per technique, behind eleven feature bits) and version 2
 /// (each stream compressed from right after the Hellos, so a client waited for the server's
-/// before sending anything more).
-pub const VERSION: u16 = 3;
+/// before sending anything more) and version 3 (pieces of old data cut by LBFS's Rabin
+/// chunker and keyed by BLAKE3).
+pub const VERSION: u16 = 4;
 /// Hello feature bit: the server keeps a history of the data it has served, so a client can
 /// name old chunks by short id in GetChunks and ReadFiles and have them found there. Offered
 /// by a server only when it has a history.
@@ -94,7 +95,7 @@ pub const FEATURE_TREE_LISTINGS: u64 = 1024;
 /// [`FEATURE_RATE`], [`FEATURE_STATFS`], [`FEATURE_NO_TREE_DIGESTS`],
 /// [`FEATURE_STAT_EXTRA`], [`FEATURE_DEFERRED_SYNC`], [`FEATURE_OWN_CHANGES`],
 /// [`FEATURE_ENTRY_CHANGES`], [`FEATURE_HARD_LINKS`] and [`FEATURE_TREE_LISTINGS`].
-/// Everything else of version 3 is always there.
+/// Everything else of version 4 is always there.
 pub const FEATURES: u64 = crate::FEATURE_ZSTD_STREAM
     | FEATURE_HISTORY
     | FEATURE_RATE
