@@ -48,7 +48,7 @@ impl Mode {
 }
 
 /// The client's persistent chunk cache (used when fetching).
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub struct CacheArgs {
     /// The cache directory [default: $XDG_CACHE_HOME/ferry/chunks or ~/.cache/ferry/chunks].
     #[arg(long)]
@@ -549,15 +549,17 @@ pub fn cache_root() -> PathBuf {
 
 pub fn get(a: GetArgs) -> Result<ExitCode> {
     let t = Instant::now();
-    let cache = a.cache.open()?;
+    // The cache opens beside the sessions' start: made the first time, it costs a few syncs
+    // (20 ms on this machine's disk), which went before the remote shell was started.
+    let mut opening = Some(std::thread::spawn({
+        let args = a.cache.clone();
+        move || args.open()
+    }));
+    let opened = std::cell::OnceCell::new();
     let bar = a.mode.bar();
     let tick = |n: u64| bar.inc(n);
     let devices = a.lookaside.load(&a.rsh.chunking.spec())?;
     let (stats, traffic) = with_retries(a.rsh.retry, || {
-        // An empty cache can hold none of the chunks: new files come whole, small and large.
-        // (Asked again on a retry: what arrived before is in the cache, and found there.)
-        // With mirrors, files come by recipe, chunks by full id: a mirror serves those.
-        let cold = ferry_store::ChunkStore::is_empty(&cache)?;
         // The mirrors' sessions start beside the first server's (each an ssh handshake: one
         // after the other, they cost a tenth of a 40 MB fetch over two 20 Mbit/s links);
         // unless a remote shell could ask something on the terminal (a password, a host key):
@@ -585,6 +587,17 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
             (first, reached)
         });
         let (mut s, wire) = first?;
+        if let Some(opening) = opening.take() {
+            let cache = opening
+                .join()
+                .expect("the cache's opening thread panicked")?;
+            let _ = opened.set(cache);
+        }
+        let cache = opened.get().context("the cache could not be opened")?;
+        // An empty cache can hold none of the chunks: new files come whole, small and large.
+        // (Asked again on a retry: what arrived before is in the cache, and found there.)
+        // With mirrors, files come by recipe, chunks by full id: a mirror serves those.
+        let cold = ferry_store::ChunkStore::is_empty(cache)?;
         // A mirror that cannot be reached is gone without: the first server has it all.
         let mut others = devices.provider_sessions(&a.rsh);
         others.extend(reached.into_iter().filter_map(|m| {
@@ -595,7 +608,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
         let by_recipe = !others.is_empty();
         let mirrors = std::sync::Mutex::new(others);
         let src = Sources {
-            cache: &cache,
+            cache,
             chunker: a.rsh.chunking.spec(),
             delete: a.mode.delete,
             dry_run: a.mode.dry_run,
@@ -626,7 +639,8 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
     })?;
     bar.finish_and_clear();
     devices.count(&stats.sources)?;
-    a.cache.trim(&cache)?;
+    a.cache
+        .trim(opened.get().expect("opened by a fetch that went"))?;
     let secs = t.elapsed().as_secs_f64();
     let mut out = io::stdout().lock();
     if !a.json {
