@@ -39,8 +39,9 @@ pub struct GearCutter {
     fp: u64,
     len: usize,
     /// Bytes before `min` rolled into the fingerprint without a test (0 in FastCDC as
-    /// published, which skips all of them): with 64, every test depends on the 64 bytes before
-    /// it only, not on where the chunk began.
+    /// published, which skips all of them; an unnormalized cutter's window): with as many as
+    /// the mask's highest bit needs, every test depends on the bytes just before it only, not
+    /// on where the chunk began.
     warm: usize,
 }
 
