@@ -89,11 +89,17 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         };
         let staging = StagingStore::new(shared, &cache_root().join("server-staging"));
         let mut server = Server::new(export, opts, staging.store());
-        let kept = history.open();
+        // The history and the index open side by side: made the first time, each costs a
+        // dozen syncs, all before the client's Hello is read.
+        let (kept, index) = std::thread::scope(|s| {
+            let index = s.spawn(|| export_index(&a.dir));
+            let kept = history.open();
+            (kept, index.join().expect("opening the index panicked"))
+        });
         if let Some(h) = &kept {
             server = server.with_history(h.clone(), history.bytes);
         }
-        match export_index(&a.dir) {
+        match index {
             Some(i) => server = server.with_index(i),
             None if a.index => {
                 eprintln!("ferry: no chunk index for {} now (another session holds it): its chunks are not found by id this time", a.dir.display());
