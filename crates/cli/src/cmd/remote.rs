@@ -91,6 +91,37 @@ impl CacheArgs {
     }
 }
 
+/// The cache, opened on a thread of its own from the command's start and taken once its session
+/// has begun: made the first time, it costs a dozen syncs (15-20 ms on this machine's disk),
+/// which went before the remote shell was started.
+struct CacheOpening {
+    thread: Option<std::thread::JoinHandle<Result<LocalStore>>>,
+    opened: std::cell::OnceCell<std::result::Result<LocalStore, String>>,
+}
+
+impl CacheOpening {
+    fn start(args: &CacheArgs) -> Self {
+        let args = args.clone();
+        CacheOpening {
+            thread: Some(std::thread::spawn(move || args.open())),
+            opened: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The cache, once open (waiting for it the first time).
+    fn get(&mut self) -> Result<&LocalStore> {
+        if let Some(t) = self.thread.take() {
+            let r = t.join().expect("the cache's opening thread panicked");
+            let _ = self.opened.set(r.map_err(|e| format!("{e:#}")));
+        }
+        match self.opened.get() {
+            Some(Ok(cache)) => Ok(cache),
+            Some(Err(e)) => bail!("{e}"),
+            None => unreachable!("set when the thread was joined"),
+        }
+    }
+}
+
 /// Options for stores bounded by [`LocalStore::trim`] (the client cache, the server's staging
 /// stores). Eviction works a pack at a time: smaller packs than a store's, and each run's data
 /// in packs of its own.
@@ -549,13 +580,7 @@ pub fn cache_root() -> PathBuf {
 
 pub fn get(a: GetArgs) -> Result<ExitCode> {
     let t = Instant::now();
-    // The cache opens beside the sessions' start: made the first time, it costs a few syncs
-    // (20 ms on this machine's disk), which went before the remote shell was started.
-    let mut opening = Some(std::thread::spawn({
-        let args = a.cache.clone();
-        move || args.open()
-    }));
-    let opened = std::cell::OnceCell::new();
+    let mut cache = CacheOpening::start(&a.cache);
     let bar = a.mode.bar();
     let tick = |n: u64| bar.inc(n);
     let devices = a.lookaside.load(&a.rsh.chunking.spec())?;
@@ -587,13 +612,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
             (first, reached)
         });
         let (mut s, wire) = first?;
-        if let Some(opening) = opening.take() {
-            let cache = opening
-                .join()
-                .expect("the cache's opening thread panicked")?;
-            let _ = opened.set(cache);
-        }
-        let cache = opened.get().context("the cache could not be opened")?;
+        let cache = cache.get()?;
         // An empty cache can hold none of the chunks: new files come whole, small and large.
         // (Asked again on a retry: what arrived before is in the cache, and found there.)
         // With mirrors, files come by recipe, chunks by full id: a mirror serves those.
@@ -639,8 +658,7 @@ pub fn get(a: GetArgs) -> Result<ExitCode> {
     })?;
     bar.finish_and_clear();
     devices.count(&stats.sources)?;
-    a.cache
-        .trim(opened.get().expect("opened by a fetch that went"))?;
+    a.cache.trim(cache.get()?)?;
     let secs = t.elapsed().as_secs_f64();
     let mut out = io::stdout().lock();
     if !a.json {
@@ -692,25 +710,24 @@ pub fn put(a: PutArgs) -> Result<ExitCode> {
     }
     let bar = a.mode.bar();
     let tick = |n: u64| bar.inc(n);
-    // Old data held here (it came from the server) is what new data compresses against best;
-    // a cache another ferry holds is gone without.
-    let cache = a
-        .cache
-        .open()
-        .map_err(|e| tracing::debug!("no cache for this upload: {e:#}"))
-        .ok();
-    let opts = ferry_fs::PutOptions {
-        chunker: a.rsh.chunking.spec(),
-        delete: a.mode.delete,
-        dry_run: a.mode.dry_run,
-        progress: Some(&tick),
-        cache: cache.as_ref().map(|c| c as &dyn ferry_store::ChunkStore),
-        fewer_round_trips: false,
-        stat_after: None,
-        sync_after: false,
-    };
+    let mut cache = CacheOpening::start(&a.cache);
     let (stats, traffic) = with_retries(a.rsh.retry, || {
         let (mut s, wire) = connect(&a.remote, &a.rsh)?;
+        // Old data held here (it came from the server) is what new data compresses against
+        // best; a cache another ferry holds is gone without.
+        let cache = (cache.get())
+            .map_err(|e| tracing::debug!("no cache for this upload: {e:#}"))
+            .ok();
+        let opts = ferry_fs::PutOptions {
+            chunker: a.rsh.chunking.spec(),
+            delete: a.mode.delete,
+            dry_run: a.mode.dry_run,
+            progress: Some(&tick),
+            cache: cache.map(|c| c as &dyn ferry_store::ChunkStore),
+            fewer_round_trips: false,
+            stat_after: None,
+            sync_after: false,
+        };
         let mut stats = ferry_fs::PutStats::default();
         ferry_fs::put(&mut s.conn, &a.local, &wire, &opts, &mut stats)
             .with_context(|| format!("cannot put {} to {}", a.local.display(), a.remote))?;
