@@ -42,7 +42,7 @@ pub const MAX_PREFIX: usize = 16 << 20;
 /// (which pulls them toward the average): more small pieces around an edit, where they match
 /// more of the old text, and fewer keys in all. It took the place of LBFS's Rabin cutter with
 /// the same sizes (a 48-byte window), five times as slow (37 MB of numpy's libraries cut in
-/// 95 ms, 29 ms now), for as many pieces and no more bytes: a server that never saw the old
+/// 95 ms, 25 ms now), for as many pieces and no more bytes: a server that never saw the old
 /// tree, crates-vendor 170,650 → 163,838 bytes, django-tree 255,277 → 251,978, numpy-whl-tree
 /// 1,845,462 → 1,826,933. A window of 64 bytes cost 1 to 2 % more, one of 16 or 24 about as
 /// much as 32 (`examples/pieces_speed.rs` times the cut).

@@ -102,7 +102,8 @@ impl<'a> OldRuns<'a> {
     fn chunk(&mut self, i: usize) -> Option<&[u8]> {
         let c = &self.chunks[i];
         let &(off, len) = self.here.get(&c.id)?;
-        if !(self.first..self.end).contains(&i) || off < self.at {
+        // A chunk of the run read is where the run put it (it was taken in by its offset).
+        if !(self.first..self.end).contains(&i) {
             self.read_run(i, off).ok()?;
         }
         let from = (off - self.at) as usize;
